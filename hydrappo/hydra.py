@@ -1,0 +1,543 @@
+"""HydraModel: policy, frozen reference, value head and reward head on one trunk.
+
+The bottom `L - N` decoder layers are frozen and shared; they run once per batch.
+The top `N` layers (the originals, in place) are the trainable policy; a frozen copy
+of the original top layers is the reference; an optional frozen reward branch is a
+third set of top layers with a scalar head.
+
+How the branches run without per-architecture code: every pass goes through the
+model's OWN decoder forward (its embeddings, causal/sliding-window masks, rotary
+embeddings, per-layer attention types and final norm). For a branch pass the decoder
+layer list is edited for the duration of the call: bottom layers become `_SkipLayer`s
+that cost nothing and hand the cached split hidden state to the first top layer, and
+the top slots hold the branch's layers. Only the lm_head (run in chunks, see
+logprobs.py) and the model's logit post-processing are applied outside the model,
+and both are checked against the model's own logits when the hydra is built.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .arch import UnsupportedModelError, heads_are_tied, locate, logits_transform, output_embeddings, set_path
+from .heads import RewardHead, ValueHead
+from .logprobs import token_logprobs
+
+
+@dataclass
+class HydraOutput:
+    """What one hydra pass returns. Per-token tensors over a sequence of length T:
+    log-probs and entropy are (B, T-1) and score `input_ids[:, 1:]`; values are (B, T).
+    Positions whose token is padding hold 0."""
+
+    logprobs: torch.Tensor
+    values: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    split_hidden: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ref_logits: torch.Tensor | None = None
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions count real tokens only, so a left-padded row is numbered as if unpadded."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last non-padding token of each row (works with left and right padding)."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return (attention_mask.bool() * (positions + 1)).argmax(-1)
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """PPO's importance ratios assume the same network that sampled; dropout breaks that.
+
+    Sets every nn.Dropout to p=0 and zeroes float attributes named like `*dropout*`
+    (attention modules read `self.attention_dropout` as a float in transformers).
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+
+
+def _frozen_copy(module: nn.Module) -> nn.Module:
+    clone = copy.deepcopy(module)
+    clone.requires_grad_(False)
+    return clone
+
+
+class _SkipLayer(nn.Module):
+    """Stands in for a bottom decoder layer during a branch pass: computes nothing.
+
+    The last one returns the cached split hidden state instead of its input. Attribute
+    reads fall through to the real layer, because decoder loops read things such as
+    `layer.attention_type` to pick each layer's mask.
+    """
+
+    def __init__(self, layer: nn.Module, output: torch.Tensor | None, tuple_len: int):
+        super().__init__()
+        object.__setattr__(self, "_real_layer", layer)
+        object.__setattr__(self, "_output", output)
+        self._tuple_len = tuple_len
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_real_layer"), name)
+
+    def forward(self, *args, **kwargs):
+        hidden = self._output
+        if hidden is None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+        if self._tuple_len:
+            return (hidden,) + (None,) * (self._tuple_len - 1)
+        return hidden
+
+
+class RewardBranch(nn.Module):
+    """A frozen reward model on the trunk: its own top layers (optionally its own final
+    norm) and a scalar head read at the last non-padding token."""
+
+    def __init__(self, layers: nn.ModuleList, head: RewardHead, norm: nn.Module | None = None):
+        super().__init__()
+        self.layers = layers
+        self.norm = norm
+        self.head = head
+
+
+class HydraModel(nn.Module):
+    """One transformer trunk holding policy, reference, critic and (optionally) reward model.
+
+    Args:
+        model: a transformers causal LM (`AutoModelForCausalLM`).
+        num_layers_unfrozen: N, the number of top decoder layers that train. 0 trains the
+            heads only (the policy IS the reference); -1 or N >= number of layers trains the
+            whole model and keeps a complete frozen copy as the reference.
+        train_lm_head: also train the output embeddings. A head tied to the input
+            embeddings is untied into its own trainable copy first, so that no gradient
+            reaches the embeddings or the bottom layers.
+        train_final_norm: also train the final norm.
+        layers_path: dotted path of the decoder layer list, for models hydrappo does not
+            find on its own (e.g. "model.layers").
+        logprob_chunk_tokens: positions per lm_head chunk (default: 128 MB of float32 logits).
+        verify: check at construction that hydrappo reproduces the model's own logits.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_layers_unfrozen: int = 2,
+        *,
+        train_lm_head: bool = False,
+        train_final_norm: bool = False,
+        layers_path: str | None = None,
+        logprob_chunk_tokens: int | None = None,
+        verify: bool = True,
+    ):
+        super().__init__()
+        _check_model_usable(model)
+        self.model = model
+        self.arch = locate(model, layers_path)
+        num_layers = self.arch.num_layers
+        self.num_layers_unfrozen = _resolve_num_unfrozen(num_layers_unfrozen, num_layers)
+        self.full_model = self.num_layers_unfrozen == num_layers
+        self.split_index = num_layers - self.num_layers_unfrozen
+        self.train_lm_head = train_lm_head or self.full_model
+        self.train_final_norm = train_final_norm or self.full_model
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self._logits_transform = logits_transform(model)
+        self._layer_tuple_len = 0
+        disable_dropout(model)
+
+        model.requires_grad_(False)
+        self.reference_model = None
+        self.ref_layers = nn.ModuleList()
+        self.ref_norm = None
+        self.ref_lm_head = None
+        if self.full_model:
+            # Everything trains, so nothing of the policy can serve as the reference.
+            self.reference_model = _frozen_copy(model)
+            model.requires_grad_(True)
+        else:
+            top = self.arch.layers[self.split_index :]
+            self.ref_layers = nn.ModuleList(_frozen_copy(layer) for layer in top)
+            top.requires_grad_(True)
+            if self.train_final_norm:
+                norm = self.arch.final_norm
+                if norm is None:
+                    raise UnsupportedModelError(
+                        f"train_final_norm=True but hydrappo found no final norm in {type(model).__name__}."
+                    )
+                self.ref_norm = _frozen_copy(norm)
+                norm.requires_grad_(True)
+            if self.train_lm_head:
+                self.ref_lm_head = _frozen_copy(output_embeddings(model))
+                if heads_are_tied(model):
+                    _untie_output_embeddings(model)
+                output_embeddings(model).requires_grad_(True)
+
+        param = next(model.parameters())
+        self.value_head = ValueHead(self.arch.hidden_size).to(param.device)
+        self.reward_branch: RewardBranch | None = None
+        if verify:
+            self._verify()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        num_layers_unfrozen: int = 2,
+        *,
+        train_lm_head: bool = False,
+        train_final_norm: bool = False,
+        layers_path: str | None = None,
+        logprob_chunk_tokens: int | None = None,
+        **model_kwargs,
+    ) -> "HydraModel":
+        """Load a causal LM with `AutoModelForCausalLM.from_pretrained(path, **model_kwargs)` and wrap it."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
+        return cls(
+            model,
+            num_layers_unfrozen,
+            train_lm_head=train_lm_head,
+            train_final_norm=train_final_norm,
+            layers_path=layers_path,
+            logprob_chunk_tokens=logprob_chunk_tokens,
+        )
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def shares_reference(self) -> bool:
+        """True when the policy and the reference are the same function (N = 0, frozen head)."""
+        return self.num_layers_unfrozen == 0 and self.ref_lm_head is None and self.ref_norm is None
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def attach_reward_branch(self, branch: RewardBranch) -> None:
+        """Put a (frozen) reward model on the trunk; forward_hydra then returns `scores`."""
+        if self.full_model:
+            raise UnsupportedModelError(
+                "a reward branch needs a frozen trunk to sit on; with num_layers_unfrozen=-1 (the whole model "
+                "trains) there is none. Use a reward function or a separate reward model instead."
+            )
+        if len(branch.layers) != self.num_layers_unfrozen:
+            raise ValueError(
+                f"the reward branch has {len(branch.layers)} layers but the hydra splits the trunk at "
+                f"{self.num_layers_unfrozen} top layers; train the reward branch with the same num_layers_unfrozen."
+            )
+        branch.requires_grad_(False)
+        self.reward_branch = branch.to(self.device)
+
+    def new_reward_branch(self, trainable: bool = False) -> RewardBranch:
+        """A reward branch initialised from the ORIGINAL top layers (the reference copy) and a fresh head."""
+        source = self.ref_layers if not self.full_model else None
+        if source is None:
+            raise UnsupportedModelError("reward branches need num_layers_unfrozen < number of layers.")
+        layers = nn.ModuleList(copy.deepcopy(layer) for layer in source)
+        norm = copy.deepcopy(self.ref_norm) if self.ref_norm is not None else None
+        branch = RewardBranch(layers, RewardHead(self.arch.hidden_size), norm).to(self.device)
+        branch.requires_grad_(trainable)
+        return branch
+
+    # ------------------------------------------------------------------ passes
+    def forward_hydra(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        return_entropy: bool = False,
+        return_logits: bool = False,
+        return_reference: bool = True,
+        temperature: float = 1.0,
+    ) -> HydraOutput:
+        """Policy log-probs, reference log-probs, values and (with a reward branch) scores,
+        from ONE pass of the embeddings and the bottom layers."""
+        attention_mask = _default_mask(input_ids, attention_mask)
+        position_ids = position_ids_from_mask(attention_mask)
+        hidden, split_hidden = self._trunk_and_policy(input_ids, attention_mask, position_ids)
+        out = self._policy_outputs(hidden, input_ids, attention_mask, return_entropy, return_logits, temperature)
+        out.split_hidden = split_hidden
+
+        if return_reference:
+            with torch.no_grad():
+                if self.shares_reference:
+                    out.ref_logprobs = out.logprobs.detach().clone()
+                    out.ref_logits = out.logits.detach().clone() if return_logits else None
+                else:
+                    ref_hidden, ref_head = self._reference_hidden(split_hidden, input_ids, attention_mask, position_ids)
+                    out.ref_logprobs = self._logprobs(ref_hidden, input_ids, attention_mask, ref_head, temperature)[0]
+                    if return_logits:
+                        out.ref_logits = self._logits_transform(ref_head(ref_hidden))
+        if self.reward_branch is not None:
+            out.scores = self.score_from_split(split_hidden, input_ids, attention_mask)
+        return out
+
+    def forward_top(
+        self,
+        split_hidden: torch.Tensor | None,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        return_entropy: bool = False,
+        return_logits: bool = False,
+        temperature: float = 1.0,
+    ) -> HydraOutput:
+        """The policy outputs of `forward_hydra` from a cached `split_hidden`, without
+        running the bottom layers (the PPO epochs use this). With the whole model
+        training there is no frozen split: pass None and the full model runs."""
+        attention_mask = _default_mask(input_ids, attention_mask)
+        position_ids = position_ids_from_mask(attention_mask)
+        if self.full_model or split_hidden is None:
+            if not self.full_model:
+                raise ValueError("forward_top needs the split_hidden returned by forward_hydra.")
+            hidden = self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
+        else:
+            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, layers=None, norm=None)
+        return self._policy_outputs(hidden, input_ids, attention_mask, return_entropy, return_logits, temperature)
+
+    @torch.no_grad()
+    def score_from_split(self, split_hidden, input_ids, attention_mask) -> torch.Tensor:
+        """The reward branch's score of each sequence, read at its last non-padding token."""
+        if self.reward_branch is None:
+            raise ValueError("no reward branch is attached (see attach_reward_branch).")
+        return self.reward_scores(split_hidden, input_ids, attention_mask, self.reward_branch)
+
+    def reward_scores(self, split_hidden, input_ids, attention_mask, branch: RewardBranch) -> torch.Tensor:
+        """Scores of `branch` (frozen or training) on top of the cached split hidden state."""
+        attention_mask = _default_mask(input_ids, attention_mask)
+        position_ids = position_ids_from_mask(attention_mask)
+        hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, branch.layers, branch.norm)
+        last = last_token_index(attention_mask)
+        return branch.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
+
+    @torch.no_grad()
+    def split_hidden_states(self, input_ids, attention_mask=None) -> torch.Tensor:
+        """Only the frozen bottom of the trunk: the hidden state entering the top layers."""
+        attention_mask = _default_mask(input_ids, attention_mask)
+        if self.full_model:
+            raise UnsupportedModelError("with the whole model training there is no frozen split.")
+        return self._trunk_and_policy(input_ids, attention_mask, position_ids_from_mask(attention_mask), stop=True)[1]
+
+    def generate(self, *args, **kwargs):
+        """Sample from the policy with transformers' `generate` (KV cache and all)."""
+        return self.model.generate(*args, **kwargs)
+
+    def forward(self, *args, **kwargs) -> HydraOutput:
+        return self.forward_hydra(*args, **kwargs)
+
+    # ------------------------------------------------------------------ internals
+    def _policy_outputs(self, hidden, input_ids, attention_mask, return_entropy, return_logits, temperature):
+        head = output_embeddings(self.model)
+        logprobs, entropy = self._logprobs(hidden, input_ids, attention_mask, head, temperature, return_entropy)
+        values = self.value_head(hidden).masked_fill(attention_mask == 0, 0.0)
+        out = HydraOutput(logprobs=logprobs, values=values, entropy=entropy, hidden=hidden)
+        if return_logits:
+            out.logits = self._logits_transform(head(hidden))
+        return out
+
+    def _logprobs(self, hidden, input_ids, attention_mask, head, temperature, with_entropy=False):
+        logprobs, entropy = token_logprobs(
+            hidden[:, :-1],
+            input_ids[:, 1:],
+            head,
+            self._logits_transform,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=self.logprob_chunk_tokens,
+        )
+        # torch.where, not multiplication: a padded position may hold NaN from a fully masked
+        # attention row, and NaN * 0 is NaN.
+        target_is_pad = attention_mask[:, 1:] == 0
+        logprobs = torch.where(target_is_pad, torch.zeros_like(logprobs), logprobs)
+        if entropy is not None:
+            entropy = torch.where(target_is_pad, torch.zeros_like(entropy), entropy)
+        return logprobs, entropy
+
+    def _decoder_hidden(self, decoder, input_ids, attention_mask, position_ids):
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    def _trunk_and_policy(self, input_ids, attention_mask, position_ids, stop: bool = False):
+        """One pass of the model's own decoder; the hidden state entering the first top layer
+        (or leaving the last layer, for N = 0) is captured on the way."""
+        if self.full_model:
+            return self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids), None
+        captured = {}
+
+        def capture_input(module, args, kwargs):
+            captured["hidden"] = (args[0] if args else kwargs["hidden_states"]).detach()
+            if stop:
+                raise _StopTrunk
+
+        def capture_output(module, args, output):
+            captured["hidden"] = (output[0] if isinstance(output, tuple) else output).detach()
+            if stop:
+                raise _StopTrunk
+
+        layers = self.arch.layers
+        if self.num_layers_unfrozen > 0:
+            handle = layers[self.split_index].register_forward_pre_hook(capture_input, with_kwargs=True)
+        else:
+            handle = layers[-1].register_forward_hook(capture_output)
+        try:
+            hidden = self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
+        except _StopTrunk:
+            hidden = None
+        finally:
+            handle.remove()
+        return hidden, captured["hidden"]
+
+    def _reference_hidden(self, split_hidden, input_ids, attention_mask, position_ids):
+        if self.full_model:
+            ref = self.reference_model
+            hidden = self._decoder_hidden(locate(ref).decoder, input_ids, attention_mask, position_ids)
+            return hidden, output_embeddings(ref)
+        hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, self.ref_layers, self.ref_norm)
+        return hidden, self.ref_lm_head if self.ref_lm_head is not None else output_embeddings(self.model)
+
+    def _branch_hidden(self, split_hidden, input_ids, attention_mask, position_ids, layers, norm):
+        """Final hidden state of a top-layer branch (None = the policy's own) on a cached split."""
+        with self._branch_in_place(split_hidden, layers, norm):
+            return self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
+
+    @contextmanager
+    def _branch_in_place(self, split_hidden, layers, norm):
+        layer_list = self.arch.layers
+        original_layers = list(layer_list)
+        original_norm = self.arch.final_norm
+        try:
+            for index in range(self.split_index):
+                inject = split_hidden if index == self.split_index - 1 else None
+                layer_list[index] = _SkipLayer(original_layers[index], inject, self._layer_tuple_len)
+            if layers is not None:
+                for offset, layer in enumerate(layers):
+                    layer_list[self.split_index + offset] = layer
+            if norm is not None:
+                set_path(self.arch.decoder, self.arch.norm_path, norm)
+            yield
+        finally:
+            for index, layer in enumerate(original_layers):
+                layer_list[index] = layer
+            if norm is not None:
+                set_path(self.arch.decoder, self.arch.norm_path, original_norm)
+
+    @torch.no_grad()
+    def _verify(self) -> None:
+        """Check on a short probe that hydrappo's passes reproduce the model's own logits."""
+        vocab = output_embeddings(self.model).weight.shape[0]
+        generator = torch.Generator().manual_seed(0)
+        probe = torch.randint(0, vocab, (1, 6), generator=generator).to(self.device)
+        mask = torch.ones_like(probe)
+
+        first_layer_output = {}
+        handle = self.arch.layers[0].register_forward_hook(
+            lambda module, args, output: first_layer_output.setdefault("output", output)
+        )
+        try:
+            expected = self.model(input_ids=probe, attention_mask=mask, use_cache=False).logits.float()
+        finally:
+            handle.remove()
+        output = first_layer_output.get("output")
+        self._layer_tuple_len = len(output) if isinstance(output, tuple) else 0
+
+        out = self.forward_hydra(probe, mask, return_logits=True)
+        tolerance = 1e-4 if expected.dtype == torch.float32 and out.logits.dtype == torch.float32 else 5e-2
+        scale = expected.abs().max().clamp(min=1.0)
+        if not torch.allclose(out.logits.float(), expected, atol=tolerance * scale, rtol=0):
+            raise UnsupportedModelError(
+                f"hydrappo's policy logits differ from {type(self.model).__name__}'s own: the model post-processes "
+                "its logits in a way hydrappo does not know (see hydrappo/arch.py:logits_transform)."
+            )
+        if self.full_model:
+            return
+        top = self.forward_top(out.split_hidden, probe, mask, return_logits=True)
+        if not torch.allclose(top.logits.float(), out.logits.float(), atol=tolerance * scale, rtol=0):
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} carries state between decoder layers besides the hidden states, "
+                "so its trunk cannot be split and replayed from the top layers."
+            )
+
+
+class _StopTrunk(Exception):
+    """Raised from a hook to end a decoder pass once the split hidden state is captured."""
+
+
+def _default_mask(input_ids, attention_mask):
+    return torch.ones_like(input_ids) if attention_mask is None else attention_mask
+
+
+def _resolve_num_unfrozen(requested, num_layers: int) -> int:
+    if isinstance(requested, bool) or not isinstance(requested, int):
+        raise TypeError(f"num_layers_unfrozen must be an int, got {requested!r}.")
+    if requested == -1 or requested >= num_layers:
+        return num_layers
+    if requested < -1:
+        raise ValueError(
+            f"num_layers_unfrozen={requested} is out of range: use 0..{num_layers} (the model has {num_layers} "
+            "decoder layers), 0 to train only the heads, or -1 to train the whole model."
+        )
+    return requested
+
+
+def _untie_output_embeddings(model: nn.Module) -> None:
+    head = output_embeddings(model)
+    head.weight = nn.Parameter(head.weight.detach().clone())
+    # Stop transformers from re-tying on save/load or resize.
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.tie_word_embeddings = False
+
+
+def _check_model_usable(model: nn.Module) -> None:
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise TypeError(
+            f"HydraModel wraps a transformers causal LM (PreTrainedModel), got {type(model).__name__}. "
+            "Use HydraModel.from_pretrained(path) to load one."
+        )
+    params = list(model.parameters())
+    if not params:
+        raise UnsupportedModelError(f"{type(model).__name__} has no parameters.")
+    if any(p.device.type == "meta" for p in params):
+        raise UnsupportedModelError(
+            "some of the model's weights are on the meta device (not loaded). Load the model fully, e.g. "
+            "AutoModelForCausalLM.from_pretrained(path) without device_map='meta' or init_empty_weights."
+        )
+    devices = {p.device for p in params}
+    if len(devices) > 1:
+        raise UnsupportedModelError(
+            f"the model is spread over several devices ({sorted(map(str, devices))}); hydrappo needs it on one "
+            "device. Load it without device_map and move it with .to(device)."
+        )
+    dtypes = {p.dtype for p in params}
+    if any(not dtype.is_floating_point for dtype in dtypes):
+        raise UnsupportedModelError(
+            f"the model holds non-float weights ({sorted(map(str, dtypes))}), e.g. a quantised model; its top "
+            "layers cannot train. Load it in float32/bfloat16."
+        )
+    if torch.float16 in dtypes and params[0].device.type == "cpu":
+        raise UnsupportedModelError(
+            "float16 weights on the CPU: PyTorch's CPU kernels do not support half-precision training well. "
+            "Load the model with torch_dtype=torch.float32 (or bfloat16)."
+        )

@@ -1,0 +1,94 @@
+"""Tiny random models and a tokenizer built in code: the tests download nothing."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPTNeoXConfig,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+VOCAB = 96
+HIDDEN = 32
+LAYERS = 4
+
+
+def tiny_config(family: str, num_layers: int = LAYERS, vocab_size: int = VOCAB, **overrides):
+    common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "gpt2":
+        config = GPT2Config(n_embd=HIDDEN, n_layer=num_layers, n_head=4, n_positions=128, **common)
+    elif family == "gpt_neox":
+        config = GPTNeoXConfig(
+            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=128, rotary_pct=0.5, **common,
+        )
+    elif family == "opt":
+        config = OPTConfig(
+            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, ffn_dim=64,
+            max_position_embeddings=128, word_embed_proj_dim=HIDDEN, **common,
+        )
+    elif family == "llama":
+        config = LlamaConfig(
+            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=64, max_position_embeddings=128, tie_word_embeddings=True, **common,
+        )
+    elif family == "mistral":
+        config = MistralConfig(
+            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=64, max_position_embeddings=128, sliding_window=8, **common,
+        )
+    elif family == "qwen2":
+        config = Qwen2Config(
+            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=64, max_position_embeddings=128, use_sliding_window=True, sliding_window=8,
+            max_window_layers=2, **common,
+        )
+    else:
+        raise ValueError(family)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+FAMILIES = ("gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2")
+
+
+def tiny_model(family: str = "llama", seed: int = 0, **kwargs):
+    torch.manual_seed(seed)
+    config = tiny_config(family, **kwargs)
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+WORDS = [f"w{i}" for i in range(VOCAB - 4)]
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over 'w0'..'wN'; pad is the EOS token, as in SmolLM2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3}
+    vocab.update({word: i + 4 for i, word in enumerate(WORDS)})
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def left_padded_batch(rows: list[list[int]], pad_id: int = 0):
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
+    return ids, mask
