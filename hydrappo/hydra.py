@@ -272,13 +272,21 @@ class HydraModel(nn.Module):
         return_logits: bool = False,
         return_reference: bool = True,
         temperature: float = 1.0,
+        logprobs_from: int = 0,
     ) -> HydraOutput:
         """Policy log-probs, reference log-probs, values and (with a reward branch) scores,
-        from ONE pass of the embeddings and the bottom layers."""
+        from ONE pass of the embeddings and the bottom layers.
+
+        `logprobs_from=k` computes log-probs (and entropy) only for the tokens
+        `input_ids[:, k+1:]`, e.g. the response of a batch whose prompts fill the first
+        k+1 columns: PPO never reads the prompt's log-probs, and each skipped position saves
+        an lm_head row per branch. Skipped entries hold 0; shapes do not change."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         hidden, split_hidden = self._trunk_and_policy(input_ids, attention_mask, position_ids)
-        out = self._policy_outputs(hidden, input_ids, attention_mask, return_entropy, return_logits, temperature)
+        out = self._policy_outputs(
+            hidden, input_ids, attention_mask, return_entropy, return_logits, temperature, logprobs_from
+        )
         out.split_hidden = split_hidden
 
         if return_reference:
@@ -288,7 +296,9 @@ class HydraModel(nn.Module):
                     out.ref_logits = out.logits.detach().clone() if return_logits else None
                 else:
                     ref_hidden, ref_head = self._reference_hidden(split_hidden, input_ids, attention_mask, position_ids)
-                    out.ref_logprobs = self._logprobs(ref_hidden, input_ids, attention_mask, ref_head, temperature)[0]
+                    out.ref_logprobs = self._logprobs(
+                        ref_hidden, input_ids, attention_mask, ref_head, temperature, logprobs_from=logprobs_from
+                    )[0]
                     if return_logits:
                         out.ref_logits = self._logits_transform(ref_head(ref_hidden))
         if self.reward_branch is not None:
@@ -304,6 +314,7 @@ class HydraModel(nn.Module):
         return_entropy: bool = False,
         return_logits: bool = False,
         temperature: float = 1.0,
+        logprobs_from: int = 0,
     ) -> HydraOutput:
         """The policy outputs of `forward_hydra` from a cached `split_hidden`, without
         running the bottom layers (the PPO epochs use this). With the whole model
@@ -316,7 +327,9 @@ class HydraModel(nn.Module):
             hidden = self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
         else:
             hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, layers=None, norm=None)
-        return self._policy_outputs(hidden, input_ids, attention_mask, return_entropy, return_logits, temperature)
+        return self._policy_outputs(
+            hidden, input_ids, attention_mask, return_entropy, return_logits, temperature, logprobs_from
+        )
 
     @torch.no_grad()
     def score_from_split(self, split_hidden, input_ids, attention_mask) -> torch.Tensor:
@@ -349,25 +362,32 @@ class HydraModel(nn.Module):
         return self.forward_hydra(*args, **kwargs)
 
     # ------------------------------------------------------------------ internals
-    def _policy_outputs(self, hidden, input_ids, attention_mask, return_entropy, return_logits, temperature):
+    def _policy_outputs(
+        self, hidden, input_ids, attention_mask, return_entropy, return_logits, temperature, logprobs_from=0
+    ):
         head = output_embeddings(self.model)
-        logprobs, entropy = self._logprobs(hidden, input_ids, attention_mask, head, temperature, return_entropy)
+        logprobs, entropy = self._logprobs(
+            hidden, input_ids, attention_mask, head, temperature, return_entropy, logprobs_from
+        )
         values = self.value_head(hidden).masked_fill(attention_mask == 0, 0.0)
         out = HydraOutput(logprobs=logprobs, values=values, entropy=entropy, hidden=hidden)
         if return_logits:
             out.logits = self._logits_transform(head(hidden))
         return out
 
-    def _logprobs(self, hidden, input_ids, attention_mask, head, temperature, with_entropy=False):
+    def _logprobs(self, hidden, input_ids, attention_mask, head, temperature, with_entropy=False, logprobs_from=0):
         logprobs, entropy = token_logprobs(
-            hidden[:, :-1],
-            input_ids[:, 1:],
+            hidden[:, logprobs_from:-1],
+            input_ids[:, logprobs_from + 1 :],
             head,
             self._logits_transform,
             temperature=temperature,
             with_entropy=with_entropy,
             chunk_tokens=self.logprob_chunk_tokens,
         )
+        if logprobs_from:
+            logprobs = nn.functional.pad(logprobs, (logprobs_from, 0))
+            entropy = nn.functional.pad(entropy, (logprobs_from, 0)) if entropy is not None else None
         # torch.where, not multiplication: a padded position may hold NaN from a fully masked
         # attention row, and NaN * 0 is NaN.
         target_is_pad = attention_mask[:, 1:] == 0

@@ -304,3 +304,17 @@ def test_reward_branch_must_match_the_split():
     other = HydraModel(tiny_model("llama"), num_layers_unfrozen=1)
     with pytest.raises(ValueError, match="same num_layers_unfrozen"):
         hydra.attach_reward_branch(other.new_reward_branch())
+
+
+def test_logprobs_from_skips_the_prompt_and_keeps_shapes():
+    hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=2)
+    ids, mask = left_padded_batch(ROWS)
+    full = hydra.forward_hydra(ids, mask, return_entropy=True)
+    part = hydra.forward_hydra(ids, mask, return_entropy=True, logprobs_from=9)
+    assert part.logprobs.shape == full.logprobs.shape
+    torch.testing.assert_close(part.logprobs[:, 9:], full.logprobs[:, 9:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(part.ref_logprobs[:, 9:], full.ref_logprobs[:, 9:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(part.entropy[:, 9:], full.entropy[:, 9:], atol=1e-6, rtol=0)
+    assert torch.all(part.logprobs[:, :9] == 0) and torch.all(part.entropy[:, :9] == 0)
+    top = hydra.forward_top(full.split_hidden, ids, mask, logprobs_from=9)
+    torch.testing.assert_close(top.logprobs, part.logprobs, atol=1e-6, rtol=0)
