@@ -1,0 +1,180 @@
+"""Generation and experience making: prompts in, a batch of PPO experience out.
+
+Masks come from positions, never from comparing token ids with the pad id: with
+SmolLM2 (and many chat models) the pad token IS the EOS token, so a real EOS and the
+padding after it carry the same id.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+
+import torch
+from transformers import GenerationConfig
+
+from .config import GenerationArgs
+from .data import left_pad
+from .hydra import HydraModel
+
+
+@dataclass
+class Responses:
+    """Sampled responses of one batch, trimmed at their first stop."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]  # each includes its stop token (EOS or stop id), if any
+    ended: list[bool]  # stopped by EOS, a stop token id or a stop string (not by length)
+
+
+@dataclass
+class Experience:
+    """One PPO batch. Sequences are prompt (left-padded to width P) + response
+    (right-padded to width R). Per-token tensors are response-aligned, (B, R)."""
+
+    input_ids: torch.Tensor  # (B, P + R)
+    attention_mask: torch.Tensor  # (B, P + R)
+    action_mask: torch.Tensor  # (B, R), float: 1 on response tokens
+    split_hidden: torch.Tensor | None  # (B, P + R, H), the frozen trunk's output
+    logprobs: torch.Tensor  # (B, R) under the sampling policy
+    ref_logprobs: torch.Tensor  # (B, R)
+    values: torch.Tensor  # (B, R)
+    rewards: torch.Tensor  # (B, R) shaped rewards
+    advantages: torch.Tensor  # (B, R)
+    returns: torch.Tensor  # (B, R)
+    prompt_width: int
+
+    def minibatch(self, index: torch.Tensor) -> "Experience":
+        parts = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            parts[f.name] = value[index] if isinstance(value, torch.Tensor) else value
+        return Experience(**parts)
+
+    @property
+    def logprob_offset(self) -> int:
+        """Index in a (B, P+R-1) log-prob row of the first response token's log-prob."""
+        return self.prompt_width - 1
+
+
+def generation_config(args: GenerationArgs, tokenizer) -> GenerationConfig:
+    """Sampling settings for transformers' generate. Everything is explicit so that a
+    model's own generation_config.json (SmolLM2 ships temperature 0.2, top_p 0.9) cannot
+    silently change the distribution PPO's log-probs are computed under."""
+    eos_ids = [tokenizer.eos_token_id, *args.stop_token_ids]
+    return GenerationConfig(
+        do_sample=True,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=tokenizer.pad_token_id,
+        stop_strings=list(args.stop_strings) or None,
+        use_cache=True,
+        repetition_penalty=1.0,
+        num_beams=1,
+    )
+
+
+def first_stop(tokens: list[int], stop_ids: set[int], stop_strings: list[str], tokenizer) -> tuple[int, bool]:
+    """Length of a generated response up to and including its first stop, and whether it stopped.
+
+    A stop string ends the response at the token that completes it (as generate does).
+    """
+    for index, token in enumerate(tokens):
+        if token in stop_ids:
+            return index + 1, True
+        if stop_strings:
+            text = tokenizer.decode(tokens[: index + 1], skip_special_tokens=False)
+            if any(stop in text for stop in stop_strings):
+                return index + 1, True
+    return len(tokens), False
+
+
+@torch.no_grad()
+def generate_responses(
+    hydra: HydraModel, tokenizer, prompts: list[list[int]], args: GenerationArgs
+) -> Responses:
+    """Sample one response per prompt with the policy, in chunks of `generation_batch_size`."""
+    config = generation_config(args, tokenizer)
+    stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
+    device = hydra.device
+    responses, ended = [], []
+    for start in range(0, len(prompts), args.generation_batch_size):
+        chunk = prompts[start : start + args.generation_batch_size]
+        input_ids, attention_mask = left_pad(chunk, tokenizer.pad_token_id)
+        sequences = hydra.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            generation_config=config,
+            tokenizer=tokenizer if args.stop_strings else None,
+        )
+        for row in sequences[:, input_ids.shape[1] :].tolist():
+            length, stopped = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
+            responses.append(row[:length])
+            ended.append(stopped)
+    return Responses(prompt_ids=[list(p) for p in prompts], response_ids=responses, ended=ended)
+
+
+def pack_sequences(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_token_id: int):
+    """Prompt left-padded to the widest prompt, response right-padded to the longest
+    response. Returns input_ids, attention_mask, action_mask (float) and the prompt width."""
+    prompts, prompt_mask = left_pad(prompt_ids, pad_token_id)
+    width = max(1, max(len(r) for r in response_ids))
+    batch = len(response_ids)
+    responses = torch.full((batch, width), pad_token_id, dtype=torch.long)
+    action_mask = torch.zeros((batch, width), dtype=torch.float32)
+    for row, tokens in enumerate(response_ids):
+        responses[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        action_mask[row, : len(tokens)] = 1.0
+    input_ids = torch.cat([prompts, responses], dim=1)
+    attention_mask = torch.cat([prompt_mask, action_mask.long()], dim=1)
+    return input_ids, attention_mask, action_mask, prompts.shape[1]
+
+
+@dataclass
+class Evaluation:
+    """What one hydra pass says about a packed batch (response-aligned)."""
+
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    entropy: torch.Tensor
+    split_hidden: torch.Tensor | None
+    scores: torch.Tensor | None
+
+
+@torch.no_grad()
+def evaluate_sequences(
+    hydra: HydraModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_width: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 16,
+    autocast=None,
+) -> Evaluation:
+    """forward_hydra over the batch in chunks: log-probs, reference log-probs, values,
+    entropy and the split hidden state (kept for the PPO epochs), plus reward-branch
+    scores when a branch is attached. The prompt's log-probs are never computed."""
+    device = hydra.device
+    offset = prompt_width - 1
+    parts: dict[str, list] = {name: [] for name in ("logprobs", "ref_logprobs", "values", "entropy", "split_hidden", "scores")}
+    for start in range(0, input_ids.shape[0], chunk_size):
+        ids = input_ids[start : start + chunk_size].to(device)
+        mask = attention_mask[start : start + chunk_size].to(device)
+        with autocast() if autocast else nullcontext():
+            out = hydra.forward_hydra(ids, mask, return_entropy=True, temperature=temperature, logprobs_from=offset)
+        parts["logprobs"].append(out.logprobs[:, offset:].float())
+        parts["ref_logprobs"].append(out.ref_logprobs[:, offset:].float())
+        parts["values"].append(out.values[:, offset:-1].float())
+        parts["entropy"].append(out.entropy[:, offset:].float())
+        parts["split_hidden"].append(out.split_hidden)
+        parts["scores"].append(out.scores)
+    joined = {
+        name: (torch.cat(values) if values and values[0] is not None else None) for name, values in parts.items()
+    }
+    return Evaluation(**joined)
