@@ -11,7 +11,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from .config import GenerationArgs
 from .data import left_pad
@@ -71,11 +71,28 @@ def generation_config(args: GenerationArgs, tokenizer) -> GenerationConfig:
         min_new_tokens=args.min_new_tokens,
         eos_token_id=eos_ids,
         pad_token_id=tokenizer.pad_token_id,
-        stop_strings=list(args.stop_strings) or None,
         use_cache=True,
         repetition_penalty=1.0,
         num_beams=1,
     )
+
+
+class StopOnStrings(StoppingCriteria):
+    """Ends a row once its generated text contains a stop string.
+
+    transformers' own `stop_strings` needs a vocabulary it can map to strings token by
+    token, which word-level and some SentencePiece tokenizers defeat; decoding the
+    generated part works with any tokenizer and agrees exactly with `first_stop`."""
+
+    def __init__(self, stop_strings: list[str], tokenizer, prompt_width: int):
+        self.stop_strings = list(stop_strings)
+        self.tokenizer = tokenizer
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width :], skip_special_tokens=False)
+        done = [any(stop in text for stop in self.stop_strings) for text in texts]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def first_stop(tokens: list[int], stop_ids: set[int], stop_strings: list[str], tokenizer) -> tuple[int, bool]:
@@ -105,11 +122,14 @@ def generate_responses(
     for start in range(0, len(prompts), args.generation_batch_size):
         chunk = prompts[start : start + args.generation_batch_size]
         input_ids, attention_mask = left_pad(chunk, tokenizer.pad_token_id)
+        criteria = StoppingCriteriaList()
+        if args.stop_strings:
+            criteria.append(StopOnStrings(args.stop_strings, tokenizer, input_ids.shape[1]))
         sequences = hydra.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             generation_config=config,
-            tokenizer=tokenizer if args.stop_strings else None,
+            stopping_criteria=criteria,
         )
         for row in sequences[:, input_ids.shape[1] :].tolist():
             length, stopped = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
