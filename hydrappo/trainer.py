@@ -55,6 +55,14 @@ def resolve_path(path: str | None, base_dir: Path | None) -> str | None:
     return str(candidate) if candidate.exists() else path
 
 
+def enable_activation_checkpointing(model) -> None:
+    """transformers renamed gradient checkpointing to activation checkpointing in 5.x."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def pick_device(name: str) -> torch.device:
     if name != "auto":
         return torch.device(name)
@@ -110,8 +118,7 @@ class PPOTrainer:
             raise ValueError("PPOTrainer: pass the tokenizer together with a hydra model.")
         self.hydra, self.tokenizer = hydra, tokenizer
         if config.model.gradient_checkpointing:
-            hydra.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            hydra.model.train()
+            enable_activation_checkpointing(hydra.model)
         if config.model.reward_branch_path:
             from .reward_trainer import load_reward_branch
 
@@ -344,9 +351,13 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def train_step(self) -> tuple[dict, list[dict]]:
-        self.hydra.eval() if not self.config.model.gradient_checkpointing else None
+        # Dropout is off either way; the mode matters because transformers checkpoints layers
+        # only in train mode, and turns the KV cache off there: generate in eval mode.
+        self.hydra.eval()
         experience, stats, samples = self.make_experience()
+        self.hydra.train(self.config.model.gradient_checkpointing)
         stats.update(self.ppo_update(experience))
+        self.hydra.eval()
         self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
         self.step += 1
         return stats, samples

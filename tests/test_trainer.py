@@ -204,3 +204,14 @@ def test_cli_train_runs_the_tiny_example(tmp_path, capsys):
     assert code == 0
     assert "done: step 2" in capsys.readouterr().out
     assert (tmp_path / "checkpoint-2" / "config.yaml").is_file()
+
+
+def test_gradient_checkpointing_gives_the_same_training(tmp_path):
+    args = ["--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4", "--save_every", "100"]
+    plain = tiny_trainer(tmp_path / "plain", *args)
+    plain.train()
+    checkpointed = tiny_trainer(tmp_path / "checkpointed", *args, "--gradient_checkpointing", "true")
+    assert any(getattr(m, "gradient_checkpointing", False) for m in checkpointed.hydra.model.modules())
+    checkpointed.train()
+    for a, b in zip(plain.hydra.trainable_parameters(), checkpointed.hydra.trainable_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
