@@ -1,22 +1,45 @@
-"""The `hydrappo` command.
+"""The `hydrappo` command: a table of sub-commands, each implemented in its own module.
 
     hydrappo train CONFIG.yaml [--resume [PATH]] [--option value ...]
 
-Options after the config file override it (`--learning_rate 3e-6`); run
-`hydrappo train CONFIG.yaml --help` to list them all.
+Every sub-command is `module:function`, called with the remaining arguments and
+returning an exit code; `hydrappo COMMAND --help` describes each.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from pathlib import Path
 
 from .config import ConfigError, parse_config
 
+# name -> (implementation, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("hydrappo.cli:train_command", "PPO from a YAML config"),
+}
 
-def _train(args, overrides: list[str]) -> int:
+
+def train_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hydrappo train",
+        description="Run PPO. Options after the config file override it, e.g. --learning_rate 3e-6.",
+        add_help=False,
+    )
+    parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
+    parser.add_argument(
+        "--resume", nargs="?", const="latest", default=None,
+        help="continue from the latest checkpoint in train.output_dir, or from PATH",
+    )
+    parser.add_argument("-h", "--help", action="store_true")
+    args, overrides = parser.parse_known_args(argv)
+    if args.help or args.config is None:
+        print(parser.format_help())
+        _print_config_options()
+        return 0 if args.help else 2
+
     from .checkpoint import CheckpointError
     from .trainer import PPOTrainer, TrainingError
 
@@ -36,45 +59,32 @@ def _train(args, overrides: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": (_train, "run PPO from a YAML config")}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hydrappo", description="PPO for RLHF on one transformer trunk.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help=COMMANDS["train"][1], add_help=False)
-    train.add_argument("config", help="YAML config (see examples/)")
-    train.add_argument(
-        "--resume", nargs="?", const="latest", default=None,
-        help="continue from the latest checkpoint in train.output_dir, or from PATH",
-    )
-    return parser
-
-
-def _print_train_help(parser) -> None:
-    """`hydrappo train --help`: the command's own arguments, then every config option."""
+def _print_config_options(sections=None) -> None:
     from transformers import HfArgumentParser
 
     from .config import SECTIONS
 
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    print(subparsers.choices["train"].format_help())
     print("Config options (YAML keys under their section, or --name value on the command line):")
-    HfArgumentParser(tuple(SECTIONS.values())).print_help()
+    HfArgumentParser(tuple((sections or SECTIONS).values())).print_help()
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    if argv and argv[0] == "train" and any(a in ("-h", "--help") for a in argv[1:]):
-        _print_train_help(parser)
-        return 0
-    args, overrides = parser.parse_known_args(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        width = max(map(len, COMMANDS))
+        lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+        print("usage: hydrappo COMMAND [ARGS]\n\nPPO for RLHF on one transformer trunk.\n\ncommands:\n" + "\n".join(lines))
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nhydrappo: unknown command {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    module_name, function_name = COMMANDS[argv[0]][0].split(":")
+    command = getattr(importlib.import_module(module_name), function_name)
     try:
-        return COMMANDS[args.command][0](args, overrides)
+        return command(argv[1:])
     except ConfigError as error:
-        print(f"hydrappo {args.command}: {error}", file=sys.stderr)
+        print(f"hydrappo {argv[0]}: {error}", file=sys.stderr)
         return 2
 
 
