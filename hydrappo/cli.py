@@ -19,6 +19,7 @@ from .config import ConfigError, parse_config
 # name -> (implementation, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hydrappo.cli:train_command", "PPO from a YAML config"),
+    "generate": ("hydrappo.evaluate:main", "a checkpoint's and its base model's responses, scored, side by side"),
 }
 
 
@@ -83,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     command = getattr(importlib.import_module(module_name), function_name)
     try:
         return command(argv[1:])
-    except ConfigError as error:
+    except Exception as error:
+        # Errors hydrappo raises on purpose carry a message that says what to fix: show
+        # just that. Anything else is a bug, and its traceback is what a report needs.
+        if not (isinstance(error, ConfigError) or type(error).__module__.startswith("hydrappo.")):
+            raise
         print(f"hydrappo {argv[0]}: {error}", file=sys.stderr)
         return 2
 

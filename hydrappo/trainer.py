@@ -63,6 +63,20 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def resolve_config_paths(config: Config, base_dir: Path | None) -> None:
+    """Anchor every relative path of a config file at the file's folder, in place, so the
+    config saved with each checkpoint works from any directory."""
+    model, reward, data = config.model, config.reward, config.data
+    model.name_or_path = resolve_path(model.name_or_path, base_dir)
+    model.tokenizer_name_or_path = resolve_path(model.tokenizer_name_or_path, base_dir)
+    model.reward_branch_path = resolve_path(model.reward_branch_path, base_dir)
+    reward.reward_model = resolve_path(reward.reward_model, base_dir)
+    data.prompts = resolve_path(data.prompts, base_dir)
+    if reward.reward_fn and ".py:" in reward.reward_fn:
+        file, _, function = reward.reward_fn.rpartition(":")
+        reward.reward_fn = f"{resolve_path(file, base_dir)}:{function}"
+
+
 def pick_device(name: str) -> torch.device:
     if name != "auto":
         return torch.device(name)
@@ -101,9 +115,9 @@ class PPOTrainer:
         )
         self.device = self.accelerator.device
 
+        resolve_config_paths(config, self.config_dir)
         if hydra is None:
             model_config = config.model
-            model_config.name_or_path = resolve_path(model_config.name_or_path, self.config_dir)
             model, tokenizer = load_model_and_tokenizer(
                 model_config, device=self.device, dtype=resolve_dtype(model_config.dtype, self.device)
             )
@@ -122,11 +136,11 @@ class PPOTrainer:
         if config.model.reward_branch_path:
             from .reward_trainer import load_reward_branch
 
-            hydra.attach_reward_branch(load_reward_branch(hydra, resolve_path(config.model.reward_branch_path, self.config_dir)))
+            hydra.attach_reward_branch(load_reward_branch(hydra, config.model.reward_branch_path))
 
         self.reward_source = build_reward_source(config.reward, base_dir=self.config_dir, device=str(self.device))
         data = config.data
-        texts = load_prompt_texts(resolve_path(data.prompts, self.config_dir), data.prompt_column)
+        texts = load_prompt_texts(data.prompts, data.prompt_column)
         self.prompts = tokenize_prompts(
             texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
         )
