@@ -88,8 +88,10 @@ def save_checkpoint(
     config_yaml: str,
     keep_last: int = 2,
     weights: dict[str, torch.Tensor] | None = None,
+    write_extra=None,
 ) -> Path:
-    """Write checkpoint-<step> atomically, then delete all but the newest `keep_last`."""
+    """Write checkpoint-<step> atomically, then delete all but the newest `keep_last`.
+    `write_extra(folder)` may add files (e.g. a peft adapter) before the rename."""
     root = Path(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"checkpoint-{step}"
@@ -101,6 +103,8 @@ def save_checkpoint(
     torch.save(training_state, tmp / STATE_NAME)
     (tmp / TRAINER_STATE_NAME).write_text(json.dumps(dict(trainer_state, step=step), indent=2))
     (tmp / CONFIG_NAME).write_text(config_yaml)
+    if write_extra is not None:
+        write_extra(tmp)
     if final.exists():
         # Only replaced after the new one is complete.
         stale = root / f".checkpoint-{step}.stale-{os.getpid()}"

@@ -127,6 +127,28 @@ class TrainArgs:
     progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
 
 
+@dataclass
+class LoraArgs:
+    """LoRA through peft (`peft.LoraConfig`): off while lora_r is 0."""
+
+    lora_r: int = field(default=0, metadata={"help": "LoRA rank (0: no LoRA, train the top layers' full weights)."})
+    lora_alpha: float = field(default=16.0, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Kept for peft; forced to 0 in PPO (the importance ratio needs one fixed policy)."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["all-linear"], metadata={"help": "Module names to adapt, or all-linear (peft's choice)."}
+    )
+    lora_layers: str = field(
+        default="top",
+        metadata={"help": "top: adapters only in the top num_layers_unfrozen layers (the trunk below stays shared); "
+                          "all: every layer (the reference then costs a second trunk pass)."},
+    )
+    lora_init_adapter: str | None = field(
+        default=None,
+        metadata={"help": "A trained peft adapter (e.g. from SFT) to start from; it is merged into the base so that the "
+                          "reference is that starting policy, not the bare base model."},
+    )
+
+
 SECTIONS = {
     "model": ModelConfig,
     "generation": GenerationArgs,
@@ -134,6 +156,7 @@ SECTIONS = {
     "reward": RewardArgs,
     "data": DataArgs,
     "train": TrainArgs,
+    "lora": LoraArgs,
 }
 
 
@@ -145,6 +168,7 @@ class Config:
     reward: RewardArgs = field(default_factory=RewardArgs)
     data: DataArgs = field(default_factory=DataArgs)
     train: TrainArgs = field(default_factory=TrainArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -274,6 +298,7 @@ def validate(config: Config) -> None:
         "reward.score_normalization": (reward.score_normalization, ("none", "running", "ref")),
         "model.dtype": (config.model.dtype, ("auto", "float32", "bfloat16", "float16")),
         "train.mixed_precision": (config.train.mixed_precision, ("auto", "no", "bf16", "fp16")),
+        "lora.lora_layers": (config.lora.lora_layers, ("top", "all")),
     }
     for name, (value, valid) in choices.items():
         if value not in valid:

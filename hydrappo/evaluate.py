@@ -124,8 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .checkpoint import load_trainable_weights, resolve_checkpoint
-    from .hydra import HydraModel
-    from .models import load_model_and_tokenizer, resolve_dtype
+    from .models import build_hydra
     from .trainer import pick_device, seed_everything
 
     checkpoint = resolve_checkpoint(args.checkpoint, Path(args.checkpoint).parent)
@@ -142,14 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(config.train.device)
     # Random-init models are rebuilt from the run's seed, exactly as the trainer built them.
     seed_everything(config.train.seed)
-    model, tokenizer = load_model_and_tokenizer(config.model, device=device, dtype=resolve_dtype(config.model.dtype, device))
-    hydra = HydraModel(
-        model,
-        config.model.num_layers_unfrozen,
-        train_lm_head=config.model.train_lm_head,
-        train_final_norm=config.model.train_final_norm,
-        layers_path=config.model.layers_path,
-    )
+    hydra, tokenizer = build_hydra(config.model, config.lora, device=device)
     reward_source = build_reward_source(reward_args, device=str(device)) if (reward_args.reward_fn or reward_args.reward_model) else None
     data = config.data
     texts = load_prompt_texts(args.prompts or data.prompts, args.prompt_column or data.prompt_column)

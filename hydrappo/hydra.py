@@ -132,6 +132,13 @@ class HydraModel(nn.Module):
         layers_path: dotted path of the decoder layer list, for models hydrappo does not
             find on its own (e.g. "model.layers").
         logprob_chunk_tokens: positions per lm_head chunk (default: 128 MB of float32 logits).
+        lora: a `peft.LoraConfig`: train LoRA adapters instead of the top layers' weights.
+            The reference is then the same layers with the adapters switched off, and no
+            layer is copied. `lora_layers="top"` puts adapters in the top N layers only
+            (the trunk below stays shared and cached); "all" in every layer (the reference
+            then costs a second trunk pass). See hydrappo/lora.py.
+        lora_init_adapter: a trained peft adapter to start from; it is merged into the
+            base first, so the reference is that starting policy.
         verify: check at construction that hydrappo reproduces the model's own logits.
     """
 
@@ -144,15 +151,29 @@ class HydraModel(nn.Module):
         train_final_norm: bool = False,
         layers_path: str | None = None,
         logprob_chunk_tokens: int | None = None,
+        lora=None,
+        lora_layers: str = "top",
+        lora_init_adapter: str | None = None,
         verify: bool = True,
     ):
         super().__init__()
         _check_model_usable(model)
+        if lora_init_adapter is not None:
+            if lora is None:
+                raise ValueError("lora_init_adapter needs a LoRA config (lora_r > 0) for the adapter PPO trains.")
+            from .lora import merge_adapter
+
+            model = merge_adapter(model, lora_init_adapter)
         self.model = model
         self.arch = locate(model, layers_path)
         num_layers = self.arch.num_layers
         self.num_layers_unfrozen = _resolve_num_unfrozen(num_layers_unfrozen, num_layers)
-        self.full_model = self.num_layers_unfrozen == num_layers
+        self.uses_lora = lora is not None
+        if self.uses_lora:
+            _check_lora_settings(self.num_layers_unfrozen, lora_layers, train_lm_head, train_final_norm)
+            if lora_layers == "all":
+                self.num_layers_unfrozen = num_layers
+        self.full_model = self.num_layers_unfrozen == num_layers and not self.uses_lora
         self.split_index = num_layers - self.num_layers_unfrozen
         self.train_lm_head = train_lm_head or self.full_model
         self.train_final_norm = train_final_norm or self.full_model
@@ -166,10 +187,19 @@ class HydraModel(nn.Module):
         self.ref_layers = nn.ModuleList()
         self.ref_norm = None
         self.ref_lm_head = None
+        # Not a registered submodule: the PeftModel wraps self.model, whose parameters are
+        # already ours; registering it would list them twice in state dicts.
+        object.__setattr__(self, "peft_model", None)
         if self.full_model:
             # Everything trains, so nothing of the policy can serve as the reference.
             self.reference_model = _frozen_copy(model)
             model.requires_grad_(True)
+        elif self.uses_lora:
+            from .lora import attach_lora
+
+            top = list(range(self.split_index, num_layers)) if lora_layers == "top" else None
+            pattern = self.arch.layers_path.rpartition(".")[2]
+            object.__setattr__(self, "peft_model", attach_lora(model, lora, self.arch.layers, top, pattern))
         else:
             top = self.arch.layers[self.split_index :]
             self.ref_layers = nn.ModuleList(_frozen_copy(layer) for layer in top)
@@ -231,7 +261,9 @@ class HydraModel(nn.Module):
     @property
     def shares_reference(self) -> bool:
         """True when the policy and the reference are the same function (N = 0, frozen head)."""
-        return self.num_layers_unfrozen == 0 and self.ref_lm_head is None and self.ref_norm is None
+        return (
+            self.num_layers_unfrozen == 0 and self.ref_lm_head is None and self.ref_norm is None and not self.uses_lora
+        )
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
@@ -253,10 +285,17 @@ class HydraModel(nn.Module):
 
     def new_reward_branch(self, trainable: bool = False) -> RewardBranch:
         """A reward branch initialised from the ORIGINAL top layers (the reference copy) and a fresh head."""
-        source = self.ref_layers if not self.full_model else None
-        if source is None:
-            raise UnsupportedModelError("reward branches need num_layers_unfrozen < number of layers.")
-        layers = nn.ModuleList(copy.deepcopy(layer) for layer in source)
+        if self.full_model or self.split_index == 0:
+            raise UnsupportedModelError(
+                "reward branches need a frozen trunk below them: num_layers_unfrozen < number of layers "
+                "(and, with LoRA, lora_layers='top')."
+            )
+        if self.uses_lora:
+            from .lora import strip_lora
+
+            layers = nn.ModuleList(strip_lora(layer) for layer in self.arch.layers[self.split_index :])
+        else:
+            layers = nn.ModuleList(copy.deepcopy(layer) for layer in self.ref_layers)
         norm = copy.deepcopy(self.ref_norm) if self.ref_norm is not None else None
         branch = RewardBranch(layers, RewardHead(self.arch.hidden_size), norm).to(self.device)
         branch.requires_grad_(trainable)
@@ -431,6 +470,10 @@ class HydraModel(nn.Module):
         return hidden, captured["hidden"]
 
     def _reference_hidden(self, split_hidden, input_ids, attention_mask, position_ids):
+        if self.uses_lora:
+            with self.peft_model.disable_adapter():
+                hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, None, None)
+            return hidden, output_embeddings(self.model)
         if self.full_model:
             ref = self.reference_model
             hidden = self._decoder_hidden(locate(ref).decoder, input_ids, attention_mask, position_ids)
@@ -520,6 +563,17 @@ def _resolve_num_unfrozen(requested, num_layers: int) -> int:
             "decoder layers), 0 to train only the heads, or -1 to train the whole model."
         )
     return requested
+
+
+def _check_lora_settings(num_layers_unfrozen: int, lora_layers: str, train_lm_head: bool, train_final_norm: bool):
+    if lora_layers not in ("top", "all"):
+        raise ValueError(f"lora_layers={lora_layers!r}: use 'top' (the top num_layers_unfrozen layers) or 'all'.")
+    if lora_layers == "top" and num_layers_unfrozen == 0:
+        raise ValueError("LoRA on the top layers with num_layers_unfrozen=0 adapts nothing: set num_layers_unfrozen >= 1.")
+    if train_lm_head or train_final_norm:
+        raise ValueError(
+            "with LoRA only adapters (and the heads) train: drop train_lm_head / train_final_norm, or train without LoRA."
+        )
 
 
 def _untie_output_embeddings(model: nn.Module) -> None:

@@ -383,3 +383,31 @@ def load_model_and_tokenizer(
         generation_config.pad_token_id = tokenizer.pad_token_id
     model.to(device=torch.device(device), dtype=dtype)
     return model.eval(), tokenizer
+
+
+def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu"):
+    """Load the model a config names and wrap it as the HydraModel that config trains
+    (with LoRA when `lora_args.lora_r > 0`). Returns (hydra, tokenizer).
+
+    Every command that rebuilds a run's model (train, generate, export) goes through
+    here, so they all build the same thing. Random-init models depend on the torch seed:
+    seed before calling, as the trainer does."""
+    from .hydra import HydraModel
+
+    model, tokenizer = load_model_and_tokenizer(model_config, device=device, dtype=resolve_dtype(model_config.dtype, device))
+    lora = None
+    if lora_args is not None and lora_args.lora_r > 0:
+        from .lora import lora_config_from_args
+
+        lora = lora_config_from_args(lora_args)
+    hydra = HydraModel(
+        model,
+        model_config.num_layers_unfrozen,
+        train_lm_head=model_config.train_lm_head,
+        train_final_norm=model_config.train_final_norm,
+        layers_path=model_config.layers_path,
+        lora=lora,
+        lora_layers=lora_args.lora_layers if lora is not None else "top",
+        lora_init_adapter=lora_args.lora_init_adapter if lora is not None else None,
+    )
+    return hydra, tokenizer

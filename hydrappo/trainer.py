@@ -28,7 +28,7 @@ from .config import Config
 from .data import PromptSampler, load_prompt_texts, tokenize_prompts
 from .hydra import HydraModel
 from .kl import build_kl_controller
-from .models import load_model_and_tokenizer, resolve_dtype
+from .models import build_hydra
 from .ppo import RunningMoments, gae, masked_mean, normalize_scores, ppo_loss, shape_rewards, whiten
 from .rewards import build_reward_source
 from .rollout import Experience, evaluate_sequences, generate_responses, pack_sequences
@@ -72,6 +72,7 @@ def resolve_config_paths(config: Config, base_dir: Path | None) -> None:
     model.reward_branch_path = resolve_path(model.reward_branch_path, base_dir)
     reward.reward_model = resolve_path(reward.reward_model, base_dir)
     data.prompts = resolve_path(data.prompts, base_dir)
+    config.lora.lora_init_adapter = resolve_path(config.lora.lora_init_adapter, base_dir)
     if reward.reward_fn and ".py:" in reward.reward_fn:
         file, _, function = reward.reward_fn.rpartition(":")
         reward.reward_fn = f"{resolve_path(file, base_dir)}:{function}"
@@ -117,26 +118,19 @@ class PPOTrainer:
 
         resolve_config_paths(config, self.config_dir)
         if hydra is None:
-            model_config = config.model
-            model, tokenizer = load_model_and_tokenizer(
-                model_config, device=self.device, dtype=resolve_dtype(model_config.dtype, self.device)
-            )
-            hydra = HydraModel(
-                model,
-                model_config.num_layers_unfrozen,
-                train_lm_head=model_config.train_lm_head,
-                train_final_norm=model_config.train_final_norm,
-                layers_path=model_config.layers_path,
-            )
+            hydra, tokenizer = build_hydra(config.model, config.lora, device=self.device)
         if tokenizer is None:
             raise ValueError("PPOTrainer: pass the tokenizer together with a hydra model.")
         self.hydra, self.tokenizer = hydra, tokenizer
         if config.model.gradient_checkpointing:
             enable_activation_checkpointing(hydra.model)
         if config.model.reward_branch_path:
-            from .reward_trainer import load_reward_branch
+            from .reward_trainer import apply_reference_stats, load_reward_branch
 
-            hydra.attach_reward_branch(load_reward_branch(hydra, config.model.reward_branch_path))
+            branch = load_reward_branch(hydra, config.model.reward_branch_path)
+            hydra.attach_reward_branch(branch)
+            # score_normalization 'ref' without explicit statistics: the reward checkpoint's.
+            apply_reference_stats(config.reward, branch)
 
         self.reward_source = build_reward_source(config.reward, base_dir=self.config_dir, device=str(self.device))
         data = config.data
@@ -429,6 +423,7 @@ class PPOTrainer:
                 "num_layers_unfrozen": self.hydra.num_layers_unfrozen,
                 "train_lm_head": self.hydra.train_lm_head,
                 "train_final_norm": self.hydra.train_final_norm,
+                "lora": self.hydra.uses_lora,
             },
         }
         return ckpt.save_checkpoint(
@@ -439,7 +434,13 @@ class PPOTrainer:
             trainer_state=trainer_state,
             config_yaml=yaml.safe_dump(self.config.to_dict(), sort_keys=False),
             keep_last=self.config.train.keep_last,
+            write_extra=self._save_adapter if self.hydra.uses_lora else None,
         )
+
+    def _save_adapter(self, folder: Path) -> None:
+        """LoRA runs also save the adapter in peft's own format, loadable with
+        `PeftModel.from_pretrained(base_model, folder / "adapter")`."""
+        self.hydra.peft_model.save_pretrained(str(folder / "adapter"))
 
     def load(self, path: Path) -> None:
         ckpt.load_trainable_weights(self.hydra, path)
