@@ -36,6 +36,29 @@ def _chunk_stats(hidden, labels, lm_head, transform, temperature, with_entropy):
     return chosen, entropy
 
 
+class _PrecomputedGrad(torch.autograd.Function):
+    """Attaches `value` (B,) to `hidden` (B, H) with a known per-row gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, value, row_grad):
+        ctx.save_for_backward(row_grad)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_value):
+        (row_grad,) = ctx.saved_tensors
+        return grad_value.unsqueeze(-1).to(row_grad.dtype) * row_grad, None, None
+
+
+def _chunk_logprobs_with_local_grad(hidden, labels, lm_head, transform, temperature):
+    detached = hidden.detach().requires_grad_(True)
+    with torch.enable_grad():
+        chosen, _ = _chunk_stats(detached, labels, lm_head, transform, temperature, False)
+        # Rows are independent, so the gradient of the sum is each row's own gradient.
+        (row_grad,) = torch.autograd.grad(chosen.sum(), detached)
+    return _PrecomputedGrad.apply(hidden, chosen.detach(), row_grad), None
+
+
 def token_logprobs(
     hidden: torch.Tensor,
     labels: torch.Tensor,
@@ -56,13 +79,15 @@ def token_logprobs(
     flat_labels = labels.reshape(-1)
     if chunk_tokens is None:
         chunk_tokens = default_chunk_tokens(lm_head.weight.shape[0])
-    needs_graph = torch.is_grad_enabled() and (
-        flat_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
-    )
+    head_trains = any(p.requires_grad for p in lm_head.parameters())
+    needs_graph = torch.is_grad_enabled() and (flat_hidden.requires_grad or head_trains)
+    local_grad = needs_graph and not head_trains and not with_entropy
     chosen_parts, entropy_parts = [], []
     for start in range(0, flat_labels.numel(), chunk_tokens):
         args = (flat_hidden[start : start + chunk_tokens], flat_labels[start : start + chunk_tokens])
-        if needs_graph:
+        if local_grad:
+            chosen, entropy = _chunk_logprobs_with_local_grad(*args, lm_head, transform, temperature)
+        elif needs_graph:
             chosen, entropy = checkpoint(
                 _chunk_stats, *args, lm_head, transform, temperature, with_entropy, use_reentrant=False
             )

@@ -223,13 +223,14 @@ class _LargestLogitsTensor(TorchDispatchMode):
         return out
 
 
-def test_full_logits_tensor_never_exists_in_forward_or_backward():
+@pytest.mark.parametrize("with_entropy", [True, False])  # checkpointed chunks / precomputed row gradients
+def test_full_logits_tensor_never_exists_in_forward_or_backward(with_entropy):
     hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=2, logprob_chunk_tokens=4)
     ids, mask = left_padded_batch(ROWS)
     full = ids.shape[0] * (ids.shape[1] - 1) * VOCAB
     with _LargestLogitsTensor() as mode:
-        out = hydra.forward_hydra(ids, mask, return_entropy=True)
-        (out.logprobs.sum() + out.entropy.sum()).backward()
+        out = hydra.forward_hydra(ids, mask, return_entropy=with_entropy)
+        (out.logprobs.sum() + (out.entropy.sum() if with_entropy else 0)).backward()
     # Weights of shape (VOCAB, H) and chunks of 4 positions; nothing near B*T*V.
     assert 0 < mode.largest <= max(4 * VOCAB, hydra.model.lm_head.weight.numel())
     assert mode.largest < full
