@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .checkpoint import load_trainable_weights, resolve_checkpoint
     from .models import build_hydra
-    from .trainer import pick_device, seed_everything
+    from .precision import pick_device
+    from .trainer import seed_everything
 
     checkpoint = resolve_checkpoint(args.checkpoint, Path(args.checkpoint).parent)
     config = load_checkpoint_config(checkpoint)

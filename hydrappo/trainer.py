@@ -15,7 +15,6 @@ import logging
 import math
 import random
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +23,12 @@ import yaml
 from transformers import get_scheduler
 
 from . import checkpoint as ckpt
-from .config import Config
+from .config import Config, ConfigError
 from .data import PromptSampler, load_prompt_texts, tokenize_prompts
 from .hydra import HydraModel
 from .kl import build_kl_controller
 from .models import build_hydra
+from .precision import MixedPrecision, pick_device, pick_mixed_precision
 from .ppo import RunningMoments, gae, masked_mean, normalize_scores, ppo_loss, shape_rewards, whiten
 from .rewards import build_reward_source
 from .rollout import Experience, evaluate_sequences, generate_responses, pack_sequences
@@ -78,21 +78,23 @@ def resolve_config_paths(config: Config, base_dir: Path | None) -> None:
         reward.reward_fn = f"{resolve_path(file, base_dir)}:{function}"
 
 
-def pick_device(name: str) -> torch.device:
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    return torch.device("cpu")
+def keep_float32_master_weights(hydra: HydraModel, mixed_precision: str) -> None:
+    """Trainable parameters of a bf16/fp16 model are kept in float32.
 
-
-def pick_mixed_precision(name: str, device: torch.device) -> str:
-    """bf16 autocast on GPUs that have it, fp16 with loss scaling on older GPUs, none on CPU."""
-    if name != "auto":
-        return name
-    if device.type != "cuda":
-        return "no"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    AdamW on bf16 weights rounds most updates away: a step of 1e-5 on a weight of 0.02 is
+    below bf16's resolution there. The frozen trunk stays in low precision (that is where
+    the memory is); autocast runs the mixed model, so it must be on."""
+    low_precision = [p for p in hydra.trainable_parameters() if p.dtype in (torch.bfloat16, torch.float16)]
+    if not low_precision:
+        return
+    if mixed_precision == "no":
+        raise ConfigError(
+            f"the model's weights are {low_precision[0].dtype} but train.mixed_precision is 'no': hydrappo keeps the "
+            "trainable weights in float32 and needs autocast to run the mixed model. Set train.mixed_precision to "
+            "auto/bf16/fp16, or model.dtype to float32."
+        )
+    for param in low_precision:
+        param.data = param.data.float()
 
 
 class PPOTrainer:
@@ -108,13 +110,8 @@ class PPOTrainer:
         train, ppo = config.train, config.ppo
         seed_everything(train.seed)
 
-        from accelerate import Accelerator
-
-        device = pick_device(train.device)
-        self.accelerator = Accelerator(
-            cpu=device.type == "cpu", mixed_precision=pick_mixed_precision(train.mixed_precision, device)
-        )
-        self.device = self.accelerator.device
+        self.device = pick_device(train.device)
+        self.precision = MixedPrecision(pick_mixed_precision(train.mixed_precision, self.device), self.device)
 
         resolve_config_paths(config, self.config_dir)
         if hydra is None:
@@ -122,6 +119,7 @@ class PPOTrainer:
         if tokenizer is None:
             raise ValueError("PPOTrainer: pass the tokenizer together with a hydra model.")
         self.hydra, self.tokenizer = hydra, tokenizer
+        keep_float32_master_weights(hydra, self.precision.mode)
         if config.model.gradient_checkpointing:
             enable_activation_checkpointing(hydra.model)
         if config.model.reward_branch_path:
@@ -154,18 +152,18 @@ class PPOTrainer:
             num_warmup_steps=ppo.warmup_steps,
             num_training_steps=max(1, train.total_steps * updates_per_step),
         )
-        self.optimizer, self.scheduler = self.accelerator.prepare(self.optimizer, self.scheduler)
         self.kl_controller = build_kl_controller(ppo.kl_controller, ppo.init_kl_coef, ppo.kl_target, ppo.kl_horizon)
         self.score_moments = RunningMoments()
         self.shuffle_generator = torch.Generator().manual_seed(train.seed)
         self.step = 0
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
+        self.fp16_overflows = 0
         self.output_dir = Path(train.output_dir)
 
     # ------------------------------------------------------------------ experience
     def _autocast(self):
-        return self.accelerator.autocast() if self.accelerator.mixed_precision != "no" else nullcontext()
+        return self.precision.autocast()
 
     def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores) -> torch.Tensor:
         if self.reward_source is None:
@@ -182,7 +180,8 @@ class PPOTrainer:
         indices = self.sampler.next_batch(ppo.batch_size)
         prompt_ids = [self.prompts.input_ids[i] for i in indices]
         prompt_texts = [self.prompts.texts[i] for i in indices]
-        responses = generate_responses(self.hydra, self.tokenizer, prompt_ids, cfg.generation)
+        with self._autocast():
+            responses = generate_responses(self.hydra, self.tokenizer, prompt_ids, cfg.generation)
         input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
             responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
         )
@@ -193,7 +192,7 @@ class PPOTrainer:
             prompt_width,
             temperature=cfg.generation.temperature,
             chunk_size=cfg.generation.generation_batch_size,
-            autocast=self._autocast if self.accelerator.mixed_precision != "no" else None,
+            autocast=self._autocast,
         )
         response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
         raw_scores = self.score(prompt_texts, response_texts, evaluation.scores)
@@ -309,37 +308,41 @@ class PPOTrainer:
                     if not torch.isfinite(loss):
                         loss_is_finite = False
                         break
-                    self.accelerator.backward(loss / ppo.gradient_accumulation_steps)
+                    self.precision.backward(loss / ppo.gradient_accumulation_steps)
                     for key, value in stats.items():
                         # A micro-batch whose returns have no variance has no explained
                         # variance (nan): average over the ones that do.
                         if math.isfinite(_as_float(value)):
                             totals[key] = totals.get(key, 0.0) + _as_float(value)
                             counts[key] = counts.get(key, 0) + 1
-                grad_norm = self._clip_gradients(params) if loss_is_finite else float("nan")
+                grad_norm = (
+                    self.precision.clip_grad_norm_(self.optimizer, params, ppo.max_grad_norm)
+                    if loss_is_finite
+                    else float("nan")
+                )
                 if loss_is_finite and math.isfinite(grad_norm):
-                    self.optimizer.step()
+                    self.precision.step(self.optimizer)
                     self.scheduler.step()
                     self.nonfinite_in_a_row = 0
                     totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm
                     counts["grad_norm"] = counts.get("grad_norm", 0) + 1
                     updates += 1
+                elif loss_is_finite and self.precision.mode == "fp16":
+                    # An fp16 gradient overflow is the loss scaler's business: it skips this step
+                    # and lowers the scale. Not a sign of a diverging run.
+                    self.precision.step(self.optimizer)
+                    self.fp16_overflows += 1
                 else:
                     self._skip_nonfinite_update()
                 self.optimizer.zero_grad(set_to_none=True)
         stats = {f"ppo/{key}": value / counts[key] for key, value in totals.items()}
         stats["ppo/updates"] = updates
         stats["ppo/nonfinite_skipped_total"] = self.nonfinite_total
+        if self.precision.mode == "fp16":
+            stats["ppo/fp16_overflows_total"] = self.fp16_overflows
         stats["lr"] = self.scheduler.get_last_lr()[0]
         stats["time/update"] = time.perf_counter() - start
         return stats
-
-    def _clip_gradients(self, params) -> float:
-        max_norm = self.config.ppo.max_grad_norm
-        if max_norm and max_norm > 0:
-            return float(self.accelerator.clip_grad_norm_(params, max_norm))
-        grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
-        return float(torch.stack(grads).norm()) if grads else 0.0
 
     def _skip_nonfinite_update(self) -> None:
         self.nonfinite_in_a_row += 1
@@ -413,6 +416,7 @@ class PPOTrainer:
             "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(),
             "shuffle_generator": self.shuffle_generator.get_state(),
+            "grad_scaler": self.precision.state_dict(),
         }
         trainer_state = {
             "kl_controller": self.kl_controller.state_dict(),
@@ -449,6 +453,7 @@ class PPOTrainer:
         self.scheduler.load_state_dict(training_state["scheduler"])
         ckpt.set_rng_state(training_state["rng"])
         self.shuffle_generator.set_state(training_state["shuffle_generator"])
+        self.precision.load_state_dict(training_state.get("grad_scaler", {}))
         self.kl_controller.load_state_dict(trainer_state["kl_controller"])
         self.score_moments.load_state_dict(trainer_state["score_moments"])
         self.sampler.load_state_dict(trainer_state["sampler"])

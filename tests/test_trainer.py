@@ -215,3 +215,19 @@ def test_gradient_checkpointing_gives_the_same_training(tmp_path):
     checkpointed.train()
     for a, b in zip(plain.hydra.trainable_parameters(), checkpointed.hydra.trainable_parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_bf16_model_trains_float32_master_weights_under_autocast(tmp_path):
+    trainer = tiny_trainer(tmp_path, "--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4",
+                           "--dtype", "bfloat16", "--mixed_precision", "bf16", "--save_every", "100")
+    hydra = trainer.hydra
+    assert {p.dtype for p in hydra.trainable_parameters()} == {torch.float32}
+    assert hydra.arch.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16  # the frozen trunk stays small
+    before = [p.detach().clone() for p in hydra.trainable_parameters()]
+    history = trainer.train()
+    assert all(torch.isfinite(torch.tensor(row["ppo/loss/total"])) for row in history)
+    moved = [(a - b).abs().max().item() for a, b in zip(before, hydra.trainable_parameters())]
+    assert max(moved) > 0 and history[-1]["ppo/updates"] > 0
+
+    with pytest.raises(ConfigError, match="needs autocast"):
+        tiny_trainer(tmp_path / "no", "--dtype", "bfloat16", "--mixed_precision", "no")
