@@ -1,19 +1,91 @@
 """Model configurations of public models, by name, for benchmarks and memory planning.
 
-Numbers are those published in each model's config.json; models are built from them
-with random weights (no download).
+Numbers are those published in each model's config.json (hidden size, intermediate
+size, layers, attention and key/value heads, head dim, vocabulary, tied embeddings,
+RoPE settings); models are built from them with random weights (no download), or on
+the meta device to count parameters (`hydrappo memory`). Names are case-insensitive.
 """
 
 from __future__ import annotations
 
 from transformers import AutoConfig
 
+_LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=8192)  # fmt: skip
+
 PRESETS: dict[str, dict] = {
+    # HuggingFaceTB/SmolLM2-*: Llama architecture, tied embeddings, vocabulary 49152.
     "smollm2-135m": dict(
         model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
     ),
+    "smollm2-360m": dict(
+        model_type="llama", hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+        num_attention_heads=15, num_key_value_heads=5, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+    ),
+    "smollm2-1.7b": dict(
+        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+        num_attention_heads=32, num_key_value_heads=32, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_theta=130000.0, tie_word_embeddings=True,
+    ),
+    # meta-llama/Llama-3.*: vocabulary 128256, llama3 RoPE scaling.
+    "llama-3.2-1b": dict(
+        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
+    ),
+    "llama-3.2-3b": dict(
+        model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+        num_attention_heads=24, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
+    ),
+    "llama-3.1-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters=dict(_LLAMA3_ROPE, factor=8.0),
+    ),
+    # Qwen/Qwen2.5-*: biases on q/k/v, vocabulary 151936 (152064 for 7B).
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+    ),
+    # mistralai/Mistral-7B-v0.3 (v0.1: vocabulary 32000 and a 4096-token sliding window).
+    "mistral-7b": dict(
+        model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
+        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+        tie_word_embeddings=False,
+    ),
+}
+
+# Published parameter counts (from the model cards / safetensors metadata), checked by the tests.
+PUBLISHED_PARAMETERS = {
+    "smollm2-135m": 134_515_008,
+    "smollm2-360m": 361_821_120,
+    "smollm2-1.7b": 1_711_376_384,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.2-3b": 3_212_749_824,
+    "llama-3.1-8b": 8_030_261_248,
+    "qwen2.5-0.5b": 494_032_768,
+    "qwen2.5-1.5b": 1_543_714_304,
+    "qwen2.5-7b": 7_615_616_512,
+    "mistral-7b": 7_248_023_552,
 }
 
 

@@ -1,0 +1,316 @@
+"""Conversions: hydrappo checkpoint -> transformers model, trlX hydra checkpoint -> hydrappo checkpoint."""
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from hydrappo import HydraModel
+from hydrappo.checkpoint import WEIGHTS_NAME, load_trainable_weights, save_checkpoint
+from hydrappo.config import Config, parse_config
+from hydrappo.export import ExportError, convert_trlx, export_checkpoint
+from hydrappo.export import main as export_main
+from hydrappo.heads import ValueHead
+from hydrappo.trainer import PPOTrainer
+from tiny import tiny_model, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "examples" / "tiny"
+
+
+def _load_plain(directory, capfd):
+    """AutoModelForCausalLM.from_pretrained alone, with no missing/unexpected/mismatched keys and no
+    load report (transformers prints one, to its own stderr handler, when keys do not match)."""
+    capfd.readouterr()
+    model, info = AutoModelForCausalLM.from_pretrained(str(directory), output_loading_info=True)
+    assert info["missing_keys"] in (set(), []) and info["unexpected_keys"] in (set(), []), info
+    assert not info.get("mismatched_keys"), info
+    err = capfd.readouterr().err
+    assert "LOAD REPORT" not in err and "MISSING" not in err and "UNEXPECTED" not in err, err
+    return model.eval()
+
+
+def test_the_load_check_catches_a_missing_key(tmp_path, capfd):
+    from safetensors.torch import save_file
+
+    tiny_model("llama", tie_word_embeddings=False).save_pretrained(tmp_path)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    del weights["lm_head.weight"]
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(AssertionError):
+        _load_plain(tmp_path, capfd)
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    """One step of the tiny example (random-init Llama, trained lm_head untied from the embeddings)."""
+    out = tmp_path_factory.mktemp("ppo")
+    config = parse_config(TINY / "config.yaml", ["--output_dir", str(out), "--no_progress_bar", "--total_steps", "1",
+                                                  "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
+                                                  "--learning_rate", "0.05"])  # fmt: skip
+    trainer = PPOTrainer(config, config_dir=TINY)
+    trainer.train()
+    return trainer, out / "checkpoint-1"
+
+
+def test_ppo_checkpoint_exports_to_a_plain_model_with_the_policys_logits(ppo_run, tmp_path, capfd):
+    trainer, checkpoint = ppo_run
+    hydra = trainer.hydra
+    out = tmp_path / "policy"
+    export_checkpoint(checkpoint, out, value_head=tmp_path / "value_head.safetensors")
+
+    model = _load_plain(out, capfd)
+    assert model.config.tie_word_embeddings is False  # trained lm_head, untied
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    ids = torch.randint(4, 60, (3, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        expected = hydra.forward_hydra(ids, mask, return_logits=True)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    real = mask.bool()
+    assert torch.allclose(logits[real], expected.logits[real], atol=1e-5, rtol=0)
+    # the export is the TRAINED policy, not the reference
+    assert not torch.allclose(expected.ref_logits[real], expected.logits[real], atol=1e-3)
+
+    head = ValueHead(hydra.arch.hidden_size)
+    head.load_state_dict(load_file(str(tmp_path / "value_head.safetensors")))
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(tensor, hydra.value_head.state_dict()[name]), name
+    assert json.loads((out / "hydrappo_export.json").read_text())["step"] == 1
+    assert (out / "tokenizer.json").is_file()
+
+
+def test_refuses_a_non_empty_output_directory(ppo_run, tmp_path, capsys):
+    _, checkpoint = ppo_run
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert export_main([str(checkpoint), "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    # an output_dir resolves to its newest checkpoint; --overwrite replaces; --dtype casts the
+    # policy trained in float32 (the random-init base is still rebuilt in float32)
+    assert export_main([str(checkpoint.parent), "--out", str(out), "--overwrite", "--dtype", "bfloat16"]) == 0
+    assert not (out / "keep.txt").exists()
+    written = load_file(str(out / "model.safetensors"))
+    policy = dict(ppo_run[0].hydra.model.named_parameters())
+    assert all(v.dtype == torch.bfloat16 for v in written.values())
+    for name in ("model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.3.mlp.up_proj.weight"):
+        assert torch.equal(written[name], policy[name].detach().to(torch.bfloat16)), name
+
+
+def _hydra_checkpoint(tmp_path, family, name_or_path, **hydra_kwargs):
+    """A checkpoint written by saving a HydraModel whose trainable weights were perturbed."""
+    base = tiny_model(family, seed=3)
+    base_dir = tmp_path / "base"
+    base.save_pretrained(base_dir)
+    tiny_tokenizer().save_pretrained(base_dir)
+    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(base_dir).eval(), 2, **hydra_kwargs)
+    with torch.no_grad():
+        for param in hydra.trainable_parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    config = Config()
+    config.model.name_or_path = name_or_path
+    config.model.num_layers_unfrozen = 2
+    for key, value in hydra_kwargs.items():
+        setattr(config.model, key, value)
+    checkpoint = save_checkpoint(tmp_path / "run", 7, model=hydra, training_state={}, trainer_state={},
+                                 config_yaml=yaml.safe_dump(config.to_dict()))  # fmt: skip
+    return hydra, checkpoint, base_dir
+
+
+def test_gpt2_export_sharded_with_a_moved_base_model(tmp_path, capfd):
+    hydra, checkpoint, base_dir = _hydra_checkpoint(tmp_path, "gpt2", "models/where-it-was", train_final_norm=True)
+    out = tmp_path / "policy"
+    with pytest.raises(ExportError, match="--base-model"):
+        export_checkpoint(checkpoint, out)
+    assert export_main([str(checkpoint), "--out", str(out), "--base-model", str(base_dir), "--max-shard-size", "40KB"]) == 0
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()
+    model = _load_plain(out, capfd)
+    assert model.config.tie_word_embeddings is True  # the head did not train: still tied
+    ids = torch.randint(4, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=1e-5, rtol=0)
+
+
+def test_weights_that_do_not_fit_are_a_clear_error(tmp_path, capsys):
+    _, checkpoint, base_dir = _hydra_checkpoint(tmp_path, "llama", str(tmp_path / "base"))
+    data = yaml.safe_load((checkpoint / "config.yaml").read_text())
+    data["model"]["num_layers_unfrozen"] = 3
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(data))
+    assert export_main([str(checkpoint), "--out", str(tmp_path / "x")]) == 2
+    assert "does not fit" in capsys.readouterr().err
+    assert export_main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "y")]) == 2
+
+
+# --------------------------------------------------------------------------- trlX
+
+
+def _top(model, family):
+    """(decoder, name of its layer list, name of its final norm)."""
+    return (model.transformer, "h", "ln_f") if family == "gpt2" else (model.model, "layers", "norm")
+
+
+def _trlx_checkpoint(tmp_path, family, n=2, train_embeddings=False):
+    """What trlX's AutoModelForCausalLMWithHydraValueHead.state_dict() holds after training:
+    base_model.* = the trained policy, frozen_head.* = the original top, v_head.* = MLP head."""
+    original = tiny_model(family, seed=5)
+    policy = copy.deepcopy(original)
+    torch.manual_seed(6)
+    decoder, layers, norm = _top(policy, family)
+    with torch.no_grad():
+        for p in [*getattr(decoder, layers)[-n:].parameters(), *getattr(decoder, norm).parameters()]:
+            p.add_(torch.randn_like(p) * 0.1)
+        if train_embeddings:  # trlX leaves the embeddings (and so a tied head) trainable
+            embeddings = policy.get_input_embeddings().weight
+            embeddings.add_(torch.randn_like(embeddings) * 0.1)
+    hidden = original.config.hidden_size
+    v_head = torch.nn.Sequential(torch.nn.Linear(hidden, 2 * hidden), torch.nn.ReLU(), torch.nn.Linear(2 * hidden, 1))
+    o_decoder = _top(original, family)[0]
+    branch = torch.nn.Module()  # trlX's ModelBranch: deep copies of the original top
+    branch.decoder_blocks = copy.deepcopy(getattr(o_decoder, layers)[-n:])
+    branch.final_norm = copy.deepcopy(getattr(o_decoder, norm))
+    branch.lm_head = copy.deepcopy(original.lm_head)
+    state = {
+        **policy.state_dict(prefix="base_model."),
+        **v_head.state_dict(prefix="v_head."),
+        **branch.state_dict(prefix="frozen_head."),
+    }
+    source = tmp_path / "trlx"
+    source.mkdir()
+    torch.save(state, source / "pytorch_model.bin")
+    original.config.save_pretrained(source)
+    tiny_tokenizer().save_pretrained(source)
+    return original, policy, v_head, source
+
+
+def _trlx_reference(original, policy, family, n=2):
+    """trlX's reference pass: the policy's trunk, then the frozen original top, norm and head."""
+    reference = copy.deepcopy(policy)
+    decoder, layers, norm = _top(reference, family)
+    o_decoder = _top(original, family)[0]
+    for i in range(-n, 0):
+        getattr(decoder, layers)[i] = copy.deepcopy(getattr(o_decoder, layers)[i])
+    setattr(decoder, norm, copy.deepcopy(getattr(o_decoder, norm)))
+    reference.lm_head = copy.deepcopy(original.lm_head)
+    return reference
+
+
+def _logprobs(logits, ids):
+    return logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("family,train_embeddings", [("gpt2", False), ("llama", True)])
+def test_trlx_hydra_checkpoint_converts_exactly(tmp_path, family, train_embeddings):
+    original, policy, v_head, source = _trlx_checkpoint(tmp_path, family, train_embeddings=train_embeddings)
+    out, base = tmp_path / "converted", tmp_path / "base"
+    result = convert_trlx(source, out, write_base=base)
+    assert result.num_layers_unfrozen == 2 and result.train_final_norm
+    assert result.train_lm_head == train_embeddings  # a tied head that trained must be untied
+
+    saved = yaml.safe_load((out / "config.yaml").read_text())["model"]
+    model = AutoModelForCausalLM.from_pretrained(str(base)).eval()
+    hydra = HydraModel(model, saved["num_layers_unfrozen"], train_lm_head=saved["train_lm_head"],
+                       train_final_norm=saved["train_final_norm"])  # fmt: skip
+    load_trainable_weights(hydra, out)
+
+    weights = load_file(str(out / WEIGHTS_NAME))
+    for index in (0, 2):
+        assert torch.equal(weights[f"value_head.mlp.{index}.weight"], v_head[index].weight)
+        assert torch.equal(weights[f"value_head.mlp.{index}.bias"], v_head[index].bias)
+
+    ids = torch.randint(4, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out_h = hydra.forward_hydra(ids)
+        plain = policy(ids, output_hidden_states=True)
+        ref_logits = _trlx_reference(original, policy, family)(ids).logits
+    assert not torch.allclose(plain.logits, ref_logits, atol=1e-3)
+    assert torch.allclose(out_h.logprobs, _logprobs(plain.logits, ids), atol=1e-5, rtol=0)
+    assert torch.allclose(out_h.ref_logprobs, _logprobs(ref_logits, ids), atol=1e-5, rtol=0)
+    assert torch.allclose(out_h.values, v_head(plain.hidden_states[-1]).squeeze(-1), atol=1e-5, rtol=0)
+
+
+def test_trlx_without_frozen_head_infers_n_from_the_original(tmp_path):
+    original, policy, v_head, source = _trlx_checkpoint(tmp_path, "llama", n=1)
+    state = torch.load(source / "pytorch_model.bin", weights_only=True)
+    torch.save({k: v for k, v in state.items() if not k.startswith("frozen_head.")}, source / "pytorch_model.bin")
+    original_dir = tmp_path / "original"
+    original.save_pretrained(original_dir)
+    with pytest.raises(ExportError, match="--base-model"):
+        convert_trlx(source, tmp_path / "a", write_base=tmp_path / "b")
+    result = convert_trlx(source, tmp_path / "converted", base_model=original_dir)
+    assert (result.num_layers_unfrozen, result.train_final_norm, result.train_lm_head) == (1, True, False)
+    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(original_dir).eval(), 1, train_final_norm=True)
+    load_trainable_weights(hydra, tmp_path / "converted")
+    ids = torch.randint(4, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(hydra.forward_hydra(ids).logprobs, _logprobs(policy(ids).logits, ids), atol=1e-5, rtol=0)
+
+
+def test_not_a_trlx_checkpoint_is_exit_code_2(tmp_path, capsys):
+    source = tmp_path / "plain"
+    tiny_model("llama").save_pretrained(source)
+    assert export_main(["trlx", str(source), "--out", str(tmp_path / "o"), "--write-base", str(tmp_path / "b")]) == 2
+    assert "base_model" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()
+
+
+def test_help_of_every_entry_point(capsys):
+    for argv in (["--help"], ["trlx", "--help"], ["gguf", "--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            export_main(argv)
+        assert exit_info.value.code == 0
+    assert "--max-shard-size" in capsys.readouterr().out
+    # the scripts run stand-alone (one in a fresh interpreter; both share the code path)
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "convert_trlx.py"), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--write-base" in result.stdout, result.stderr
+    spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "tools" / "convert_checkpoint.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--help"])
+    assert exit_info.value.code == 0 and "--value-head" in capsys.readouterr().out
+
+
+def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, capfd, monkeypatch):
+    from peft import LoraConfig
+
+    base = tiny_model("llama", seed=4)
+    base_dir = tmp_path / "base"
+    base.save_pretrained(base_dir)
+    tiny_tokenizer().save_pretrained(base_dir)
+    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(base_dir).eval(), 2,
+                       lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))  # fmt: skip
+    with torch.no_grad():
+        for param in hydra.trainable_parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    config = Config()
+    config.model.name_or_path = str(base_dir)
+    config.lora.lora_r, config.lora.lora_alpha = 4, 8
+    config.lora.lora_target_modules = ["q_proj", "v_proj", "down_proj"]
+    config.model.reward_branch_path = str(base_dir)  # any existing folder: loading is stubbed below
+    checkpoint = save_checkpoint(tmp_path / "run", 3, model=hydra, training_state={}, trainer_state={},
+                                 config_yaml=yaml.safe_dump(config.to_dict()))  # fmt: skip
+    branch = hydra.new_reward_branch()
+    monkeypatch.setattr("hydrappo.reward_trainer.load_reward_branch", lambda h, path: branch)
+
+    out = tmp_path / "policy"
+    export_checkpoint(checkpoint, out, reward_branch=tmp_path / "reward.safetensors")
+    model = _load_plain(out, capfd)
+    assert not any("lora" in name for name in model.state_dict())
+    ids = torch.randint(4, 96, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=1e-5, rtol=0)
+    saved = load_file(str(tmp_path / "reward.safetensors"))
+    assert saved.keys() == branch.state_dict().keys()
+    assert all(torch.equal(saved[k], v) for k, v in branch.state_dict().items())
