@@ -82,6 +82,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--memory-iterations", type=int, default=1, help="PPO iterations per memory child")
     parser.add_argument("--skip-memory", action="store_true", help="no peak-memory child processes")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    parser.add_argument(
+        "--lora-rank", type=int, default=0,
+        help="instead of the classic comparison: full top-N training against LoRA of this rank on the top N "
+             "layers and on all layers (bytes and time per PPO iteration)",
+    )
     return parser.parse_args(argv)
 
 
@@ -227,10 +232,13 @@ class HydraLayout(Layout):
 
     name = "hydrappo"
 
-    def __init__(self, base_model, args):
+    def __init__(self, base_model, args, lora=None, lora_layers: str = "top", reward_branch: bool = True):
         super().__init__(args)
-        self.hydra = HydraModel(base_model, num_layers_unfrozen=args.num_layers_unfrozen).eval()
-        self.hydra.attach_reward_branch(self.hydra.new_reward_branch())
+        self.hydra = HydraModel(
+            base_model, num_layers_unfrozen=args.num_layers_unfrozen, lora=lora, lora_layers=lora_layers
+        ).eval()
+        if reward_branch:
+            self.hydra.attach_reward_branch(self.hydra.new_reward_branch())
         self.sampler = self.hydra
         self.tokenizer = bench_tokenizer(base_model)
         self.prompts = make_prompts(args, base_model.config.vocab_size)
@@ -245,7 +253,9 @@ class HydraLayout(Layout):
             responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
         )
         ev = evaluate_sequences(self.hydra, ids, mask, prompt_width, chunk_size=self.args.batch)
-        rewards, advantages, returns = advantages_of(ev.scores, ev.logprobs, ev.ref_logprobs, ev.values, action_mask)
+        # Without a reward branch (the LoRA comparison), a fixed score: the same work for every layout.
+        scores = ev.scores if ev.scores is not None else torch.linspace(-1, 1, ids.shape[0])
+        rewards, advantages, returns = advantages_of(scores, ev.logprobs, ev.ref_logprobs, ev.values, action_mask)
         return Experience(
             ids, mask, action_mask, ev.split_hidden, ev.logprobs, ev.ref_logprobs, ev.values,
             rewards, advantages, returns, prompt_width,
@@ -514,6 +524,33 @@ def report_update(args, hydra: HydraLayout, times: dict) -> None:
     print(f"   time ratio cached/whole {ratio:.3f} (target <= 0.35: {'ok' if ratio <= 0.35 else 'MISSED'})")
 
 
+def bench_lora(args) -> None:
+    """Issue 7's comparison: full top-N training, LoRA on the top N layers (the reference
+    is the adapters switched off) and LoRA on every layer (the reference costs a second
+    trunk pass), on identical copies of the base model."""
+    from peft import LoraConfig
+
+    base = build_base_model(args)
+    lora = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear")
+    layouts = {
+        f"full top-{args.num_layers_unfrozen}": HydraLayout(copy.deepcopy(base), args, reward_branch=False),
+        f"LoRA r={args.lora_rank}, top {args.num_layers_unfrozen} layers": HydraLayout(
+            copy.deepcopy(base), args, lora=lora, lora_layers="top", reward_branch=False
+        ),
+        f"LoRA r={args.lora_rank}, all layers": HydraLayout(copy.deepcopy(base), args, lora=lora, lora_layers="all", reward_branch=False),
+    }
+    times = interleaved_medians({name: layout.iteration for name, layout in layouts.items()}, args.repeats)
+    full_name = next(iter(layouts))
+    print(f"\nLoRA: one PPO iteration (median of {args.repeats}, interleaved, one process; no reward branch)")
+    header = f"{'':<34s} {'params':>10s} {'trainable':>10s} {'AdamW':>9s} {'generate':>9s} {'experience':>11s} {'update':>8s} {'total':>8s} {'vs full':>8s}"
+    print(header)
+    for name, layout in layouts.items():
+        state, t = layout.state_bytes(), times[name]
+        print(f"{name:<34s} {state['params'] / MIB:8.1f}Mi {state['trainable'] / MIB:8.2f}Mi {state['adam'] / MIB:7.2f}Mi "
+              f"{t['generate']:8.2f}s {t['experience']:10.2f}s {t['update']:7.2f}s {t['total']:7.2f}s "
+              f"{t['total'] / times[full_name]['total']:8.3f}")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     configure(args)
@@ -525,6 +562,9 @@ def main(argv=None) -> None:
           f"float32, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
           f"{transformers.__version__}", flush=True)
 
+    if args.lora_rank:
+        bench_lora(args)
+        return
     peaks = None if args.skip_memory else measure_peak_memory(args)
     base = build_base_model(args)
     hydra = HydraLayout(copy.deepcopy(base), args)
