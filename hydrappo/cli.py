@@ -18,8 +18,13 @@ from .config import ConfigError, parse_config
 
 # name -> (implementation, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "sft": ("hydrappo.sft:sft_command", "supervised fine-tuning of the top layers; writes a model directory"),
+    "reward": ("hydrappo.reward_trainer:reward_command", "train a reward branch on preference pairs"),
     "train": ("hydrappo.cli:train_command", "PPO from a YAML config"),
     "generate": ("hydrappo.evaluate:main", "a checkpoint's and its base model's responses, scored, side by side"),
+    "compare": ("hydrappo.evaluate:compare_main", "several models on the same prompts, scored side by side"),
+    "export": ("hydrappo.export:main", "checkpoint -> transformers model dir; `export trlx` / `export gguf` convert into hydrappo"),
+    "memory": ("hydrappo.memory:main", "plan GPU memory per component, hydrappo vs the classic four models"),
 }
 
 

@@ -175,3 +175,97 @@ def write_comparison(columns: dict[str, list[dict]], path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------------------- several models
+def load_for_generation(spec: str, device):
+    """A model to sample from: a hydrappo checkpoint (its trained policy), or a model
+    directory / bundled name (loaded as is). Returns (name, model, tokenizer, config|None)."""
+    from .checkpoint import load_trainable_weights
+    from .config import ModelConfig
+    from .models import build_hydra, load_model_and_tokenizer
+    from .trainer import seed_everything
+
+    name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    checkpoint = Path(path)
+    if (checkpoint / "trainer_state.json").is_file():
+        config = load_checkpoint_config(checkpoint)
+        seed_everything(config.train.seed)
+        hydra, tokenizer = build_hydra(config.model, config.lora, device=device)
+        load_trainable_weights(hydra, checkpoint)
+        return name or f"{checkpoint.parent.name}/{checkpoint.name}", hydra, tokenizer, config
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=path), device=device)
+    return name or Path(path).name, model, tokenizer, None
+
+
+def side_by_side_html(columns: dict[str, list[dict]]) -> str:
+    import html
+
+    names = list(columns)
+    head = "<tr><th>prompt</th>" + "".join(f"<th>{html.escape(n)}</th><th>score</th>" for n in names) + "</tr>"
+    rows = []
+    for index, first in enumerate(columns[names[0]]):
+        cells = [f"<td>{html.escape(first['prompt'])}</td>"]
+        for name in names:
+            row = columns[name][index]
+            score = "" if row["score"] is None else f"{row['score']:.3f}"
+            cells += [f"<td>{html.escape(row['response'])}</td>", f"<td>{score}</td>"]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    means = "".join(f"<td></td><td><b>{'' if mean_score(columns[n]) is None else f'{mean_score(columns[n]):.3f}'}</b></td>" for n in names)
+    rows.append(f"<tr><td><b>mean</b></td>{means}</tr>")
+    return f"<table border=1 cellpadding=4>\n{head}\n" + "\n".join(rows) + "\n</table>\n"
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hydrappo compare",
+        description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
+        "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
+    )
+    parser.add_argument("models", nargs="+", help="checkpoint folders or model directories, optionally NAME=PATH")
+    parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
+    parser.add_argument("--prompt_column", default="prompt")
+    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' (default: the first checkpoint's)")
+    parser.add_argument("--chat_template", choices=["auto", "yes", "no"], default="auto",
+                        help="wrap prompts with each model's chat template (auto: as the first checkpoint was trained)")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--max_new_tokens", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--max_prompt_length", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", help="also write the table to FILE (.md, .html or .jsonl)")
+    args = parser.parse_args(argv)
+
+    from .config import RewardArgs
+    from .precision import pick_device
+
+    device = pick_device("auto")
+    loaded = [load_for_generation(spec, device) for spec in args.models]
+    trained_config = next((config for *_, config in loaded if config is not None), None)
+    defaults = trained_config or Config()
+    generation = dataclasses.replace(
+        defaults.generation,
+        max_new_tokens=args.max_new_tokens or defaults.generation.max_new_tokens,
+        temperature=args.temperature if args.temperature is not None else defaults.generation.temperature,
+    )
+    chat = {"yes": True, "no": False, "auto": defaults.data.apply_chat_template}[args.chat_template]
+    reward_spec = args.reward_fn or (trained_config.reward.reward_fn if trained_config else None)
+    reward_source = build_reward_source(RewardArgs(reward_fn=reward_spec), device=str(device)) if reward_spec else None
+    texts = load_prompt_texts(args.prompts, args.prompt_column)
+    texts = texts[: args.limit] if args.limit else texts
+    max_prompt_length = args.max_prompt_length or defaults.data.max_prompt_length
+
+    columns = {}
+    for name, model, tokenizer, _ in loaded:
+        prompts = tokenize_prompts(texts, tokenizer, max_prompt_length, chat, defaults.data.system_prompt)
+        columns[name] = generate_and_score(model, tokenizer, prompts, generation, reward_source, args.seed)
+    print(side_by_side_text(columns))
+    if args.output:
+        path = Path(args.output)
+        if path.suffix == ".html":
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(side_by_side_html(columns))
+        else:
+            write_comparison(columns, path)
+        print(f"wrote {path}")
+    return 0
