@@ -315,3 +315,135 @@ def validate(config: Config) -> None:
         raise ConfigError("reward.use_reward_branch needs model.reward_branch_path (a `hydrappo reward` checkpoint).")
     if config.data.prompts is None:
         raise ConfigError("data.prompts is required: a jsonl/csv/parquet/txt file or a directory of prompts.")
+
+
+# --------------------------------------------------------------------------- reward and SFT stages
+# `hydrappo reward` and `hydrappo sft` read their own config files, with the sections
+# model (ModelConfig above), data and train; field names are unique within each command.
+
+
+@dataclass
+class StageTrainArgs:
+    """Options of the supervised stages (reward model, SFT) that are not about data."""
+
+    output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here."})
+    epochs: int = field(default=1, metadata={"help": "Passes over the training data."})
+    max_steps: int = field(default=0, metadata={"help": "Stop after this many optimizer steps (0: after `epochs`)."})
+    batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step."})
+    eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass."})
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    lr_scheduler: str = field(default="linear", metadata={"help": "constant | linear | cosine (each with warmup)."})
+    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off)."})
+    eval_every: int = field(default=0, metadata={"help": "Evaluate every N steps (0: at the end of each epoch only)."})
+    cache_split_hidden: bool = field(
+        default=False,
+        metadata={"help": "Keep the frozen bottom layers' output of every example in memory after the first epoch "
+                          "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed for torch, python, the data order and the eval split."})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N | mps."})
+    mixed_precision: str = field(default="auto", metadata={"help": "auto | no | bf16 | fp16 (as for PPO)."})
+    progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
+
+
+@dataclass
+class RewardTrainArgs(StageTrainArgs):
+    output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs."})
+    learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate."})
+    save_every: int = field(default=0, metadata={"help": "Also checkpoint every N steps (0: only at the end)."})
+    keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted."})
+
+
+@dataclass
+class SFTTrainArgs(StageTrainArgs):
+    output_dir: str = field(default="outputs/sft", metadata={"help": "The fine-tuned model directory (plus metrics.jsonl and TensorBoard logs)."})
+
+
+@dataclass
+class PreferenceDataArgs:
+    train_file: str | None = field(default=None, metadata={"help": "Preference pairs: a jsonl/json/csv/parquet file or a directory of them."})
+    eval_file: str | None = field(default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."})
+    eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file."})
+    prompt_column: str | None = field(default="prompt", metadata={"help": "Column of the prompt (null: chosen/rejected hold whole texts)."})
+    chosen_column: str = field(default="chosen", metadata={"help": "Column of the preferred response."})
+    rejected_column: str = field(default="rejected", metadata={"help": "Column of the other response."})
+    margin_column: str | None = field(default=None, metadata={"help": "Optional column of margins m: loss -log sigmoid(r_c - r_r - m)."})
+    apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template (as PPO's data.apply_chat_template)."})
+    system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
+    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts keep their last tokens."})
+    max_response_length: int = field(default=64, metadata={"help": "Longer responses keep their first tokens."})
+    append_eos: bool = field(default=True, metadata={"help": "End each response with EOS, as a finished PPO response does."})
+    stats_file: str | None = field(
+        default=None,
+        metadata={"help": "Reference set for the score mean/std stored with the checkpoint: prompts (responses are sampled "
+                          "from the base model) or prompt/response rows. Default: chosen and rejected of the training pairs."},
+    )
+    stats_response_column: str = field(default="response", metadata={"help": "Response column of stats_file, if it has one."})
+    stats_max_samples: int = field(default=1024, metadata={"help": "At most this many texts for the score statistics."})
+    stats_max_new_tokens: int = field(default=32, metadata={"help": "Response length when sampling for stats_file prompts."})
+    stats_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for stats_file prompts (use PPO's)."})
+
+
+@dataclass
+class SFTDataArgs:
+    train_file: str | None = field(default=None, metadata={"help": "Prompt/response pairs: a jsonl/json/csv/parquet file or a directory of them."})
+    eval_file: str | None = field(default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."})
+    eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file."})
+    prompt_column: str = field(default="prompt", metadata={"help": "Column of the prompt (no loss on its tokens)."})
+    response_column: str = field(default="response", metadata={"help": "Column of the response the model learns."})
+    apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template."})
+    system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
+    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts keep their last tokens."})
+    max_response_length: int = field(default=64, metadata={"help": "Longer responses keep their first tokens."})
+    append_eos: bool = field(default=True, metadata={"help": "Teach the model to end its response with EOS."})
+
+
+REWARD_SECTIONS = {"model": ModelConfig, "data": PreferenceDataArgs, "train": RewardTrainArgs}
+SFT_SECTIONS = {"model": ModelConfig, "data": SFTDataArgs, "train": SFTTrainArgs}
+_check_unique_field_names(REWARD_SECTIONS)
+_check_unique_field_names(SFT_SECTIONS)
+
+
+@dataclass
+class RewardConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: PreferenceDataArgs = field(default_factory=PreferenceDataArgs)
+    train: RewardTrainArgs = field(default_factory=RewardTrainArgs)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SFTConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SFTDataArgs = field(default_factory=SFTDataArgs)
+    train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def validate_stage(config) -> None:
+    """Checks shared by `hydrappo reward` and `hydrappo sft` (a RewardConfig or SFTConfig)."""
+    data, train = config.data, config.train
+    if not data.train_file:
+        raise ConfigError("data.train_file is required: a jsonl/json/csv/parquet file or a directory of them.")
+    if not 0.0 <= data.eval_fraction < 1.0:
+        raise ConfigError(f"data.eval_fraction={data.eval_fraction} must be in [0, 1).")
+    if data.max_prompt_length < 1 or data.max_response_length < 1:
+        raise ConfigError("data.max_prompt_length and data.max_response_length must be at least 1.")
+    if train.batch_size < 1 or train.eval_batch_size < 1:
+        raise ConfigError("train.batch_size and train.eval_batch_size must be at least 1.")
+    if train.epochs < 1 and train.max_steps < 1:
+        raise ConfigError("set train.epochs or train.max_steps to at least 1.")
+    choices = {
+        "train.lr_scheduler": (train.lr_scheduler, ("constant", "linear", "cosine")),
+        "train.mixed_precision": (train.mixed_precision, ("auto", "no", "bf16", "fp16")),
+        "model.dtype": (config.model.dtype, ("auto", "float32", "bfloat16", "float16")),
+    }
+    for name, (value, valid) in choices.items():
+        if value not in valid:
+            raise ConfigError(f"{name}={value!r} is not one of: {', '.join(valid)}.")

@@ -1,0 +1,246 @@
+"""Reward branch training: Bradley–Terry loss, held-out accuracy on a synthetic preference
+rule, checkpoint round trip into HydraModel's reward slot, PPO on the learned reward."""
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from hydrappo import HydraModel
+from hydrappo.checkpoint import WEIGHTS_NAME, CheckpointError
+from hydrappo.cli import main as cli_main
+from hydrappo.config import REWARD_SECTIONS, RewardConfig, parse_config
+from hydrappo.reward_trainer import (
+    RewardTrainer, load_reward_branch, preference_loss, score_statistics, split_by_prompt,
+)
+from hydrappo.rollout import pack_sequences
+from hydrappo.trainer import PPOTrainer
+
+TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+NEUTRAL = [f"n{i}" for i in range(48)]
+GOOD = [f"g{i}" for i in range(8)]
+
+
+def write_pairs(path: Path, pairs_per_prompt: int = 3, seed: int = 0) -> None:
+    """Synthetic preferences over the tiny example's vocabulary: of two responses of the
+    same length, the one with (at least two) more "good" words g0..g7 is chosen."""
+    rng = random.Random(seed)
+    prompts = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
+
+    def response(good: int, length: int) -> str:
+        words = rng.choices(GOOD, k=good) + rng.choices(NEUTRAL, k=length - good)
+        rng.shuffle(words)
+        return " ".join(words)
+
+    with path.open("w") as handle:
+        for prompt in prompts:
+            for _ in range(pairs_per_prompt):
+                length = rng.randint(4, 8)
+                low = rng.randint(0, length - 2)
+                high = rng.randint(low + 2, length)
+                row = {"prompt": prompt, "chosen": response(high, length), "rejected": response(low, length)}
+                handle.write(json.dumps(row) + "\n")
+
+
+def reward_config(tmp: Path, **train) -> RewardConfig:
+    write_pairs(tmp / "pairs.jsonl")
+    options = {"output_dir": str(tmp / "reward"), "epochs": 2, "batch_size": 16, "learning_rate": 1e-3,
+               "warmup_steps": 5, "cache_split_hidden": True, "progress_bar": False, "seed": 0, **train}
+    text = yaml.safe_dump({
+        # The same random trunk as examples/tiny/config.yaml (random_init from seed 0).
+        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2},
+        "data": {"train_file": "pairs.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
+        "train": options,
+    })
+    (tmp / "reward.yaml").write_text(text)
+    return parse_config(tmp / "reward.yaml", [], sections=REWARD_SECTIONS, config_cls=RewardConfig)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reward")
+    trainer = RewardTrainer(reward_config(tmp), config_dir=tmp)
+    history = trainer.train()
+    return tmp, trainer, history
+
+
+def test_preference_loss_matches_hand_computation():
+    chosen, rejected = torch.tensor([2.0, 0.0, -1.0]), torch.tensor([0.0, 0.0, 1.0])
+    loss, stats = preference_loss(chosen, rejected)
+    softplus = lambda x: math.log1p(math.exp(x))  # -log sigmoid(x) = softplus(-x)  # noqa: E731
+    assert loss.item() == pytest.approx((softplus(-2) + softplus(0) + softplus(2)) / 3, rel=1e-6)
+    assert stats["accuracy"].item() == pytest.approx((1 + 0.5 + 0) / 3)  # a tie counts half
+    assert stats["margin"].item() == pytest.approx(0.0)
+    loss, _ = preference_loss(chosen, rejected, torch.tensor([1.0, 0.0, 0.0]))
+    assert loss.item() == pytest.approx((softplus(-1) + softplus(0) + softplus(2)) / 3, rel=1e-6)
+    # Huge gaps stay finite and the gradient points the right way.
+    chosen = torch.tensor([-500.0], requires_grad=True)
+    loss, _ = preference_loss(chosen, torch.tensor([500.0]))
+    loss.backward()
+    assert math.isfinite(loss.item()) and loss.item() == pytest.approx(1000.0) and chosen.grad.item() < 0
+
+    assert score_statistics(torch.tensor([1.0, 3.0])) == pytest.approx((2.0, math.sqrt(2.0)))
+    with pytest.raises(ValueError, match="degenerate"):
+        score_statistics(torch.tensor([1.0, 1.0]))
+
+
+def test_eval_split_holds_out_whole_prompts():
+    prompts = [f"p{i % 10}" for i in range(40)]
+    train, held = split_by_prompt(prompts, 0.2, seed=0)
+    assert sorted(train + held) == list(range(40))
+    assert len({prompts[i] for i in held}) == 2 and len(held) == 8
+    assert not {prompts[i] for i in held} & {prompts[i] for i in train}
+    assert split_by_prompt(prompts, 0.2, seed=0) == (train, held)
+    assert split_by_prompt(prompts, 0.0, seed=0) == (list(range(40)), [])
+
+
+def test_reward_branch_learns_the_preference_rule_and_logs(trained):
+    tmp, trainer, history = trained
+    evals = [row for row in history if "eval/accuracy" in row]
+    assert evals[-1]["eval/accuracy"] >= 0.9, evals
+    assert evals[-1]["eval/loss"] < math.log(2) * 0.6
+    assert len(trainer.eval_pairs) >= 50  # the accuracy is over enough held-out pairs to mean something
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp / "reward" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    for name in ("train/loss", "train/accuracy", "train/margin", "lr"):
+        assert len(events.Scalars(name)) == trainer.step, name
+    for name in ("eval/loss", "eval/accuracy", "eval/margin"):
+        assert len(events.Scalars(name)) == 2, name  # end of each epoch
+    metrics = [json.loads(line) for line in (tmp / "reward" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in metrics] == list(range(1, trainer.step + 1))
+
+    # The checkpoint holds the branch only: its top layers, norm and head, no trunk.
+    weights = load_file(str(trainer.checkpoint_path / WEIGHTS_NAME))
+    assert {name.split(".")[0] for name in weights} == {"layers", "norm", "head"}
+    assert {name.split(".")[1] for name in weights if name.startswith("layers.")} == {"0", "1"}
+    info = json.loads((trainer.checkpoint_path / "trainer_state.json").read_text())
+    assert info["kind"] == "hydrappo-reward-branch" and info["base_model"]["num_layers_unfrozen"] == 2
+    assert info["eval"]["eval/accuracy"] == evals[-1]["eval/accuracy"]
+
+
+def test_saved_branch_scores_like_the_trainer_in_a_fresh_hydra(trained):
+    tmp, trainer, _ = trained
+    pairs = trainer.eval_pairs
+    prompts, responses = pairs.prompt_ids[:12] * 2, pairs.chosen_ids[:12] + pairs.rejected_ids[:12]
+    expected = trainer.score(prompts, responses)
+
+    # A fresh trunk built the way PPO builds it (same seed, random init), other PPO options.
+    from hydrappo.models import load_model_and_tokenizer
+    from hydrappo.config import ModelConfig
+
+    torch.manual_seed(0)
+    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    hydra = HydraModel(model, 2, train_lm_head=True, train_final_norm=True)
+    hydra.attach_reward_branch(load_reward_branch(hydra, tmp / "reward"))  # the output_dir: latest checkpoint
+    input_ids, attention_mask, _, _ = pack_sequences(prompts, responses, trainer.tokenizer.pad_token_id)
+    with torch.no_grad():
+        scores = hydra.forward_hydra(input_ids, attention_mask).scores
+    torch.testing.assert_close(scores, expected, atol=1e-4, rtol=1e-4)
+    # Not a constant: chosen beats rejected on most of these held-out pairs.
+    assert (scores[:12] > scores[12:]).float().mean() >= 0.75
+
+    # The stored statistics are those of the branch's scores on the training texts.
+    train = trainer.train_pairs
+    all_scores = trainer.score(train.prompt_ids * 2, train.chosen_ids + train.rejected_ids)
+    mean, std = score_statistics(all_scores)
+    info = hydra.reward_branch.checkpoint_info
+    assert info["score_mean"] == pytest.approx(mean, abs=1e-4) and info["score_std"] == pytest.approx(std, rel=1e-4)
+
+
+def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
+    tmp, trainer, _ = trained
+    from hydrappo.config import ModelConfig
+    from hydrappo.models import load_model_and_tokenizer
+    from tiny import tiny_model
+
+    def tiny_example_trunk(seed=0):
+        torch.manual_seed(seed)
+        return load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))[0]
+
+    with pytest.raises(CheckpointError, match="num_layers_unfrozen: 2"):
+        load_reward_branch(HydraModel(tiny_example_trunk(), 1), tmp / "reward")
+    with pytest.raises(CheckpointError, match="hidden size is 64, this model's is 32"):
+        load_reward_branch(HydraModel(tiny_model("llama"), 2), tmp / "reward")
+    with pytest.raises(CheckpointError, match="frozen bottom differs"):
+        load_reward_branch(HydraModel(tiny_example_trunk(seed=1), 2), tmp / "reward")
+    # A PPO checkpoint is not a reward checkpoint.
+    ppo = PPOTrainer(parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "ppo"), "--total_steps", "1",
+                                                         "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"]),
+                     config_dir=TINY)
+    ppo.train()
+    with pytest.raises(CheckpointError, match="not a reward checkpoint"):
+        load_reward_branch(ppo.hydra, tmp_path / "ppo")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_reward_branch(ppo.hydra, tmp_path / "nowhere")
+
+
+def test_ppo_optimises_the_learned_reward_with_its_reference_statistics(trained, tmp_path):
+    tmp, trainer, _ = trained
+    config = yaml.safe_load((TINY / "config.yaml").read_text())
+    config["model"].update(name_or_path=str(TINY / "model"), reward_branch_path=str(tmp / "reward"))
+    config["reward"] = {"use_reward_branch": True, "score_normalization": "ref"}
+    config["data"]["prompts"] = str(TINY / "prompts.jsonl")
+    config["train"].update(output_dir=str(tmp_path), total_steps=8, save_every=8, progress_bar=False)
+    (tmp_path / "ppo.yaml").write_text(yaml.safe_dump(config))
+    ppo = PPOTrainer(parse_config(tmp_path / "ppo.yaml"), config_dir=tmp_path)
+    assert ppo.config.reward.score_ref_mean == pytest.approx(trainer.score_stats["score_mean"])
+    assert ppo.config.reward.score_ref_std == pytest.approx(trainer.score_stats["score_std"])
+    history = ppo.train()
+
+    first = history[0]
+    mean, std = trainer.score_stats["score_mean"], trainer.score_stats["score_std"]
+    assert first["env/score_used_mean"] == pytest.approx((first["env/reward_mean"] - mean) / std, abs=1e-4)
+    rewards = [row["env/reward_mean"] for row in history]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.5, rewards  # the learned reward goes up
+    # The statistics went into the run's saved config.
+    saved = yaml.safe_load((tmp_path / "checkpoint-8" / "config.yaml").read_text())
+    assert saved["reward"]["score_ref_mean"] == pytest.approx(mean)
+
+
+def test_cli_reward_with_sampled_reference_statistics(tmp_path, capsys):
+    reward_config(tmp_path)  # writes reward.yaml and pairs.jsonl
+    code = cli_main(["reward", str(tmp_path / "reward.yaml"), "--max_steps", "2", "--cache_split_hidden", "false",
+                     "--stats_file", str(TINY / "prompts.jsonl"), "--stats_max_samples", "8", "--stats_max_new_tokens", "4"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "done: step 2" in out and "model.reward_branch_path" in out
+    info = json.loads((tmp_path / "reward" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert info["score_stats"] == {"count": 8, "source": f"base-policy responses to 8 prompts of {TINY / 'prompts.jsonl'}"}
+    assert info["score_std"] > 0
+    assert cli_main(["reward", str(tmp_path / "reward.yaml"), "--chosen_column", "better"]) == 2
+    assert "no column 'better'" in capsys.readouterr().err
+
+
+def test_whole_text_pairs_with_margins(tmp_path):
+    """No prompt column (chosen/rejected hold the whole texts) and a margin column."""
+    write_pairs(tmp_path / "source.jsonl", pairs_per_prompt=1)
+    rows = [json.loads(line) for line in (tmp_path / "source.jsonl").read_text().splitlines()]
+    with (tmp_path / "pairs.jsonl").open("w") as handle:
+        for i, row in enumerate(rows):
+            whole = {"better": row["prompt"] + " " + row["chosen"], "worse": row["prompt"] + " " + row["rejected"], "m": i % 3}
+            handle.write(json.dumps(whole) + "\n")
+    (tmp_path / "reward.yaml").write_text(yaml.safe_dump({
+        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 1},
+        "data": {"train_file": "pairs.jsonl", "prompt_column": None, "chosen_column": "better", "rejected_column": "worse",
+                 "margin_column": "m", "max_response_length": 20},
+        "train": {"output_dir": str(tmp_path / "out"), "max_steps": 2, "progress_bar": False},
+    }))
+    config = parse_config(tmp_path / "reward.yaml", [], sections=REWARD_SECTIONS, config_cls=RewardConfig)
+    trainer = RewardTrainer(config, config_dir=tmp_path)
+    pairs = trainer.eval_pairs
+    assert len(pairs) > 5 and all(ids == [] for ids in pairs.prompt_ids)
+    assert set(pairs.margins) <= {0.0, 1.0, 2.0} and len(set(pairs.margins)) > 1
+    stats = trainer.evaluate()
+    chosen = trainer.score(pairs.prompt_ids, pairs.chosen_ids)
+    rejected = trainer.score(pairs.prompt_ids, pairs.rejected_ids)
+    loss, _ = preference_loss(chosen, rejected, torch.tensor(pairs.margins))
+    assert stats["eval/loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert stats["eval/loss"] != pytest.approx(preference_loss(chosen, rejected)[0].item(), rel=1e-3)

@@ -1,0 +1,117 @@
+"""SFT of the top layers: response-only loss, a plain transformers model directory as
+output, and PPO starting from it."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+from hydrappo.cli import main as cli_main
+from hydrappo.config import SFT_SECTIONS, ConfigError, ModelConfig, SFTConfig, parse_config
+from hydrappo.models import load_model_and_tokenizer
+from hydrappo.sft import SFTTrainer, response_nll, save_model_dir
+from hydrappo.trainer import PPOTrainer
+
+TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+
+
+def write_sft_config(tmp: Path, **train) -> Path:
+    """Responses map each prompt word n<k> to g<k mod 8>: learnable, and far from what a random model says."""
+    prompts = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
+    with (tmp / "sft.jsonl").open("w") as handle:
+        for prompt in prompts:
+            response = " ".join(f"g{int(word[1:]) % 8}" for word in prompt.split())
+            handle.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+    options = {"output_dir": str(tmp / "sft"), "epochs": 3, "batch_size": 16, "learning_rate": 3e-3,
+               "cache_split_hidden": True, "progress_bar": False, **train}
+    (tmp / "sft.yaml").write_text(yaml.safe_dump({
+        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2, "train_lm_head": True},
+        "data": {"train_file": "sft.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
+        "train": options,
+    }))
+    return tmp / "sft.yaml"
+
+
+def test_response_nll_counts_only_response_tokens():
+    logprobs = torch.tensor([[-1.0, -2.0, -9.0], [-3.0, -9.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, tokens = response_nll(logprobs, mask)
+    assert tokens.item() == 3 and loss.item() == pytest.approx(2.0)
+    assert response_nll(logprobs, torch.zeros_like(mask))[0].item() == 0.0  # no tokens: no NaN
+
+
+def test_sft_lowers_the_response_loss_and_ppo_starts_from_its_model_dir(tmp_path, capsys):
+    assert cli_main(["sft", str(write_sft_config(tmp_path))]) == 0
+    assert "held-out response loss" in capsys.readouterr().out
+    out = tmp_path / "sft"
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [row["eval/loss"] for row in metrics if "eval/loss" in row]
+    assert metrics[0]["step"] == 0 and len(evals) == 4  # before training and after each epoch
+    assert evals[-1] < evals[0] - 1.0, evals
+
+    # A plain transformers model directory, safetensors only.
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    torch.manual_seed(0)  # the base model: the same random init as the SFT run's
+    base, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    trained, original = dict(loaded.named_parameters()), dict(base.named_parameters())
+    assert torch.equal(trained["model.layers.0.mlp.up_proj.weight"], original["model.layers.0.mlp.up_proj.weight"])
+    assert torch.equal(trained["model.embed_tokens.weight"], original["model.embed_tokens.weight"])
+    assert not torch.equal(trained["model.layers.3.mlp.up_proj.weight"], original["model.layers.3.mlp.up_proj.weight"])
+    # The lm_head trained (train_lm_head): untied from the embeddings, and saved as such.
+    assert loaded.lm_head.weight.data_ptr() != loaded.model.embed_tokens.weight.data_ptr()
+    assert not torch.equal(loaded.lm_head.weight, original["model.embed_tokens.weight"])
+
+    # The saved model reproduces the trainer's final held-out loss (same split from the same seed).
+    config = parse_config(tmp_path / "sft.yaml", ["--random_init", "false", "--name_or_path", str(out),
+                                                   "--output_dir", str(tmp_path / "again")],
+                          sections=SFT_SECTIONS, config_cls=SFTConfig)
+    assert SFTTrainer(config, config_dir=tmp_path).evaluate()["eval/loss"] == pytest.approx(evals[-1], rel=1e-4)
+
+    # PPO from the SFT model: its reference is the SFT policy.
+    ppo_config = parse_config(TINY / "config.yaml", [
+        "--name_or_path", str(out), "--random_init", "false", "--output_dir", str(tmp_path / "ppo"),
+        "--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"])
+    ppo = PPOTrainer(ppo_config, config_dir=TINY)
+    history = ppo.train()
+    assert len(history) == 2 and all(math.isfinite(row["objective/kl"]) for row in history)
+    # At the first rollout the policy IS the reference (the SFT model): no KL yet.
+    assert history[0]["objective/kl"] == pytest.approx(0.0, abs=1e-4)
+
+
+def test_interrupted_save_never_looks_like_a_complete_model(tmp_path, monkeypatch):
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    out = save_model_dir(model, tokenizer, tmp_path / "model")
+    assert (out / "config.json").is_file()
+    (out / "pytorch_model.bin").write_bytes(b"stale weights of an older model")
+
+    real_replace = os.replace
+
+    def crash_on_config(src, dst):
+        if Path(dst).name == "config.json":
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_config)
+    with pytest.raises(KeyboardInterrupt):
+        save_model_dir(model, tokenizer, out)
+    # Weights were replaced, but without config.json the folder is not a model yet.
+    assert not (out / "config.json").exists() and not (out / "pytorch_model.bin").exists()
+    assert not list(out.glob(".model.tmp-*"))
+    monkeypatch.setattr(os, "replace", real_replace)
+    save_model_dir(model, tokenizer, out)
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_sft_config_errors(tmp_path, capsys):
+    config_path = write_sft_config(tmp_path)
+    assert cli_main(["sft", str(config_path), "--response_column", "answer"]) == 2
+    assert "no column 'answer'" in capsys.readouterr().err
+    config = parse_config(config_path, ["--eval_fraction", "1.5"], sections=SFT_SECTIONS, config_cls=SFTConfig)
+    with pytest.raises(ConfigError, match="eval_fraction=1.5 must be in"):
+        SFTTrainer(config, config_dir=tmp_path)
