@@ -28,23 +28,38 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def train_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="hydrappo train",
-        description="Run PPO. Options after the config file override it, e.g. --learning_rate 3e-6.",
-        add_help=False,
-    )
+def config_command_args(argv: list[str], prog: str, description: str, sections=None, add_arguments=None):
+    """The front of every command that takes CONFIG.yaml plus `--option value` overrides.
+
+    Returns (args, overrides), or an exit code after printing the help (which lists every
+    config option of `sections`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
     parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
-    parser.add_argument(
-        "--resume", nargs="?", const="latest", default=None,
-        help="continue from the latest checkpoint in train.output_dir, or from PATH",
-    )
+    if add_arguments is not None:
+        add_arguments(parser)
     parser.add_argument("-h", "--help", action="store_true")
     args, overrides = parser.parse_known_args(argv)
     if args.help or args.config is None:
         print(parser.format_help())
-        _print_config_options()
+        _print_config_options(sections)
         return 0 if args.help else 2
+    return args, overrides
+
+
+def train_command(argv: list[str]) -> int:
+    def resume_option(parser):
+        parser.add_argument(
+            "--resume", nargs="?", const="latest", default=None,
+            help="continue from the latest checkpoint in train.output_dir, or from PATH",
+        )
+
+    parsed = config_command_args(
+        argv, "hydrappo train", "Run PPO. Options after the config file override it, e.g. --learning_rate 3e-6.",
+        add_arguments=resume_option,
+    )
+    if isinstance(parsed, int):
+        return parsed
+    args, overrides = parsed
 
     from .checkpoint import CheckpointError
     from .trainer import PPOTrainer, TrainingError

@@ -77,25 +77,30 @@ def _frozen_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
-class _SkipLayer(nn.Module):
-    """Stands in for a bottom decoder layer during a branch pass: computes nothing.
+class LayerStandIn(nn.Module):
+    """Takes a decoder layer's place in the layer list for one pass. Attribute reads fall
+    through to the real layer, because decoder loops read things such as
+    `layer.attention_type` to pick each layer's mask."""
 
-    The last one returns the cached split hidden state instead of its input. Attribute
-    reads fall through to the real layer, because decoder loops read things such as
-    `layer.attention_type` to pick each layer's mask.
-    """
-
-    def __init__(self, layer: nn.Module, output: torch.Tensor | None, tuple_len: int):
+    def __init__(self, layer: nn.Module):
         super().__init__()
         object.__setattr__(self, "_real_layer", layer)
-        object.__setattr__(self, "_output", output)
-        self._tuple_len = tuple_len
 
     def __getattr__(self, name):
         try:
             return super().__getattr__(name)
         except AttributeError:
             return getattr(object.__getattribute__(self, "_real_layer"), name)
+
+
+class _SkipLayer(LayerStandIn):
+    """Stands in for a bottom decoder layer during a branch pass: computes nothing.
+    The last one returns the cached split hidden state instead of its input."""
+
+    def __init__(self, layer: nn.Module, output: torch.Tensor | None, tuple_len: int):
+        super().__init__(layer)
+        object.__setattr__(self, "_output", output)
+        self._tuple_len = tuple_len
 
     def forward(self, *args, **kwargs):
         hidden = self._output

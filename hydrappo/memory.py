@@ -60,6 +60,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .hydra import LayerStandIn
+
 GIB = 2**30
 GPU_SIZES_GIB = (8, 12, 16, 24, 48, 80)
 FRAGMENTATION = 1.10
@@ -296,19 +298,12 @@ class _Captured(Exception):
     pass
 
 
-class _CaptureLayer(nn.Module):
-    """Replaces a decoder layer to record its call arguments; attribute reads fall through."""
+class _CaptureLayer(LayerStandIn):
+    """Replaces a decoder layer to record its call arguments."""
 
     def __init__(self, layer):
-        super().__init__()
-        object.__setattr__(self, "_real_layer", layer)
+        super().__init__(layer)
         object.__setattr__(self, "call", None)
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(object.__getattribute__(self, "_real_layer"), name)
 
     def forward(self, *args, **kwargs):
         object.__setattr__(self, "call", (args, kwargs))

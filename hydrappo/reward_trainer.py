@@ -747,21 +747,17 @@ class RewardTrainer:
 
 # --------------------------------------------------------------------------- command line
 def reward_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="hydrappo reward",
-        description="Train a reward branch on preference pairs (prompt, chosen, rejected). Options after the "
-        "config file override it, e.g. --learning_rate 1e-4.",
-        add_help=False,
-    )
-    parser.add_argument("config", nargs="?", help="YAML config with sections model, data, train")
-    parser.add_argument("-h", "--help", action="store_true")
-    args, overrides = parser.parse_known_args(argv)
-    if args.help or args.config is None:
-        from .cli import _print_config_options
+    from .cli import config_command_args
 
-        print(parser.format_help())
-        _print_config_options(REWARD_SECTIONS)
-        return 0 if args.help else 2
+    parsed = config_command_args(
+        argv, "hydrappo reward",
+        "Train a reward branch on preference pairs (prompt, chosen, rejected). Options after the config file "
+        "override it, e.g. --learning_rate 1e-4.",
+        sections=REWARD_SECTIONS,
+    )
+    if isinstance(parsed, int):
+        return parsed
+    args, overrides = parsed
     config = parse_config(args.config, overrides, sections=REWARD_SECTIONS, config_cls=RewardConfig)
     trainer = RewardTrainer(config, config_dir=Path(args.config).resolve().parent)
     try:

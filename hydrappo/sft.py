@@ -225,21 +225,17 @@ class SFTTrainer:
 
 
 def sft_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="hydrappo sft",
-        description="Supervised fine-tuning of the top layers on prompt/response pairs; writes a model directory "
-        "that model.name_or_path of a PPO config can point at. Options after the config file override it.",
-        add_help=False,
-    )
-    parser.add_argument("config", nargs="?", help="YAML config with sections model, data, train")
-    parser.add_argument("-h", "--help", action="store_true")
-    args, overrides = parser.parse_known_args(argv)
-    if args.help or args.config is None:
-        from .cli import _print_config_options
+    from .cli import config_command_args
 
-        print(parser.format_help())
-        _print_config_options(SFT_SECTIONS)
-        return 0 if args.help else 2
+    parsed = config_command_args(
+        argv, "hydrappo sft",
+        "Supervised fine-tuning of the top layers on prompt/response pairs; writes a model directory that "
+        "model.name_or_path of a PPO config can point at. Options after the config file override it.",
+        sections=SFT_SECTIONS,
+    )
+    if isinstance(parsed, int):
+        return parsed
+    args, overrides = parsed
     config = parse_config(args.config, overrides, sections=SFT_SECTIONS, config_cls=SFTConfig)
     trainer = SFTTrainer(config, config_dir=Path(args.config).resolve().parent)
     try:
