@@ -138,7 +138,11 @@ def output_embeddings(model: nn.Module) -> nn.Module:
 def heads_are_tied(model: nn.Module) -> bool:
     head = output_embeddings(model)
     inputs = model.get_input_embeddings()
-    return head.weight is inputs.weight or head.weight.data_ptr() == inputs.weight.data_ptr()
+    if head.weight is inputs.weight:
+        return True
+    # Two Parameter objects over one storage are tied too; on the meta device every data
+    # pointer is 0, so there only identity can tell.
+    return head.weight.device.type != "meta" and head.weight.data_ptr() == inputs.weight.data_ptr()
 
 
 def logits_transform(model: nn.Module):

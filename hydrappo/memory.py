@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .arch import heads_are_tied
 from .hydra import LayerStandIn
 
 GIB = 2**30
@@ -218,7 +219,7 @@ def count_parameters(config) -> ParameterCounts:
     model = meta_model(config)
     arch = locate(model)
     head = output_embeddings(model)
-    tied = head.weight is model.get_input_embeddings().weight  # (data pointers are all 0 on the meta device)
+    tied = heads_are_tied(model)
     layers = [_numel(layer) for layer in arch.layers]
     final_norm = _numel(arch.final_norm)
     lm_head = 0 if tied else _numel(head)
@@ -735,6 +736,16 @@ def validation_settings(**overrides) -> TrainingSettings:
                   generation_batch_size=8, prompt_length=64, response_length=64, reward_model=False)  # fmt: skip
     values.update(overrides)
     return TrainingSettings(**values)
+
+
+def unique_bytes(tensors) -> int:
+    """Bytes of the distinct tensors among `tensors` (a tied weight counts once)."""
+    seen, total = set(), 0
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += tensor.numel() * tensor.element_size()
+    return total
 
 
 def _peak_rss_bytes() -> int:

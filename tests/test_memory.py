@@ -15,18 +15,10 @@ from hydrappo.memory import (
     main as memory_main,
     plan_memory,
     trace_activations,
+    unique_bytes,
 )
 from hydrappo.presets import PRESETS, PUBLISHED_PARAMETERS, preset_config
 from tiny import tiny_config, tiny_model
-
-
-def _param_bytes(module):
-    seen, total = set(), 0
-    for p in module.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    return total
 
 
 @pytest.mark.parametrize("family,tie", [("llama", True), ("gpt2", True), ("opt", True), ("qwen2", False), ("gpt_neox", False)])
@@ -59,7 +51,7 @@ def test_resident_hydra_components_equal_a_real_hydras_parameter_bytes(train_lm_
     hydra.attach_reward_branch(hydra.new_reward_branch())
     planned = {c.name: c.bytes for c in plan.hydra.components if c.phase == "static"}
     resident = planned["weights"] + planned["reference copy"] + planned["reward branch"] + planned["value head"]
-    assert resident == _param_bytes(hydra)
+    assert resident == unique_bytes(hydra.parameters())
     trainable = sum(p.numel() for p in hydra.trainable_parameters())
     assert plan.hydra.trainable_parameters == trainable
     assert planned["optimizer state"] == 2 * 4 * trainable  # AdamW: two float32 states

@@ -20,6 +20,7 @@ import time
 import torch
 
 from hydrappo import HydraModel
+from hydrappo.memory import unique_bytes
 from hydrappo.presets import PRESETS, preset_config
 
 
@@ -33,12 +34,7 @@ def build_model(name: str):
 
 
 def param_bytes(module) -> int:
-    seen, total = set(), 0
-    for p in module.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    return total
+    return unique_bytes(module.parameters())
 
 
 def gathered_logprobs(logits, ids):

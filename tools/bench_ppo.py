@@ -59,6 +59,7 @@ from hydrappo.config import GenerationArgs, PPOArgs
 from hydrappo.data import left_pad
 from hydrappo.hydra import disable_dropout, last_token_index, position_ids_from_mask
 from hydrappo.logprobs import token_logprobs
+from hydrappo.memory import unique_bytes
 from hydrappo.ppo import gae, ppo_loss, shape_rewards, whiten
 from hydrappo.presets import PRESETS, preset_config
 from hydrappo.rollout import Experience, evaluate_sequences, generate_responses, generation_config, pack_sequences
@@ -178,15 +179,6 @@ def ppo_epochs(experience: Experience, forward, params, optimizer, ppo_epochs: i
             nn.utils.clip_grad_norm_(params, PPO.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-
-
-def unique_bytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    return total
 
 
 def optimizer_state_bytes(optimizer) -> int:
