@@ -1,92 +1,376 @@
-"""The `hydrappo` command: a table of sub-commands, each implemented in its own module.
+"""The `hydrappo` command: every sub-command's arguments, turned into a call. Nothing imports
+this module (the layering test checks it); `python -m hydrappo` and the `hydrappo` script
+start here.
 
-    hydrappo train CONFIG.yaml [--resume [PATH]] [--option value ...]
+    hydrappo train CONFIG.yaml [--resume [PATH]] [--option value ...]      PPO
+    hydrappo reward CONFIG.yaml [--resume [PATH]] [--option value ...]     a reward branch
+    hydrappo sft CONFIG.yaml [--resume [PATH]] [--option value ...]        supervised fine-tuning
+    hydrappo generate CHECKPOINT --prompts FILE                            base vs trained, scored
+    hydrappo compare A B ... --prompts FILE                                several models, scored
+    hydrappo export CHECKPOINT --out DIR | export trlx ... | export gguf ...
+    hydrappo memory MODEL | --largest | --validate                        the GPU memory planner
 
-Every sub-command is `module:function`, called with the remaining arguments and
-returning an exit code; `hydrappo COMMAND --help` describes each.
+An error hydrappo raises on purpose (hydrappo.errors.HydrappoError) is printed as its
+message alone, with exit code 2 for a usage error and 1 for a failure while running;
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
-from .config import ConfigError, parse_config
+from .errors import HydrappoError
 
-# name -> (implementation, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "sft": ("hydrappo.sft:sft_command", "supervised fine-tuning of the top layers; writes a model directory"),
-    "reward": ("hydrappo.reward_trainer:reward_command", "train a reward branch on preference pairs"),
-    "train": ("hydrappo.cli:train_command", "PPO from a YAML config"),
-    "generate": ("hydrappo.evaluate:main", "a checkpoint's and its base model's responses, scored, side by side"),
-    "compare": ("hydrappo.evaluate:compare_main", "several models on the same prompts, scored side by side"),
-    "export": ("hydrappo.export:main", "checkpoint -> transformers model dir; `export trlx` / `export gguf` convert into hydrappo"),
-    "memory": ("hydrappo.memory:main", "plan GPU memory per component, hydrappo vs the classic four models"),
-}
+# ---------------------------------------------------------------------------- train, reward, sft
 
 
-def config_command_args(argv: list[str], prog: str, description: str, sections=None, add_arguments=None):
-    """The front of every command that takes CONFIG.yaml plus `--option value` overrides.
+def _config_command(argv: list[str], prog: str, description: str, config_cls):
+    """The front of every command that takes CONFIG.yaml, `--resume [PATH]` and `--option value`
+    overrides. Returns the parsed config and the resume argument, or an exit code after the help."""
+    from .config import parse_config, sections_of
 
-    Returns (args, overrides), or an exit code after printing the help (which lists every
-    config option of `sections`)."""
     parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
     parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
-    if add_arguments is not None:
-        add_arguments(parser)
+    parser.add_argument("--resume", nargs="?", const="latest", default=None,
+                        help="continue from the latest checkpoint in train.output_dir, or from PATH")  # fmt: skip
     parser.add_argument("-h", "--help", action="store_true")
     args, overrides = parser.parse_known_args(argv)
     if args.help or args.config is None:
+        from transformers import HfArgumentParser
+
         print(parser.format_help())
-        _print_config_options(sections)
+        print("Config options (YAML keys under their section, or --name value on the command line):")
+        HfArgumentParser(tuple(sections_of(config_cls).values())).print_help()
         return 0 if args.help else 2
-    return args, overrides
+    return parse_config(args.config, overrides, config_cls), args.resume
 
 
 def train_command(argv: list[str]) -> int:
-    def resume_option(parser):
-        parser.add_argument(
-            "--resume", nargs="?", const="latest", default=None,
-            help="continue from the latest checkpoint in train.output_dir, or from PATH",
-        )
+    from .config import Config
 
-    parsed = config_command_args(
-        argv, "hydrappo train", "Run PPO. Options after the config file override it, e.g. --learning_rate 3e-6.",
-        add_arguments=resume_option,
-    )
+    parsed = _config_command(argv, "hydrappo train", "Run PPO. Options after the config file override it, e.g. "
+                             "--learning_rate 3e-6.", Config)  # fmt: skip
     if isinstance(parsed, int):
         return parsed
-    args, overrides = parsed
+    config, resume = parsed
+    from .train.ppo import PPOTrainer
 
-    from .checkpoint import CheckpointError
-    from .trainer import PPOTrainer, TrainingError
-
-    config = parse_config(args.config, overrides)
-    trainer = PPOTrainer(config, config_dir=Path(args.config).resolve().parent)
-    try:
-        history = trainer.train(resume=args.resume)
-    except (TrainingError, CheckpointError) as error:
-        print(f"hydrappo train: {error}", file=sys.stderr)
-        return 1
+    history = PPOTrainer(config).train(resume=resume)
     if history:
         last = history[-1]
-        print(
-            f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}, KL {last['objective/kl']:.3f}; "
-            f"checkpoints, metrics.jsonl and TensorBoard logs in {config.train.output_dir}"
-        )
+        print(f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}, KL {last['objective/kl']:.3f}; "
+              f"checkpoints, metrics.jsonl and TensorBoard logs in {config.train.output_dir}")  # fmt: skip
     return 0
 
 
-def _print_config_options(sections=None) -> None:
-    from transformers import HfArgumentParser
+def reward_command(argv: list[str]) -> int:
+    from .config import RewardConfig
 
-    from .config import SECTIONS
+    parsed = _config_command(argv, "hydrappo reward", "Train a reward branch on preference pairs (prompt, chosen, "
+                             "rejected). Options after the config file override it, e.g. --learning_rate 1e-4.",
+                             RewardConfig)  # fmt: skip
+    if isinstance(parsed, int):
+        return parsed
+    config, resume = parsed
+    from .train.reward import RewardTrainer
 
-    print("Config options (YAML keys under their section, or --name value on the command line):")
-    HfArgumentParser(tuple((sections or SECTIONS).values())).print_help()
+    trainer = RewardTrainer(config)
+    trainer.train(resume=resume)
+    evaluation = ", ".join(f"{k} {v:.3f}" for k, v in trainer.final_eval.items() if k in ("eval/accuracy", "eval/loss"))
+    stats = trainer.score_stats or {}
+    print(
+        f"done: step {trainer.step}{', ' + evaluation if evaluation else ''}; reference scores mean "
+        f"{stats.get('score_mean', float('nan')):.4f}, std {stats.get('score_std', float('nan')):.4f}.\n"
+        f"reward checkpoint: {trainer.checkpoint_path}\n"
+        f"use it in PPO with model.reward_branch_path: {config.train.output_dir} and reward.use_reward_branch: true "
+        f"(model.num_layers_unfrozen: {trainer.hydra.num_layers_unfrozen})"
+    )
+    return 0
+
+
+def sft_command(argv: list[str]) -> int:
+    from .config import SFTConfig
+
+    parsed = _config_command(argv, "hydrappo sft", "Supervised fine-tuning of the top layers (or LoRA adapters) on "
+                             "prompt/response pairs; writes a model directory (or adapter) that a PPO config can start "
+                             "from. Options after the config file override it.", SFTConfig)  # fmt: skip
+    if isinstance(parsed, int):
+        return parsed
+    config, resume = parsed
+    from .train.sft import SFTTrainer
+
+    trainer = SFTTrainer(config)
+    history = trainer.train(resume=resume)
+    evals = [row for row in history if "eval/loss" in row]
+    summary = f", held-out response loss {evals[0]['eval/loss']:.4f} -> {evals[-1]['eval/loss']:.4f}" if evals else ""
+    use = "lora.lora_init_adapter" if config.lora.lora_r > 0 else "model.name_or_path"
+    print(f"done: step {trainer.step}{summary}.\nmodel: {trainer.output_dir} (use it as {use} in a PPO config)")
+    return 0
+
+
+# ---------------------------------------------------------------------------- generate, compare
+
+
+def generate_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hydrappo generate",
+        description="Generate with a checkpoint's policy (and its base model) for a prompts file, score the responses "
+        "and print them side by side with the mean score of each.",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
+    parser.add_argument("--prompts", help="prompts file (default: the training prompts)")
+    parser.add_argument("--prompt_column", default=None)
+    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' (default: the training reward)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    parser.add_argument("--max_new_tokens", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--no_base", action="store_true", help="skip the base model's responses")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", help="also write the comparison to FILE (.md table, .html or .jsonl rows)")
+    args = parser.parse_args(argv)
+    from .evaluate import generate, side_by_side_text, write_comparison
+
+    columns = generate(args.checkpoint, args.prompts, args.prompt_column, args.reward_fn, args.limit,
+                       args.max_new_tokens, args.temperature, args.no_base, args.seed)  # fmt: skip
+    return _show(columns, args.output, side_by_side_text, write_comparison)
+
+
+def compare_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hydrappo compare",
+        description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
+        "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
+    )
+    parser.add_argument("models", nargs="+", help="checkpoint folders or model directories, optionally NAME=PATH")
+    parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
+    parser.add_argument("--prompt_column", default="prompt")
+    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' (default: the first checkpoint's)")
+    parser.add_argument("--chat_template", choices=["auto", "yes", "no"], default="auto",
+                        help="wrap prompts with each model's chat template (auto: as the first checkpoint was trained)")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--max_new_tokens", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--max_prompt_length", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", help="also write the table to FILE (.md, .html or .jsonl)")
+    args = parser.parse_args(argv)
+    from .evaluate import compare, side_by_side_text, write_comparison
+
+    columns = compare(args.models, args.prompts, args.prompt_column, args.reward_fn, args.chat_template, args.limit,
+                      args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed)  # fmt: skip
+    return _show(columns, args.output, side_by_side_text, write_comparison)
+
+
+def _show(columns, output, as_text, write) -> int:
+    print(as_text(columns))
+    if output:
+        write(columns, Path(output))
+        print(f"wrote {output}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- export
+
+
+def _dtype_arg(text: str):
+    from .config import ConfigError, torch_dtype
+
+    try:
+        return torch_dtype(text) if text != "auto" else None
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+EXPORT_EPILOG = (
+    "examples:\n  hydrappo export outputs/run/checkpoint-100 --out models/policy\n"
+    "  hydrappo export outputs/run --out models/policy --value-head models/value_head.safetensors\n"
+    "  hydrappo export CKPT --out DIR --base-model path/to/base --max-shard-size 2GB --dtype bfloat16\n\n"
+    "other conversions: hydrappo export trlx --help, hydrappo export gguf --help"
+)
+TRLX_EPILOG = (
+    "examples:\n  hydrappo export trlx trlx_ckpt/ --out converted/checkpoint-0 --write-base converted/base\n"
+    "  hydrappo export trlx trlx_ckpt/pytorch_model.bin --config base/config.json --out CKPT --base-model base/\n\n"
+    "The checkpoint holds the trained top layers and value head; --write-base writes the model it sits on (trlX's\n"
+    "trained trunk with the original top layers, i.e. trlX's reference). Point model.name_or_path at it, with\n"
+    "the num_layers_unfrozen / train_lm_head / train_final_norm printed here (also in the checkpoint's config.yaml),\n"
+    "and load the weights with hydrappo.storage.checkpoint.load_trainable_weights(hydra, CKPT)."
+)
+
+
+def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    if command == "checkpoint":
+        parser = argparse.ArgumentParser(prog=prog, epilog=EXPORT_EPILOG, formatter_class=raw, description=(
+            "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
+            "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone."))  # fmt: skip
+        parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
+        parser.add_argument("--out", required=True, help="output model directory (must be empty or new)")
+        parser.add_argument("--base-model", help="base model location, overriding the checkpoint's config.yaml (if it moved)")
+        parser.add_argument("--tokenizer", help="tokenizer location, overriding the checkpoint's config.yaml")
+        parser.add_argument("--dtype", type=_dtype_arg, help="dtype of the written weights (default: the training dtype)")
+        parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 2GB (default 5GB)")
+        parser.add_argument("--value-head", help="also write the value head to this .safetensors file")
+        parser.add_argument("--reward-branch", help="also write the run's reward branch to this .safetensors file")
+        parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
+    elif command == "trlx":
+        parser = argparse.ArgumentParser(prog=prog, epilog=TRLX_EPILOG, formatter_class=raw, description=(
+            "Convert a trlX hydra checkpoint (AutoModelForCausalLMWithHydraValueHead: base_model.*, v_head.*, "
+            "frozen_head.*) to a hydrappo checkpoint, to keep training with hydrappo."))  # fmt: skip
+        parser.add_argument("source", help="trlX checkpoint: a directory (pytorch_model.bin, model.safetensors, shards) or a file")
+        parser.add_argument("--out", required=True, help="hydrappo checkpoint directory to write")
+        parser.add_argument("--write-base", help="write the base model directory (config, tokenizer, safetensors) here")
+        parser.add_argument("--base-model", help="the original model trlX started from (needed without a frozen head)")
+        parser.add_argument("--config", help="the model's config.json or its directory (default: next to SOURCE)")
+        parser.add_argument("--tokenizer", help="tokenizer directory (default: SOURCE's directory)")
+        parser.add_argument("--num-layers-unfrozen", type=int, help="N, when the checkpoint has no frozen head to tell")
+        parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard of --write-base")
+    else:
+        from .storage.models import BUNDLED_MODELS
+
+        parser = argparse.ArgumentParser(prog=prog, description=(
+            "Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer); the same as "
+            "tools/convert_gguf.py."))  # fmt: skip
+        parser.add_argument("source", help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file")
+        parser.add_argument("--gguf-file", default=None, help="GGUF file inside the source directory")
+        parser.add_argument("--out", required=True, help="output model directory (created)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and existing files)")
+    return parser
+
+
+def export_command(argv: list[str]) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    command = argv[0] if argv and argv[0] in ("checkpoint", "trlx", "gguf") else "checkpoint"
+    argv = argv[1:] if argv and argv[0] == command else argv
+    prog = "hydrappo export" if command == "checkpoint" else f"hydrappo export {command}"
+    args = _export_parser(command, prog).parse_args(argv)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    if command == "checkpoint":
+        from .storage.checkpoint import find_checkpoint
+        from .storage.export import export_checkpoint
+
+        out = export_checkpoint(
+            args.checkpoint, args.out, base_model=args.base_model, tokenizer=args.tokenizer, dtype=args.dtype,
+            max_shard_size=args.max_shard_size, value_head=args.value_head, reward_branch=args.reward_branch,
+            overwrite=args.overwrite, device=args.device,
+        )  # fmt: skip
+        print(f"wrote the trained policy of {find_checkpoint(args.checkpoint)} to {out}")
+        if args.value_head:
+            print(f"wrote the value head to {args.value_head}")
+    elif command == "trlx":
+        from .storage.trlx import convert_trlx
+
+        result = convert_trlx(
+            args.source, args.out, config=args.config, write_base=args.write_base, base_model=args.base_model,
+            num_layers_unfrozen=args.num_layers_unfrozen, tokenizer=args.tokenizer,
+            max_shard_size=args.max_shard_size, overwrite=args.overwrite,
+        )  # fmt: skip
+        print(
+            f"wrote hydrappo checkpoint {result.checkpoint} on base model {result.base_model}\n"
+            f"  model.name_or_path: {result.base_model}\n  model.num_layers_unfrozen: {result.num_layers_unfrozen}\n"
+            f"  model.train_lm_head: {str(result.train_lm_head).lower()}\n"
+            f"  model.train_final_norm: {str(result.train_final_norm).lower()}"
+        )
+    else:
+        from .storage.models import ModelLoadError, gguf_to_safetensors, resolve_model_source
+
+        directory, gguf_file = resolve_model_source(args.source, args.gguf_file)
+        if gguf_file is None:
+            raise ModelLoadError(f"{args.source!r} is a model directory without a .gguf file: nothing to convert.")
+        out = gguf_to_safetensors(directory, gguf_file, args.out, overwrite=args.overwrite)
+        print(f"converted {Path(directory) / gguf_file} -> {out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+def memory_command(argv: list[str]) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    prog = "hydrappo memory"
+    from .planner import plan as planner
+    from .planner.presets import PRESETS
+    from .planner.settings import DTYPES, OPTIMIZERS, TrainingSettings
+
+    d = TrainingSettings()
+    parser = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Plan the GPU memory of PPO-RLHF with hydrappo (one trunk) and with the classic four-model "
+        "layout, per component, and list the GPU sizes it fits.",
+        epilog=f"presets: {', '.join(PRESETS)}\n\n" + "\n".join(planner.__doc__.split("\n\n")[1:2]),
+    )  # fmt: skip
+    parser.add_argument("model", nargs="?", help="a preset name, a config.json or a model directory")
+    parser.add_argument("-N", "--num-layers-unfrozen", type=int, default=d.num_layers_unfrozen, help="trainable top layers (-1: all)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on the top N layers (0: full training)")
+    parser.add_argument("--dtype", default=d.dtype, choices=sorted(DTYPES), help="weights dtype")
+    parser.add_argument("--master-weights", choices=("auto", "yes", "no"), default="auto",
+                        help="fp32 master copy + fp32 optimizer state of trainable weights (auto: when dtype is not fp32)")
+    parser.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per PPO step")
+    parser.add_argument("--mini-batch-size", type=int, default=d.mini_batch_size)
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=d.gradient_accumulation_steps)
+    parser.add_argument("--generation-batch-size", type=int, default=d.generation_batch_size)
+    parser.add_argument("--prompt-length", type=int, default=d.prompt_length)
+    parser.add_argument("--response-length", type=int, default=d.response_length)
+    parser.add_argument("--no-reward-model", action="store_true", help="a reward function scores (no reward branch/model)")
+    parser.add_argument("--train-lm-head", action="store_true")
+    parser.add_argument("--train-final-norm", action="store_true")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--entropy", action="store_true", help="an entropy bonus in the update (ppo.ent_coef != 0)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--largest", action="store_true", help="peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, default 16)")
+    parser.add_argument("--validate", action="store_true", help="measure two PPO steps on this CPU (float32) of a 135M and a "
+                        "410M model against the plan (minutes; runs tools/validate_memory.py of a source checkout)")  # fmt: skip
+    args = parser.parse_args(argv)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    if args.validate:
+        script = Path(__file__).resolve().parents[1] / "tools" / "validate_memory.py"
+        if not script.is_file():
+            print(f"{prog}: --validate runs tools/validate_memory.py of a hydrappo source checkout; this installation "
+                  "has none (clone the repository and run it there).", file=sys.stderr)  # fmt: skip
+            return 2
+        return subprocess.run([sys.executable, str(script)]).returncode
+    try:
+        settings = TrainingSettings(
+            num_layers_unfrozen=args.num_layers_unfrozen, lora_rank=args.lora_rank, dtype=args.dtype,
+            master_weights={"auto": None, "yes": True, "no": False}[args.master_weights], optimizer=args.optimizer,
+            batch_size=args.batch_size, mini_batch_size=args.mini_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps, generation_batch_size=args.generation_batch_size,
+            prompt_length=args.prompt_length, response_length=args.response_length, reward_model=not args.no_reward_model,
+            train_lm_head=args.train_lm_head, train_final_norm=args.train_final_norm,
+            gradient_checkpointing=args.gradient_checkpointing, entropy_in_update=args.entropy,
+        )  # fmt: skip
+        if args.largest:
+            print(planner.format_largest(settings, args.lora_rank or 16))
+            return 0
+        if not args.model:
+            parser.print_help()
+            return 2
+        config = planner.load_model_config(args.model)
+    except (ValueError, OSError) as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+    plan = planner.plan_memory(config, settings, args.model)
+    print(json.dumps(planner.plan_to_dict(plan), indent=2) if args.json else planner.format_plan(plan))
+    return 0
+
+
+# ---------------------------------------------------------------------------- the command table
+
+COMMANDS = {
+    "train": (train_command, "PPO from a YAML config"),
+    "reward": (reward_command, "train a reward branch on preference pairs"),
+    "sft": (sft_command, "supervised fine-tuning of the top layers; writes a model directory"),
+    "generate": (generate_command, "a checkpoint's and its base model's responses, scored, side by side"),
+    "compare": (compare_command, "several models on the same prompts, scored side by side"),
+    "export": (export_command, "checkpoint -> transformers model dir; `export trlx` / `export gguf` convert into hydrappo"),
+    "memory": (memory_command, "plan GPU memory per component, hydrappo vs the classic four models"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,22 +379,18 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
         lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
-        print("usage: hydrappo COMMAND [ARGS]\n\nPPO for RLHF on one transformer trunk.\n\ncommands:\n" + "\n".join(lines))
+        print("usage: hydrappo COMMAND [ARGS]\n\nRLHF on one transformer trunk.\n\ncommands:\n" + "\n".join(lines))
         if argv and argv[0] not in ("-h", "--help"):
             print(f"\nhydrappo: unknown command {argv[0]!r}", file=sys.stderr)
             return 2
         return 0 if argv else 2
-    module_name, function_name = COMMANDS[argv[0]][0].split(":")
-    command = getattr(importlib.import_module(module_name), function_name)
+    command = COMMANDS[argv[0]][0]
     try:
         return command(argv[1:])
-    except Exception as error:
-        # Errors hydrappo raises on purpose carry a message that says what to fix: show
-        # just that. Anything else is a bug, and its traceback is what a report needs.
-        if not (isinstance(error, ConfigError) or type(error).__module__.startswith("hydrappo.")):
-            raise
+    except HydrappoError as error:
+        # Raised on purpose, with a message that says what to fix: show just that.
         print(f"hydrappo {argv[0]}: {error}", file=sys.stderr)
-        return 2
+        return error.exit_code
 
 
 if __name__ == "__main__":

@@ -1,18 +1,31 @@
-"""Prompts: load them from local files, format them, tokenize them, batch them.
+"""Data: ONE table reader for prompts, preference pairs and SFT rows; formatting,
+tokenization, padding and the resumable prompt order.
 
-Files are read with `datasets` (json/jsonl, csv, parquet, txt); the order of prompts
-for training comes from `PromptSampler`, whose state goes into checkpoints so that a
-resumed run sees the same prompts as an uninterrupted one.
+`read_table` reads a column table from any of
+  * a local file (.jsonl/.json/.csv/.parquet, and .txt for prompts: one per line);
+  * a local directory of such files (every file, recursively, in sorted order);
+  * a folder written by `datasets`' `save_to_disk`, or laid out as on the Hugging Face Hub
+    (files named by split, e.g. data/train-00000-of-00001.parquet, or a README with configs),
+    read with its `split` and `subset`;
+  * a `datasets` name, loaded with `datasets.load_dataset(name, subset, split=split)` (from the
+    local datasets cache when there is no network).
+Every file is read with `datasets`. The order of prompts for training comes from
+`PromptSampler`, whose state goes into checkpoints so that a resumed run sees the same
+prompts as an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .errors import UsageError
 
 logger = logging.getLogger("hydrappo")
 
@@ -20,64 +33,135 @@ logger = logging.getLogger("hydrappo")
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 
 
-class DataError(ValueError):
-    """Prompt data is unusable; the message says what is wrong and how to fix it."""
+class DataError(UsageError):
+    """Data is unusable; the message says what is wrong and how to fix it."""
 
 
-def _prompt_files(path: Path) -> list[Path]:
-    if not path.exists():
-        raise DataError(f"prompt path {str(path)!r} does not exist; set data.prompts to a prompt file or directory.")
+# --------------------------------------------------------------------------- reading tables
+def _is_saved_dataset(path: Path) -> bool:
+    """A folder written by Dataset.save_to_disk / DatasetDict.save_to_disk."""
+    return (path / "dataset_dict.json").is_file() or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file())
+
+
+def _is_hub_layout(path: Path) -> bool:
+    """A folder whose files are named by split (or whose README declares configs), as on the Hub."""
+    from datasets.data_files import get_data_patterns
+
+    readme = path / "README.md"
+    if readme.is_file() and re.search(r"^---\n(.*\n)*?configs:", readme.read_text(errors="replace"), re.MULTILINE):
+        return True
+    try:
+        patterns = get_data_patterns(str(path))
+    except Exception:  # datasets raises EmptyDatasetError and others for folders it cannot use
+        return False
+    return any(pattern != ["**"] for pattern in patterns.values())
+
+
+def _data_files(path: Path, setting: str, allow_text: bool) -> list[Path]:
+    kinds = [ext for ext, builder in BUILDERS.items() if allow_text or builder != "text"]
+    what = "prompt" if allow_text else "data"
     if path.is_file():
-        if path.suffix.lower() not in BUILDERS:
-            raise DataError(f"{path}: unsupported prompt file type {path.suffix!r}; use one of {', '.join(BUILDERS)}.")
+        if path.suffix.lower() not in kinds:
+            raise DataError(f"{setting}: {path}: unsupported {what} file type {path.suffix!r}; use one of {', '.join(kinds)}.")
         return [path]
-    # Sorted so that the prompt order (and hence the sampler's indices) is the same on every run.
+    # Sorted, so that the row order (and hence the sampler's indices and the eval split) is stable.
     files = sorted(
         f for f in path.rglob("*")
-        if f.is_file() and f.suffix.lower() in BUILDERS and not any(p.startswith(".") for p in f.relative_to(path).parts)
+        if f.is_file() and f.suffix.lower() in kinds and not any(p.startswith(".") for p in f.relative_to(path).parts)
     )
     if not files:
-        raise DataError(f"directory {str(path)!r} holds no prompt files ({', '.join(BUILDERS)}).")
+        raise DataError(f"{setting}: directory {str(path)!r} holds no {what} files ({', '.join(kinds)}).")
     return files
 
 
-def _load_file(file: Path, column: str) -> list[str]:
+def _looks_like_a_path(source: str) -> bool:
+    return source.startswith(("/", ".", "~")) or Path(source).suffix.lower() in BUILDERS
+
+
+def _load_datasets(source: str, split: str, subset: str | None, setting: str) -> list[tuple[str, object]]:
+    """[(where, datasets.Dataset)] of a table source, as the module docstring lists them."""
+    import datasets
+
+    path = Path(source).expanduser()
+    if path.is_dir() and _is_saved_dataset(path):
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise DataError(f"{setting}: {path} has no split {split!r}; splits: {', '.join(loaded)}.")
+            loaded = loaded[split]
+        return [(str(path), loaded)]
+    if path.exists() and not (path.is_dir() and _is_hub_layout(path)):
+        return None
+    if not path.exists() and _looks_like_a_path(source):
+        raise DataError(f"{setting}: {source!r} does not exist.")
+    where = str(path) if path.exists() else source
+    try:
+        return [(where, datasets.load_dataset(str(path) if path.exists() else source, subset, split=split))]
+    except ValueError as error:  # an unknown split or subset
+        raise DataError(f"{setting}: {where}: {error}") from None
+    except Exception as error:  # datasets raises many types when a name cannot be found or fetched
+        raise DataError(
+            f"{setting}: {source!r} does not exist here as a file or folder, and datasets could not load it as a dataset name "
+            f"(no network, and not in the local datasets cache?): {type(error).__name__}: {error}"
+        ) from None
+
+
+def read_table(source: str | Path, columns: list[str], optional: list[str] = (), *, setting: str = "data.train_file",
+               split: str = "train", subset: str | None = None, allow_text: bool = False,
+               nonempty: bool = False) -> dict:  # fmt: skip
+    """{column: list of values} of `source` (see the module docstring). `columns` must be
+    present in every file and hold text (non-blank text with `nonempty`); an `optional`
+    column missing anywhere maps to None. With `allow_text`, .txt files count too: each
+    line is a row of the first column."""
     from datasets import load_dataset
 
-    builder = BUILDERS[file.suffix.lower()]
-    # The text builder yields one row per line in a column named "text".
-    column = "text" if builder == "text" else column
-    try:
-        dataset = load_dataset(builder, data_files=str(file), split="train")
-    except Exception as error:  # datasets raises many types for malformed files
-        raise DataError(f"{file}: could not be read as {builder}: {error}") from error
-    if column not in dataset.column_names:
-        raise DataError(
-            f"{file}: no column {column!r}; columns present: {', '.join(dataset.column_names) or '(none)'}. "
-            "Set data.prompt_column to the column that holds the prompts."
-        )
-    texts = list(dataset[column])
-    unit = "line" if builder == "text" else "row"
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise DataError(f"{file}: {unit} {i + 1} has a {type(text).__name__} prompt ({text!r}); prompts must be text.")
-        if not text.strip():
-            raise DataError(f"{file}: {unit} {i + 1} has an empty prompt; remove it.")
-    return texts
+    source = str(source)
+    loaded = _load_datasets(source, split, subset, setting)
+    if loaded is None:
+        path = Path(source).expanduser()
+        loaded = []
+        for file in _data_files(path, setting, allow_text):
+            builder = BUILDERS[file.suffix.lower()]
+            try:
+                dataset = load_dataset(builder, data_files=str(file), split="train")
+            except Exception as error:  # datasets raises many types for malformed files
+                raise DataError(f"{file}: could not be read as {builder}: {error}") from None
+            if builder == "text":  # the text builder's one column is "text"
+                dataset = dataset.rename_column("text", columns[0]) if columns[0] != "text" else dataset
+            loaded.append((str(file), dataset))
+    table = {name: [] for name in (*columns, *optional)}
+    for where, dataset in loaded:
+        unit = "line" if where.endswith(".txt") else "row"
+        missing = [c for c in columns if c not in dataset.column_names]
+        if missing:
+            raise DataError(
+                f"{where}: no column {', '.join(map(repr, missing))}; columns present: "
+                f"{', '.join(dataset.column_names) or '(none)'}. Set the data.*_column options to the right names."
+            )
+        for name in columns:
+            values = list(dataset[name])
+            for row, value in enumerate(values):
+                if not isinstance(value, str):
+                    raise DataError(f"{where}: {unit} {row + 1} has a {type(value).__name__} {name} ({value!r}); it must be text.")
+                if nonempty and not value.strip():
+                    raise DataError(f"{where}: {unit} {row + 1} has an empty {name}; remove it.")
+            table[name].extend(values)
+        for name in optional:
+            if table[name] is not None and name in dataset.column_names:
+                table[name].extend(dataset[name])
+            else:
+                table[name] = None
+    if not table[columns[0]]:
+        raise DataError(f"{setting}: {source!r} holds no rows: the data is empty.")
+    return table
 
 
-def load_prompt_texts(path: str, column: str = "prompt") -> list[str]:
-    """All prompts of a jsonl/json/csv/parquet/txt file, or of every such file in a
-    directory (recursively, sorted by path). For .txt files each line is a prompt and
-    `column` is ignored."""
-    texts = []
-    for file in _prompt_files(Path(path)):
-        texts.extend(_load_file(file, column))
-    if not texts:
-        raise DataError(f"no prompts in {str(path)!r}: the data is empty.")
-    return texts
+def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", subset: str | None = None) -> list[str]:
+    """All prompts of `path` (see `read_table`); for .txt files each line is a prompt."""
+    return read_table(path, [column], setting="data.prompts", split=split, subset=subset, allow_text=True, nonempty=True)[column]
 
 
+# --------------------------------------------------------------------------- formatting and tokenizing
 def format_prompt(text: str, tokenizer, apply_chat_template: bool, system_prompt: str | None = None) -> str:
     """The text the model continues: `text` as a user turn of the tokenizer's chat
     template (after an optional system turn), or `text` unchanged."""
@@ -199,3 +283,95 @@ class PromptSampler:
         # The checkpoint's seed wins: the order must be the one the run started with.
         self.seed, self.epoch, self.position = int(state["seed"]), int(state["epoch"]), int(state["position"])
         self._order = None
+
+
+# --------------------------------------------------------------------------- pairs and SFT rows
+def split_by_prompt(prompts: list[str], eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Row indices (train, eval): a seeded `eval_fraction` of the distinct prompts, with
+    all their rows, is held out, so no held-out prompt is seen in training."""
+    unique = sorted(set(prompts))
+    if eval_fraction <= 0 or len(unique) < 2:
+        return list(range(len(prompts))), []
+    order = np.random.default_rng(seed).permutation(len(unique))
+    held = {unique[i] for i in order[: max(1, round(eval_fraction * len(unique)))]}
+    train = [i for i, p in enumerate(prompts) if p not in held]
+    held_rows = [i for i, p in enumerate(prompts) if p in held]
+    return train, held_rows
+
+
+def tokenize_responses(texts: list[str], tokenizer, max_length: int, append_eos: bool, add_special_tokens: bool = False):
+    """Token ids of each response, cut to `max_length`. With `append_eos` a response ends
+    with EOS as a finished PPO response does, unless it was cut (a cut response did not end)."""
+    encoded = tokenizer(list(texts), add_special_tokens=add_special_tokens)["input_ids"] if texts else []
+    eos = [tokenizer.eos_token_id] if append_eos else []
+    if append_eos and tokenizer.eos_token_id is None:
+        raise DataError("append_eos is set but the tokenizer has no EOS token; set data.append_eos: false.")
+    return [(list(ids) + eos)[:max_length] for ids in encoded]
+
+
+def encode_prompts(texts: list[str], tokenizer, data) -> list[list[int]]:
+    """Token ids of prompts, formatted and cut as the data options say."""
+    return tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt).input_ids
+
+
+@dataclass
+class PreferencePairs:
+    """Tokenized preference pairs; `prompts` are the raw texts (for the eval split)."""
+
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    chosen_ids: list[list[int]]
+    rejected_ids: list[list[int]]
+    margins: list[float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.chosen_ids)
+
+    def subset(self, index: list[int]) -> "PreferencePairs":
+        pick = lambda values: [values[i] for i in index]  # noqa: E731
+        return PreferencePairs(
+            pick(self.prompts), pick(self.prompt_ids), pick(self.chosen_ids), pick(self.rejected_ids),
+            pick(self.margins) if self.margins is not None else None,
+        )
+
+
+def load_preference_pairs(path: str | Path, tokenizer, data, setting: str = "data.train_file",
+                          split: str | None = None) -> PreferencePairs:  # fmt: skip
+    """Read and tokenize (prompt, chosen, rejected[, margin]) rows, as `PreferenceDataArgs` says."""
+    columns = ([data.prompt_column] if data.prompt_column else []) + [data.chosen_column, data.rejected_column]
+    table = read_table(path, columns, [data.margin_column] if data.margin_column else [], setting=setting,
+                       split=split or data.split, subset=data.subset)
+    chosen, rejected = table[data.chosen_column], table[data.rejected_column]
+    if data.prompt_column:
+        prompts = table[data.prompt_column]
+        prompt_ids = encode_prompts(prompts, tokenizer, data)
+        special = False
+    else:
+        # Whole texts in chosen/rejected: they are tokenized like a prompt (with BOS etc.).
+        prompts, prompt_ids, special = [""] * len(chosen), [[] for _ in chosen], True
+    margins = None
+    if data.margin_column:
+        if table[data.margin_column] is None:
+            raise DataError(f"{path}: no margin column {data.margin_column!r}; unset data.margin_column or add it.")
+        try:
+            margins = [float(m) for m in table[data.margin_column]]
+        except (TypeError, ValueError) as error:
+            raise DataError(f"{path}: margin column {data.margin_column!r} holds a value that is not a number ({error}).") from None
+        if not all(math.isfinite(m) for m in margins):
+            raise DataError(f"{path}: margin column {data.margin_column!r} holds non-finite values.")
+    return PreferencePairs(
+        prompts=list(prompts),
+        prompt_ids=prompt_ids,
+        chosen_ids=tokenize_responses(chosen, tokenizer, data.max_response_length, data.append_eos, special),
+        rejected_ids=tokenize_responses(rejected, tokenizer, data.max_response_length, data.append_eos, special),
+        margins=margins,
+    )
+
+
+def load_sft_rows(path: str | Path, tokenizer, data, setting: str = "data.train_file", split: str | None = None):
+    """(prompt texts, prompt ids, response ids) of prompt/response rows, as `SFTDataArgs` says."""
+    table = read_table(path, [data.prompt_column, data.response_column], setting=setting,
+                       split=split or data.split, subset=data.subset)  # fmt: skip
+    prompts = table[data.prompt_column]
+    response_ids = tokenize_responses(table[data.response_column], tokenizer, data.max_response_length, data.append_eos)
+    return prompts, encode_prompts(prompts, tokenizer, data), response_ids

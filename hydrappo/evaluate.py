@@ -1,29 +1,29 @@
 """Generate for a prompts file, score with a reward function, compare models side by side.
 
-    hydrappo generate CHECKPOINT --prompts eval_prompts.jsonl [--reward_fn file.py:fn]
-
-prints the base model's and the trained policy's responses with their scores and the
-mean of each (like trlX's GPT / SFT / PPO comparison). The base model's answers come
-from the same trunk before the checkpoint's weights are loaded into it, so only one
-model is in memory.
+`hydrappo generate CHECKPOINT --prompts FILE` shows the base model's and the trained
+policy's responses with their scores and the mean of each (like trlX's GPT / SFT / PPO
+comparison); the base model's answers come from the same trunk before the checkpoint's
+weights are loaded into it, so only one model is in memory. `hydrappo compare A B C`
+does the same for any number of checkpoints and model directories.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
-import yaml
 
-from .config import SECTIONS, Config, ConfigError, GenerationArgs
+from .config import Config, GenerationArgs, ModelConfig, RewardArgs
 from .data import PromptSet, load_prompt_texts, tokenize_prompts
 from .rewards import build_reward_source
 from .rollout import generate_responses
+from .storage.checkpoint import find_checkpoint, load_checkpoint_config, load_trainable_weights, seed_everything
+from .storage.export import load_checkpoint_hydra
+from .storage.models import build_hydra, load_model_and_tokenizer
+from .train.precision import pick_device
 
 
 def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: GenerationArgs, reward_source, seed: int = 0):
@@ -89,115 +89,6 @@ def side_by_side_text(columns: dict[str, list[dict]], width: int = 60) -> str:
     return "\n".join(out)
 
 
-def load_checkpoint_config(checkpoint: Path) -> Config:
-    """The configuration a checkpoint was trained with (its config.yaml)."""
-    path = Path(checkpoint) / "config.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{checkpoint} has no config.yaml: is it a hydrappo checkpoint folder (checkpoint-<step>)?")
-    data = yaml.safe_load(path.read_text()) or {}
-    sections = {}
-    for name, cls in SECTIONS.items():
-        valid = {f.name for f in dataclasses.fields(cls)}
-        sections[name] = cls(**{k: v for k, v in (data.get(name) or {}).items() if k in valid})
-    return Config(**sections)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hydrappo generate",
-        description="Generate with a checkpoint's policy (and its base model) for a prompts file, score the responses "
-        "and print them side by side with the mean score of each.",
-    )
-    parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>)")
-    parser.add_argument("--prompts", help="prompts file (default: the training prompts)")
-    parser.add_argument("--prompt_column", default=None)
-    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' (default: the training reward)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    parser.add_argument("--max_new_tokens", type=int, default=None)
-    parser.add_argument("--temperature", type=float, default=None)
-    parser.add_argument("--no_base", action="store_true", help="skip the base model's responses")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", help="also write the comparison to FILE (.md table or .jsonl rows)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from .checkpoint import load_trainable_weights, resolve_checkpoint
-    from .models import build_hydra
-    from .precision import pick_device
-    from .trainer import seed_everything
-
-    checkpoint = resolve_checkpoint(args.checkpoint, Path(args.checkpoint).parent)
-    config = load_checkpoint_config(checkpoint)
-    generation = dataclasses.replace(
-        config.generation,
-        max_new_tokens=args.max_new_tokens or config.generation.max_new_tokens,
-        temperature=args.temperature if args.temperature is not None else config.generation.temperature,
-    )
-    reward_args = dataclasses.replace(config.reward, reward_model=None, use_reward_branch=False, reward_fn=None)
-    reward_args.reward_fn = args.reward_fn or config.reward.reward_fn
-    if not reward_args.reward_fn and config.reward.reward_model:
-        reward_args.reward_model = config.reward.reward_model
-    device = pick_device(config.train.device)
-    # Random-init models are rebuilt from the run's seed, exactly as the trainer built them.
-    seed_everything(config.train.seed)
-    hydra, tokenizer = build_hydra(config.model, config.lora, device=device)
-    reward_source = build_reward_source(reward_args, device=str(device)) if (reward_args.reward_fn or reward_args.reward_model) else None
-    data = config.data
-    texts = load_prompt_texts(args.prompts or data.prompts, args.prompt_column or data.prompt_column)
-    texts = texts[: args.limit] if args.limit else texts
-    prompts = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
-
-    columns = {}
-    if not args.no_base:
-        columns["base"] = generate_and_score(hydra, tokenizer, prompts, generation, reward_source, args.seed)
-    load_trainable_weights(hydra, checkpoint)
-    columns[f"trained ({checkpoint.name})"] = generate_and_score(hydra, tokenizer, prompts, generation, reward_source, args.seed)
-
-    print(side_by_side_text(columns))
-    if args.output:
-        write_comparison(columns, Path(args.output))
-        print(f"wrote {args.output}")
-    return 0
-
-
-def write_comparison(columns: dict[str, list[dict]], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".jsonl":
-        with path.open("w") as handle:
-            for name, rows in columns.items():
-                for row in rows:
-                    handle.write(json.dumps({"model": name, **row}) + "\n")
-    else:
-        path.write_text(side_by_side_markdown(columns) + "\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
-# ---------------------------------------------------------------------------- several models
-def load_for_generation(spec: str, device):
-    """A model to sample from: a hydrappo checkpoint (its trained policy), or a model
-    directory / bundled name (loaded as is). Returns (name, model, tokenizer, config|None)."""
-    from .checkpoint import load_trainable_weights
-    from .config import ModelConfig
-    from .models import build_hydra, load_model_and_tokenizer
-    from .trainer import seed_everything
-
-    name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-    checkpoint = Path(path)
-    if (checkpoint / "trainer_state.json").is_file():
-        config = load_checkpoint_config(checkpoint)
-        seed_everything(config.train.seed)
-        hydra, tokenizer = build_hydra(config.model, config.lora, device=device)
-        load_trainable_weights(hydra, checkpoint)
-        return name or f"{checkpoint.parent.name}/{checkpoint.name}", hydra, tokenizer, config
-    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=path), device=device)
-    return name or Path(path).name, model, tokenizer, None
-
-
 def side_by_side_html(columns: dict[str, list[dict]]) -> str:
     import html
 
@@ -216,56 +107,85 @@ def side_by_side_html(columns: dict[str, list[dict]]) -> str:
     return f"<table border=1 cellpadding=4>\n{head}\n" + "\n".join(rows) + "\n</table>\n"
 
 
-def compare_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="hydrappo compare",
-        description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
-        "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
+def write_comparison(columns: dict[str, list[dict]], path: Path) -> None:
+    """The comparison as a .jsonl (a row per model and prompt), .html or markdown table file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".html":
+        path.write_text(side_by_side_html(columns))
+    elif path.suffix == ".jsonl":
+        with path.open("w") as handle:
+            for name, rows in columns.items():
+                for row in rows:
+                    handle.write(json.dumps({"model": name, **row}) + "\n")
+    else:
+        path.write_text(side_by_side_markdown(columns) + "\n")
+
+def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperature: float | None) -> GenerationArgs:
+    return dataclasses.replace(
+        defaults,
+        max_new_tokens=max_new_tokens or defaults.max_new_tokens,
+        temperature=temperature if temperature is not None else defaults.temperature,
     )
-    parser.add_argument("models", nargs="+", help="checkpoint folders or model directories, optionally NAME=PATH")
-    parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
-    parser.add_argument("--prompt_column", default="prompt")
-    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' (default: the first checkpoint's)")
-    parser.add_argument("--chat_template", choices=["auto", "yes", "no"], default="auto",
-                        help="wrap prompts with each model's chat template (auto: as the first checkpoint was trained)")
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--max_new_tokens", type=int, default=None)
-    parser.add_argument("--temperature", type=float, default=None)
-    parser.add_argument("--max_prompt_length", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", help="also write the table to FILE (.md, .html or .jsonl)")
-    args = parser.parse_args(argv)
 
-    from .config import RewardArgs
-    from .precision import pick_device
 
+def generate(checkpoint, prompts=None, prompt_column=None, reward_fn=None, limit=None, max_new_tokens=None,
+             temperature=None, no_base=False, seed=0) -> dict[str, list[dict]]:  # fmt: skip
+    """The base model's and a checkpoint's trained policy's scored responses, by column name."""
+    checkpoint = find_checkpoint(checkpoint)
+    config = load_checkpoint_config(checkpoint, Config)
+    generation = _generation(config.generation, max_new_tokens, temperature)
+    reward_args = dataclasses.replace(config.reward, reward_model=None, use_reward_branch=False, reward_fn=None)
+    reward_args.reward_fn = reward_fn or config.reward.reward_fn
+    if not reward_args.reward_fn and config.reward.reward_model:
+        reward_args.reward_model = config.reward.reward_model
+    device = pick_device(config.train.device)
+    # Random-init models are rebuilt from the run's seed, exactly as the trainer built them.
+    seed_everything(config.train.seed)
+    hydra, tokenizer = build_hydra(config.model, config.lora, device=device)
+    has_reward = reward_args.reward_fn or reward_args.reward_model
+    reward_source = build_reward_source(reward_args, device=str(device)) if has_reward else None
+    data = config.data
+    texts = load_prompt_texts(prompts or data.prompts, prompt_column or data.prompt_column)
+    texts = texts[:limit] if limit else texts
+    prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
+
+    columns = {}
+    if not no_base:
+        columns["base"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source, seed)
+    load_trainable_weights(hydra, checkpoint)
+    columns[f"trained ({checkpoint.name})"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source, seed)
+    return columns
+
+
+def load_for_generation(spec: str, device):
+    """A model to sample from: a hydrappo checkpoint (its trained policy), or a model
+    directory / bundled name (loaded as is). Returns (name, model, tokenizer, config|None)."""
+    name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    location = Path(path)
+    if (location / "trainer_state.json").is_file():
+        hydra, tokenizer, config = load_checkpoint_hydra(location, device=str(device))
+        return name or f"{location.parent.name}/{location.name}", hydra, tokenizer, config
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=path), device=device)
+    return name or location.name, model, tokenizer, None
+
+
+def compare(models: list[str], prompts: str, prompt_column="prompt", reward_fn=None, chat_template="auto", limit=None,
+            max_new_tokens=None, temperature=None, max_prompt_length=None, seed=0) -> dict[str, list[dict]]:  # fmt: skip
+    """Several models on the same prompts with the same sampling seed, scored, by column name."""
     device = pick_device("auto")
-    loaded = [load_for_generation(spec, device) for spec in args.models]
+    loaded = [load_for_generation(spec, device) for spec in models]
     trained_config = next((config for *_, config in loaded if config is not None), None)
     defaults = trained_config or Config()
-    generation = dataclasses.replace(
-        defaults.generation,
-        max_new_tokens=args.max_new_tokens or defaults.generation.max_new_tokens,
-        temperature=args.temperature if args.temperature is not None else defaults.generation.temperature,
-    )
-    chat = {"yes": True, "no": False, "auto": defaults.data.apply_chat_template}[args.chat_template]
-    reward_spec = args.reward_fn or (trained_config.reward.reward_fn if trained_config else None)
+    generation = _generation(defaults.generation, max_new_tokens, temperature)
+    chat = {"yes": True, "no": False, "auto": defaults.data.apply_chat_template}[chat_template]
+    reward_spec = reward_fn or (trained_config.reward.reward_fn if trained_config else None)
     reward_source = build_reward_source(RewardArgs(reward_fn=reward_spec), device=str(device)) if reward_spec else None
-    texts = load_prompt_texts(args.prompts, args.prompt_column)
-    texts = texts[: args.limit] if args.limit else texts
-    max_prompt_length = args.max_prompt_length or defaults.data.max_prompt_length
+    texts = load_prompt_texts(prompts, prompt_column)
+    texts = texts[:limit] if limit else texts
+    max_prompt_length = max_prompt_length or defaults.data.max_prompt_length
 
     columns = {}
     for name, model, tokenizer, _ in loaded:
-        prompts = tokenize_prompts(texts, tokenizer, max_prompt_length, chat, defaults.data.system_prompt)
-        columns[name] = generate_and_score(model, tokenizer, prompts, generation, reward_source, args.seed)
-    print(side_by_side_text(columns))
-    if args.output:
-        path = Path(args.output)
-        if path.suffix == ".html":
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(side_by_side_html(columns))
-        else:
-            write_comparison(columns, path)
-        print(f"wrote {path}")
-    return 0
+        prompt_set = tokenize_prompts(texts, tokenizer, max_prompt_length, chat, defaults.data.system_prompt)
+        columns[name] = generate_and_score(model, tokenizer, prompt_set, generation, reward_source, seed)
+    return columns

@@ -15,7 +15,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from .config import GenerationArgs
 from .data import left_pad
-from .hydra import HydraModel
+from .model import HydraModel, HydraOutput
 
 
 @dataclass
@@ -50,6 +50,21 @@ class Experience:
             value = getattr(self, f.name)
             parts[f.name] = value[index] if isinstance(value, torch.Tensor) else value
         return Experience(**parts)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def minibatches(self, size: int, generator: torch.Generator):
+        """One epoch of shuffled minibatches of `size` rows (one draw of `generator`)."""
+        order = torch.randperm(len(self), generator=generator).to(self.input_ids.device)
+        for start in range(0, len(self), size):
+            yield self.minibatch(order[start : start + size])
+
+    def split(self, parts: int):
+        """`parts` consecutive micro-batches (gradient accumulation)."""
+        size = len(self) // parts
+        for start in range(0, len(self), size):
+            yield self.minibatch(torch.arange(start, min(start + size, len(self)), device=self.input_ids.device))
 
     @property
     def logprob_offset(self) -> int:
@@ -154,16 +169,23 @@ def pack_sequences(prompt_ids: list[list[int]], response_ids: list[list[int]], p
     return input_ids, attention_mask, action_mask, prompts.shape[1]
 
 
-@dataclass
-class Evaluation:
-    """What one hydra pass says about a packed batch (response-aligned)."""
+def response_part(out: HydraOutput, prompt_width: int) -> HydraOutput:
+    """The response-aligned (B, R) float32 per-token tensors of a hydra pass over a packed
+    batch (prompts left-padded to `prompt_width`, then responses): the one place that knows
+    where the first response token's log-prob and value sit."""
+    offset = prompt_width - 1
 
-    logprobs: torch.Tensor
-    ref_logprobs: torch.Tensor
-    values: torch.Tensor
-    entropy: torch.Tensor
-    split_hidden: torch.Tensor | None
-    scores: torch.Tensor | None
+    def part(tensor, end=None):
+        return tensor[:, offset:end].float() if tensor is not None else None
+
+    return HydraOutput(
+        logprobs=part(out.logprobs),
+        values=part(out.values, -1),
+        ref_logprobs=part(out.ref_logprobs),
+        entropy=part(out.entropy),
+        split_hidden=out.split_hidden,
+        scores=out.scores,
+    )
 
 
 @torch.no_grad()
@@ -176,25 +198,21 @@ def evaluate_sequences(
     temperature: float = 1.0,
     chunk_size: int = 16,
     autocast=None,
-) -> Evaluation:
-    """forward_hydra over the batch in chunks: log-probs, reference log-probs, values,
-    entropy and the split hidden state (kept for the PPO epochs), plus reward-branch
-    scores when a branch is attached. The prompt's log-probs are never computed."""
+) -> HydraOutput:
+    """forward_hydra over the batch in chunks: response-aligned log-probs, reference
+    log-probs, values and entropy, the split hidden state (kept for the PPO epochs), plus
+    reward-branch scores when a branch is attached. The prompt's log-probs are never computed."""
     device = hydra.device
-    offset = prompt_width - 1
-    parts: dict[str, list] = {name: [] for name in ("logprobs", "ref_logprobs", "values", "entropy", "split_hidden", "scores")}
+    names = ("logprobs", "ref_logprobs", "values", "entropy", "split_hidden", "scores")
+    parts: dict[str, list] = {name: [] for name in names}
     for start in range(0, input_ids.shape[0], chunk_size):
         ids = input_ids[start : start + chunk_size].to(device)
         mask = attention_mask[start : start + chunk_size].to(device)
         with autocast() if autocast else nullcontext():
-            out = hydra.forward_hydra(ids, mask, return_entropy=True, temperature=temperature, logprobs_from=offset)
-        parts["logprobs"].append(out.logprobs[:, offset:].float())
-        parts["ref_logprobs"].append(out.ref_logprobs[:, offset:].float())
-        parts["values"].append(out.values[:, offset:-1].float())
-        parts["entropy"].append(out.entropy[:, offset:].float())
-        parts["split_hidden"].append(out.split_hidden)
-        parts["scores"].append(out.scores)
-    joined = {
+            out = hydra.forward_hydra(ids, mask, return_entropy=True, temperature=temperature, logprobs_from=prompt_width - 1)
+        out = response_part(out, prompt_width)
+        for name in names:
+            parts[name].append(getattr(out, name))
+    return HydraOutput(**{
         name: (torch.cat(values) if values and values[0] is not None else None) for name, values in parts.items()
-    }
-    return Evaluation(**joined)
+    })  # fmt: skip

@@ -1,11 +1,15 @@
 from pathlib import Path
 
 from hydrappo.config import parse_config
-from hydrappo.evaluate import compare_main
-from hydrappo.export import export_checkpoint
-from hydrappo.trainer import PPOTrainer
+from hydrappo.cli import main as cli_main
+from hydrappo.storage.export import export_checkpoint
+from hydrappo.train.ppo import PPOTrainer
 
 TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+
+
+def compare_main(argv):
+    return cli_main(["compare", *argv])
 
 
 def test_checkpoint_and_its_export_answer_alike_side_by_side(tmp_path, capsys):

@@ -14,16 +14,21 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from hydrappo import HydraModel
-from hydrappo.checkpoint import WEIGHTS_NAME, load_trainable_weights, save_checkpoint
+from hydrappo.storage.checkpoint import WEIGHTS_NAME, load_trainable_weights, save_checkpoint, trainable_state_dict
 from hydrappo.config import Config, parse_config
-from hydrappo.export import ExportError, convert_trlx, export_checkpoint
-from hydrappo.export import main as export_main
-from hydrappo.heads import ValueHead
-from hydrappo.trainer import PPOTrainer
+from hydrappo.storage.export import ExportError, export_checkpoint
+from hydrappo.storage.trlx import convert_trlx
+from hydrappo.cli import main as cli_main
+from hydrappo.model.heads import ValueHead
+from hydrappo.train.ppo import PPOTrainer
 from tiny import tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny"
+
+
+def export_main(argv):
+    return cli_main(["export", *argv])
 
 
 def _load_plain(directory, capfd):
@@ -123,7 +128,7 @@ def _hydra_checkpoint(tmp_path, family, name_or_path, **hydra_kwargs):
     config.model.num_layers_unfrozen = 2
     for key, value in hydra_kwargs.items():
         setattr(config.model, key, value)
-    checkpoint = save_checkpoint(tmp_path / "run", 7, model=hydra, training_state={}, trainer_state={},
+    checkpoint = save_checkpoint(tmp_path / "run", 7, weights=trainable_state_dict(hydra), training_state={}, trainer_state={},
                                  config_yaml=yaml.safe_dump(config.to_dict()))  # fmt: skip
     return hydra, checkpoint, base_dir
 
@@ -299,10 +304,10 @@ def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, c
     config.lora.lora_r, config.lora.lora_alpha = 4, 8
     config.lora.lora_target_modules = ["q_proj", "v_proj", "down_proj"]
     config.model.reward_branch_path = str(base_dir)  # any existing folder: loading is stubbed below
-    checkpoint = save_checkpoint(tmp_path / "run", 3, model=hydra, training_state={}, trainer_state={},
+    checkpoint = save_checkpoint(tmp_path / "run", 3, weights=trainable_state_dict(hydra), training_state={}, trainer_state={},
                                  config_yaml=yaml.safe_dump(config.to_dict()))  # fmt: skip
     branch = hydra.new_reward_branch()
-    monkeypatch.setattr("hydrappo.reward_trainer.load_reward_branch", lambda h, path: branch)
+    monkeypatch.setattr("hydrappo.storage.export.load_reward_branch", lambda h, path: branch)
 
     out = tmp_path / "policy"
     export_checkpoint(checkpoint, out, reward_branch=tmp_path / "reward.safetensors")

@@ -3,8 +3,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hydrappo import HydraModel
-from hydrappo.arch import UnsupportedModelError
-from hydrappo.hydra import last_token_index
+from hydrappo.model.arch import UnsupportedModelError
+from hydrappo.model.hydra import last_token_index
 from tiny import FAMILIES, LAYERS, VOCAB, left_padded_batch, tiny_model
 
 # Longer than the sliding windows of the tiny Mistral/Qwen2 configs (8), so that

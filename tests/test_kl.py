@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydrappo.kl import (
+from hydrappo.algo.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,

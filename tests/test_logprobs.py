@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hydrappo.logprobs import token_logprobs
+from hydrappo.model.logprobs import token_logprobs
 
 
 def reference(hidden, labels, head, temperature, softcap):

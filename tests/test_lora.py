@@ -7,6 +7,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from hydrappo import HydraModel
+from hydrappo.errors import UsageError
 from tiny import left_padded_batch, tiny_model
 
 ROWS = [list(range(5, 19)), [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
@@ -70,7 +71,7 @@ def test_lora_reference_is_the_base_model_and_only_adapters_train(family, layers
 
 
 def test_merged_model_equals_the_lora_policy():
-    from hydrappo.lora import merged_model
+    from hydrappo.model.lora import merged_model
 
     hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora())
     ids, mask = left_padded_batch(ROWS)
@@ -111,7 +112,7 @@ def test_lora_settings_errors():
         HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora(), train_lm_head=True)
     with pytest.raises(ValueError, match="lora_layers="):
         HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora(), lora_layers="some")
-    with pytest.raises(FileNotFoundError, match="not a peft adapter folder"):
+    with pytest.raises(UsageError, match="not a peft adapter folder"):
         HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora(), lora_init_adapter="/nonexistent")
 
 
@@ -133,7 +134,7 @@ def test_reward_branch_on_a_lora_hydra_starts_from_the_base_top_layers():
 
 def test_lora_ppo_run_saves_a_peft_adapter_resumes_and_merges(tmp_path):
     from hydrappo.config import parse_config
-    from hydrappo.trainer import PPOTrainer
+    from hydrappo.train.ppo import PPOTrainer
 
     tiny = ROOT / "examples" / "tiny"
     args = ["--output_dir", str(tmp_path / "run"), "--no_progress_bar", "--total_steps", "2", "--save_every", "1",
@@ -149,7 +150,7 @@ def test_lora_ppo_run_saves_a_peft_adapter_resumes_and_merges(tmp_path):
     ids = ids.clamp(max=50)
     policy = straight.hydra.forward_hydra(ids, mask).logprobs
     torch.manual_seed(0)  # the tiny example's random base, rebuilt from its seed
-    from hydrappo.models import load_model_and_tokenizer
+    from hydrappo.storage.models import load_model_and_tokenizer
 
     fresh, _ = load_model_and_tokenizer(straight.config.model)
     peft_policy = PeftModel.from_pretrained(fresh, checkpoint / "adapter")

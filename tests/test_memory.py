@@ -7,18 +7,15 @@ import pytest
 import torch
 
 from hydrappo import HydraModel
-from hydrappo.memory import (
-    GIB,
-    TrainingSettings,
-    count_parameters,
-    load_model_config,
-    main as memory_main,
-    plan_memory,
-    trace_activations,
-    unique_bytes,
-)
-from hydrappo.presets import PRESETS, PUBLISHED_PARAMETERS, preset_config
+from hydrappo.cli import main as cli_main
+from hydrappo.planner import GIB, TrainingSettings, count_parameters, load_model_config, plan_memory, unique_bytes
+from hydrappo.planner.activations import trace_activations
+from hydrappo.planner.presets import PRESETS, PUBLISHED_PARAMETERS, preset_config
 from tiny import tiny_config, tiny_model
+
+
+def memory_main(argv):
+    return cli_main(["memory", *argv])
 
 
 @pytest.mark.parametrize("family,tie", [("llama", True), ("gpt2", True), ("opt", True), ("qwen2", False), ("gpt_neox", False)])

@@ -9,9 +9,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only, before transfo
 import pytest
 import torch
 
-from hydrappo import models
+from hydrappo.storage import models
 from hydrappo.config import ConfigError, ModelConfig
-from hydrappo.models import (
+from hydrappo.storage.models import (
     ModelLoadError,
     cached_gguf_conversion,
     gguf_to_safetensors,

@@ -7,20 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydrappo.ppo import (
-    RunningMoments,
-    aggregate,
-    explained_variance,
-    gae,
-    last_true_index,
-    masked_mean,
-    masked_sum,
-    masked_var,
-    normalize_scores,
-    ppo_loss,
-    shape_rewards,
-    whiten,
-)
+from hydrappo.algo.advantages import gae
+from hydrappo.algo.losses import aggregate, ppo_loss
+from hydrappo.algo.masked import explained_variance, last_true_index, masked_mean, masked_sum, masked_var, whiten
+from hydrappo.algo.scores import RunningMoments, normalize_scores, shape_rewards
 
 GARBAGE = [math.nan, math.inf, -math.inf, 1e30]
 

@@ -12,14 +12,16 @@ import yaml
 from safetensors.torch import load_file
 
 from hydrappo import HydraModel
-from hydrappo.checkpoint import WEIGHTS_NAME, CheckpointError
+from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError
 from hydrappo.cli import main as cli_main
 from hydrappo.config import REWARD_SECTIONS, RewardConfig, parse_config
-from hydrappo.reward_trainer import (
-    RewardTrainer, load_reward_branch, preference_loss, score_statistics, split_by_prompt,
-)
+from hydrappo.algo.losses import preference_loss
+from hydrappo.algo.scores import score_statistics
+from hydrappo.data import split_by_prompt
+from hydrappo.storage.reward_branch import load_reward_branch
+from hydrappo.train.reward import RewardTrainer
 from hydrappo.rollout import pack_sequences
-from hydrappo.trainer import PPOTrainer
+from hydrappo.train.ppo import PPOTrainer
 
 TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
 NEUTRAL = [f"n{i}" for i in range(48)]
@@ -58,7 +60,7 @@ def reward_config(tmp: Path, **train) -> RewardConfig:
         "train": options,
     })
     (tmp / "reward.yaml").write_text(text)
-    return parse_config(tmp / "reward.yaml", [], sections=REWARD_SECTIONS, config_cls=RewardConfig)
+    return parse_config(tmp / "reward.yaml", [], config_cls=RewardConfig)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +135,7 @@ def test_saved_branch_scores_like_the_trainer_in_a_fresh_hydra(trained):
     expected = trainer.score(prompts, responses)
 
     # A fresh trunk built the way PPO builds it (same seed, random init), other PPO options.
-    from hydrappo.models import load_model_and_tokenizer
+    from hydrappo.storage.models import load_model_and_tokenizer
     from hydrappo.config import ModelConfig
 
     torch.manual_seed(0)
@@ -158,7 +160,7 @@ def test_saved_branch_scores_like_the_trainer_in_a_fresh_hydra(trained):
 def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
     tmp, trainer, _ = trained
     from hydrappo.config import ModelConfig
-    from hydrappo.models import load_model_and_tokenizer
+    from hydrappo.storage.models import load_model_and_tokenizer
     from tiny import tiny_model
 
     def tiny_example_trunk(seed=0):
@@ -233,7 +235,7 @@ def test_whole_text_pairs_with_margins(tmp_path):
                  "margin_column": "m", "max_response_length": 20},
         "train": {"output_dir": str(tmp_path / "out"), "max_steps": 2, "progress_bar": False},
     }))
-    config = parse_config(tmp_path / "reward.yaml", [], sections=REWARD_SECTIONS, config_cls=RewardConfig)
+    config = parse_config(tmp_path / "reward.yaml", [], config_cls=RewardConfig)
     trainer = RewardTrainer(config, config_dir=tmp_path)
     pairs = trainer.eval_pairs
     assert len(pairs) > 5 and all(ids == [] for ids in pairs.prompt_ids)

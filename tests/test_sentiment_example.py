@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hydrappo.checkpoint import checkpoint_dirs
+from hydrappo.storage.checkpoint import checkpoint_dirs
 from hydrappo.config import parse_config
-from hydrappo.trainer import PPOTrainer
+from hydrappo.train.ppo import PPOTrainer
 
 SENTIMENT = Path(__file__).resolve().parents[1] / "examples" / "sentiment"
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_two_ppo_steps_on_smollm2_with_vader(tmp_path):
-    from hydrappo.models import cache_root
+    from hydrappo.storage.models import cache_root
 
     config = parse_config(
         SENTIMENT / "config.yaml",

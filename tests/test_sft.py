@@ -13,9 +13,10 @@ from transformers import AutoModelForCausalLM
 
 from hydrappo.cli import main as cli_main
 from hydrappo.config import SFT_SECTIONS, ConfigError, ModelConfig, SFTConfig, parse_config
-from hydrappo.models import load_model_and_tokenizer
-from hydrappo.sft import SFTTrainer, response_nll, save_model_dir
-from hydrappo.trainer import PPOTrainer
+from hydrappo.storage.models import load_model_and_tokenizer
+from hydrappo.algo.losses import response_nll
+from hydrappo.train.sft import SFTTrainer, save_model_dir
+from hydrappo.train.ppo import PPOTrainer
 
 TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
 
@@ -70,7 +71,7 @@ def test_sft_lowers_the_response_loss_and_ppo_starts_from_its_model_dir(tmp_path
     # The saved model reproduces the trainer's final held-out loss (same split from the same seed).
     config = parse_config(tmp_path / "sft.yaml", ["--random_init", "false", "--name_or_path", str(out),
                                                    "--output_dir", str(tmp_path / "again")],
-                          sections=SFT_SECTIONS, config_cls=SFTConfig)
+                          config_cls=SFTConfig)
     assert SFTTrainer(config, config_dir=tmp_path).evaluate()["eval/loss"] == pytest.approx(evals[-1], rel=1e-4)
 
     # PPO from the SFT model: its reference is the SFT policy.
@@ -102,7 +103,7 @@ def test_interrupted_save_never_looks_like_a_complete_model(tmp_path, monkeypatc
         save_model_dir(model, tokenizer, out)
     # Weights were replaced, but without config.json the folder is not a model yet.
     assert not (out / "config.json").exists() and not (out / "pytorch_model.bin").exists()
-    assert not list(out.glob(".model.tmp-*"))
+    assert not list(out.glob(".*.tmp-*"))
     monkeypatch.setattr(os, "replace", real_replace)
     save_model_dir(model, tokenizer, out)
     assert AutoModelForCausalLM.from_pretrained(out) is not None
@@ -112,6 +113,9 @@ def test_sft_config_errors(tmp_path, capsys):
     config_path = write_sft_config(tmp_path)
     assert cli_main(["sft", str(config_path), "--response_column", "answer"]) == 2
     assert "no column 'answer'" in capsys.readouterr().err
-    config = parse_config(config_path, ["--eval_fraction", "1.5"], sections=SFT_SECTIONS, config_cls=SFTConfig)
+    with pytest.raises(ConfigError, match="eval_fraction=1.5 must be in"):
+        parse_config(config_path, ["--eval_fraction", "1.5"], config_cls=SFTConfig)
+    config = parse_config(config_path, [], config_cls=SFTConfig)
+    config.data.eval_fraction = 1.5  # a config built in code is checked by the trainer
     with pytest.raises(ConfigError, match="eval_fraction=1.5 must be in"):
         SFTTrainer(config, config_dir=tmp_path)

@@ -6,12 +6,13 @@ import torch
 from safetensors.torch import load_file
 
 from hydrappo import HydraModel
-from hydrappo.checkpoint import WEIGHTS_NAME, checkpoint_dirs
+from hydrappo.storage.checkpoint import WEIGHTS_NAME, checkpoint_dirs
 from hydrappo.cli import main as cli_main
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.config import GenerationArgs
 from hydrappo.rollout import generate_responses, pack_sequences
-from hydrappo.trainer import PPOTrainer, TrainingError
+from hydrappo.train.harness import TrainingError
+from hydrappo.train.ppo import PPOTrainer
 from tiny import tiny_model, tiny_tokenizer
 
 TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
@@ -67,13 +68,13 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, monkey
 
     # Killed during step 3, after checkpoint-2 and step 3's metrics line were written.
     interrupted = tiny_trainer(tmp_path / "resumed", *small)
-    real_save = interrupted.save
+    real_save = interrupted.harness.save
 
-    def save_then_die_during_step_3():
-        real_save()
+    def save_then_die_during_step_3(loop):
+        real_save(loop)
         monkeypatch.setattr(interrupted, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
 
-    monkeypatch.setattr(interrupted, "save", save_then_die_during_step_3)
+    monkeypatch.setattr(interrupted.harness, "save", save_then_die_during_step_3)
     with pytest.raises(Killed):
         interrupted.train()
     with (tmp_path / "resumed" / "metrics.jsonl").open("a") as handle:
@@ -95,7 +96,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, monkey
 
 
 def test_resume_without_checkpoint_and_mismatched_checkpoint_are_clear_errors(tmp_path):
-    from hydrappo.checkpoint import CheckpointError
+    from hydrappo.storage.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="no checkpoint found"):
         tiny_trainer(tmp_path, "--total_steps", "1").train(resume=True)
@@ -161,7 +162,7 @@ def test_nonfinite_losses_are_skipped_then_stop_with_the_checkpoint_intact(tmp_p
     trainer.train()
     weights_before = (checkpoint_dirs(tmp_path)[-1] / WEIGHTS_NAME).read_bytes()
 
-    import hydrappo.trainer as trainer_module
+    import hydrappo.train.ppo as trainer_module
 
     real_loss = trainer_module.ppo_loss
 
@@ -174,7 +175,7 @@ def test_nonfinite_losses_are_skipped_then_stop_with_the_checkpoint_intact(tmp_p
     trainer.config.train.total_steps = 10
     with pytest.raises(TrainingError, match="3 non-finite .* last good checkpoint is (.*checkpoint-\\d+)") as error:
         trainer.train()
-    assert trainer.nonfinite_total == 3
+    assert trainer.harness.nonfinite_total == 3
     assert all(torch.equal(a, b) for a, b in zip(params_before, trainer.hydra.trainable_parameters()))
     named = Path(str(error.value).split("last good checkpoint is ")[1].split(". ")[0])
     assert named == checkpoint_dirs(tmp_path)[-1]

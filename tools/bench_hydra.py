@@ -20,8 +20,8 @@ import time
 import torch
 
 from hydrappo import HydraModel
-from hydrappo.memory import unique_bytes
-from hydrappo.presets import PRESETS, preset_config
+from hydrappo.planner.counts import unique_bytes
+from hydrappo.planner.presets import PRESETS, preset_config
 
 
 def build_model(name: str):

@@ -54,14 +54,17 @@ import transformers
 from torch import nn
 
 from hydrappo import HydraModel
-from hydrappo.arch import locate, logits_transform, output_embeddings
+from hydrappo.model.arch import locate, logits_transform, output_embeddings
 from hydrappo.config import GenerationArgs, PPOArgs
 from hydrappo.data import left_pad
-from hydrappo.hydra import disable_dropout, last_token_index, position_ids_from_mask
-from hydrappo.logprobs import token_logprobs
-from hydrappo.memory import unique_bytes
-from hydrappo.ppo import gae, ppo_loss, shape_rewards, whiten
-from hydrappo.presets import PRESETS, preset_config
+from hydrappo.model.hydra import disable_dropout, last_token_index, position_ids_from_mask
+from hydrappo.model.logprobs import token_logprobs
+from hydrappo.planner.counts import unique_bytes
+from hydrappo.algo.advantages import gae
+from hydrappo.algo.losses import ppo_loss
+from hydrappo.algo.masked import whiten
+from hydrappo.algo.scores import shape_rewards
+from hydrappo.planner.presets import PRESETS, preset_config
 from hydrappo.rollout import Experience, evaluate_sequences, generate_responses, generation_config, pack_sequences
 
 MIB = 2**20

@@ -18,7 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if __name__ == "__main__":
-    from hydrappo.evaluate import compare_main
 
-    sys.exit(compare_main())
+def main(argv: list[str] | None = None) -> int:
+    from hydrappo.cli import main as hydrappo
+
+    return hydrappo(['compare', *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

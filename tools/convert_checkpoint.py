@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydrappo.export import main as export_main
+    from hydrappo.cli import main as hydrappo
 
-    return export_main(["checkpoint", *(sys.argv[1:] if argv is None else argv)], prog="convert_checkpoint.py")
+    return hydrappo(['export', 'checkpoint', *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

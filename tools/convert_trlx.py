@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydrappo.export import main as export_main
+    from hydrappo.cli import main as hydrappo
 
-    return export_main(["trlx", *(sys.argv[1:] if argv is None else argv)], prog="convert_trlx.py")
+    return hydrappo(['export', 'trlx', *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

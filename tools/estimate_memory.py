@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydrappo.memory import main as memory_main
+    from hydrappo.cli import main as hydrappo
 
-    return memory_main(sys.argv[1:] if argv is None else argv, prog="estimate_memory.py")
+    return hydrappo(['memory', *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -19,21 +19,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydrappo.evaluate import load_checkpoint_config
-    from hydrappo.export import find_checkpoint
-    from hydrappo.export import main as export_main
+    from hydrappo.cli import main as hydrappo
+    from hydrappo.config import Config
+    from hydrappo.storage.checkpoint import find_checkpoint, load_checkpoint_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     source = next((a for a in argv if not a.startswith("-")), None)
     if source is not None and "-h" not in argv and "--help" not in argv:
         try:
-            lora_r = load_checkpoint_config(find_checkpoint(source)).lora.lora_r
+            lora_r = load_checkpoint_config(find_checkpoint(source), Config).lora.lora_r
         except Exception:  # a bad checkpoint is reported by the export below, in its own words
             lora_r = None
         if lora_r == 0:
             print(f"merge_lora.py: {source} is not a LoRA run (lora_r = 0): use tools/convert_checkpoint.py.", file=sys.stderr)
             return 2
-    return export_main(["checkpoint", *argv], prog="merge_lora.py")
+    return hydrappo(["export", "checkpoint", *argv])
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ class HydraOutput:
     entropy: torch.Tensor | None = None
     split_hidden: torch.Tensor | None = None
     scores: torch.Tensor | None = None
-    hidden: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     ref_logits: torch.Tensor | None = None
 
@@ -288,8 +287,12 @@ class HydraModel(nn.Module):
         branch.requires_grad_(False)
         self.reward_branch = branch.to(self.device)
 
-    def new_reward_branch(self, trainable: bool = False) -> RewardBranch:
-        """A reward branch initialised from the ORIGINAL top layers (the reference copy) and a fresh head."""
+    def new_reward_branch(self, trainable: bool = False, own_norm: bool = False) -> RewardBranch:
+        """A reward branch initialised from the ORIGINAL top layers (the reference copy) and a fresh head.
+
+        `own_norm=True` gives the branch its own copy of the original final norm even where
+        the policy shares the model's: the reward stage trains it, and a PPO run that trains
+        the final norm (train_final_norm) must not change the reward model with it."""
         if self.full_model or self.split_index == 0:
             raise UnsupportedModelError(
                 "reward branches need a frozen trunk below them: num_layers_unfrozen < number of layers "
@@ -301,7 +304,8 @@ class HydraModel(nn.Module):
             layers = nn.ModuleList(strip_lora(layer) for layer in self.arch.layers[self.split_index :])
         else:
             layers = nn.ModuleList(copy.deepcopy(layer) for layer in self.ref_layers)
-        norm = copy.deepcopy(self.ref_norm) if self.ref_norm is not None else None
+        original_norm = self.ref_norm if self.ref_norm is not None else (self.arch.final_norm if own_norm else None)
+        norm = copy.deepcopy(original_norm) if original_norm is not None else None
         branch = RewardBranch(layers, RewardHead(self.arch.hidden_size), norm).to(self.device)
         branch.requires_grad_(trainable)
         return branch
@@ -414,7 +418,7 @@ class HydraModel(nn.Module):
             hidden, input_ids, attention_mask, head, temperature, return_entropy, logprobs_from
         )
         values = self.value_head(hidden).masked_fill(attention_mask == 0, 0.0)
-        out = HydraOutput(logprobs=logprobs, values=values, entropy=entropy, hidden=hidden)
+        out = HydraOutput(logprobs=logprobs, values=values, entropy=entropy)
         if return_logits:
             out.logits = self._logits_transform(head(hidden))
         return out

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import UsageError
+
 # Paths relative to the decoder module (the one whose forward loops over the layers).
 LAYER_LIST_PATHS = ("layers", "h", "blocks", "decoder.layers", "transformer.h", "transformer.layers")
 FINAL_NORM_PATHS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "decoder.final_layer_norm", "norm_f")
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(UsageError):
     """The model's structure or settings cannot be wrapped by hydrappo."""
 
 

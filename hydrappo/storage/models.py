@@ -20,15 +20,14 @@ import hashlib
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import ConfigError, ModelConfig
+from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_dtype
+from .atomic import is_nonempty_dir, write_directory
 
 logger = logging.getLogger("hydrappo.models")
 
@@ -174,30 +173,6 @@ def _require_gguf() -> None:
         raise ModelLoadError("reading a .gguf file needs the `gguf` package: `pip install gguf`.")
 
 
-def _is_nonempty_dir(path: Path) -> bool:
-    return path.is_dir() and any(path.iterdir())
-
-
-def _tmp_prefix(target: Path) -> str:
-    return f".{target.name}.tmp-"
-
-
-def _tmp_sibling(target: Path) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(target)}{os.getpid()}-", dir=target.parent))
-
-
-def _remove_stale_tmp(target: Path) -> None:
-    """Remove temporary folders that interrupted conversions (dead processes) left."""
-    for tmp in target.parent.glob(_tmp_prefix(target) + "*"):
-        try:
-            pid = int(tmp.name[len(_tmp_prefix(target)) :].split("-", 1)[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, PermissionError, OSError):
-            continue
-
-
 def gguf_to_safetensors(
     directory: str | os.PathLike, gguf_file: str, out_dir: str | os.PathLike, overwrite: bool = False
 ) -> Path:
@@ -210,38 +185,20 @@ def gguf_to_safetensors(
         raise ModelLoadError(f"GGUF file {str(source)!r} does not exist.")
     if out.exists() and not out.is_dir():
         raise ModelLoadError(f"output {str(out)!r} exists and is not a directory.")
-    if _is_nonempty_dir(out) and not overwrite:
+    if is_nonempty_dir(out) and not overwrite:
         raise ModelLoadError(f"output directory {str(out)!r} is not empty; choose another or pass overwrite=True (--overwrite).")
-    out.parent.mkdir(parents=True, exist_ok=True)
 
     model, tokenizer = load_gguf(directory, gguf_file, torch.float32)
     ensure_pad_token(tokenizer)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    tmp = _tmp_sibling(out)
-    try:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        # mkdtemp makes a private folder; a converted model is an ordinary readable one.
-        for path in (tmp, *tmp.iterdir()):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        _move_into_place(tmp, out, overwrite)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_directory(out, fill, replace=overwrite)
     return out
-
-
-def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished `tmp` to `out` (an empty `out` is replaced by the rename)."""
-    if _is_nonempty_dir(out):
-        if not overwrite:
-            raise FileExistsError(out)
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, out)
 
 
 def cache_root() -> Path:
@@ -278,7 +235,6 @@ def cached_gguf_conversion(directory: str | os.PathLike, gguf_file: str) -> Path
     if _is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(target)
     logger.info(
         "converting %s to safetensors in %s (once, about half a minute; later runs reuse the cache)", source, target
     )
@@ -301,19 +257,15 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     """`auto`: float32 on CPU, bfloat16 on CUDA devices that support it, else float32
     (float16 weights are a poor choice for training). Explicit names map directly."""
     device = torch.device(device)
-    key = str(name).lower().removeprefix("torch.")
+    try:
+        key = canonical_dtype(name)
+    except ConfigError as error:
+        raise ModelLoadError(f"model.{error}") from None
     if key == "auto":
         if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return torch.float32
-    names = {
-        "float32": torch.float32, "fp32": torch.float32,
-        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-        "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    }  # fmt: skip
-    if key not in names:
-        raise ModelLoadError(f"model.dtype={name!r} is not one of: auto, float32, bfloat16, float16.")
-    dtype = names[key]
+    dtype = torch_dtype(key)
     if dtype == torch.float16 and device.type == "cpu":
         raise ModelLoadError("model.dtype=float16 is not supported on CPU: use float32 (or bfloat16).")
     return dtype
@@ -392,14 +344,10 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu"):
     Every command that rebuilds a run's model (train, generate, export) goes through
     here, so they all build the same thing. Random-init models depend on the torch seed:
     seed before calling, as the trainer does."""
-    from .hydra import HydraModel
+    from ..model import HydraModel
 
     model, tokenizer = load_model_and_tokenizer(model_config, device=device, dtype=resolve_dtype(model_config.dtype, device))
-    lora = None
-    if lora_args is not None and lora_args.lora_r > 0:
-        from .lora import lora_config_from_args
-
-        lora = lora_config_from_args(lora_args)
+    lora = lora_config(lora_args) if lora_args is not None and lora_args.lora_r > 0 else None
     hydra = HydraModel(
         model,
         model_config.num_layers_unfrozen,
@@ -411,3 +359,20 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu"):
         lora_init_adapter=lora_args.lora_init_adapter if lora is not None else None,
     )
     return hydra, tokenizer
+
+
+def lora_config(args: LoraArgs):
+    """`peft.LoraConfig` for the options of a config file's `lora` section."""
+    from peft import LoraConfig
+
+    if args.lora_r <= 0:
+        raise ConfigError("lora.lora_r must be positive to build a LoRA config.")
+    targets = list(args.lora_target_modules)
+    return LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0,  # checked by the config: the hydra runs without dropout
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )

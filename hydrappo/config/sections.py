@@ -1,12 +1,15 @@
 """Every option of hydrappo, as dataclasses read from YAML with command-line overrides.
 
-A config file has one section per dataclass (`model:`, `generation:`, `ppo:`,
-`reward:`, `data:`, `train:`). Command-line overrides use the bare field name, e.g.
-`hydrappo train config.yaml --learning_rate 3e-6 --total_steps 20`; field names are
-unique across sections for that reason. Parsing is transformers' HfArgumentParser:
-the YAML values become the parser's defaults, so the command line wins.
+A config file has one section per dataclass. `hydrappo train` reads `model:`, `lora:`,
+`generation:`, `ppo:`, `reward:`, `data:` and `train:`; `hydrappo reward` reads `model:`,
+`data:` and `train:`; `hydrappo sft` reads `model:`, `lora:`, `data:` and `train:`.
+Command-line overrides use the bare field name, e.g. `hydrappo train config.yaml
+--learning_rate 3e-6 --total_steps 20`; field names are unique within each command for
+that reason. Parsing is transformers' HfArgumentParser: the YAML values become the
+parser's defaults, so the command line wins.
 
 Defaults follow trlX and TRL where they agree; where they differ the choice is noted.
+Reading the files is config/parse.py's business, the checks config/checks.py's.
 """
 
 from __future__ import annotations
@@ -15,9 +18,51 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from ..algo.losses import LOSS_AGG_MODES
+from ..algo.scores import SCORE_NORMALIZATIONS
+from ..errors import UsageError
+
+LR_SCHEDULERS = ("constant", "linear", "cosine")
+MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
+KL_PENALTIES = ("reward", "loss")
+LORA_LAYERS = ("top", "all")
+# Weight dtypes by name: the one table every command uses (aliases on the right).
+DTYPE_NAMES = {"float32": ("fp32",), "bfloat16": ("bf16",), "float16": ("fp16", "half")}
 
 
+class ConfigError(UsageError):
+    """A config file or override is wrong; the message says how to fix it."""
+
+
+def canonical_dtype(name: str) -> str:
+    """'bf16' -> 'bfloat16' etc.; 'auto' stays 'auto'. Unknown names are a ConfigError."""
+    key = str(name).lower().removeprefix("torch.")
+    if key == "auto" or key in DTYPE_NAMES:
+        return key
+    for canonical, aliases in DTYPE_NAMES.items():
+        if key in aliases:
+            return canonical
+    raise ConfigError(f"dtype {name!r} is not one of: auto, {', '.join(DTYPE_NAMES)} (or {', '.join(a for v in DTYPE_NAMES.values() for a in v)}).")
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a dtype name (not 'auto')."""
+    import torch
+
+    return getattr(torch, canonical_dtype(name))
+
+
+def resolve_path(path: str | None, base_dir: Path | None) -> str | None:
+    """Relative paths in a config file are looked up in that file's folder first (and
+    made absolute there when found), else left relative to the current directory."""
+    if path is None or base_dir is None or Path(path).is_absolute():
+        return path
+    candidate = Path(base_dir) / path
+    return str(candidate.absolute()) if candidate.exists() else path
+
+
+# --------------------------------------------------------------------------- sections
 @dataclass
 class ModelConfig:
     name_or_path: str = field(
@@ -106,25 +151,33 @@ class RewardArgs:
 
 @dataclass
 class DataArgs:
-    prompts: str | None = field(default=None, metadata={"help": "Prompt file (jsonl/json/csv/parquet/txt) or directory."})
+    prompts: str | None = field(default=None, metadata={"help": "Prompts: a jsonl/json/csv/parquet/txt file, a directory of them, a folder written by datasets' save_to_disk or laid out as on the Hub, or a datasets name (from the local datasets cache)."})
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt text."})
     apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template."})
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
     max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts are truncated from the left, with a warning."})
+    split: str = field(default="train", metadata={"help": "Split to read when data.prompts is a datasets name or a folder laid out as on the Hub."})
+    subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
 
 
 @dataclass
-class TrainArgs:
-    output_dir: str = field(default="outputs/run", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here."})
-    total_steps: int = field(default=100, metadata={"help": "PPO steps (each: one batch of rollouts, ppo_epochs of updates)."})
-    seed: int = field(default=0, metadata={"help": "Seed for torch, python and data order."})
+class RunArgs:
+    """Options every training command shares: where, how reproducibly, how often to save."""
+
+    output_dir: str = field(default="outputs/run", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."})
+    seed: int = field(default=0, metadata={"help": "Seed for torch, python, numpy and the data order."})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N | mps."})
     mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16 autocast on GPUs that have it, fp16 otherwise, none on CPU) | no | bf16 | fp16."})
-    save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps (and at the end)."})
+    save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end)."})
     keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted."})
+    progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
+
+
+@dataclass
+class TrainArgs(RunArgs):
+    total_steps: int = field(default=100, metadata={"help": "PPO steps (each: one batch of rollouts, ppo_epochs of updates)."})
     log_samples_every: int = field(default=10, metadata={"help": "Write prompt/response/score samples to TensorBoard every N steps."})
     num_log_samples: int = field(default=4, metadata={"help": "Samples per text summary."})
-    progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
 
 
 @dataclass
@@ -133,7 +186,11 @@ class LoraArgs:
 
     lora_r: int = field(default=0, metadata={"help": "LoRA rank (0: no LoRA, train the top layers' full weights)."})
     lora_alpha: float = field(default=16.0, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "Kept for peft; forced to 0 in PPO (the importance ratio needs one fixed policy)."})
+    lora_dropout: float = field(
+        default=0.0,
+        metadata={"help": "Must be 0: hydrappo runs every model without dropout (PPO's ratio compares one fixed policy "
+                          "with itself, and cached trunk outputs assume deterministic layers)."},
+    )
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["all-linear"], metadata={"help": "Module names to adapt, or all-linear (peft's choice)."}
     )
@@ -149,181 +206,8 @@ class LoraArgs:
     )
 
 
-SECTIONS = {
-    "model": ModelConfig,
-    "generation": GenerationArgs,
-    "ppo": PPOArgs,
-    "reward": RewardArgs,
-    "data": DataArgs,
-    "train": TrainArgs,
-    "lora": LoraArgs,
-}
-
-
 @dataclass
-class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    generation: GenerationArgs = field(default_factory=GenerationArgs)
-    ppo: PPOArgs = field(default_factory=PPOArgs)
-    reward: RewardArgs = field(default_factory=RewardArgs)
-    data: DataArgs = field(default_factory=DataArgs)
-    train: TrainArgs = field(default_factory=TrainArgs)
-    lora: LoraArgs = field(default_factory=LoraArgs)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def save_yaml(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-
-
-class ConfigError(ValueError):
-    """A config file or override is wrong; the message says how to fix it."""
-
-
-def _check_unique_field_names(sections: dict) -> None:
-    seen = {}
-    for section, cls in sections.items():
-        for f in dataclasses.fields(cls):
-            if f.name in seen:
-                raise AssertionError(f"field {f.name!r} is in both {seen[f.name]} and {section}")
-            seen[f.name] = section
-
-
-_check_unique_field_names(SECTIONS)
-
-
-def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections ({', '.join(sections)}).")
-    flat = {}
-    for section, values in data.items():
-        if section not in sections:
-            raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sections)}.")
-        values = values or {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"{source}: section {section!r} must be a mapping of option: value.")
-        valid = [f.name for f in dataclasses.fields(sections[section])]
-        for key, value in values.items():
-            if key not in valid:
-                raise ConfigError(
-                    f"{source}: unknown key {key!r} in section {section!r}; valid keys: {', '.join(valid)}."
-                )
-            flat[key] = value
-    return flat
-
-
-def _typed_defaults(parser, values: dict, source: str) -> dict:
-    """Convert YAML values with the parser's own type for each option, so that a file
-    and the command line accept the same spellings (YAML reads `3e-6` as a string)."""
-    actions = {action.dest: action for action in parser._actions}
-    typed = {}
-    for key, value in values.items():
-        convert = actions[key].type
-        try:
-            if value is None or convert is None:
-                typed[key] = value
-            elif isinstance(value, list):
-                typed[key] = [convert(v) if isinstance(v, str) or convert is not str else str(v) for v in value]
-            elif isinstance(value, str) or (convert in (float,) and isinstance(value, int)):
-                typed[key] = convert(value)
-            elif convert is int and not isinstance(value, int) or convert is str and not isinstance(value, str):
-                raise ValueError(value)
-            else:
-                typed[key] = value
-        except (TypeError, ValueError):
-            raise ConfigError(f"{source}: {key}={value!r} is not a valid {getattr(convert, '__name__', convert)}.") from None
-    return typed
-
-
-def parse_config(
-    config_path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    sections: dict | None = None,
-    config_cls=Config,
-):
-    """Read a YAML config and apply command-line overrides (`--key value`).
-
-    Returns a `Config` (or `config_cls` built from `sections`). Unknown keys in the
-    file or on the command line are errors that list the valid ones.
-    """
-    from transformers import HfArgumentParser
-
-    sections = sections or SECTIONS
-    defaults = {}
-    if config_path is not None:
-        path = Path(config_path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist.")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from None
-        defaults = _flatten_yaml(data, str(path), sections)
-
-    parser = HfArgumentParser(tuple(sections.values()))
-    parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path)))
-    args, remaining = parser.parse_known_args(list(overrides or []))
-    if remaining:
-        valid = sorted(action.dest for action in parser._actions if action.dest != "help")
-        raise ConfigError(f"unknown command-line option(s) {' '.join(remaining)}; valid options: --{', --'.join(valid)}.")
-    values = vars(args)
-    built = {}
-    for section, cls in sections.items():
-        kwargs = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.init}
-        built[section] = cls(**kwargs)
-    config = config_cls(**built)
-    validate(config) if config_cls is Config else None
-    return config
-
-
-def validate(config: Config) -> None:
-    """Cross-field checks, with messages that say what to change."""
-    ppo, gen, reward = config.ppo, config.generation, config.reward
-    if ppo.batch_size % ppo.mini_batch_size:
-        raise ConfigError(f"ppo.batch_size ({ppo.batch_size}) must be a multiple of mini_batch_size ({ppo.mini_batch_size}).")
-    if ppo.mini_batch_size % ppo.gradient_accumulation_steps:
-        raise ConfigError(
-            f"ppo.mini_batch_size ({ppo.mini_batch_size}) must be a multiple of gradient_accumulation_steps "
-            f"({ppo.gradient_accumulation_steps})."
-        )
-    choices = {
-        "ppo.lr_scheduler": (ppo.lr_scheduler, ("constant", "linear", "cosine")),
-        "ppo.kl_controller": (ppo.kl_controller, ("adaptive", "fixed")),
-        "ppo.kl_penalty": (ppo.kl_penalty, ("reward", "loss")),
-        "ppo.kl_estimator": (ppo.kl_estimator, ("k1", "k2", "k3", "abs")),
-        "ppo.loss_agg_mode": (ppo.loss_agg_mode, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")),
-        "reward.score_normalization": (reward.score_normalization, ("none", "running", "ref")),
-        "model.dtype": (config.model.dtype, ("auto", "float32", "bfloat16", "float16")),
-        "train.mixed_precision": (config.train.mixed_precision, ("auto", "no", "bf16", "fp16")),
-        "lora.lora_layers": (config.lora.lora_layers, ("top", "all")),
-    }
-    for name, (value, valid) in choices.items():
-        if value not in valid:
-            raise ConfigError(f"{name}={value!r} is not one of: {', '.join(valid)}.")
-    if gen.max_new_tokens < 1 or gen.min_new_tokens > gen.max_new_tokens:
-        raise ConfigError("generation: need 1 <= max_new_tokens and min_new_tokens <= max_new_tokens.")
-    sources = [bool(reward.reward_fn), bool(reward.reward_model), reward.use_reward_branch]
-    if sum(sources) != 1:
-        raise ConfigError(
-            "reward: set exactly one reward source: reward_fn ('module:function' or 'file.py:function'), "
-            "reward_model (a sequence-classification model directory) or use_reward_branch: true."
-        )
-    if reward.use_reward_branch and not config.model.reward_branch_path:
-        raise ConfigError("reward.use_reward_branch needs model.reward_branch_path (a `hydrappo reward` checkpoint).")
-    if config.data.prompts is None:
-        raise ConfigError("data.prompts is required: a jsonl/csv/parquet/txt file or a directory of prompts.")
-
-
-# --------------------------------------------------------------------------- reward and SFT stages
-# `hydrappo reward` and `hydrappo sft` read their own config files, with the sections
-# model (ModelConfig above), data and train; field names are unique within each command.
-
-
-@dataclass
-class StageTrainArgs:
+class StageTrainArgs(RunArgs):
     """Options of the supervised stages (reward model, SFT) that are not about data."""
 
     output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here."})
@@ -333,6 +217,9 @@ class StageTrainArgs:
     eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass."})
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
     lr_scheduler: str = field(default="linear", metadata={"help": "constant | linear | cosine (each with warmup)."})
     warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off)."})
@@ -342,30 +229,29 @@ class StageTrainArgs:
         metadata={"help": "Keep the frozen bottom layers' output of every example in memory after the first epoch "
                           "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers."},
     )
-    seed: int = field(default=0, metadata={"help": "Seed for torch, python, the data order and the eval split."})
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N | mps."})
-    mixed_precision: str = field(default="auto", metadata={"help": "auto | no | bf16 | fp16 (as for PPO)."})
-    progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
+    save_every: int = field(default=100, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end)."})
+    max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row."})
 
 
 @dataclass
 class RewardTrainArgs(StageTrainArgs):
     output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs."})
     learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate."})
-    save_every: int = field(default=0, metadata={"help": "Also checkpoint every N steps (0: only at the end)."})
-    keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted."})
 
 
 @dataclass
 class SFTTrainArgs(StageTrainArgs):
-    output_dir: str = field(default="outputs/sft", metadata={"help": "The fine-tuned model directory (plus metrics.jsonl and TensorBoard logs)."})
+    output_dir: str = field(default="outputs/sft", metadata={"help": "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs)."})
 
 
 @dataclass
 class PreferenceDataArgs:
-    train_file: str | None = field(default=None, metadata={"help": "Preference pairs: a jsonl/json/csv/parquet file or a directory of them."})
+    train_file: str | None = field(default=None, metadata={"help": "Preference pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."})
     eval_file: str | None = field(default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."})
     eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file."})
+    split: str = field(default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."})
+    eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
+    subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
     prompt_column: str | None = field(default="prompt", metadata={"help": "Column of the prompt (null: chosen/rejected hold whole texts)."})
     chosen_column: str = field(default="chosen", metadata={"help": "Column of the preferred response."})
     rejected_column: str = field(default="rejected", metadata={"help": "Column of the other response."})
@@ -388,9 +274,12 @@ class PreferenceDataArgs:
 
 @dataclass
 class SFTDataArgs:
-    train_file: str | None = field(default=None, metadata={"help": "Prompt/response pairs: a jsonl/json/csv/parquet file or a directory of them."})
+    train_file: str | None = field(default=None, metadata={"help": "Prompt/response pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."})
     eval_file: str | None = field(default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."})
     eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file."})
+    split: str = field(default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."})
+    eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
+    subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
     prompt_column: str = field(default="prompt", metadata={"help": "Column of the prompt (no loss on its tokens)."})
     response_column: str = field(default="response", metadata={"help": "Column of the response the model learns."})
     apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template."})
@@ -400,50 +289,90 @@ class SFTDataArgs:
     append_eos: bool = field(default=True, metadata={"help": "Teach the model to end its response with EOS."})
 
 
-REWARD_SECTIONS = {"model": ModelConfig, "data": PreferenceDataArgs, "train": RewardTrainArgs}
-SFT_SECTIONS = {"model": ModelConfig, "data": SFTDataArgs, "train": SFTTrainArgs}
-_check_unique_field_names(REWARD_SECTIONS)
-_check_unique_field_names(SFT_SECTIONS)
+# --------------------------------------------------------------------------- one config per command
+class _Sections:
+    """What the three config containers share: a dict form, and path anchoring."""
+
+    PATHS: tuple[str, ...] = ()  # "section.field" entries that hold input paths
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def resolve_paths(self, base_dir: str | Path | None) -> None:
+        """Anchor every relative input path at `base_dir` (a config file's folder), in
+        place, so that the config saved with each checkpoint works from any directory."""
+        if base_dir is None:
+            return
+        for entry in self.PATHS:
+            section, name = entry.split(".")
+            part = getattr(self, section, None)
+            if part is not None and hasattr(part, name):
+                setattr(part, name, resolve_path(getattr(part, name), Path(base_dir)))
+        reward = getattr(self, "reward", None)
+        if reward is not None and reward.reward_fn and ".py:" in reward.reward_fn:
+            file, _, function = reward.reward_fn.rpartition(":")
+            reward.reward_fn = f"{resolve_path(file, Path(base_dir))}:{function}"
+
+
+_MODEL_PATHS = ("model.name_or_path", "model.tokenizer_name_or_path", "model.reward_branch_path", "lora.lora_init_adapter")
 
 
 @dataclass
-class RewardConfig:
+class Config(_Sections):
+    """`hydrappo train`: PPO."""
+
+    PATHS = (*_MODEL_PATHS, "reward.reward_model", "data.prompts")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    generation: GenerationArgs = field(default_factory=GenerationArgs)
+    ppo: PPOArgs = field(default_factory=PPOArgs)
+    reward: RewardArgs = field(default_factory=RewardArgs)
+    data: DataArgs = field(default_factory=DataArgs)
+    train: TrainArgs = field(default_factory=TrainArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
+
+
+_STAGE_DATA_PATHS = ("data.train_file", "data.eval_file", "data.stats_file")
+
+
+@dataclass
+class RewardConfig(_Sections):
+    """`hydrappo reward`: a reward branch from preference pairs."""
+
+    PATHS = (*_MODEL_PATHS, *_STAGE_DATA_PATHS)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PreferenceDataArgs = field(default_factory=PreferenceDataArgs)
     train: RewardTrainArgs = field(default_factory=RewardTrainArgs)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 @dataclass
-class SFTConfig:
+class SFTConfig(_Sections):
+    """`hydrappo sft`: supervised fine-tuning of the top layers (or LoRA adapters)."""
+
+    PATHS = (*_MODEL_PATHS, *_STAGE_DATA_PATHS)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: SFTDataArgs = field(default_factory=SFTDataArgs)
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    lora: LoraArgs = field(default_factory=LoraArgs)
 
 
-def validate_stage(config) -> None:
-    """Checks shared by `hydrappo reward` and `hydrappo sft` (a RewardConfig or SFTConfig)."""
-    data, train = config.data, config.train
-    if not data.train_file:
-        raise ConfigError("data.train_file is required: a jsonl/json/csv/parquet file or a directory of them.")
-    if not 0.0 <= data.eval_fraction < 1.0:
-        raise ConfigError(f"data.eval_fraction={data.eval_fraction} must be in [0, 1).")
-    if data.max_prompt_length < 1 or data.max_response_length < 1:
-        raise ConfigError("data.max_prompt_length and data.max_response_length must be at least 1.")
-    if train.batch_size < 1 or train.eval_batch_size < 1:
-        raise ConfigError("train.batch_size and train.eval_batch_size must be at least 1.")
-    if train.epochs < 1 and train.max_steps < 1:
-        raise ConfigError("set train.epochs or train.max_steps to at least 1.")
-    choices = {
-        "train.lr_scheduler": (train.lr_scheduler, ("constant", "linear", "cosine")),
-        "train.mixed_precision": (train.mixed_precision, ("auto", "no", "bf16", "fp16")),
-        "model.dtype": (config.model.dtype, ("auto", "float32", "bfloat16", "float16")),
-    }
-    for name, (value, valid) in choices.items():
-        if value not in valid:
-            raise ConfigError(f"{name}={value!r} is not one of: {', '.join(valid)}.")
+def sections_of(config_cls) -> dict:
+    """{section name: dataclass} of a config container class."""
+    return {f.name: f.type if isinstance(f.type, type) else f.default_factory for f in dataclasses.fields(config_cls)}
+
+
+SECTIONS = sections_of(Config)
+REWARD_SECTIONS = sections_of(RewardConfig)
+SFT_SECTIONS = sections_of(SFTConfig)
+
+
+def _check_unique_field_names(sections: dict) -> None:
+    seen = {}
+    for section, cls in sections.items():
+        for f in dataclasses.fields(cls):
+            if f.name in seen:
+                raise AssertionError(f"field {f.name!r} is in both {seen[f.name]} and {section}")
+            seen[f.name] = section
+
+
+for _sections in (SECTIONS, REWARD_SECTIONS, SFT_SECTIONS):
+    _check_unique_field_names(_sections)

@@ -17,24 +17,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .config import LoraArgs
-
-
-def lora_config_from_args(args: LoraArgs):
-    """`peft.LoraConfig` for the options of the config file's `lora` section."""
-    from peft import LoraConfig
-
-    if args.lora_r <= 0:
-        raise ValueError("lora_r must be positive to build a LoRA config.")
-    targets = list(args.lora_target_modules)
-    return LoraConfig(
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=0.0,  # forced: PPO's ratio compares one fixed policy with itself
-        target_modules="all-linear" if targets == ["all-linear"] else targets,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+from ..errors import UsageError
 
 
 def linear_module_names(layers: nn.ModuleList) -> list[str]:
@@ -79,7 +62,7 @@ def merge_adapter(model: nn.Module, adapter_path: str | Path) -> nn.Module:
 
     path = Path(adapter_path)
     if not (path / "adapter_config.json").is_file():
-        raise FileNotFoundError(
+        raise UsageError(
             f"{path} is not a peft adapter folder (no adapter_config.json): point lora_init_adapter at the folder "
             "written by PeftModel.save_pretrained (a hydrappo LoRA checkpoint has one in adapter/)."
         )

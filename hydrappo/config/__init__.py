@@ -1,0 +1,19 @@
+"""Every option of hydrappo: dataclasses with help text (sections.py), read from YAML with
+command-line overrides (parse.py) and checked as a whole before anything loads (checks.py)."""
+
+from .checks import validate
+from .parse import parse_config
+from .sections import (
+    DTYPE_NAMES, KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, REWARD_SECTIONS, SECTIONS, SFT_SECTIONS,
+    Config, ConfigError, DataArgs, GenerationArgs, LoraArgs, ModelConfig, PPOArgs, PreferenceDataArgs, RewardArgs,
+    RewardConfig, RewardTrainArgs, RunArgs, SFTConfig, SFTDataArgs, SFTTrainArgs, StageTrainArgs, TrainArgs,
+    canonical_dtype, resolve_path, sections_of, torch_dtype,
+)
+
+__all__ = [
+    "DTYPE_NAMES", "KL_PENALTIES", "LORA_LAYERS", "LR_SCHEDULERS", "MIXED_PRECISIONS", "REWARD_SECTIONS", "SECTIONS",
+    "SFT_SECTIONS", "Config", "ConfigError", "DataArgs", "GenerationArgs", "LoraArgs", "ModelConfig", "PPOArgs",
+    "PreferenceDataArgs", "RewardArgs", "RewardConfig", "RewardTrainArgs", "RunArgs", "SFTConfig", "SFTDataArgs",
+    "SFTTrainArgs", "StageTrainArgs", "TrainArgs", "canonical_dtype", "parse_config", "resolve_path", "sections_of",
+    "torch_dtype", "validate",
+]

@@ -1,0 +1,95 @@
+"""Reading a config: YAML sections as the defaults of transformers' HfArgumentParser, so
+that `--option value` on the command line wins over the file."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from .checks import validate
+from .sections import Config, ConfigError, sections_of
+
+
+def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections ({', '.join(sections)}).")
+    flat = {}
+    for section, values in data.items():
+        if section not in sections:
+            raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sections)}.")
+        values = values or {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping of option: value.")
+        valid = [f.name for f in dataclasses.fields(sections[section])]
+        for key, value in values.items():
+            if key not in valid:
+                raise ConfigError(
+                    f"{source}: unknown key {key!r} in section {section!r}; valid keys: {', '.join(valid)}."
+                )
+            flat[key] = value
+    return flat
+
+
+def _typed_defaults(parser, values: dict, source: str) -> dict:
+    """Convert YAML values with the parser's own type for each option, so that a file
+    and the command line accept the same spellings (YAML reads `3e-6` as a string)."""
+    actions = {action.dest: action for action in parser._actions}
+    typed = {}
+    for key, value in values.items():
+        convert = actions[key].type
+        try:
+            if value is None or convert is None:
+                typed[key] = value
+            elif isinstance(value, list):
+                typed[key] = [convert(v) if isinstance(v, str) or convert is not str else str(v) for v in value]
+            elif isinstance(value, str) or (convert in (float,) and isinstance(value, int)):
+                typed[key] = convert(value)
+            elif convert is int and not isinstance(value, int) or convert is str and not isinstance(value, str):
+                raise ValueError(value)
+            else:
+                typed[key] = value
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: {key}={value!r} is not a valid {getattr(convert, '__name__', convert)}.") from None
+    return typed
+
+
+def parse_config(config_path: str | Path | None = None, overrides: list[str] | None = None, config_cls=Config):
+    """Read a YAML config and apply command-line overrides (`--key value`).
+
+    Returns a `config_cls` (Config, RewardConfig or SFTConfig), with relative input paths
+    anchored at the config file's folder and every option checked. Unknown keys in the
+    file or on the command line are errors that list the valid ones.
+    """
+    from transformers import HfArgumentParser
+
+    sections = sections_of(config_cls)
+    defaults = {}
+    if config_path is not None:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist.")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        defaults = _flatten_yaml(data, str(path), sections)
+
+    parser = HfArgumentParser(tuple(sections.values()))
+    parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path)))
+    args, remaining = parser.parse_known_args(list(overrides or []))
+    if remaining:
+        valid = sorted(action.dest for action in parser._actions if action.dest != "help")
+        raise ConfigError(f"unknown command-line option(s) {' '.join(remaining)}; valid options: --{', --'.join(valid)}.")
+    values = vars(args)
+    built = {}
+    for section, cls in sections.items():
+        built[section] = cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init})
+    config = config_cls(**built)
+    if config_path is not None:
+        config.resolve_paths(Path(config_path).resolve().parent)
+    validate(config)
+    return config

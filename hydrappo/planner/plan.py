@@ -1,0 +1,346 @@
+"""Memory planner: what a PPO run needs, component by component, with hydrappo's one-trunk
+layout and with the classic four-model layout, and which GPUs it fits.
+
+    hydrappo memory llama-3.1-8b --lora-rank 16
+    hydrappo memory path/to/config.json -N 4 --batch-size 32 --response-length 512
+    hydrappo memory --largest                  # every preset's peak, the largest per GPU size
+    python tools/validate_memory.py            # planner against measured CPU runs
+
+What is counted exactly and what is estimated:
+  * parameters (exact): the model is built on the meta device (no memory, no download) and
+    its embeddings, layers, final norm and lm_head are counted;
+  * activations of the trainable layers (exact for eager PyTorch): one decoder layer's
+    forward is traced on the meta device under `torch.autograd.graph.saved_tensors_hooks`,
+    so the bytes kept for backward are those of that architecture (RMSNorm's float32
+    upcasts, rotary, repeated KV heads, the MLP's intermediates; with LoRA, peft's float32
+    adapters and the float32 copies of their inputs). Attention is counted as a fused kernel
+    (flash / memory-efficient SDPA: q, k, v, output, log-sum-exp, mask), which is what
+    PyTorch runs on CUDA and on the CPU: the T x T score matrix is never stored;
+  * KV cache, split-hidden cache, gradients, optimizer state (exact formulas);
+  * workspaces (estimates): a log-prob chunk (hydrappo/logprobs.py, 2**25 float32 logits)
+    peaks at CHUNK_COPIES_* copies; a no-grad layer at its MLP intermediates; backward at
+    half a layer's activations.
+
+Precision: weights in --dtype; with a 16-bit dtype the trainable weights get an fp32
+master copy and fp32 optimizer state (--master-weights auto), the usual mixed-precision
+recipe. The value and reward heads and LoRA adapters are float32.
+
+The classic layout is four full models (policy, reference, critic and reward model, the
+last two without an lm_head), the policy and critic fully trained (same precision recipe
+and optimizer), activations of every layer of both, and full-vocabulary logits (plus a
+float32 copy and the log-softmax); no ZeRO, offloading or activation checkpointing unless
+asked. With LoRA, adapters go into every layer of policy and critic and the reference is
+the policy with adapters off (as TRL does with peft).
+
+Phases: memory that lives all run long (weights, frozen copies, optimizer state) plus the
+largest of the three phases of a PPO step: generation (KV cache), evaluation (one hydra
+pass over the rollouts, split-hidden cache built) and update (split-hidden cache,
+gradients, activations of the top layers, log-prob chunks).
+
+A GPU "fits" when peak x 1.10 + 0.75 GiB (CUDA context, allocator fragmentation) is at
+most its memory. Sizes are GiB, as GPU memory is sold.
+
+Checked against reality with tools/validate_memory.py (`hydrappo memory --validate`): the peak resident memory of two PPO steps of
+hydrappo's trainer on the CPU (float32, N=2, batch 8, 64 + 64 tokens) was within 8% of
+the plan for a SmolLM2-135M-shaped and a 410M Llama (plan 1022 / 2319 MiB, measured
+1062 / 2516 MiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from ..model.logprobs import CHUNK_ELEMENTS
+from .activations import ActivationTrace, trace_activations
+from .counts import (
+    ParameterCounts, count_parameters, load_model_config, lora_parameters, reward_head_parameters, value_head_parameters,
+)
+from .presets import PRESETS
+from .settings import CHUNK_COPIES_EVAL, CHUNK_COPIES_UPDATE, CUDA_CONTEXT_GIB, FRAGMENTATION, GIB, GPU_SIZES_GIB, TrainingSettings
+
+
+@dataclass
+class Component:
+    name: str
+    bytes: int
+    phase: str  # static | generate | evaluate | update
+    note: str = ""
+
+
+@dataclass
+class LayoutPlan:
+    layout: str
+    components: list[Component]
+    trainable_parameters: int
+
+    def phase_bytes(self, phase: str) -> int:
+        return sum(c.bytes for c in self.components if c.phase == phase)
+
+    @property
+    def static(self) -> int:
+        return self.phase_bytes("static")
+
+    @property
+    def peak_phase(self) -> str:
+        return max(("generate", "evaluate", "update"), key=self.phase_bytes)
+
+    @property
+    def peak(self) -> int:
+        return self.static + self.phase_bytes(self.peak_phase)
+
+    def fits(self, gib: float) -> bool:
+        return self.peak * FRAGMENTATION + CUDA_CONTEXT_GIB * GIB <= gib * GIB
+
+    def smallest_gpu(self) -> int | None:
+        return next((size for size in GPU_SIZES_GIB if self.fits(size)), None)
+
+
+@dataclass
+class MemoryPlan:
+    model: str
+    counts: ParameterCounts
+    settings: TrainingSettings
+    hydra: LayoutPlan
+    classic: LayoutPlan
+    activation: ActivationTrace = field(repr=False)
+
+
+def _chunk_elements(positions: int, vocab: int) -> int:
+    chunk_tokens = max(1, CHUNK_ELEMENTS // max(1, vocab))
+    return min(chunk_tokens, positions) * vocab
+
+
+def _optimizer_bytes(params: int, optimizer: str, state_bytes: int) -> int:
+    if optimizer == "adamw":
+        return 2 * params * state_bytes
+    if optimizer == "adamw8bit":
+        return 2 * params + 2 * params * 4 // 2048  # int8 states + one float32 scale per 2048-element block
+    return 0  # plain SGD keeps no state
+
+
+def _layer_workspace(counts: ParameterCounts, batch: int, length: int, wbytes: int) -> int:
+    """Largest transient of one no-grad layer forward: the MLP's intermediates."""
+    return batch * length * (3 * counts.intermediate_size + 4 * counts.hidden_size) * wbytes
+
+
+def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
+                counts: ParameterCounts | None = None) -> MemoryPlan:  # fmt: skip
+    """Per-component memory of PPO with hydrappo and with the classic four-model layout."""
+    counts = counts or count_parameters(config)
+    s = settings
+    n = counts.num_layers if s.num_layers_unfrozen == -1 else min(s.num_layers_unfrozen, counts.num_layers)
+    if n < 0:
+        raise ValueError("num_layers_unfrozen must be -1 (all layers) or >= 0.")
+    full = n == counts.num_layers
+    w = s.weight_bytes
+    h, v, L = counts.hidden_size, counts.vocab_size, counts.num_layers
+    T, R = s.seq_len, s.response_length
+    micro, gen = s.micro_batch, s.generation_batch_size
+    lora = s.lora_rank > 0
+    trace = trace_activations(config, micro, T, s.torch_dtype, s.lora_rank, s.train_final_norm or full)
+    top = counts.top(n)
+    train_head = (s.train_lm_head or full) and not lora
+    train_norm = (s.train_final_norm or full) and not lora
+    head_copy = counts.lm_head_size if train_head else 0  # hydra's reference (frozen) head / the untied trainable one
+    norm_copy = counts.final_norm if train_norm else 0
+    vh = value_head_parameters(h)
+    state_bytes = 4 if s.uses_master_weights else w
+
+    def kv_cache(batch):
+        return 2 * L * batch * counts.kv_size * T * w
+
+    logits_eval = _chunk_elements(gen * R, v) * 4 * CHUNK_COPIES_EVAL
+    logits_update = _chunk_elements(micro * R, v) * 4 * (CHUNK_COPIES_EVAL if s.entropy_in_update else CHUNK_COPIES_UPDATE)
+    generate_workspace = _layer_workspace(counts, gen, s.prompt_length, w) + gen * v * 4
+    split_cache = s.batch_size * T * h * w
+    cat_copy = split_cache if s.batch_size > gen else 0  # torch.cat of the evaluation chunks
+
+    # ---------------------------------------------------------------- hydrappo
+    untied_head = counts.lm_head_size if train_head and counts.lm_head == 0 and not full else 0
+    if lora:
+        adapters = n * lora_parameters(counts.layer_linears, s.lora_rank)
+        trainable_low, trainable_fp32 = 0, adapters + vh
+        reference = 0
+        reference_note = "LoRA adapters switched off: no copy"
+    elif full:
+        trainable_low, trainable_fp32 = counts.total, vh
+        reference = counts.total
+        reference_note = "the whole model (all layers train)"
+    else:
+        trainable_low = top + (counts.lm_head_size if train_head else 0) + norm_copy
+        trainable_fp32 = vh
+        reference = top + head_copy + norm_copy
+        reference_note = f"top {n} layers" + (" + lm_head" if head_copy else "") + (" + final norm" if norm_copy else "")
+    reward = (top + norm_copy) * w + reward_head_parameters(h) * 4 if s.reward_model and not full and n else 0
+    layers_act = (n * trace.layer_input + trace.layer) if s.gradient_checkpointing else n * trace.layer
+    grads = trainable_low * w + trainable_fp32 * 4
+    hydra = [
+        Component("weights", (counts.total + untied_head) * w, "static",
+                  "the base model" + (" + its untied trainable lm_head" if untied_head else "")),
+        Component("reference copy", reference * w, "static", reference_note),
+        Component("reward branch", reward, "static", f"top {n} layers + scalar head" if reward else "none"),
+        Component("value head", vh * 4, "static", "MLP h-2h-1, float32"),
+        Component("LoRA adapters", (adapters if lora else 0) * 4, "static",
+                  f"rank {s.lora_rank} on the top {n} layers' linear maps, float32" if lora else "none"),
+        Component("fp32 master weights", trainable_low * 4 if s.uses_master_weights else 0, "static",
+                  "of the trainable weights" if s.uses_master_weights and trainable_low else "none"),
+        Component("optimizer state", _optimizer_bytes(trainable_low, s.optimizer, state_bytes)
+                  + _optimizer_bytes(trainable_fp32, s.optimizer, 4), "static", s.optimizer),
+        Component("KV cache", kv_cache(gen), "generate", f"{gen} sequences x {T} tokens, all {L} layers"),
+        Component("generation workspace", generate_workspace, "generate", "prefill MLP intermediates, next-token logits"),
+        Component("split-hidden cache", split_cache + cat_copy, "evaluate",
+                  f"{s.batch_size} rollouts" + (" (x2 while concatenated)" if cat_copy else "")),
+        Component("evaluation workspace", _layer_workspace(counts, gen, T, w) + 3 * gen * T * h * w + logits_eval,
+                  "evaluate", "one hydra pass, log-prob chunks with entropy"),
+        Component("split-hidden cache", split_cache, "update", "kept for the PPO epochs"),
+        Component("gradients", grads, "update", "trainable parameters"),
+        Component("activations", layers_act + trace.tail, "update",
+                  f"top {n} layers, micro-batch {micro} x {T}" + (", checkpointed" if s.gradient_checkpointing else "")),
+        Component("log-prob chunks", logits_update, "update", "chunked lm_head, recomputed in backward"),
+        Component("backward workspace", trace.layer // 2, "update", "gradients of one layer's activations"),
+    ]
+    hydra_plan = LayoutPlan("hydrappo", hydra, trainable_low + trainable_fp32)
+
+    # ---------------------------------------------------------------- classic: four full models
+    critic = counts.total - counts.lm_head  # a sequence-level model: no lm_head of its own
+    if lora:
+        adapters_classic = 2 * L * lora_parameters(counts.layer_linears, s.lora_rank)
+        low_classic, fp32_classic = 0, adapters_classic + 2 * reward_head_parameters(h)
+        ref_classic = 0
+    else:
+        low_classic = counts.total + critic
+        fp32_classic = reward_head_parameters(h)
+        ref_classic = counts.total
+    full_trace_layers = trace.layer if not s.gradient_checkpointing else trace.layer_input
+    act_classic = 2 * L * full_trace_layers + (trace.layer if s.gradient_checkpointing else 0) + 2 * trace.tail
+    logits_bytes = (w + 8) if w != 4 else 8
+    classic = [
+        Component("policy weights", counts.total * w, "static", "full model"),
+        Component("reference model", ref_classic * w, "static", "full copy" if ref_classic else "LoRA off: no copy"),
+        Component("value model", critic * w + reward_head_parameters(h) * 4, "static", "full trunk + scalar head"),
+        Component("reward model", (critic * w + reward_head_parameters(h) * 4) if s.reward_model else 0, "static",
+                  "full trunk + scalar head" if s.reward_model else "none"),
+        Component("LoRA adapters", (adapters_classic if lora else 0) * 4, "static",
+                  f"rank {s.lora_rank} on all {L} layers of policy and critic" if lora else "none"),
+        Component("fp32 master weights", low_classic * 4 if s.uses_master_weights else 0, "static", "policy + critic"),
+        Component("optimizer state", _optimizer_bytes(low_classic, s.optimizer, state_bytes)
+                  + _optimizer_bytes(fp32_classic, s.optimizer, 4), "static", f"{s.optimizer}, policy + critic"),
+        Component("KV cache", kv_cache(gen), "generate", f"{gen} sequences x {T} tokens, all {L} layers"),
+        Component("generation workspace", generate_workspace, "generate", ""),
+        Component("evaluation workspace", _layer_workspace(counts, gen, T, w) + gen * T * v * logits_bytes, "evaluate",
+                  "full-vocabulary logits of the reference / policy"),
+        Component("gradients", low_classic * w + fp32_classic * 4, "update", "policy + critic"),
+        Component("activations", act_classic, "update", f"all {L} layers of policy and critic"),
+        Component("full-vocab logits", micro * T * v * logits_bytes, "update", "logits, float32 copy, log-softmax"),
+        Component("backward workspace", trace.layer // 2, "update", ""),
+    ]
+    classic_plan = LayoutPlan("classic", classic, low_classic + fp32_classic)
+    return MemoryPlan(model_name, counts, settings, hydra_plan, classic_plan, trace)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:7.2f}"
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    s, c = plan.settings, plan.counts
+    lines = [
+        f"{plan.model}: {_count(c.total)} parameters ({c.num_layers} layers, hidden {c.hidden_size}, vocab "
+        f"{c.vocab_size}, {'tied' if not c.lm_head else 'untied'} lm_head; one layer {_count(c.layers[-1])})",
+        f"settings: N={s.num_layers_unfrozen}, {'LoRA rank ' + str(s.lora_rank) if s.lora_rank else 'full top-N'}, "
+        f"{s.dtype} weights{', fp32 master weights' if s.uses_master_weights else ''}, {s.optimizer}, "
+        f"batch {s.batch_size} (mini {s.mini_batch_size}, micro {s.micro_batch}, generation {s.generation_batch_size}), "
+        f"prompt {s.prompt_length} + response {s.response_length} tokens"
+        f"{', reward model' if s.reward_model else ', reward function'}"
+        f"{', gradient checkpointing' if s.gradient_checkpointing else ''}",
+        "",
+    ]
+    for layout in (plan.hydra, plan.classic):
+        title = "hydrappo (one trunk)" if layout.layout == "hydrappo" else "classic (policy + reference + critic + reward)"
+        lines.append(f"{title}: {layout.trainable_parameters / 1e6:,.1f}M trainable parameters")
+        lines.append(f"  {'component':<24} {'phase':<9} {'GiB':>7}  note")
+        for comp in layout.components:
+            if comp.bytes:
+                lines.append(f"  {comp.name:<24} {comp.phase:<9} {_gib(comp.bytes)}  {comp.note}")
+        lines.append(
+            f"  {'peak':<24} {layout.peak_phase:<9} {_gib(layout.peak)}  = always-resident {layout.static / GIB:.2f} + "
+            f"{layout.peak_phase} {layout.phase_bytes(layout.peak_phase) / GIB:.2f}"
+        )
+        fits = "  ".join(f"{size}GB:{'yes' if layout.fits(size) else 'no'}" for size in GPU_SIZES_GIB)
+        lines.append(f"  fits (peak x {FRAGMENTATION} + {CUDA_CONTEXT_GIB} GiB): {fits}")
+        lines.append("")
+    ratio = plan.classic.peak / plan.hydra.peak
+    lines.append(f"classic / hydrappo peak: {ratio:.1f}x")
+    return "\n".join(lines)
+
+
+def plan_to_dict(plan: MemoryPlan) -> dict:
+    def layout(p: LayoutPlan) -> dict:
+        return {
+            "components": [asdict(c) for c in p.components],
+            "static_bytes": p.static,
+            "peak_phase": p.peak_phase,
+            "peak_bytes": p.peak,
+            "trainable_parameters": p.trainable_parameters,
+            "fits_gib": {str(size): p.fits(size) for size in GPU_SIZES_GIB},
+        }
+
+    counts = asdict(plan.counts)
+    counts.pop("layer_linears")
+    return {"model": plan.model, "parameters": counts, "settings": asdict(plan.settings),
+            "hydrappo": layout(plan.hydra), "classic": layout(plan.classic)}  # fmt: skip
+
+
+def preset_plans(settings: TrainingSettings, presets: list[str] | None = None) -> list[MemoryPlan]:
+    """Plans of the presets (default: all), smallest model first."""
+    plans = [plan_memory(load_model_config(name), settings, name) for name in presets or list(PRESETS)]
+    return sorted(plans, key=lambda p: p.counts.total)
+
+
+def largest_models(settings: TrainingSettings, presets: list[str] | None = None,
+                   plans: list[MemoryPlan] | None = None) -> list[dict]:  # fmt: skip
+    """For each GPU size, the largest preset (by parameters) that fits, for hydrappo and classic."""
+    plans = plans if plans is not None else preset_plans(settings, presets)
+    rows = []
+    for size in GPU_SIZES_GIB:
+        row = {"gpu_gib": size}
+        for key in ("hydra", "classic"):
+            fitting = [p for p in plans if getattr(p, key).fits(size)]
+            row[key] = (fitting[-1].model, getattr(fitting[-1], key).peak) if fitting else None
+        rows.append(row)
+    return rows
+
+
+def format_largest(settings: TrainingSettings, lora_rank: int = 16) -> str:
+    """Every preset's peak, full top-N and LoRA, and the largest preset that fits each GPU size."""
+    s = settings
+    lines = []
+    lines.append(f"N={s.num_layers_unfrozen}, {s.dtype} weights{' + fp32 master weights and optimizer state' if s.uses_master_weights else ''}, "
+          f"{s.optimizer}, batch {s.batch_size}, mini-batch {s.mini_batch_size}, generation batch "
+          f"{s.generation_batch_size}, prompt {s.prompt_length} + response {s.response_length} tokens, "
+          f"{'reward branch / reward model' if s.reward_model else 'reward function'}; "
+          f"fits = peak x {FRAGMENTATION} + {CUDA_CONTEXT_GIB} GiB <= card")  # fmt: skip
+    full = preset_plans(replace(s, lora_rank=0))
+    lora = preset_plans(replace(s, lora_rank=lora_rank))
+    lines.append(f"\npeak GiB per preset:\n  {'model':<14} {'params':>7}  {'hydrappo':>9} {'LoRA r=' + str(lora_rank):>9}"
+          f"  {'classic':>9} {'LoRA r=' + str(lora_rank):>9}")  # fmt: skip
+    for f_plan, l_plan in zip(full, lora):
+        lines.append(f"  {f_plan.model:<14} {f_plan.counts.total / 1e9:6.2f}B  {f_plan.hydra.peak / GIB:9.1f} "
+              f"{l_plan.hydra.peak / GIB:9.1f}  {f_plan.classic.peak / GIB:9.1f} {l_plan.classic.peak / GIB:9.1f}")  # fmt: skip
+
+    def cell(entry):
+        return entry[0] if entry else "-"
+
+    lines.append(f"\nlargest preset that fits:\n  {'GPU':>5}  {'hydrappo full top-N':<20} {'hydrappo LoRA':<20} "
+          f"{'classic full':<20} {'classic LoRA':<20}")  # fmt: skip
+    for f_row, l_row in zip(largest_models(s, plans=full), largest_models(s, plans=lora)):
+        lines.append(f"  {f_row['gpu_gib']:>3}GB  {cell(f_row['hydra']):<20} {cell(l_row['hydra']):<20} "
+              f"{cell(f_row['classic']):<20} {cell(l_row['classic']):<20}")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""Writes that never leave a half-written result where a complete one is expected.
+
+Every folder hydrappo writes (checkpoints, exported models, converted GGUF models) is
+filled in a hidden temporary sibling, `.NAME.tmp-PID-XXXX`, and renamed into place when
+complete; a rename within one file system is atomic. A folder it replaces is renamed
+aside first and deleted only after the new one is in place. Temporary folders of dead
+processes (a killed run) are removed by the next writer.
+
+The one exception is a model directory that also holds other files (the SFT stage
+writes its model into its output_dir next to its logs and checkpoints): its files are
+replaced one by one with config.json last, and config.json is removed first, so an
+interrupted write never looks like a complete model (transformers needs config.json).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)(-.*)?$")
+
+
+def is_nonempty_dir(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def _process_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def remove_orphaned_temporaries(parent: Path) -> list[Path]:
+    """Delete `.NAME.tmp-PID-*` / `.NAME.old-PID-*` folders in `parent` whose process is gone."""
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for child in parent.iterdir():
+        match = _TEMPORARY.match(child.name)
+        if match and child.is_dir() and int(match["pid"]) != os.getpid() and not _process_is_alive(int(match["pid"])):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
+
+
+def _normal_modes(root: Path) -> None:
+    """mkdtemp makes a private folder, and some writers private files; what we publish is an
+    ordinary readable folder whose files all have the same mode."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in (root, *root.rglob("*")):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def write_directory(target: str | os.PathLike, fill: Callable[[Path], None], *, replace: bool = False) -> Path:
+    """Call `fill(tmp)` on a fresh temporary sibling of `target`, then rename it to `target`.
+
+    An existing non-empty `target` is replaced only with `replace=True` (renamed aside, then
+    deleted once the new one is in place); otherwise FileExistsError. An empty one is
+    replaced. Returns `target`."""
+    target = Path(target).expanduser().absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_temporaries(target.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+    try:
+        fill(tmp)
+        _normal_modes(tmp)
+        if is_nonempty_dir(target):
+            if not replace:
+                raise FileExistsError(target)
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{os.getpid()}-", dir=target.parent))
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if target.is_dir():
+                target.rmdir()
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def write_files_into(directory: str | os.PathLike, fill: Callable[[Path], None], last: str = "config.json",
+                     stale: Callable[[Path], bool] = lambda path: False) -> Path:  # fmt: skip
+    """Write the files `fill(tmp)` makes into an existing `directory` that holds other things
+    too: `last` is removed first and moved in last; files for which `stale(path)` is true and
+    that the new set does not replace are removed (e.g. weights of an older model)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_temporaries(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out))
+    try:
+        fill(tmp)
+        _normal_modes(tmp)
+        (out / last).unlink(missing_ok=True)
+        new = {f.name for f in tmp.iterdir()}
+        for old in out.iterdir():
+            if old.is_file() and old.name not in new and stale(old):
+                old.unlink()
+        for file in sorted(tmp.iterdir(), key=lambda f: f.name == last):
+            os.replace(file, out / file.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Replace a small text file atomically (write a sibling, then rename over it)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,226 @@
+"""A hydrappo checkpoint -> a plain transformers model directory.
+
+    hydrappo export CHECKPOINT --out DIR [--value-head FILE] [--max-shard-size 2GB]
+
+A checkpoint (output_dir/checkpoint-<step>, or output_dir for the newest) becomes a model
+directory (config, tokenizer, safetensors weights) holding the trained policy, which loads
+with AutoModelForCausalLM.from_pretrained alone. The base model is rebuilt from the model
+section of the checkpoint's config.yaml exactly as training built it (storage/models.py
+build_hydra; `random_init` models are re-created from train.seed), the trainable weights
+are loaded into it, LoRA adapters are merged, and the policy (`hydra.model`) is saved with
+`save_pretrained`. A trained lm_head that was tied to the input embeddings is exported
+untied (config.tie_word_embeddings = false). The output is written to a temporary sibling
+folder and renamed when complete (storage/atomic.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..config import Config, ConfigError
+from ..errors import UsageError
+from .atomic import is_nonempty_dir, write_directory
+from ..model.lora import merged_model
+from .checkpoint import (
+    TRAINER_STATE_NAME, WEIGHTS_NAME, CheckpointError, find_checkpoint, load_checkpoint_config, load_trainable_weights,
+    seed_everything,
+)
+from .models import BUNDLED_MODELS, build_hydra
+from .reward_branch import load_reward_branch
+
+EXPORT_INFO_NAME = "hydrappo_export.json"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class ExportError(UsageError):
+    """A conversion cannot be done as asked; the message says what to change."""
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def check_output_dir(out: str | os.PathLike, overwrite: bool) -> Path:
+    """Refuse a non-empty output directory (or a file in its place) unless overwriting."""
+    path = Path(out).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise ExportError(f"output {str(path)!r} exists and is not a directory.")
+    if is_nonempty_dir(path) and not overwrite:
+        raise ExportError(f"output directory {str(path)!r} is not empty; choose another or pass --overwrite.")
+    return path
+
+
+def check_output_file(path: str | os.PathLike | None, overwrite: bool) -> Path | None:
+    if path is None:
+        return None
+    path = Path(path).expanduser().absolute()
+    if path.exists() and (path.is_dir() or not overwrite):
+        raise ExportError(f"{str(path)!r} exists; choose another file or pass --overwrite.")
+    return path
+
+
+def save_pretrained_dir(model, tokenizer, tmp: Path, max_shard_size: str | int) -> None:
+    """transformers' own writer: config.json, generation_config.json, safetensors shards
+    (with an index when there are several) and the tokenizer files."""
+    model.config.name_or_path = ""
+    model.save_pretrained(str(tmp), max_shard_size=max_shard_size)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+
+
+# --------------------------------------------------------------------------- checkpoint -> transformers
+
+
+def _resolve_location(value: str | None, checkpoint: Path, what: str) -> str | None:
+    """A path recorded in a checkpoint's config.yaml. Recent checkpoints record absolute
+    paths; older ones the path as written in the config file, relative to that file's folder,
+    which is unknown here: try the current directory and the checkpoint's parents."""
+    if value is None or Path(value).expanduser().exists() or value.lower() in BUNDLED_MODELS:
+        return value
+    if not Path(value).is_absolute():
+        for root in (checkpoint, checkpoint.parent, checkpoint.parent.parent):
+            candidate = root / value
+            if candidate.exists():
+                return str(candidate)
+    raise ExportError(
+        f"{what} {value!r} recorded in {checkpoint / 'config.yaml'} does not exist (relative paths were resolved against "
+        f"the training config file's folder). Pass --base-model PATH{' and --tokenizer PATH' if 'tokenizer' in what else ''}."
+    )
+
+
+def checkpoint_dtype(checkpoint: Path) -> torch.dtype | None:
+    """The dtype the trunk was trained in: that of the checkpoint's model weights."""
+    from safetensors import safe_open
+
+    names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    with safe_open(str(checkpoint / WEIGHTS_NAME), "pt") as handle:
+        for key in handle.keys():
+            if key.startswith("model.") and "lora_" not in key:
+                return names.get(handle.get_slice(key).get_dtype())
+    return None
+
+
+def load_checkpoint_hydra(
+    checkpoint: str | os.PathLike,
+    *,
+    base_model: str | None = None,
+    tokenizer: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: str = "cpu",
+):
+    """Rebuild a checkpoint's HydraModel with its trained weights. Returns (hydra, tokenizer, config).
+    `dtype` (default: the dtype of the checkpoint's weights, i.e. training's) is the dtype
+    the base model is loaded in; float16 loads as float32 on the CPU."""
+    checkpoint = find_checkpoint(checkpoint)
+    config = load_checkpoint_config(checkpoint, Config)
+    model = config.model
+    if base_model is not None:
+        model.name_or_path, model.gguf_file = base_model, None
+    else:
+        model.name_or_path = _resolve_location(model.name_or_path, checkpoint, "the base model")
+    if tokenizer is not None:
+        model.tokenizer_name_or_path = tokenizer
+    else:
+        model.tokenizer_name_or_path = _resolve_location(model.tokenizer_name_or_path, checkpoint, "the tokenizer")
+    config.lora.lora_init_adapter = _resolve_location(config.lora.lora_init_adapter, checkpoint, "lora_init_adapter")
+
+    wanted = dtype or checkpoint_dtype(checkpoint)
+    if wanted is not None:
+        # Rebuild in the dtype training used: random-init weights and rounding depend on it.
+        cpu_half = wanted == torch.float16 and torch.device(device).type == "cpu"
+        model.dtype = "float32" if cpu_half else dtype_name(wanted)
+    seed_everything(config.train.seed)
+    try:
+        hydra, tok = build_hydra(model, config.lora, device=torch.device(device))
+        load_trainable_weights(hydra, checkpoint)
+    except CheckpointError as error:
+        raise ExportError(str(error)) from error
+    except (ConfigError, OSError) as error:
+        raise ExportError(f"cannot rebuild the model of {checkpoint}: {error}") from error
+    return hydra, tok, config
+
+
+def policy_model(hydra):
+    """The trained policy as a plain transformers model (LoRA adapters merged)."""
+    if getattr(hydra, "uses_lora", False):
+        return merged_model(hydra)
+    return hydra.model
+
+
+def save_value_head(hydra, path: Path) -> None:
+    """The value head alone: keys of hydrappo.heads.ValueHead (mlp.0.weight, ...), float32."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().contiguous() for k, v in hydra.value_head.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata={"format": "pt", "hydrappo": "value_head", "hidden_size": str(hydra.arch.hidden_size)})
+
+
+def save_reward_branch(hydra, config, checkpoint: Path, path: Path) -> None:
+    """The reward branch the run used (model.reward_branch_path): its top layers, norm and head."""
+    from safetensors.torch import save_file
+
+    branch_path = config.model.reward_branch_path
+    if not branch_path:
+        raise ExportError(f"{checkpoint} was trained without a reward branch (model.reward_branch_path is empty).")
+    branch_path = _resolve_location(branch_path, checkpoint, "the reward branch")
+    try:
+        branch = load_reward_branch(hydra, branch_path)
+    except CheckpointError as error:
+        raise ExportError(str(error)) from error
+    state = {k: v.detach().cpu().contiguous() for k, v in branch.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata={"format": "pt", "hydrappo": "reward_branch", "source": str(branch_path)})
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    base_model: str | None = None,
+    tokenizer: str | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_size: str | int = "5GB",
+    value_head: str | os.PathLike | None = None,
+    reward_branch: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+) -> Path:
+    """Write the trained policy of `checkpoint` as a transformers model directory `out`.
+    `dtype` casts the written weights (default: the dtype training used)."""
+    out = check_output_dir(out, overwrite)
+    value_head = check_output_file(value_head, overwrite)
+    reward_branch = check_output_file(reward_branch, overwrite)
+    checkpoint = find_checkpoint(checkpoint)
+    hydra, tok, config = load_checkpoint_hydra(checkpoint, base_model=base_model, tokenizer=tokenizer, device=device)
+    model = policy_model(hydra)
+    out_dtype = dtype or checkpoint_dtype(checkpoint)
+    if out_dtype is not None and next(model.parameters()).dtype != out_dtype:
+        model.to(out_dtype)
+    trainer_state = json.loads((checkpoint / "trainer_state.json").read_text()) if (checkpoint / "trainer_state.json").is_file() else {}
+    info = {
+        "source": str(checkpoint.resolve()),
+        "step": trainer_state.get("step"),
+        "base_model": config.model.name_or_path,
+        "num_layers_unfrozen": hydra.num_layers_unfrozen,
+        "train_lm_head": hydra.train_lm_head,
+        "train_final_norm": hydra.train_final_norm,
+        "lora": bool(getattr(hydra, "uses_lora", False)),
+    }
+
+    def fill(tmp: Path) -> None:
+        save_pretrained_dir(model, tok, tmp, max_shard_size)
+        (tmp / EXPORT_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
+
+    write_directory(out, fill, replace=overwrite)
+    if value_head is not None:
+        save_value_head(hydra, value_head)
+    if reward_branch is not None:
+        save_reward_branch(hydra, config, checkpoint, reward_branch)
+    return out

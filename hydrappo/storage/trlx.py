@@ -1,0 +1,373 @@
+"""A trlX hydra checkpoint -> a hydrappo checkpoint, so trlX users keep training.
+
+    hydrappo export trlx SOURCE --out CHECKPOINT_DIR --write-base BASE_DIR
+
+trlX's AutoModelForCausalLMWithHydraValueHead state dict holds `base_model.*`, `v_head.*`
+and `frozen_head.*`; see `convert_trlx`. `.bin` files are read with weights_only=True.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..config import Config
+from ..model import HydraModel
+from ..model.arch import locate, output_embeddings
+from .atomic import write_directory
+from .checkpoint import CONFIG_NAME, TRAINER_STATE_NAME, WEIGHTS_NAME, load_trainable_weights
+from .export import ExportError, check_output_dir, dtype_name, save_pretrained_dir
+
+logger = logging.getLogger("hydrappo.export")
+
+
+_IGNORED_KEY_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias", "position_ids")
+
+
+@dataclass
+class TrlxConversion:
+    checkpoint: Path
+    base_model: str
+    num_layers_unfrozen: int
+    train_lm_head: bool
+    train_final_norm: bool
+    frozen_head: bool
+
+
+def load_state_dict_files(source: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A state dict from a file (.bin/.pt/.pth with torch.load(weights_only=True), or
+    .safetensors) or a directory (single file or sharded, with its index)."""
+    from safetensors.torch import load_file
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            index = path / index_name
+            if index.is_file():
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+                state = {}
+                for shard in shards:
+                    state.update(load_state_dict_files(path / shard))
+                return state
+        for name in ("model.safetensors", "pytorch_model.bin", "model.bin", "pytorch_model.pt"):
+            if (path / name).is_file():
+                return load_state_dict_files(path / name)
+        raise ExportError(f"{path} holds no model.safetensors, pytorch_model.bin or sharded index.")
+    if not path.is_file():
+        raise ExportError(f"{str(path)!r} does not exist.")
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ExportError(f"cannot read {path} as a weights-only torch file: {error}") from error
+    for wrapper in ("module", "state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict) and not any(
+            isinstance(v, torch.Tensor) for v in state.values()
+        ):
+            state = state[wrapper]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ExportError(f"{path} is not a state dict (a mapping of names to tensors).")
+    return state
+
+
+def _split_prefix(state: dict, prefix: str) -> dict:
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def _load_hf_config(config: str | os.PathLike | None, source: Path):
+    from transformers import AutoConfig
+
+    candidates = [Path(config).expanduser()] if config else [source if source.is_dir() else source.parent]
+    for candidate in candidates:
+        directory = candidate.parent if candidate.is_file() else candidate
+        file = candidate if candidate.is_file() else candidate / "config.json"
+        if file.is_file():
+            if file.name == "config.json":
+                return AutoConfig.from_pretrained(str(directory))
+            data = json.loads(file.read_text())
+            return AutoConfig.for_model(data.pop("model_type"), **data)
+    raise ExportError(
+        f"no config.json next to {source}: pass --config (the base model's config.json or its directory)."
+    )
+
+
+def _empty_model(config, dtype: torch.dtype):
+    """A causal LM of `config` whose weights will all be overwritten: skip the random init."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - other transformers versions
+        from contextlib import nullcontext as no_init_weights
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def _module_names(model) -> dict[int, str]:
+    return {id(module): name for name, module in model.named_modules()}
+
+
+def _ignorable(key: str) -> bool:
+    return any(key == suffix or key.endswith("." + suffix) for suffix in _IGNORED_KEY_SUFFIXES)
+
+
+def _load_exact(model, state: dict, what: str) -> None:
+    """load_state_dict that allows only a tied lm_head to be missing and old buffers to be extra."""
+    expected = model.state_dict()
+    head = output_embeddings(model)
+    head_key = f"{_module_names(model)[id(head)]}.weight"
+    tied = head.weight is model.get_input_embeddings().weight
+    state = {k: v for k, v in state.items() if not (_ignorable(k) and k not in expected)}
+    missing = sorted(set(expected) - set(state) - ({head_key} if tied else set()))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ExportError(
+            f"{what} does not fit {type(model).__name__} built from the config: missing {missing[:4]}"
+            f"{'...' if len(missing) > 4 else ''}, unexpected {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}. "
+            "Is --config the config of the model trlX trained?"
+        )
+    for key, value in state.items():
+        if tuple(value.shape) != tuple(expected[key].shape):
+            raise ExportError(f"{what}: {key} has shape {tuple(value.shape)}, the model expects {tuple(expected[key].shape)}.")
+    model.load_state_dict(state, strict=False)
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and torch.equal(a.float(), b.float())
+
+
+def convert_trlx(
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    config: str | os.PathLike | None = None,
+    write_base: str | os.PathLike | None = None,
+    base_model: str | os.PathLike | None = None,
+    num_layers_unfrozen: int | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    max_shard_size: str | int = "5GB",
+    overwrite: bool = False,
+) -> TrlxConversion:
+    """Convert a trlX hydra checkpoint to a hydrappo checkpoint directory `out`.
+
+    trlX's state dict holds `base_model.*` (the trained causal LM), `v_head.*` (an MLP
+    h -> 2h -> 1, the same shape as hydrappo's value head) and, when it trained the top N
+    layers, `frozen_head.*` (decoder_blocks.0..N-1, final_norm, lm_head: the original top
+    of the model, i.e. the reference). hydrappo's reference is the base model it is built
+    on, so the base to keep training on is the trained trunk (trlX leaves the bottom layers
+    frozen but trains the embeddings) with the ORIGINAL top from frozen_head: `write_base`
+    writes exactly that model directory. Without a frozen head (trlX's num_layers_unfrozen
+    = -1), `base_model` must be the original model (trlX's reference), and N is found by
+    comparing layers. The policy's trained top layers (and lm_head / final norm where trlX
+    changed them) become trainable.safetensors.
+    """
+    from safetensors.torch import save_file
+
+
+    source = Path(source).expanduser()
+    out = check_output_dir(out, overwrite)
+    if write_base is None and base_model is None:
+        raise ExportError(
+            "give --write-base DIR (write the base model this checkpoint trains on; recommended) or --base-model DIR "
+            "(the original model trlX started from, checked against the checkpoint)."
+        )
+    write_base = check_output_dir(write_base, overwrite) if write_base is not None else None
+    state = load_state_dict_files(source)
+    if any("lora_" in k for k in state):
+        raise ExportError(
+            "this is a trlX checkpoint with peft (LoRA) adapters: merge them into the model first "
+            "(PeftModel.merge_and_unload) and convert the merged model's state dict."
+        )
+    policy = _split_prefix(state, "base_model.")
+    v_head = _split_prefix(state, "v_head.")
+    frozen = _split_prefix(state, "frozen_head.")
+    other = sorted(k for k in state if not k.startswith(("base_model.", "v_head.", "frozen_head.")))
+    if not policy:
+        raise ExportError(
+            f"{source} has no base_model.* weights: not a trlX AutoModelForCausalLMWithHydraValueHead state dict "
+            f"(keys look like {sorted(state)[:3]})."
+        )
+    if other:
+        raise ExportError(f"{source}: unexpected keys outside base_model./v_head./frozen_head.: {other[:4]}.")
+    if set(v_head) != {"0.weight", "0.bias", "2.weight", "2.bias"}:
+        raise ExportError(
+            f"{source}: the value head has keys {sorted(v_head)[:6]}; hydrappo converts trlX's MLP value head "
+            "(v_head.0 and v_head.2). A value branch with its own layers (num_value_layers_unfrozen > 0) has no "
+            "hydrappo equivalent."
+        )
+
+    hf_config = _load_hf_config(config, source)
+    floats = [v.dtype for v in policy.values() if v.is_floating_point()]
+    dtype = max(set(floats), key=floats.count)
+    model = _empty_model(hf_config, dtype)
+    arch = locate(model)
+    names = _module_names(model)
+    num_layers = arch.num_layers
+    layer_names = [names[id(layer)] for layer in arch.layers]
+    norm_name = names[id(arch.final_norm)] if arch.final_norm is not None else None
+    head_name = names[id(output_embeddings(model))]
+    head_key = f"{head_name}.weight"
+    embed_key = f"{names[id(model.get_input_embeddings())]}.weight"
+    tied = output_embeddings(model).weight is model.get_input_embeddings().weight
+    policy = {k: v for k, v in policy.items() if not _ignorable(k)}
+    if tied and head_key not in policy:
+        policy[head_key] = policy[embed_key]
+
+    def under(state_dict, prefix):
+        return {k: v for k, v in state_dict.items() if prefix is not None and k.startswith(prefix + ".")}
+
+    original = None
+    if base_model is not None:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            original = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=dtype).state_dict()
+        except (OSError, ValueError) as error:
+            raise ExportError(f"cannot load --base-model {base_model}: {error}") from error
+        if tied and head_key not in original:
+            original[head_key] = original[embed_key]
+
+    blocks = {}
+    if frozen:
+        for key, value in frozen.items():
+            part, _, rest = key.partition(".")
+            if part == "decoder_blocks":
+                index, _, sub = rest.partition(".")
+                blocks.setdefault(int(index), {})[sub] = value
+            elif part not in ("final_norm", "lm_head") and not _ignorable(key):
+                raise ExportError(f"{source}: unexpected frozen_head key {key!r}.")
+        found = max(blocks) + 1 if blocks else 0
+        if sorted(blocks) != list(range(found)):
+            raise ExportError(f"{source}: frozen_head.decoder_blocks has indices {sorted(blocks)}, expected 0..{found - 1}.")
+        if num_layers_unfrozen is not None and num_layers_unfrozen != found:
+            raise ExportError(f"--num-layers-unfrozen {num_layers_unfrozen} contradicts the checkpoint's frozen head ({found} layers).")
+        n = found
+        # The reference: the trained trunk with the original top from the frozen head.
+        reference = dict(policy)
+        for offset, sub_state in blocks.items():
+            for sub, value in sub_state.items():
+                reference[f"{layer_names[num_layers - n + offset]}.{sub}"] = value
+        for key, value in _split_prefix(frozen, "final_norm.").items():
+            if norm_name is None:
+                raise ExportError("the trlX checkpoint has a frozen final norm but the model has none.")
+            reference[f"{norm_name}.{key}"] = value
+        for key, value in _split_prefix(frozen, "lm_head.").items():
+            reference[f"{head_name}.{key}"] = value
+        reference = {k: v for k, v in reference.items() if not _ignorable(k)}
+        if original is not None and write_base is None:
+            differing = sorted(k for k in reference if k in original and not _same(reference[k], original[k]))
+            if differing:
+                raise ExportError(
+                    f"the trlX checkpoint's frozen trunk and reference differ from --base-model in {len(differing)} "
+                    f"tensors (e.g. {differing[:3]}; trlX also trains the embeddings): pass --write-base DIR instead."
+                )
+    else:
+        if original is None:
+            raise ExportError(
+                f"{source} has no frozen_head (trlX trained with num_layers_unfrozen=-1 and a separate reference): "
+                "pass --base-model, the original model trlX started from."
+            )
+        reference = {k: v for k, v in original.items() if not _ignorable(k)}
+        first_changed = next(
+            (i for i, name in enumerate(layer_names)
+             if any(not _same(v, reference.get(k)) for k, v in under(policy, name).items())),
+            num_layers,
+        )  # fmt: skip
+        trunk_changed = any(
+            not _same(v, reference.get(k))
+            for k, v in policy.items()
+            if not any(k.startswith(name + ".") for name in layer_names)
+            and not (norm_name and k.startswith(norm_name + "."))
+            and k != head_key
+        )
+        inferred = num_layers if trunk_changed else num_layers - first_changed
+        if num_layers_unfrozen is not None and num_layers_unfrozen != -1 and num_layers_unfrozen < inferred:
+            raise ExportError(
+                f"--num-layers-unfrozen {num_layers_unfrozen}: the checkpoint changed {inferred} top layers (or the "
+                "embeddings) relative to --base-model."
+            )
+        n = inferred if num_layers_unfrozen is None else (num_layers if num_layers_unfrozen == -1 else num_layers_unfrozen)
+
+    full = n >= num_layers
+    train_final_norm = full or any(not _same(v, reference.get(k)) for k, v in under(policy, norm_name).items())
+    train_lm_head = full or not _same(policy.get(head_key), reference.get(head_key))
+    if tied and train_lm_head and not full:
+        # The trunk keeps the trained embeddings, the reference keeps the original head:
+        # the base model gets its own (untied) lm_head.
+        for cfg in {id(c): c for c in (hf_config, hf_config.get_text_config())}.values():
+            cfg.tie_word_embeddings = False
+        model = _empty_model(hf_config, dtype)
+    elif tied:
+        reference.pop(head_key, None)
+    _load_exact(model, reference, f"the base model rebuilt from {source}")
+
+    hydra = HydraModel(model, -1 if full else n, train_lm_head=train_lm_head, train_final_norm=train_final_norm)
+    weights = {}
+    for name, param in hydra.named_parameters():
+        if not param.requires_grad:
+            continue
+        if name.startswith("model."):
+            value = policy.get(name[len("model.") :])
+        elif name.startswith("value_head.mlp."):
+            value = v_head.get(name[len("value_head.mlp.") :])
+        else:
+            value = None
+        if value is None or tuple(value.shape) != tuple(param.shape):
+            raise ExportError(f"no weights of the right shape for hydrappo's {name} in {source}.")
+        weights[name] = value.to(param.dtype).contiguous()
+
+    base_location = str(write_base) if write_base is not None else str(Path(base_model).expanduser().absolute())
+    run = Config()
+    run.model.name_or_path = base_location
+    run.model.num_layers_unfrozen = -1 if full else n
+    run.model.train_lm_head = bool(train_lm_head and not full)
+    run.model.train_final_norm = bool(train_final_norm and not full)
+    run.model.dtype = dtype_name(dtype)
+    tokenizer_source = tokenizer or (source if source.is_dir() else source.parent)
+    tok = _try_tokenizer(tokenizer_source)
+    if write_base is None and tokenizer:
+        run.model.tokenizer_name_or_path = str(Path(tokenizer).expanduser().absolute())
+
+    trainer_state = {
+        "step": 0,
+        "hydra": {"num_layers_unfrozen": hydra.num_layers_unfrozen, "train_lm_head": hydra.train_lm_head,
+                  "train_final_norm": hydra.train_final_norm, "lora": False},
+        "converted_from": {"format": "trlx", "source": str(source.absolute()), "frozen_head": bool(frozen)},
+    }  # fmt: skip
+
+    if write_base is not None:  # the model as built: the reference, before any policy weight goes in
+        write_directory(write_base, lambda tmp: save_pretrained_dir(model, tok, tmp, max_shard_size), replace=overwrite)
+        if tok is None:
+            logger.warning("no tokenizer found at %s: the base model directory has none; pass --tokenizer", tokenizer_source)
+
+    def fill(tmp: Path) -> None:
+        save_file(weights, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / TRAINER_STATE_NAME).write_text(json.dumps(trainer_state, indent=2))
+        (tmp / CONFIG_NAME).write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
+
+    write_directory(out, fill, replace=overwrite)
+    # The written checkpoint must load into a hydra built on the written base.
+    load_trainable_weights(hydra, out)
+    return TrlxConversion(out, base_location, hydra.num_layers_unfrozen, hydra.train_lm_head, hydra.train_final_norm, bool(frozen))
+
+
+def _try_tokenizer(location):
+    from transformers import AutoTokenizer
+
+    path = Path(location).expanduser()
+    if not path.is_dir() or not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError):
+        return None

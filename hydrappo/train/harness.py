@@ -1,0 +1,312 @@
+"""The plumbing every training loop shares, so that a loop file holds only what differs.
+
+    harness = Harness(config.train, config, max_nonfinite_steps=...)   # seeds, picks device and precision
+    ... build the model, the data and the loop ...
+    harness.setup_optimizer(params, optimizer_args, total_updates)
+    history = harness.run(loop, total_steps, resume=...)
+
+The harness owns: seeding; the device; ONE mixed-precision mechanism (train/precision.py);
+the AdamW optimizer and the learning-rate schedule; the non-finite policy (a non-finite
+loss or gradient skips the update and is counted, `max_nonfinite_steps` in a row stop the
+run naming the last good checkpoint); the logs (TensorBoard, metrics.jsonl and a tqdm bar,
+with the same conventions for every stage); atomic checkpoints that keep the last K; and
+exact resume (weights, optimizer, scheduler, every RNG, the loss scaler, and the loop's own
+state, which the loop hands over as a dict).
+
+A loop (PPO, reward, SFT) is an object with
+    name, progress          the bar's label and {postfix label: stats key}
+    trained_module          the module whose trainable parameters a checkpoint holds
+    train_step()            one step -> (stats, samples or None); the harness counts steps
+    state_dict(), load_state_dict(state)
+                            its own state; tensors go to training_state.pt, the rest to JSON
+and optionally `before_training()` (stats logged at step 0 of a fresh run), `finish()`
+(before the final checkpoint; returns extra scalars) and `write_extra(folder)` (more files
+in each checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..config import ConfigError
+from ..errors import HydrappoError
+from ..storage.checkpoint import (
+    latest_checkpoint, load_trainable_weights, load_training_state, resolve_resume, rng_state, save_checkpoint,
+    seed_everything, set_rng_state, trainable_state_dict,
+)
+from .precision import MixedPrecision, pick_device, pick_mixed_precision
+
+logger = logging.getLogger("hydrappo")
+
+SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+class TrainingError(HydrappoError):
+    """Training cannot go on (e.g. too many non-finite steps in a row)."""
+
+
+def as_float(value) -> float:
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def _holds_tensors(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensors(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v) for v in value)
+    return False
+
+
+def enable_activation_checkpointing(model) -> None:
+    """transformers renamed gradient checkpointing to activation checkpointing in 5.x."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def keep_float32_master_weights(params: list[torch.nn.Parameter], mixed_precision: str) -> None:
+    """Trainable parameters of a bf16/fp16 model are kept in float32.
+
+    AdamW on bf16 weights rounds most updates away: a step of 1e-5 on a weight of 0.02 is
+    below bf16's resolution there. The frozen trunk stays in low precision (that is where
+    the memory is); autocast runs the mixed model, so it must be on."""
+    low_precision = [p for p in params if p.dtype in (torch.bfloat16, torch.float16)]
+    if not low_precision:
+        return
+    if mixed_precision == "no":
+        raise ConfigError(
+            f"the model's weights are {low_precision[0].dtype} but train.mixed_precision is 'no': hydrappo keeps the "
+            "trainable weights in float32 and needs autocast to run the mixed model. Set train.mixed_precision to "
+            "auto/bf16/fp16, or model.dtype to float32."
+        )
+    for param in low_precision:
+        param.data = param.data.float()
+
+
+class Harness:
+    """Seed, device, precision, optimizer, logs, non-finite policy and checkpoints of one run."""
+
+    def __init__(self, run, config, *, max_nonfinite_steps: int = 5):
+        self.run_args = run
+        self.config = config
+        self.max_nonfinite_steps = max_nonfinite_steps
+        seed_everything(run.seed)
+        self.device = pick_device(run.device)
+        self.precision = MixedPrecision(pick_mixed_precision(run.mixed_precision, self.device), self.device)
+        self.output_dir = Path(run.output_dir)
+        self.step = 0
+        self.optimizer = self.scheduler = None
+        self.params: list[torch.nn.Parameter] = []
+        self.nonfinite_in_a_row = 0
+        self.nonfinite_total = 0
+        self.fp16_overflows = 0
+
+    # ------------------------------------------------------------------ precision and optimizer
+    def autocast(self):
+        return self.precision.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.precision.backward(loss)
+
+    def setup_optimizer(self, params, args, total_updates: int) -> None:
+        """AdamW over `params` (float32 master weights, see keep_float32_master_weights) and the
+        LR schedule, from any options object with learning_rate, weight_decay, adam_beta1/2,
+        adam_eps, max_grad_norm, lr_scheduler and warmup_steps."""
+        from transformers import get_scheduler
+
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise TrainingError("nothing to train: no trainable parameters (check model.num_layers_unfrozen / train_lm_head).")
+        keep_float32_master_weights(self.params, self.precision.mode)
+        self.max_grad_norm = args.max_grad_norm
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
+            weight_decay=args.weight_decay,
+        )
+        self.scheduler = get_scheduler(
+            SCHEDULERS[args.lr_scheduler], self.optimizer, num_warmup_steps=args.warmup_steps,
+            num_training_steps=max(1, total_updates),
+        )
+
+    def optimizer_step(self, loss_is_finite: bool = True) -> float | None:
+        """Clip and apply the accumulated gradients; returns the gradient norm, or None when
+        the update was skipped (a non-finite loss or gradient, or an fp16 overflow)."""
+        grad_norm = self.precision.clip_grad_norm_(self.optimizer, self.params, self.max_grad_norm) if loss_is_finite else math.nan
+        try:
+            if loss_is_finite and math.isfinite(grad_norm):
+                self.precision.step(self.optimizer)
+                self.scheduler.step()
+                self.nonfinite_in_a_row = 0
+                return grad_norm
+            if loss_is_finite and self.precision.mode == "fp16":
+                # An fp16 gradient overflow is the loss scaler's business: it skips this step
+                # and lowers the scale. Not a sign of a diverging run.
+                self.precision.step(self.optimizer)
+                self.fp16_overflows += 1
+                return None
+            self._skip_nonfinite_update()
+            return None
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _skip_nonfinite_update(self) -> None:
+        self.nonfinite_in_a_row += 1
+        self.nonfinite_total += 1
+        logger.warning(
+            "non-finite loss or gradient at step %d: update skipped (%d in a row, %d in total)",
+            self.step + 1, self.nonfinite_in_a_row, self.nonfinite_total,
+        )
+        if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
+            latest = latest_checkpoint(self.output_dir)
+            raise TrainingError(
+                f"{self.nonfinite_in_a_row} non-finite losses or gradients in a row (max_nonfinite_steps="
+                f"{self.max_nonfinite_steps}); stopping. The last good checkpoint is "
+                f"{latest or 'none (no checkpoint was written yet)'}. Lower the learning rate, check the reward "
+                "scale (reward.cliprange_reward) or use float32."
+            )
+
+    def optimizer_stats(self, prefix: str = "") -> dict:
+        """The learning rate now, and (fp16) the loss scaler's overflows so far."""
+        stats = {"lr": self.scheduler.get_last_lr()[0]}
+        if self.precision.mode == "fp16":
+            stats[f"{prefix}fp16_overflows_total"] = self.fp16_overflows
+        return stats
+
+    # ------------------------------------------------------------------ the run
+    def run(self, loop, total_steps: int, resume: str | Path | bool | None = None) -> list[dict]:
+        """Steps of `loop` until `total_steps`, logging each and checkpointing every
+        `save_every` steps and at the end; `resume` = a checkpoint path or True/'latest'."""
+        if resume:
+            self.load(resolve_resume(resume, self.output_dir), loop)
+        run = self.run_args
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        log = RunLog(self.output_dir, self.step, total_steps, loop, run)
+        history = []
+        try:
+            if self.step == 0 and hasattr(loop, "before_training"):
+                initial = loop.before_training()
+                if initial:
+                    history.append(log.write(0, initial))
+            while self.step < total_steps:
+                stats, samples = loop.train_step()
+                self.step += 1
+                if self.step == total_steps and hasattr(loop, "finish"):
+                    log.scalars(self.step, loop.finish() or {})
+                history.append(log.write(self.step, stats, samples))
+                if (run.save_every > 0 and self.step % run.save_every == 0) or self.step == total_steps:
+                    self.save(loop)
+        finally:
+            log.close()
+        return history
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, loop) -> Path:
+        loop_state = loop.state_dict()
+        tensors = {key: value for key, value in loop_state.items() if _holds_tensors(value)}
+        plain = {key: value for key, value in loop_state.items() if key not in tensors}
+        training_state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "grad_scaler": self.precision.state_dict(),
+            **tensors,
+        }
+        return save_checkpoint(
+            self.output_dir,
+            self.step,
+            weights=trainable_state_dict(loop.trained_module),
+            training_state=training_state,
+            trainer_state={**plain, "nonfinite_total": self.nonfinite_total},
+            config_yaml=yaml.safe_dump(self.config.to_dict(), sort_keys=False),
+            keep_last=self.run_args.keep_last,
+            write_extra=getattr(loop, "write_extra", None),
+        )
+
+    def load(self, path: Path, loop) -> None:
+        load_trainable_weights(loop.trained_module, path)
+        training_state, trainer_state = load_training_state(path)
+        self.optimizer.load_state_dict(training_state["optimizer"])
+        self.scheduler.load_state_dict(training_state["scheduler"])
+        set_rng_state(training_state["rng"])
+        self.precision.load_state_dict(training_state.get("grad_scaler", {}))
+        self.nonfinite_total = trainer_state.get("nonfinite_total", 0)
+        self.step = trainer_state["step"]
+        loop.load_state_dict({**trainer_state, **training_state})
+        logger.info("resumed from %s at step %d", path, self.step)
+
+
+class RunLog:
+    """TensorBoard scalars, one JSON line per step in metrics.jsonl, and a tqdm bar.
+
+    Lines of metrics.jsonl past the step a run starts from belong to an earlier or an
+    interrupted run: they are moved to a side file (nothing written is lost), and the
+    TensorBoard writer purges its events past that step."""
+
+    def __init__(self, output_dir: Path, start_step: int, total_steps: int, loop, run):
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm.auto import tqdm
+
+        self.path = output_dir / "metrics.jsonl"
+        keep_metrics_up_to(self.path, start_step)
+        self.writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+        self.progress = getattr(loop, "progress", {})
+        self.samples_every = getattr(run, "log_samples_every", 0)
+        self.num_samples = getattr(run, "num_log_samples", 4)
+        self.bar = tqdm(total=total_steps, initial=start_step, desc=loop.name, disable=not run.progress_bar, dynamic_ncols=True)
+
+    def scalars(self, step: int, stats: dict) -> None:
+        for key, value in stats.items():
+            self.writer.add_scalar(key, as_float(value), step)
+
+    def write(self, step: int, stats: dict, samples: list[dict] | None = None) -> dict:
+        record = {"step": step, **{key: as_float(value) for key, value in stats.items()}}
+        self.scalars(step, stats)
+        if samples and self.samples_every and step % self.samples_every == 0:
+            self.writer.add_text("samples", samples_markdown(samples[: self.num_samples]), step)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if step:
+            self.bar.update(1)
+            shown = {label: f"{record[key]:.3f}" for label, key in self.progress.items() if key in record}
+            self.bar.set_postfix(**shown)
+        return record
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
+
+
+def samples_markdown(samples: list[dict]) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| prompt | response | score |", "| --- | --- | --- |"]
+    rows += [f"| {cell(s['prompt'])} | {cell(s['response'])} | {s['score']:.3f} |" for s in samples]
+    return "\n".join(rows)
+
+
+def keep_metrics_up_to(path: Path, step: int) -> None:
+    """Move the lines of metrics.jsonl logged after `step` to a side file, so that
+    metrics.jsonl reads as one run and nothing written is lost."""
+    if not path.exists():
+        return
+    kept, dropped = [], []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        (kept if json.loads(line).get("step", 0) <= step else dropped).append(line)
+    if dropped:
+        side = path.with_name(f"metrics.after-step-{step}.{int(time.time())}.jsonl")
+        side.write_text("\n".join(dropped) + "\n")
+        path.write_text("".join(line + "\n" for line in kept))
+        logger.warning("moved %d metrics lines logged after step %d to %s", len(dropped), step, side.name)

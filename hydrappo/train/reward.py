@@ -1,0 +1,244 @@
+"""Reward model training on the hydra trunk: pairwise (Bradley-Terry) preferences.
+
+    hydrappo reward CONFIG.yaml [--resume] [--option value ...]
+
+The reward model is a *branch* of the same trunk PPO uses: a trainable copy of the
+ORIGINAL top N decoder layers, its own copy of the final norm and a scalar head read
+at the last non-padding token. The bottom L - N layers are frozen, so they run without
+gradients (once per example with `train.cache_split_hidden`), and only the branch
+trains. The chosen and the rejected response of a pair go through in one batch; the
+loss is algo/losses.py's `preference_loss`.
+
+After training, the branch's mean and std score on a reference set are stored with the
+final checkpoint, so PPO can normalise scores to mean 0 / std 1 under the initial policy
+(`reward.score_normalization: ref`; Ziegler et al. 2019, Huang et al. 2024). The
+checkpoint format is storage/reward_branch.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import torch
+
+from ..algo.losses import preference_loss
+from ..algo.scores import score_statistics
+from ..config import GenerationArgs, RewardConfig, validate
+from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, read_table, split_by_prompt, tokenize_responses
+from ..model import HydraModel
+from ..rollout import generate_responses, pack_sequences
+from ..storage.models import build_hydra
+from ..storage.reward_branch import REWARD_FORMAT_VERSION, REWARD_KIND, base_model_identity, load_reward_branch
+from .harness import Harness, TrainingError, as_float
+from .stage import EpochBatches, SplitCache, batches, total_steps_of
+
+logger = logging.getLogger("hydrappo")
+
+
+class RewardTrainer:
+    """Trains a reward branch on a frozen hydra trunk from preference pairs.
+
+    Build it from a `RewardConfig` (`hydrappo reward` does); pass `hydra`/`tokenizer` to
+    use a model you built yourself. `config_dir` anchors relative paths of the config."""
+
+    name = "reward"
+    progress = {"loss": "train/loss", "acc": "train/accuracy"}
+
+    def __init__(self, config: RewardConfig, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
+        config.resolve_paths(config_dir)
+        validate(config)
+        self.config = config
+        data, train = config.data, config.train
+        self.harness = Harness(train, config, max_nonfinite_steps=train.max_nonfinite_steps)
+        self.device = self.harness.device
+        if hydra is None:
+            hydra, tokenizer = build_hydra(config.model, device=self.device)
+        if tokenizer is None:
+            raise DataError("pass the tokenizer together with a hydra model.")
+        self.hydra, self.tokenizer = hydra, tokenizer
+        if hydra.full_model:
+            raise DataError("reward training needs a frozen trunk: set model.num_layers_unfrozen >= 0 (not -1).")
+        # Nothing of the policy, reference or value head trains here; only the branch.
+        hydra.requires_grad_(False)
+        hydra.eval()
+        if config.model.reward_branch_path:
+            # Continue training an existing reward branch.
+            self.branch = load_reward_branch(hydra, config.model.reward_branch_path).requires_grad_(True)
+        else:
+            self.branch = hydra.new_reward_branch(trainable=True, own_norm=True)
+
+        pairs = load_preference_pairs(data.train_file, tokenizer, data)
+        if data.eval_file:
+            self.train_pairs = pairs
+            self.eval_pairs = load_preference_pairs(data.eval_file, tokenizer, data, "data.eval_file", data.eval_split)
+        else:
+            # Without a prompt column every row is its own group.
+            groups = pairs.prompts if data.prompt_column else [str(i) for i in range(len(pairs))]
+            train_index, eval_index = split_by_prompt(groups, data.eval_fraction, train.seed)
+            self.train_pairs, self.eval_pairs = pairs.subset(train_index), pairs.subset(eval_index)
+        if not len(self.train_pairs):
+            raise DataError("no training pairs left after the eval split; lower data.eval_fraction.")
+        logger.info("reward training: %d training pairs, %d held-out pairs", len(self.train_pairs), len(self.eval_pairs))
+
+        self.split_cache = SplitCache(hydra, train.cache_split_hidden)
+        self.total_steps = total_steps_of(train, len(self.train_pairs))
+        self.batches = EpochBatches(len(self.train_pairs), train.batch_size, train.seed)
+        self.harness.setup_optimizer(self.branch.parameters(), train, self.total_steps)
+        self.score_stats: dict | None = None
+        self.final_eval: dict = {}
+        self.last_stats: dict = {}
+        self.checkpoint_path = None
+
+    @property
+    def trained_module(self):
+        return self.branch
+
+    @property
+    def step(self) -> int:
+        return self.harness.step
+
+    def train(self, resume=None) -> list[dict]:
+        """Train, evaluate, compute the reference statistics and write the final checkpoint."""
+        history = self.harness.run(self, self.total_steps, resume)
+        from ..storage.checkpoint import latest_checkpoint
+
+        self.checkpoint_path = latest_checkpoint(self.harness.output_dir)
+        return history
+
+    # ------------------------------------------------------------------ scoring
+    def _scores(self, keys, prompt_ids, response_ids) -> torch.Tensor:
+        input_ids, attention_mask, _, _ = pack_sequences(prompt_ids, response_ids, self.tokenizer.pad_token_id)
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        split = self.split_cache(keys, input_ids, attention_mask)
+        with self.harness.autocast():
+            return self.hydra.reward_scores(split, input_ids, attention_mask, self.branch).float()
+
+    def _pair_scores(self, pairs: PreferencePairs, index: list[int], tag: str):
+        """Chosen and rejected scores of pairs `index`, in ONE batch (2 x len(index) rows)."""
+        keys = [(tag, i, 0) for i in index] + [(tag, i, 1) for i in index]
+        prompts = [pairs.prompt_ids[i] for i in index]
+        responses = [pairs.chosen_ids[i] for i in index] + [pairs.rejected_ids[i] for i in index]
+        scores = self._scores(keys, prompts + prompts, responses)
+        return scores[: len(index)], scores[len(index) :]
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]], batch_size: int | None = None) -> torch.Tensor:
+        """Scores of (prompt, response) token sequences by the branch as it is now (B,), on the CPU."""
+        batch_size = batch_size or self.config.train.eval_batch_size
+        out = []
+        for start in range(0, len(prompt_ids), batch_size):
+            stop = start + batch_size
+            out.append(self._scores(None, prompt_ids[start:stop], response_ids[start:stop]).cpu())
+        return torch.cat(out) if out else torch.zeros(0)
+
+    @torch.no_grad()
+    def evaluate(self, pairs: PreferencePairs | None = None, tag: str = "eval") -> dict:
+        """Loss, accuracy and mean margin over all of `pairs` (default: the held-out pairs)."""
+        pairs = self.eval_pairs if pairs is None else pairs
+        if not len(pairs):
+            return {}
+        chosen, rejected = [], []
+        for index in batches(len(pairs), max(1, self.config.train.eval_batch_size // 2)):
+            c, r = self._pair_scores(pairs, index, tag)
+            chosen.append(c.cpu())
+            rejected.append(r.cpu())
+        margins = torch.tensor(pairs.margins) if pairs.margins is not None else None
+        _, stats = preference_loss(torch.cat(chosen), torch.cat(rejected), margins)
+        return {f"{tag}/{key}": as_float(value) for key, value in stats.items()}
+
+    @torch.no_grad()
+    def reference_statistics(self) -> dict:
+        """Mean and std of the trained branch's scores on the reference set (see data.stats_file)."""
+        data, train = self.config.data, self.config.train
+        rng = random.Random(train.seed)
+        if data.stats_file is None:
+            pairs = self.train_pairs
+            candidates = [(i, side) for i in range(len(pairs)) for side in (0, 1)]
+            chosen_set = sorted(rng.sample(candidates, min(data.stats_max_samples, len(candidates))))
+            scores = []
+            for start in range(0, len(chosen_set), train.eval_batch_size):
+                part = chosen_set[start : start + train.eval_batch_size]
+                keys = [("train", i, side) for i, side in part]
+                responses = [(pairs.chosen_ids if side == 0 else pairs.rejected_ids)[i] for i, side in part]
+                scores.append(self._scores(keys, [pairs.prompt_ids[i] for i, _ in part], responses).cpu())
+            source = f"chosen and rejected responses of {len(chosen_set)} training texts"
+        else:
+            prompt_column = data.prompt_column or "prompt"
+            table = read_table(data.stats_file, [prompt_column], [data.stats_response_column], setting="data.stats_file")
+            index = sorted(rng.sample(range(len(table[prompt_column])), min(data.stats_max_samples, len(table[prompt_column]))))
+            prompt_ids = encode_prompts([table[prompt_column][i] for i in index], self.tokenizer, data)
+            if table[data.stats_response_column] is not None:
+                texts = [str(table[data.stats_response_column][i]) for i in index]
+                response_ids = tokenize_responses(texts, self.tokenizer, data.max_response_length, data.append_eos)
+                source = f"{len(index)} prompt/response rows of {data.stats_file}"
+            else:
+                # Responses of the base policy, sampled and stopped as PPO's first rollouts are.
+                generation = GenerationArgs(
+                    max_new_tokens=data.stats_max_new_tokens, temperature=data.stats_temperature,
+                    generation_batch_size=train.eval_batch_size,
+                )
+                response_ids = generate_responses(self.hydra, self.tokenizer, prompt_ids, generation).response_ids
+                source = f"base-policy responses to {len(index)} prompts of {data.stats_file}"
+            scores = [self.score(prompt_ids, response_ids)]
+        scores = torch.cat(scores)
+        try:
+            mean, std = score_statistics(scores)
+        except ValueError as error:
+            raise TrainingError(f"reward statistics on the reference set ({source}): {error}") from None
+        return {"score_mean": mean, "score_std": std, "count": int(scores.numel()), "source": source}
+
+    # ------------------------------------------------------------------ training
+    def train_step(self) -> tuple[dict, None]:
+        train, pairs = self.config.train, self.train_pairs
+        index, end_of_epoch = self.batches.next()
+        chosen, rejected = self._pair_scores(pairs, index, "train")
+        margins = torch.tensor([pairs.margins[i] for i in index], device=chosen.device) if pairs.margins is not None else None
+        loss, stats = preference_loss(chosen, rejected, margins)
+        finite = bool(torch.isfinite(loss))
+        if finite:
+            self.harness.backward(loss)
+        grad_norm = self.harness.optimizer_step(finite)
+        stats = {f"train/{key}": value for key, value in stats.items()}
+        stats.update({"train/grad_norm": grad_norm if grad_norm is not None else float("nan"), **self.harness.optimizer_stats("train/")})
+        step = self.harness.step + 1
+        if (train.eval_every and step % train.eval_every == 0) or end_of_epoch or step == self.total_steps:
+            stats.update(self.evaluate())
+        self.last_stats = stats
+        return stats, None
+
+    def finish(self) -> dict:
+        """Before the final checkpoint: the score statistics it stores for PPO."""
+        self.final_eval = {key: as_float(value) for key, value in self.last_stats.items() if key.startswith("eval/")}
+        self.score_stats = self.reference_statistics()
+        logger.info(
+            "reward scores on the reference set (%s): mean %.4f, std %.4f",
+            self.score_stats["source"], self.score_stats["score_mean"], self.score_stats["score_std"],
+        )
+        return {"reference/score_mean": self.score_stats["score_mean"], "reference/score_std": self.score_stats["score_std"]}
+
+    def state_dict(self) -> dict:
+        """The reward-branch metadata (storage/reward_branch.py) and the data position."""
+        stats = self.score_stats or {}
+        data = self.config.data
+        return {
+            "kind": REWARD_KIND,
+            "format_version": REWARD_FORMAT_VERSION,
+            "base_model": base_model_identity(self.hydra, self.config.model.name_or_path),
+            "has_norm": self.branch.norm is not None,
+            "score_mean": stats.get("score_mean"),
+            "score_std": stats.get("score_std"),
+            "score_stats": {k: stats[k] for k in ("count", "source") if k in stats},
+            "eval": self.final_eval if self.score_stats else {},
+            "data": {"apply_chat_template": data.apply_chat_template, "system_prompt": data.system_prompt,
+                     "append_eos": data.append_eos},
+            "batches": self.batches.state_dict(),
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        if "batches" not in state:
+            raise TrainingError("this reward checkpoint was written before reward runs could resume; start a new run.")
+        self.batches.load_state_dict(state["batches"])
+        if state.get("score_mean") is not None:
+            self.score_stats = {"score_mean": state["score_mean"], "score_std": state["score_std"], **state.get("score_stats", {})}
+            self.final_eval = state.get("eval", {})

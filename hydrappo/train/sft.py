@@ -1,0 +1,201 @@
+"""Supervised fine-tuning of the top N layers (or LoRA adapters): the first stage of RLHF.
+
+    hydrappo sft CONFIG.yaml [--resume] [--option value ...]
+
+Prompt/response pairs; the loss is the mean negative log-likelihood of the RESPONSE
+tokens only (algo/losses.py `response_nll`). The model is the same hydra trunk PPO uses:
+the bottom L - N layers stay frozen and run without gradients (once per example with
+`train.cache_split_hidden`), and the log-probs come from the hydra's chunked code, so the
+full (B, T, vocab) logits tensor never exists. Checkpoints (every `save_every` steps)
+resume exactly, as PPO's do.
+
+The result is written into `train.output_dir` at the end: a plain transformers model
+directory (safetensors weights, config, tokenizer with its chat template) to point
+`model.name_or_path` of a PPO config at, so that PPO's frozen reference is the SFT
+policy; or, with LoRA (`lora.lora_r > 0`), a peft adapter (adapter_config.json,
+adapter_model.safetensors) that loads with `PeftModel.from_pretrained(base, output_dir)`
+and that PPO starts from with `lora.lora_init_adapter: output_dir`. Because only the top
+layers changed, the frozen bottom is the base model's, so a reward branch trained on the
+base model also fits it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..algo.losses import response_nll
+from ..config import SFTConfig, validate
+from ..data import DataError, load_sft_rows, split_by_prompt
+from ..model import HydraModel
+from ..rollout import pack_sequences, response_part
+from ..storage.atomic import write_files_into
+from ..storage.models import build_hydra
+from .harness import Harness, enable_activation_checkpointing
+from .stage import EpochBatches, SplitCache, batches, total_steps_of
+
+logger = logging.getLogger("hydrappo")
+
+CONFIG_NAME = "sft_config.yaml"
+
+
+def _is_old_weights(path: Path) -> bool:
+    return path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json") or path.name == "adapter_config.json"
+
+
+def save_model_dir(model, tokenizer, output_dir: str | Path, extra_files: dict[str, str] | None = None) -> Path:
+    """`save_pretrained` of a model (safetensors; a PeftModel writes its adapter) and its
+    tokenizer into output_dir, which may also hold logs and checkpoints. The model's marker
+    file (config.json, or adapter_config.json for an adapter) is removed first and written
+    last, so an interrupted write never looks complete; weights of an older model go."""
+    from peft import PeftModel
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+
+    last = "adapter_config.json" if isinstance(model, PeftModel) else "config.json"
+    return write_files_into(output_dir, fill, last=last, stale=_is_old_weights)
+
+
+class SFTTrainer:
+    """Supervised fine-tuning of a hydra's policy (its top N layers, optionally the lm_head
+    and final norm, or LoRA adapters) on prompt/response pairs."""
+
+    name = "sft"
+    progress = {"loss": "train/loss"}
+
+    def __init__(self, config: SFTConfig, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
+        config.resolve_paths(config_dir)
+        validate(config)
+        self.config = config
+        data, train = config.data, config.train
+        self.harness = Harness(train, config, max_nonfinite_steps=train.max_nonfinite_steps)
+        self.device = self.harness.device
+        if hydra is None:
+            hydra, tokenizer = build_hydra(config.model, config.lora, device=self.device)
+        if tokenizer is None:
+            raise DataError("pass the tokenizer together with a hydra model.")
+        self.hydra, self.tokenizer = hydra, tokenizer
+        # Only the policy learns here: the value head is PPO's business.
+        hydra.value_head.requires_grad_(False)
+        params = [p for p in hydra.parameters() if p.requires_grad]
+        if not params:
+            raise DataError(
+                "nothing to train: model.num_layers_unfrozen is 0 and the lm_head is frozen; set num_layers_unfrozen >= 1."
+            )
+        if config.model.gradient_checkpointing:
+            enable_activation_checkpointing(hydra.model)
+
+        prompts, prompt_ids, response_ids = load_sft_rows(data.train_file, tokenizer, data)
+        if data.eval_file:
+            self.train_set = (prompt_ids, response_ids)
+            self.eval_set = load_sft_rows(data.eval_file, tokenizer, data, "data.eval_file", data.eval_split)[1:]
+        else:
+            train_index, eval_index = split_by_prompt(prompts, data.eval_fraction, train.seed)
+            pick = lambda rows, index: [rows[i] for i in index]  # noqa: E731
+            self.train_set = (pick(prompt_ids, train_index), pick(response_ids, train_index))
+            self.eval_set = (pick(prompt_ids, eval_index), pick(response_ids, eval_index))
+        if not self.train_set[0]:
+            raise DataError("no training examples left after the eval split; lower data.eval_fraction.")
+        logger.info("sft: %d training examples, %d held-out examples", len(self.train_set[0]), len(self.eval_set[0]))
+
+        # With the whole model training nothing is frozen to cache.
+        self.split_cache = SplitCache(hydra, train.cache_split_hidden and not hydra.full_model)
+        self.total_steps = total_steps_of(train, len(self.train_set[0]))
+        self.batches = EpochBatches(len(self.train_set[0]), train.batch_size, train.seed)
+        self.harness.setup_optimizer(params, train, self.total_steps)
+        self.output_dir = Path(train.output_dir)
+
+    @property
+    def trained_module(self):
+        return self.hydra
+
+    @property
+    def step(self) -> int:
+        return self.harness.step
+
+    def train(self, resume=None) -> list[dict]:
+        """Train (evaluating at step 0, per epoch or eval_every, and at the end); the model
+        (or adapter) is written into output_dir before the final checkpoint."""
+        return self.harness.run(self, self.total_steps, resume)
+
+    def response_logprobs(self, keys, prompt_ids, response_ids):
+        """Log-probs (B, R) of the response tokens under the policy, and their mask."""
+        input_ids, attention_mask, action_mask, width = pack_sequences(prompt_ids, response_ids, self.tokenizer.pad_token_id)
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        # The first response token is predicted at the last prompt column: skip the
+        # prompt's positions in the lm_head (hydra's logprobs_from).
+        offset = width - 1
+        with self.harness.autocast():
+            if self.split_cache.enabled:
+                split = self.split_cache(keys, input_ids, attention_mask)
+                out = self.hydra.forward_top(split, input_ids, attention_mask, logprobs_from=offset)
+            else:
+                out = self.hydra.forward_hydra(input_ids, attention_mask, return_reference=False, logprobs_from=offset)
+        return response_part(out, width).logprobs, action_mask.to(self.device)
+
+    @torch.no_grad()
+    def evaluate(self, dataset=None, tag: str = "eval") -> dict:
+        """Token-mean response NLL over a (prompt_ids, response_ids) set (default: held out)."""
+        prompt_ids, response_ids = self.eval_set if dataset is None else dataset
+        if not prompt_ids:
+            return {}
+        was_training = self.hydra.training
+        self.hydra.eval()
+        total, tokens = 0.0, 0.0
+        for index in batches(len(prompt_ids), self.config.train.eval_batch_size):
+            logprobs, mask = self.response_logprobs(
+                [(tag, i) for i in index], [prompt_ids[i] for i in index], [response_ids[i] for i in index]
+            )
+            nll, count = response_nll(logprobs, mask)
+            total += nll.item() * count.item()
+            tokens += count.item()
+        self.hydra.train(was_training)
+        return {f"{tag}/loss": total / max(tokens, 1.0), f"{tag}/tokens": tokens}
+
+    def before_training(self) -> dict:
+        return self.evaluate()
+
+    def train_step(self) -> tuple[dict, None]:
+        train = self.config.train
+        index, end_of_epoch = self.batches.next()
+        prompt_ids, response_ids = self.train_set
+        self.hydra.train(self.config.model.gradient_checkpointing)
+        logprobs, mask = self.response_logprobs(
+            [("train", i) for i in index], [prompt_ids[i] for i in index], [response_ids[i] for i in index]
+        )
+        loss, tokens = response_nll(logprobs, mask)
+        finite = bool(torch.isfinite(loss))
+        if finite:
+            self.harness.backward(loss)
+        grad_norm = self.harness.optimizer_step(finite)
+        self.hydra.eval()
+        stats = {"train/loss": loss.detach(), "train/tokens": tokens, "train/grad_norm": grad_norm if grad_norm is not None else float("nan"),
+                 **self.harness.optimizer_stats("train/")}  # fmt: skip
+        step = self.harness.step + 1
+        if (train.eval_every and step % train.eval_every == 0) or end_of_epoch or step == self.total_steps:
+            stats.update(self.evaluate())
+        return stats, None
+
+    def finish(self) -> dict:
+        self.save_model()
+        logger.info("sft model saved to %s", self.output_dir)
+        return {}
+
+    def save_model(self) -> Path:
+        """The fine-tuned model (or LoRA adapter) into output_dir."""
+        model = self.hydra.peft_model if self.hydra.uses_lora else self.hydra.model
+        config_yaml = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
+        return save_model_dir(model, self.tokenizer, self.output_dir, {CONFIG_NAME: config_yaml})
+
+    def state_dict(self) -> dict:
+        return {"batches": self.batches.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches.load_state_dict(state["batches"])

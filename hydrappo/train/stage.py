@@ -1,0 +1,85 @@
+"""What the two supervised stages (reward model, SFT) share beyond the harness: epochs of
+shuffled batches that resume exactly, the step count, and the frozen-trunk cache."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..model import HydraModel
+
+
+def total_steps_of(train, num_examples: int) -> int:
+    """Optimizer steps of a stage: `max_steps`, or `epochs` passes of ceil(examples / batch)."""
+    per_epoch = math.ceil(num_examples / train.batch_size)
+    return train.max_steps if train.max_steps > 0 else train.epochs * per_epoch
+
+
+def batches(num_examples: int, batch_size: int, generator: torch.Generator | None = None) -> list[list[int]]:
+    """Index batches of one pass (shuffled when a generator is given; the last may be smaller)."""
+    order = torch.randperm(num_examples, generator=generator).tolist() if generator is not None else list(range(num_examples))
+    return [order[i : i + batch_size] for i in range(0, num_examples, batch_size)]
+
+
+class EpochBatches:
+    """Shuffled batches, epoch after epoch, from one seeded generator. The state is the
+    generator's state at the start of the current epoch and the position in it, so a run
+    resumed from `state_dict()` draws exactly the batches an uninterrupted run draws."""
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int):
+        self.num_examples, self.batch_size = num_examples, batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.epoch = 0
+        self._start_epoch()
+
+    def _start_epoch(self) -> None:
+        self.epoch_start_state = self.generator.get_state()
+        self.epoch_batches = batches(self.num_examples, self.batch_size, self.generator)
+        self.position = 0
+
+    def next(self) -> tuple[list[int], bool]:
+        """The next batch of indices, and whether it is the last one of its epoch."""
+        if self.position == len(self.epoch_batches):
+            self.epoch += 1
+            self._start_epoch()
+        batch = self.epoch_batches[self.position]
+        self.position += 1
+        return batch, self.position == len(self.epoch_batches)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "generator": self.epoch_start_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self._start_epoch()
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class SplitCache:
+    """The frozen bottom layers' output per example, kept for its real tokens only.
+
+    The bottom of the trunk is frozen and the data is fixed, so an example's split hidden
+    state never changes: with the cache on, it is computed once and later epochs,
+    evaluations and the score statistics run only the top layers. Off, every batch runs
+    the bottom (without gradients)."""
+
+    def __init__(self, hydra: HydraModel, enabled: bool):
+        self.hydra, self.enabled = hydra, enabled
+        self.rows: dict = {}
+
+    def __call__(self, keys: list | None, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Split hidden states (B, T, H) of a batch; `keys` name its rows (None: not cached)."""
+        real = attention_mask.bool()
+        if keys is None:
+            return self.hydra.split_hidden_states(input_ids, attention_mask)
+        if self.enabled and all(key in self.rows for key in keys):
+            first = self.rows[keys[0]]
+            split = first.new_zeros((*input_ids.shape, first.shape[-1]))
+            split[real] = torch.cat([self.rows[key] for key in keys])
+            return split
+        split = self.hydra.split_hidden_states(input_ids, attention_mask)
+        if self.enabled:
+            for row, key in enumerate(keys):
+                self.rows[key] = split[row][real[row]].clone()
+        return split
