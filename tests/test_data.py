@@ -197,3 +197,57 @@ def test_sampler_resume_equals_uninterrupted_run():
     with pytest.raises(DataError, match="prompt data changed"):
         PromptSampler(3, seed=7).load_state_dict({"epoch": 0, "position": 8, "seed": 7})
 
+
+
+def test_a_dataset_saved_with_save_to_disk_and_its_splits(tmp_path):
+    from datasets import DatasetDict
+
+    single = tmp_path / "single"
+    Dataset.from_dict({"prompt": ["w1", "w2"]}).save_to_disk(str(single))
+    assert load_prompt_texts(str(single)) == ["w1", "w2"]
+    both = tmp_path / "both"
+    DatasetDict({"train": Dataset.from_dict({"prompt": ["w1"]}), "test": Dataset.from_dict({"prompt": ["w9"]})}).save_to_disk(str(both))
+    assert load_prompt_texts(str(both), split="test") == ["w9"]
+    with pytest.raises(DataError, match="has no split 'validation'; splits: train, test"):
+        load_prompt_texts(str(both), split="validation")
+
+
+def test_a_folder_laid_out_as_on_the_hub_with_splits_and_subsets(tmp_path):
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    write_prompts(hub / "data" / "train-00000-of-00001.jsonl", "jsonl", ["w1", "w2"])
+    write_prompts(hub / "data" / "test-00000-of-00001.jsonl", "jsonl", ["w7"])
+    assert load_prompt_texts(str(hub)) == ["w1", "w2"]
+    # A plain folder would read every file; the Hub layout reads the split asked for.
+    assert load_prompt_texts(str(hub), split="test") == ["w7"]
+
+    configs = tmp_path / "configs"
+    (configs / "easy").mkdir(parents=True)
+    (configs / "hard").mkdir()
+    write_prompts(configs / "easy" / "train.jsonl", "jsonl", ["w3"])
+    write_prompts(configs / "hard" / "train.jsonl", "jsonl", ["w4", "w5"])
+    (configs / "README.md").write_text(
+        "---\nconfigs:\n- config_name: easy\n  data_files:\n  - split: train\n    path: easy/train.jsonl\n"
+        "- config_name: hard\n  data_files:\n  - split: train\n    path: hard/train.jsonl\n---\n# prompts\n"
+    )
+    assert load_prompt_texts(str(configs), subset="hard") == ["w4", "w5"]
+    assert load_prompt_texts(str(configs), subset="easy") == ["w3"]
+
+
+def test_pairs_and_sft_rows_come_through_the_same_reader(tmp_path):
+    from hydrappo.config import PreferenceDataArgs, SFTDataArgs
+    from hydrappo.data import load_preference_pairs, load_sft_rows
+
+    tokenizer = tiny_tokenizer()
+    saved = tmp_path / "pairs"
+    Dataset.from_dict({"prompt": ["w1", "w2"], "chosen": ["w3", "w4"], "rejected": ["w5", "w6"]}).save_to_disk(str(saved))
+    pairs = load_preference_pairs(str(saved), tokenizer, PreferenceDataArgs(append_eos=False))
+    ids = tokenizer.convert_tokens_to_ids
+    assert pairs.prompts == ["w1", "w2"] and pairs.chosen_ids == [ids(["w3"]), ids(["w4"])]
+
+    hub = tmp_path / "sft"
+    (hub / "data").mkdir(parents=True)
+    write_jsonl(hub / "data" / "train-00000-of-00001.jsonl", [{"prompt": "w1", "response": "w2"}])
+    write_jsonl(hub / "data" / "validation-00000-of-00001.jsonl", [{"prompt": "w8", "response": "w9"}])
+    prompts, _, responses = load_sft_rows(str(hub), tokenizer, SFTDataArgs(split="validation", append_eos=False))
+    assert prompts == ["w8"] and responses == [ids(["w9"])]

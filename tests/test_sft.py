@@ -119,3 +119,37 @@ def test_sft_config_errors(tmp_path, capsys):
     config.data.eval_fraction = 1.5  # a config built in code is checked by the trainer
     with pytest.raises(ConfigError, match="eval_fraction=1.5 must be in"):
         SFTTrainer(config, config_dir=tmp_path)
+
+
+def test_lora_sft_writes_a_peft_adapter_that_ppo_starts_from(tmp_path):
+    from peft import PeftModel
+
+    lora = ["--lora_r", "4", "--lora_alpha", "8", "--train_lm_head", "false"]
+    config = parse_config(write_sft_config(tmp_path, epochs=1), [*lora, "--learning_rate", "1e-2"], SFTConfig)
+    trainer = SFTTrainer(config)
+    history = trainer.train()
+    evals = [row["eval/loss"] for row in history if "eval/loss" in row]
+    assert evals[-1] < evals[0], evals
+    out = tmp_path / "sft"
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    assert not (out / "config.json").exists()  # an adapter, not a whole model
+
+    # peft loads it onto the base model, and the result is the trained policy.
+    torch.manual_seed(0)  # the base model: the same random init as the SFT run's
+    base, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    loaded = PeftModel.from_pretrained(base, str(out)).eval()
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, trainer.hydra.model(input_ids=ids).logits)
+
+    # PPO starts from it: the adapter is merged into the base, so the reference is the SFT policy.
+    ppo_config = parse_config(TINY / "config.yaml", [
+        *lora, "--lora_init_adapter", str(out), "--output_dir", str(tmp_path / "ppo"), "--total_steps", "1",
+        "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"])
+    first = PPOTrainer(ppo_config).train()[0]
+    assert first["objective/kl"] == pytest.approx(0.0, abs=1e-4)
+
+
+def test_lora_dropout_is_refused_clearly():
+    with pytest.raises(ConfigError, match="lora_dropout=0.1: hydrappo runs every model without dropout"):
+        parse_config(TINY / "config.yaml", ["--lora_r", "4", "--lora_dropout", "0.1", "--train_lm_head", "false"])

@@ -28,6 +28,7 @@ from ..config import GenerationArgs, RewardConfig, validate
 from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, read_table, split_by_prompt, tokenize_responses
 from ..model import HydraModel
 from ..rollout import generate_responses, pack_sequences
+from ..storage.checkpoint import latest_checkpoint
 from ..storage.models import build_hydra
 from ..storage.reward_branch import REWARD_FORMAT_VERSION, REWARD_KIND, base_model_identity, load_reward_branch
 from .harness import Harness, TrainingError, as_float
@@ -100,9 +101,13 @@ class RewardTrainer:
 
     def train(self, resume=None) -> list[dict]:
         """Train, evaluate, compute the reference statistics and write the final checkpoint."""
+        examples = {}
+        for tag, pairs in (("train", self.train_pairs), ("eval", self.eval_pairs)):
+            for i in range(len(pairs)):
+                examples[(tag, i, 0)] = (pairs.prompt_ids[i], pairs.chosen_ids[i])
+                examples[(tag, i, 1)] = (pairs.prompt_ids[i], pairs.rejected_ids[i])
+        self.split_cache.fill(examples, self.tokenizer.pad_token_id, self.config.train.eval_batch_size)
         history = self.harness.run(self, self.total_steps, resume)
-        from ..storage.checkpoint import latest_checkpoint
-
         self.checkpoint_path = latest_checkpoint(self.harness.output_dir)
         return history
 

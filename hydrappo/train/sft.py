@@ -123,6 +123,11 @@ class SFTTrainer:
     def train(self, resume=None) -> list[dict]:
         """Train (evaluating at step 0, per epoch or eval_every, and at the end); the model
         (or adapter) is written into output_dir before the final checkpoint."""
+        prompt_ids, response_ids = self.train_set
+        examples = {("train", i): (prompt_ids[i], response_ids[i]) for i in range(len(prompt_ids))}
+        prompt_ids, response_ids = self.eval_set
+        examples.update({("eval", i): (prompt_ids[i], response_ids[i]) for i in range(len(prompt_ids))})
+        self.split_cache.fill(examples, self.tokenizer.pad_token_id, self.config.train.eval_batch_size)
         return self.harness.run(self, self.total_steps, resume)
 
     def response_logprobs(self, keys, prompt_ids, response_ids):

@@ -8,6 +8,7 @@ import math
 import torch
 
 from ..model import HydraModel
+from ..rollout import pack_sequences
 
 
 def total_steps_of(train, num_examples: int) -> int:
@@ -67,6 +68,22 @@ class SplitCache:
     def __init__(self, hydra: HydraModel, enabled: bool):
         self.hydra, self.enabled = hydra, enabled
         self.rows: dict = {}
+
+    def fill(self, examples: dict, pad_token_id: int, chunk_size: int) -> None:
+        """Compute every example's split hidden state now ({key: (prompt ids, response ids)}),
+        in key order and fixed chunks. A row's numbers depend (in the last bits) on the batch
+        it was computed in, so filling the cache the same way every time makes its contents
+        independent of how training happened to batch the examples: a resumed run then
+        computes exactly what an uninterrupted one did."""
+        if not self.enabled:
+            return
+        keys = sorted(key for key in examples if key not in self.rows)
+        for start in range(0, len(keys), chunk_size):
+            chunk = keys[start : start + chunk_size]
+            input_ids, attention_mask, _, _ = pack_sequences(
+                [examples[key][0] for key in chunk], [examples[key][1] for key in chunk], pad_token_id
+            )
+            self(chunk, input_ids.to(self.hydra.device), attention_mask.to(self.hydra.device))
 
     def __call__(self, keys: list | None, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Split hidden states (B, T, H) of a batch; `keys` name its rows (None: not cached)."""
