@@ -134,10 +134,11 @@ def test_no_import_cycle():
             visit(name)
 
 
-def test_the_reader_sees_function_level_imports(tmp_path):
+def test_the_reader_sees_function_level_imports():
     """The rule holds for imports inside functions too (they once hid a cycle)."""
-    assert "hydrappo.storage.models" in GRAPH["hydrappo.train.ppo"]
-    assert any(target.startswith("hydrappo.train") for target in GRAPH["hydrappo.cli"])  # all of them lazy
+    # The CLI imports every command's module inside its function, so that `hydrappo --help` is quick.
+    assert {"hydrappo.train.ppo", "hydrappo.train.reward", "hydrappo.train.sft", "hydrappo.evaluate"} <= GRAPH["hydrappo.cli"]
+    assert "hydrappo.storage.models" in GRAPH["hydrappo.train.harness"]
 
 
 def test_modules_stay_small():

@@ -35,12 +35,13 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import ConfigError
+from ..config import ConfigError, validate
 from ..errors import HydrappoError
 from ..storage.checkpoint import (
     latest_checkpoint, load_trainable_weights, load_training_state, resolve_resume, rng_state, save_checkpoint,
     seed_everything, set_rng_state, trainable_state_dict,
 )
+from ..storage.models import build_hydra
 from .precision import MixedPrecision, pick_device, pick_mixed_precision
 
 logger = logging.getLogger("hydrappo")
@@ -243,6 +244,21 @@ class Harness:
         self.step = trainer_state["step"]
         loop.load_state_dict({**trainer_state, **training_state})
         logger.info("resumed from %s at step %d", path, self.step)
+
+
+def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None):
+    """What every trainer does first, in this order (a random-init model depends on the seed):
+    anchor the config's relative paths at `config_dir` and check it, seed, pick the device and
+    precision, and build the hydra the config names unless one is given.
+    Returns (harness, hydra, tokenizer)."""
+    config.resolve_paths(config_dir)
+    validate(config)
+    harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
+    if hydra is None:
+        hydra, tokenizer = build_hydra(config.model, lora, device=harness.device)
+    if tokenizer is None:
+        raise ConfigError("pass the tokenizer together with a hydra model.")
+    return harness, hydra, tokenizer
 
 
 class RunLog:

@@ -23,14 +23,13 @@ from ..algo.kl import build_kl_controller
 from ..algo.losses import ppo_loss
 from ..algo.masked import masked_mean, whiten
 from ..algo.scores import RunningMoments, normalize_scores, shape_rewards
-from ..config import Config, ConfigError, validate
+from ..config import Config
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
 from ..model import HydraModel
 from ..rewards import build_reward_source
 from ..rollout import Experience, Responses, evaluate_sequences, generate_responses, pack_sequences, response_part
-from ..storage.models import build_hydra
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
-from .harness import Harness, TrainingError, as_float, enable_activation_checkpointing
+from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
 
 
 class MeanMeter:
@@ -63,16 +62,13 @@ class PPOTrainer:
     progress = {"reward": "env/reward_mean", "kl": "objective/kl"}
 
     def __init__(self, config: Config, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
-        config.resolve_paths(config_dir)
-        validate(config)
         self.config = config
         ppo, train = config.ppo, config.train
-        self.harness = Harness(train, config, max_nonfinite_steps=ppo.max_nonfinite_steps)
+        self.harness, hydra, tokenizer = prepare(
+            config, train, max_nonfinite_steps=ppo.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
+            tokenizer=tokenizer, lora=config.lora,
+        )
         self.device = self.harness.device
-        if hydra is None:
-            hydra, tokenizer = build_hydra(config.model, config.lora, device=self.device)
-        if tokenizer is None:
-            raise ConfigError("PPOTrainer: pass the tokenizer together with a hydra model.")
         self.hydra, self.tokenizer = hydra, tokenizer
         if config.model.gradient_checkpointing:
             enable_activation_checkpointing(hydra.model)

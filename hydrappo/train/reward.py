@@ -24,20 +24,19 @@ import torch
 
 from ..algo.losses import preference_loss
 from ..algo.scores import score_statistics
-from ..config import GenerationArgs, RewardConfig, validate
+from ..config import GenerationArgs, RewardConfig
 from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, read_table, split_by_prompt, tokenize_responses
 from ..model import HydraModel
 from ..rollout import generate_responses, pack_sequences
 from ..storage.checkpoint import latest_checkpoint
-from ..storage.models import build_hydra
 from ..storage.reward_branch import REWARD_FORMAT_VERSION, REWARD_KIND, base_model_identity, load_reward_branch
-from .harness import Harness, TrainingError, as_float
-from .stage import EpochBatches, SplitCache, batches, total_steps_of
+from .harness import TrainingError, as_float, prepare
+from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of
 
 logger = logging.getLogger("hydrappo")
 
 
-class RewardTrainer:
+class RewardTrainer(SupervisedStage):
     """Trains a reward branch on a frozen hydra trunk from preference pairs.
 
     Build it from a `RewardConfig` (`hydrappo reward` does); pass `hydra`/`tokenizer` to
@@ -47,16 +46,13 @@ class RewardTrainer:
     progress = {"loss": "train/loss", "acc": "train/accuracy"}
 
     def __init__(self, config: RewardConfig, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
-        config.resolve_paths(config_dir)
-        validate(config)
         self.config = config
         data, train = config.data, config.train
-        self.harness = Harness(train, config, max_nonfinite_steps=train.max_nonfinite_steps)
+        self.harness, hydra, tokenizer = prepare(
+            config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
+            tokenizer=tokenizer,
+        )
         self.device = self.harness.device
-        if hydra is None:
-            hydra, tokenizer = build_hydra(config.model, device=self.device)
-        if tokenizer is None:
-            raise DataError("pass the tokenizer together with a hydra model.")
         self.hydra, self.tokenizer = hydra, tokenizer
         if hydra.full_model:
             raise DataError("reward training needs a frozen trunk: set model.num_layers_unfrozen >= 0 (not -1).")
@@ -95,21 +91,19 @@ class RewardTrainer:
     def trained_module(self):
         return self.branch
 
-    @property
-    def step(self) -> int:
-        return self.harness.step
-
     def train(self, resume=None) -> list[dict]:
         """Train, evaluate, compute the reference statistics and write the final checkpoint."""
+        history = super().train(resume)
+        self.checkpoint_path = latest_checkpoint(self.harness.output_dir)
+        return history
+
+    def cache_examples(self) -> dict:
         examples = {}
         for tag, pairs in (("train", self.train_pairs), ("eval", self.eval_pairs)):
             for i in range(len(pairs)):
                 examples[(tag, i, 0)] = (pairs.prompt_ids[i], pairs.chosen_ids[i])
                 examples[(tag, i, 1)] = (pairs.prompt_ids[i], pairs.rejected_ids[i])
-        self.split_cache.fill(examples, self.tokenizer.pad_token_id, self.config.train.eval_batch_size)
-        history = self.harness.run(self, self.total_steps, resume)
-        self.checkpoint_path = latest_checkpoint(self.harness.output_dir)
-        return history
+        return examples
 
     # ------------------------------------------------------------------ scoring
     def _scores(self, keys, prompt_ids, response_ids) -> torch.Tensor:

@@ -28,14 +28,13 @@ import torch
 import yaml
 
 from ..algo.losses import response_nll
-from ..config import SFTConfig, validate
+from ..config import SFTConfig
 from ..data import DataError, load_sft_rows, split_by_prompt
 from ..model import HydraModel
 from ..rollout import pack_sequences, response_part
 from ..storage.atomic import write_files_into
-from ..storage.models import build_hydra
-from .harness import Harness, enable_activation_checkpointing
-from .stage import EpochBatches, SplitCache, batches, total_steps_of
+from .harness import enable_activation_checkpointing, prepare
+from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of
 
 logger = logging.getLogger("hydrappo")
 
@@ -63,24 +62,23 @@ def save_model_dir(model, tokenizer, output_dir: str | Path, extra_files: dict[s
     return write_files_into(output_dir, fill, last=last, stale=_is_old_weights)
 
 
-class SFTTrainer:
+class SFTTrainer(SupervisedStage):
     """Supervised fine-tuning of a hydra's policy (its top N layers, optionally the lm_head
     and final norm, or LoRA adapters) on prompt/response pairs."""
 
     name = "sft"
     progress = {"loss": "train/loss"}
+    # train(): evaluates at step 0, per epoch (or eval_every) and at the end; the model (or
+    # adapter) is written into output_dir before the final checkpoint.
 
     def __init__(self, config: SFTConfig, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
-        config.resolve_paths(config_dir)
-        validate(config)
         self.config = config
         data, train = config.data, config.train
-        self.harness = Harness(train, config, max_nonfinite_steps=train.max_nonfinite_steps)
+        self.harness, hydra, tokenizer = prepare(
+            config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
+            tokenizer=tokenizer, lora=config.lora,
+        )
         self.device = self.harness.device
-        if hydra is None:
-            hydra, tokenizer = build_hydra(config.model, config.lora, device=self.device)
-        if tokenizer is None:
-            raise DataError("pass the tokenizer together with a hydra model.")
         self.hydra, self.tokenizer = hydra, tokenizer
         # Only the policy learns here: the value head is PPO's business.
         hydra.value_head.requires_grad_(False)
@@ -116,19 +114,11 @@ class SFTTrainer:
     def trained_module(self):
         return self.hydra
 
-    @property
-    def step(self) -> int:
-        return self.harness.step
-
-    def train(self, resume=None) -> list[dict]:
-        """Train (evaluating at step 0, per epoch or eval_every, and at the end); the model
-        (or adapter) is written into output_dir before the final checkpoint."""
-        prompt_ids, response_ids = self.train_set
-        examples = {("train", i): (prompt_ids[i], response_ids[i]) for i in range(len(prompt_ids))}
-        prompt_ids, response_ids = self.eval_set
-        examples.update({("eval", i): (prompt_ids[i], response_ids[i]) for i in range(len(prompt_ids))})
-        self.split_cache.fill(examples, self.tokenizer.pad_token_id, self.config.train.eval_batch_size)
-        return self.harness.run(self, self.total_steps, resume)
+    def cache_examples(self) -> dict:
+        examples = {}
+        for tag, (prompt_ids, response_ids) in (("train", self.train_set), ("eval", self.eval_set)):
+            examples.update({(tag, i): (prompt_ids[i], response_ids[i]) for i in range(len(prompt_ids))})
+        return examples
 
     def response_logprobs(self, keys, prompt_ids, response_ids):
         """Log-probs (B, R) of the response tokens under the policy, and their mask."""

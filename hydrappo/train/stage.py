@@ -23,6 +23,20 @@ def batches(num_examples: int, batch_size: int, generator: torch.Generator | Non
     return [order[i : i + batch_size] for i in range(0, num_examples, batch_size)]
 
 
+class SupervisedStage:
+    """What the reward and SFT loops share around the harness: a step count, and `train()`,
+    which fills the split cache (see SplitCache.fill) before running the steps. A stage has
+    `harness`, `split_cache`, `tokenizer`, `config`, `total_steps` and `cache_examples()`."""
+
+    @property
+    def step(self) -> int:
+        return self.harness.step
+
+    def train(self, resume=None) -> list[dict]:
+        self.split_cache.fill(self.cache_examples(), self.tokenizer.pad_token_id, self.config.train.eval_batch_size)
+        return self.harness.run(self, self.total_steps, resume)
+
+
 class EpochBatches:
     """Shuffled batches, epoch after epoch, from one seeded generator. The state is the
     generator's state at the start of the current epoch and the position in it, so a run
