@@ -64,7 +64,8 @@ def train_command(argv: list[str]) -> int:
     history = PPOTrainer(config).train(resume=resume)
     if history:
         last = history[-1]
-        print(f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}, KL {last['objective/kl']:.3f}; "
+        kl = f", KL {last['objective/kl']:.3f}" if "objective/kl" in last else ""
+        print(f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}; "
               f"checkpoints, metrics.jsonl and TensorBoard logs in {config.train.output_dir}")  # fmt: skip
     return 0
 

@@ -37,11 +37,11 @@ class Experience:
     action_mask: torch.Tensor  # (B, R), float: 1 on response tokens
     split_hidden: torch.Tensor | None  # (B, P + R, H), the frozen trunk's output
     logprobs: torch.Tensor  # (B, R) under the sampling policy
-    ref_logprobs: torch.Tensor  # (B, R)
-    values: torch.Tensor  # (B, R)
+    ref_logprobs: torch.Tensor | None  # (B, R); None when the reference was not run
+    values: torch.Tensor | None  # (B, R); None without a critic
     rewards: torch.Tensor  # (B, R) shaped rewards
     advantages: torch.Tensor  # (B, R)
-    returns: torch.Tensor  # (B, R)
+    returns: torch.Tensor | None  # (B, R) value targets; None without a critic
     prompt_width: int
 
     def minibatch(self, index: torch.Tensor) -> "Experience":
@@ -198,10 +198,12 @@ def evaluate_sequences(
     temperature: float = 1.0,
     chunk_size: int = 16,
     autocast=None,
+    with_reference: bool = True,
 ) -> HydraOutput:
     """forward_hydra over the batch in chunks: response-aligned log-probs, reference
     log-probs, values and entropy, the split hidden state (kept for the PPO epochs), plus
-    reward-branch scores when a branch is attached. The prompt's log-probs are never computed."""
+    reward-branch scores when a branch is attached. The prompt's log-probs are never computed,
+    and without `with_reference` (a KL coefficient of 0) the reference branch never runs."""
     device = hydra.device
     names = ("logprobs", "ref_logprobs", "values", "entropy", "split_hidden", "scores")
     parts: dict[str, list] = {name: [] for name in names}
@@ -209,7 +211,10 @@ def evaluate_sequences(
         ids = input_ids[start : start + chunk_size].to(device)
         mask = attention_mask[start : start + chunk_size].to(device)
         with autocast() if autocast else nullcontext():
-            out = hydra.forward_hydra(ids, mask, return_entropy=True, temperature=temperature, logprobs_from=prompt_width - 1)
+            out = hydra.forward_hydra(
+                ids, mask, return_entropy=True, return_reference=with_reference, temperature=temperature,
+                logprobs_from=prompt_width - 1,
+            )
         out = response_part(out, prompt_width)
         for name in names:
             parts[name].append(getattr(out, name))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .masked import bool_mask, check_same_shape, masked
+from .masked import bool_mask, check_same_shape, masked, whiten
 
 
 def gae(
@@ -41,3 +41,110 @@ def gae(
         advantages[:, t] = next_advantage
     returns = masked(advantages + values, mask)
     return advantages, returns
+
+
+# ---------------------------------------------------------------------------- critic-free estimators
+ADVANTAGE_ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")  # need several samples per prompt
+
+
+def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) sequence scores -> (B / G, G): the G samples of a prompt are consecutive rows."""
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be (batch,), got shape {tuple(scores.shape)}")
+    if group_size < 2:
+        raise ValueError(
+            f"a group baseline needs at least 2 samples per prompt, got {group_size}: set "
+            "generation.samples_per_prompt >= 2 (or use advantage_estimator gae / reinforce_pp)"
+        )
+    if scores.shape[0] % group_size:
+        raise ValueError(f"{scores.shape[0]} scores do not split into groups of {group_size}")
+    return scores.reshape(-1, group_size)
+
+
+def grpo_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO's outcome advantage (Shao et al. 2024, DeepSeekMath, eq. in section 4.1.2):
+
+        A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
+
+    with the unbiased standard deviation over the G samples of the same prompt (as the
+    reference implementations do). A group whose rewards are all equal gets A = 0 (no signal,
+    no nan). Returns (B,)."""
+    groups = _groups(scores.float(), group_size)
+    centred = groups - groups.mean(-1, keepdim=True)
+    return (centred / (groups.std(-1, keepdim=True) + eps)).reshape(-1)
+
+
+def dr_grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the
+    division by the group's standard deviation, which over-weights prompts that are nearly
+    always or never solved: A_i = r_i - mean(r_group). Pair it with loss_agg_mode
+    seq-mean-token-sum, their fix of the length bias. Returns (B,)."""
+    groups = _groups(scores.float(), group_size)
+    return (groups - groups.mean(-1, keepdim=True)).reshape(-1)
+
+
+def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics"):
+    the baseline of each sample is the mean reward of the OTHER G - 1 samples of its prompt,
+
+        A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) (r_i - mean(r_group)),
+
+    an unbiased baseline (it does not depend on the sample itself). Returns (B,)."""
+    groups = _groups(scores.float(), group_size)
+    return (group_size / (group_size - 1) * (groups - groups.mean(-1, keepdim=True))).reshape(-1)
+
+
+def group_mean_baseline(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """r_i - mean(r_group): REINFORCE++-baseline's first step (Hu 2025). Returns (B,)."""
+    return dr_grpo_advantages(scores, group_size)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, action_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025): the discounted return of each token of the shaped per-token
+    rewards (the KL penalty on every token, the score on the last), G_t = sum_{s>=t}
+    gamma^(s-t) r_s, normalised over the whole batch (mean 0, std 1 over the real tokens)
+    instead of by a critic or a per-prompt group. The return is `gae` with no values and
+    lambda = 1. Returns (B, R), 0 at masked positions."""
+    returns, _ = gae(rewards, torch.zeros_like(rewards), action_mask, gamma, 1.0)
+    return whiten(returns, action_mask)
+
+
+def sequence_advantages(advantages: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """A per-sequence advantage (B,) on every real token of its response (B, R)."""
+    return masked(advantages[:, None].expand(action_mask.shape).to(torch.float32), action_mask)
+
+
+def estimate_advantages(
+    estimator: str,
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    action_mask: torch.Tensor,
+    *,
+    group_size: int = 1,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    whiten_advantages: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(advantages (B, R), returns (B, R) or None) of shaped per-token rewards, by estimator:
+
+    - ``gae``: GAE with the critic's values; whitened over the batch if asked (PPO).
+    - ``grpo`` / ``dr_grpo`` / ``rloo``: the group baseline of each response's total reward
+      (its score plus the KL penalty summed over its tokens, as verl folds KL-in-reward into
+      the outcome), on every token of the response. No critic, no returns.
+    - ``reinforce_pp`` / ``reinforce_pp_baseline``: token returns normalised over the batch
+      (the baseline variant's group mean was subtracted from the scores before shaping, see
+      ``shape_rewards(group_baseline=G)``).
+    """
+    if estimator == "gae":
+        if values is None:
+            raise ValueError("the gae estimator needs the critic's values")
+        advantages, returns = gae(rewards, values, action_mask, gamma, lam)
+        return (whiten(advantages, action_mask) if whiten_advantages else advantages), returns
+    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
+        return reinforce_pp_advantages(rewards, action_mask, gamma), None
+    per_sequence = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
+    if estimator not in per_sequence:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
+    totals = masked(rewards, action_mask).sum(-1)
+    return sequence_advantages(per_sequence[estimator](totals, group_size), action_mask), None

@@ -13,6 +13,7 @@ from .kl import kl_estimate
 from .masked import bool_mask, check_same_shape, explained_variance, masked, masked_mean, masked_sum, to_floats
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
@@ -44,54 +45,66 @@ def ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
+    values: torch.Tensor | None,
+    old_values: torch.Tensor | None,
+    returns: torch.Tensor | None,
     action_mask: torch.Tensor,
     *,
     cliprange: float = 0.2,
+    cliprange_high: float | None = None,
     cliprange_value: float | None = 0.2,
     vf_coef: float = 0.1,
     ent_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
     dual_clip: float | None = None,
     loss_agg_mode: str = "token-mean",
+    importance_sampling_level: str = "token",
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict]:
     """The PPO loss to minimise (Schulman et al. 2017, eq. 9: L = -L^CLIP + c1 L^VF - c2 H).
 
-    Per token, with r = exp(logp - logp_old) and eps = cliprange:
+    Per token, with r = exp(logp - logp_old), eps_low = cliprange and eps_high = cliprange_high
+    (default: eps_low):
 
-        policy  = max(-A r, -A clip(r, 1 - eps, 1 + eps))                     (eq. 7)
+        policy  = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))           (eq. 7)
                   and, with dual_clip = c > 1 and A < 0, min(policy, -c A)   (Ye et al. 2020)
         value   = 0.5 max((V - R)^2, (clip(V, V_old - cv, V_old + cv) - R)^2)
         kl      = kl_estimate(logp, logp_ref, kl_estimator)   (only with ref_logprobs)
 
     and ``loss = agg(policy) + vf_coef agg(value) - ent_coef agg(entropy) + kl_coef agg(kl)``
     with ``agg`` = :func:`aggregate` in ``loss_agg_mode``. Dual-clip bounds the loss of a
-    token whose ratio exploded on a negative advantage. The kl term is the alternative to
+    token whose ratio exploded on a negative advantage. A larger ``cliprange_high`` is DAPO's
+    clip-higher (Yu et al. 2025): it leaves low-probability tokens room to grow, against
+    entropy collapse. ``importance_sampling_level="sequence"`` is GSPO (Zheng et al. 2025):
+    every token of a response uses the response's length-normalised ratio
+    r_i = exp(mean_t(logp - logp_old)), clipped as a whole (pair it with
+    seq-mean-token-mean to get GSPO's objective exactly). The kl term is the alternative to
     putting the KL in the reward (:func:`shape_rewards`); k3 is its usual estimator there
-    because it is non-negative with an unbiased, low-variance value. ``cliprange_value=None``
-    turns value clipping off.
+    because it is non-negative with an unbiased, low-variance value (GRPO).
+    ``cliprange_value=None`` turns value clipping off; ``values=None`` (a critic-free run)
+    drops the value loss and its statistics.
 
     Returns ``(loss, stats)``; stats are python floats, and the diagnostics (clip
     fractions, ratios, means) are masked token means whatever ``loss_agg_mode`` is.
     """
-    per_token = dict(
-        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, values=values,
-        old_values=old_values, returns=returns, action_mask=action_mask,
-    )
+    with_critic = values is not None
+    per_token = dict(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, action_mask=action_mask)
+    if with_critic:
+        per_token.update(values=values, old_values=old_values, returns=returns)
     if entropy is not None:
         per_token["entropy"] = entropy
     if ref_logprobs is not None:
         per_token["ref_logprobs"] = ref_logprobs
     check_same_shape(**per_token)
+    cliprange_high = cliprange if cliprange_high is None else cliprange_high
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
-    if not cliprange > 0:
-        raise ValueError(f"cliprange must be > 0, got {cliprange}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {importance_sampling_level!r}")
+    if not (cliprange > 0 and cliprange_high > 0):
+        raise ValueError(f"cliprange and cliprange_high must be > 0, got {cliprange} and {cliprange_high}")
     if cliprange_value is not None and not cliprange_value > 0:
         raise ValueError(f"cliprange_value must be > 0 or None, got {cliprange_value}")
     if dual_clip is not None and not dual_clip > 1:
@@ -105,44 +118,48 @@ def ppo_loss(
 
     mask = bool_mask(action_mask)
     # Zero every input at padding first: garbage there must not reach the loss or the gradients.
-    logprobs, old_logprobs, advantages, values, old_values, returns = (
-        masked(x, mask) for x in (logprobs, old_logprobs, advantages, values, old_values, returns)
-    )
+    logprobs, old_logprobs, advantages = (masked(x, mask) for x in (logprobs, old_logprobs, advantages))
 
     def agg(x):
         return aggregate(x, mask, loss_agg_mode)
 
-    ratio = torch.exp(logprobs - old_logprobs)
+    log_ratio = logprobs - old_logprobs
+    if importance_sampling_level == "sequence":
+        log_ratio = masked(masked_mean(log_ratio, mask, dim=-1)[:, None].expand_as(log_ratio), mask)
+    ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange_high)
     policy_losses = torch.maximum(unclipped, clipped)
     if dual_clip is not None:
         dual_clipped = (advantages < 0) & (-dual_clip * advantages < policy_losses)
         policy_losses = torch.where(dual_clipped, -dual_clip * advantages, policy_losses)
     policy_loss = agg(policy_losses)
-
-    if cliprange_value is None:
-        values_clipped = values
-    else:
-        values_clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
-    value_unclipped, value_clipped = (values - returns).square(), (values_clipped - returns).square()
-    value_loss = agg(0.5 * torch.maximum(value_unclipped, value_clipped))
-
-    loss = policy_loss + vf_coef * value_loss
+    loss = policy_loss
     detached = ratio.detach()
     stats = {
         "loss/policy": policy_loss,
-        "loss/value": value_loss,
         "policy/approxkl": masked_mean(kl_estimate(logprobs.detach(), old_logprobs, "k3"), mask),
         "policy/clipfrac": masked_mean((clipped > unclipped).float(), mask),
         "policy/ratio_mean": masked_mean(detached, mask),
         # Ratios are positive, so 0 at padding cannot win the max.
         "policy/ratio_max": masked(detached, mask).max() if mask.numel() else detached.new_zeros(()),
-        "val/clipfrac": masked_mean((value_clipped > value_unclipped).float(), mask),
-        "val/var_explained": explained_variance(values.detach(), returns, mask),
-        "val/mean": masked_mean(values.detach(), mask),
-        "returns/mean": masked_mean(returns, mask),
     }
+    if with_critic:
+        values, old_values, returns = (masked(x, mask) for x in (values, old_values, returns))
+        if cliprange_value is None:
+            values_clipped = values
+        else:
+            values_clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+        value_unclipped, value_clipped = (values - returns).square(), (values_clipped - returns).square()
+        value_loss = agg(0.5 * torch.maximum(value_unclipped, value_clipped))
+        loss = loss + vf_coef * value_loss
+        stats.update({
+            "loss/value": value_loss,
+            "val/clipfrac": masked_mean((value_clipped > value_unclipped).float(), mask),
+            "val/var_explained": explained_variance(values.detach(), returns, mask),
+            "val/mean": masked_mean(values.detach(), mask),
+            "returns/mean": masked_mean(returns, mask),
+        })  # fmt: skip
     if dual_clip is not None:
         stats["policy/dual_clipfrac"] = masked_mean(dual_clipped.float(), mask)
     if entropy is not None:

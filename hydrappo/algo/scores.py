@@ -105,7 +105,7 @@ def normalize_scores(
 def shape_rewards(
     scores: torch.Tensor,
     logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
     action_mask: torch.Tensor,
     kl_coef: float,
     *,
@@ -114,6 +114,7 @@ def shape_rewards(
     cliprange_reward: float | None = None,
     ended_with_eos: torch.Tensor | None = None,
     missing_eos_penalty: float | None = None,
+    group_baseline: int = 0,
 ) -> tuple[torch.Tensor, dict]:
     """Per-token rewards (B, R) from sequence scores (B,) and the KL penalty.
 
@@ -130,6 +131,11 @@ def shape_rewards(
     clipping (Huang et al. 2024; TRL's ``non_eos_penalty`` with ``penalty_reward_value``),
     so rambling until the length limit is never worth more than that.
 
+    ``group_baseline=G`` subtracts from each score (after penalty and clip) the mean score of
+    its group of G consecutive rows (the G samples of one prompt): REINFORCE++-baseline (Hu
+    2025). ``ref_logprobs=None`` (the reference was not run) means no KL: allowed only when
+    the KL does not enter the reward (``kl_coef == 0`` or ``kl_in_reward=False``).
+
     Rows with an empty response get no reward at all. Returns ``(rewards, stats)`` with
     python-float stats: ``kl_token_mean`` (masked mean of KL_t), ``kl_seq_mean`` (mean over
     rows of sum_t KL_t), ``score_mean`` (mean over non-empty rows of the score actually
@@ -137,6 +143,10 @@ def shape_rewards(
     sum_t -kl_coef * KL_t; 0 without kl_in_reward) and, when ``ended_with_eos`` is given,
     ``missing_eos_frac``.
     """
+    if ref_logprobs is None:
+        if kl_in_reward and kl_coef != 0:
+            raise ValueError(f"kl_coef={kl_coef} in the reward needs ref_logprobs")
+        ref_logprobs = logprobs
     check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs, action_mask=action_mask)
     if scores.shape != logprobs.shape[:1]:
         raise ValueError(f"scores must have shape ({logprobs.shape[0]},), got {tuple(scores.shape)}")
@@ -156,6 +166,9 @@ def shape_rewards(
         scores = torch.where(ended, scores, torch.full_like(scores, missing_eos_penalty))
     if cliprange_reward is not None:
         scores = scores.clamp(-cliprange_reward, cliprange_reward)
+    if group_baseline:
+        groups = scores.reshape(-1, group_baseline)
+        scores = (groups - groups.mean(-1, keepdim=True)).reshape(-1)
 
     last = last_true_index(mask)
     scores = torch.where(last >= 0, scores, torch.zeros_like(scores))
@@ -182,3 +195,19 @@ def score_statistics(scores: torch.Tensor) -> tuple[float, float]:
     if not (math.isfinite(mean) and math.isfinite(std)) or std <= 0:
         raise ValueError(f"degenerate reward scores on the reference set (mean {mean}, std {std}).")
     return mean, std
+
+
+def group_statistics(scores: torch.Tensor, group_size: int) -> dict:
+    """What a batch of scores says about the learning signal, as python floats:
+    ``env/groups_all_equal_frac``, the share of prompts whose G samples all got the same
+    score (a group baseline gives them no gradient; DAPO's dynamic sampling filters them
+    out), with G > 1; and ``env/solve_rate``, the mean score, when every score is 0 or 1 (a
+    verifiable reward)."""
+    stats = {}
+    scores = scores.detach().float().flatten()
+    if group_size > 1:
+        groups = scores.reshape(-1, group_size)
+        stats["env/groups_all_equal_frac"] = (groups == groups[:, :1]).all(-1).float().mean().item()
+    if scores.numel() and bool(((scores == 0) | (scores == 1)).all()):
+        stats["env/solve_rate"] = scores.mean().item()
+    return stats

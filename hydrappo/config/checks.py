@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .sections import (
-    KL_CONTROLLERS, KL_ESTIMATORS, KL_PENALTIES, LORA_LAYERS, LOSS_AGG_MODES, LR_SCHEDULERS, MIXED_PRECISIONS,
-    SCORE_NORMALIZATIONS, Config, ConfigError, RewardConfig, SFTConfig, canonical_dtype,
+    ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, KL_ESTIMATORS, KL_PENALTIES,
+    LORA_LAYERS, LOSS_AGG_MODES, LR_SCHEDULERS, MIXED_PRECISIONS, SCORE_NORMALIZATIONS, Config, ConfigError, RewardConfig, SFTConfig, canonical_dtype,
 )
 
 
@@ -53,7 +53,24 @@ def _validate_ppo(config: Config) -> None:
         "ppo.kl_estimator": (ppo.kl_estimator, KL_ESTIMATORS),
         "ppo.loss_agg_mode": (ppo.loss_agg_mode, LOSS_AGG_MODES),
         "reward.score_normalization": (reward.score_normalization, SCORE_NORMALIZATIONS),
+        "ppo.advantage_estimator": (ppo.advantage_estimator, ADVANTAGE_ESTIMATORS),
+        "ppo.importance_sampling_level": (ppo.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS),
     })  # fmt: skip
+    group = gen.samples_per_prompt
+    if group < 1:
+        raise ConfigError(f"generation.samples_per_prompt={group} must be at least 1.")
+    if ppo.batch_size % group:
+        raise ConfigError(
+            f"ppo.batch_size ({ppo.batch_size}) counts responses and must be divisible by generation.samples_per_prompt "
+            f"({group}): set batch_size to a multiple of {group}."
+        )
+    if ppo.advantage_estimator in GROUP_ESTIMATORS and group < 2:
+        raise ConfigError(
+            f"ppo.advantage_estimator={ppo.advantage_estimator!r} compares the responses to one prompt with each other: "
+            "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)."
+        )
+    if ppo.cliprange_high is not None and ppo.cliprange_high <= 0:
+        raise ConfigError(f"ppo.cliprange_high={ppo.cliprange_high} must be > 0 (e.g. 0.28), or null for cliprange.")
     if gen.max_new_tokens < 1 or gen.min_new_tokens > gen.max_new_tokens:
         raise ConfigError("generation: need 1 <= max_new_tokens and min_new_tokens <= max_new_tokens.")
     sources = [bool(reward.reward_fn), bool(reward.reward_model), reward.use_reward_branch]

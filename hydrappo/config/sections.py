@@ -18,8 +18,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
-from ..algo.losses import LOSS_AGG_MODES
+from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from ..algo.scores import SCORE_NORMALIZATIONS
 from ..errors import UsageError
 
@@ -99,7 +100,12 @@ class GenerationArgs:
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
     stop_strings: list[str] = field(default_factory=list, metadata={"help": "Strings that end a response."})
     stop_token_ids: list[int] = field(default_factory=list, metadata={"help": "Token ids that end a response, besides EOS."})
-    generation_batch_size: int = field(default=16, metadata={"help": "Prompts per generate() call."})
+    generation_batch_size: int = field(default=16, metadata={"help": "Sequences per generate() call."})
+    samples_per_prompt: int = field(
+        default=1,
+        metadata={"help": "G: responses sampled for each prompt (consecutive rows of a batch; the group of a group "
+                          "baseline). ppo.batch_size counts responses and must be divisible by G."},
+    )
 
 
 @dataclass
@@ -118,13 +124,28 @@ class PPOArgs:
     warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup."})
     gamma: float = field(default=1.0, metadata={"help": "Discount (1.0 as in trlX and TRL)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda."})
-    cliprange: float = field(default=0.2, metadata={"help": "PPO ratio clipping epsilon."})
+    advantage_estimator: str = field(
+        default="gae",
+        metadata={"help": "gae (PPO with the value head) | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline "
+                          "(critic-free: no value head is built; grpo, dr_grpo, rloo and reinforce_pp_baseline need "
+                          "generation.samples_per_prompt >= 2)."},
+    )
+    cliprange: float = field(default=0.2, metadata={"help": "PPO ratio clipping epsilon (the lower one with cliprange_high)."})
+    cliprange_high: float | None = field(
+        default=None, metadata={"help": "Upper clipping epsilon, e.g. 0.28 (DAPO's clip-higher; None: cliprange)."}
+    )
+    importance_sampling_level: str = field(
+        default="token",
+        metadata={"help": "token (PPO) | sequence (GSPO: one length-normalised ratio per response, clipped as a whole)."},
+    )
     cliprange_value: float = field(default=0.2, metadata={"help": "Value clipping around the old values."})
     dual_clip: float | None = field(default=None, metadata={"help": "Dual-clip constant c > 1 (Ye et al. 2020); off by default."})
     vf_coef: float = field(default=0.1, metadata={"help": "Value loss weight (trlX: 1.0, TRL: 0.1; 0.1 since the critic shares no weights with the policy's layers but a scaled loss keeps updates tame)."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus weight."})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": "token-mean | seq-mean-token-mean | seq-mean-token-sum."})
-    whiten_advantages: bool = field(default=True, metadata={"help": "Normalise advantages over the batch (masked)."})
+    whiten_advantages: bool = field(
+        default=True, metadata={"help": "Normalise GAE advantages over the batch (masked). REINFORCE++ always does; group estimators never."}
+    )
     kl_controller: str = field(default="adaptive", metadata={"help": "adaptive (Ziegler et al.) | fixed."})
     init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient beta (trlX: 0.05; TRL: 0.2)."})
     kl_target: float = field(default=6.0, metadata={"help": "Adaptive controller's target KL (nats per sequence)."})

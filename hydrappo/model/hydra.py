@@ -36,7 +36,7 @@ class HydraOutput:
     Positions whose token is padding hold 0."""
 
     logprobs: torch.Tensor
-    values: torch.Tensor
+    values: torch.Tensor | None
     ref_logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     split_hidden: torch.Tensor | None = None
@@ -143,6 +143,7 @@ class HydraModel(nn.Module):
             then costs a second trunk pass). See hydrappo/lora.py.
         lora_init_adapter: a trained peft adapter to start from; it is merged into the
             base first, so the reference is that starting policy.
+        value_head: build the critic's value head (False for critic-free RL: `values` is None).
         verify: check at construction that hydrappo reproduces the model's own logits.
     """
 
@@ -158,6 +159,7 @@ class HydraModel(nn.Module):
         lora=None,
         lora_layers: str = "top",
         lora_init_adapter: str | None = None,
+        value_head: bool = True,
         verify: bool = True,
     ):
         super().__init__()
@@ -223,7 +225,8 @@ class HydraModel(nn.Module):
                 output_embeddings(model).requires_grad_(True)
 
         param = next(model.parameters())
-        self.value_head = ValueHead(self.arch.hidden_size).to(param.device)
+        # A critic-free run (GRPO, RLOO, REINFORCE++) has no value head: nothing built, trained or saved.
+        self.value_head = ValueHead(self.arch.hidden_size).to(param.device) if value_head else None
         self.reward_branch: RewardBranch | None = None
         if verify:
             self._verify()
@@ -417,7 +420,7 @@ class HydraModel(nn.Module):
         logprobs, entropy = self._logprobs(
             hidden, input_ids, attention_mask, head, temperature, return_entropy, logprobs_from
         )
-        values = self.value_head(hidden).masked_fill(attention_mask == 0, 0.0)
+        values = self.value_head(hidden).masked_fill(attention_mask == 0, 0.0) if self.value_head is not None else None
         out = HydraOutput(logprobs=logprobs, values=values, entropy=entropy)
         if return_logits:
             out.logits = self._logits_transform(head(hidden))

@@ -337,9 +337,10 @@ def load_model_and_tokenizer(
     return model.eval(), tokenizer
 
 
-def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu"):
+def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True):
     """Load the model a config names and wrap it as the HydraModel that config trains
-    (with LoRA when `lora_args.lora_r > 0`). Returns (hydra, tokenizer).
+    (with LoRA when `lora_args.lora_r > 0`; without a value head for critic-free RL and the
+    supervised stages). Returns (hydra, tokenizer).
 
     Every command that rebuilds a run's model (train, generate, export) goes through
     here, so they all build the same thing. Random-init models depend on the torch seed:
@@ -357,6 +358,7 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu"):
         lora=lora,
         lora_layers=lora_args.lora_layers if lora is not None else "top",
         lora_init_adapter=lora_args.lora_init_adapter if lora is not None else None,
+        value_head=value_head,
     )
     return hydra, tokenizer
 

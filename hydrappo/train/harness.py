@@ -246,7 +246,8 @@ class Harness:
         logger.info("resumed from %s at step %d", path, self.step)
 
 
-def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None):
+def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
+            value_head: bool = True):  # fmt: skip
     """What every trainer does first, in this order (a random-init model depends on the seed):
     anchor the config's relative paths at `config_dir` and check it, seed, pick the device and
     precision, and build the hydra the config names unless one is given.
@@ -255,7 +256,7 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     validate(config)
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
     if hydra is None:
-        hydra, tokenizer = build_hydra(config.model, lora, device=harness.device)
+        hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head)
     if tokenizer is None:
         raise ConfigError("pass the tokenizer together with a hydra model.")
     return harness, hydra, tokenizer

@@ -18,16 +18,17 @@ import time
 import numpy as np
 import torch
 
-from ..algo.advantages import gae
+from ..algo.advantages import estimate_advantages
 from ..algo.kl import build_kl_controller
 from ..algo.losses import ppo_loss
-from ..algo.masked import masked_mean, whiten
-from ..algo.scores import RunningMoments, normalize_scores, shape_rewards
+from ..algo.masked import masked_mean, masked_sum
+from ..algo.scores import RunningMoments, group_statistics, normalize_scores, shape_rewards
 from ..config import Config
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
 from ..model import HydraModel
 from ..rewards import build_reward_source
 from ..rollout import Experience, Responses, evaluate_sequences, generate_responses, pack_sequences, response_part
+from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
 
@@ -64,10 +65,13 @@ class PPOTrainer:
     def __init__(self, config: Config, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
         self.config = config
         ppo, train = config.ppo, config.train
+        self.critic = ppo.advantage_estimator == "gae"
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=ppo.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora,
+            tokenizer=tokenizer, lora=config.lora, value_head=self.critic,
         )
+        if not self.critic:
+            hydra.value_head = None  # critic-free: no value head in the optimizer or the checkpoints
         self.device = self.harness.device
         self.hydra, self.tokenizer = hydra, tokenizer
         if config.model.gradient_checkpointing:
@@ -107,21 +111,26 @@ class PPOTrainer:
         self.hydra.train(self.config.model.gradient_checkpointing)
         stats.update(self.ppo_update(experience))
         self.hydra.eval()
-        self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
+        if "objective/kl" in stats:
+            self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
         return stats, samples
 
     @torch.no_grad()
     def make_experience(self) -> tuple[Experience, dict, list[dict]]:
         ppo, reward_cfg = self.config.ppo, self.config.reward
+        group = self.config.generation.samples_per_prompt
         start = time.perf_counter()
-        indices = self.sampler.next_batch(ppo.batch_size)
+        # batch_size / G distinct prompts, each G times in consecutive rows (one group).
+        indices = [i for i in self.sampler.next_batch(ppo.batch_size // group) for _ in range(group)]
         prompt_ids = [self.prompts.input_ids[i] for i in indices]
         prompt_texts = [self.prompts.texts[i] for i in indices]
         responses = self.generate(prompt_ids)
         input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
             responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
         )
-        evaluation = self.evaluate(input_ids, attention_mask, prompt_width)
+        kl_coef = self.kl_controller.value
+        # With a KL coefficient of 0 the reference branch never runs.
+        evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0)
         response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
         raw_scores = self.score(prompt_texts, response_texts, evaluation.scores)
         scores = normalize_scores(
@@ -129,38 +138,41 @@ class PPOTrainer:
             ref_mean=reward_cfg.score_ref_mean, ref_std=reward_cfg.score_ref_std,
         )
         action_mask = action_mask.to(self.device)
-        kl_coef = self.kl_controller.value
         rewards, reward_stats = shape_rewards(
             scores.to(self.device), evaluation.logprobs, evaluation.ref_logprobs, action_mask, kl_coef,
             kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
             cliprange_reward=reward_cfg.cliprange_reward, ended_with_eos=torch.tensor(responses.ended, device=self.device),
             missing_eos_penalty=reward_cfg.missing_eos_penalty,
+            group_baseline=group if ppo.advantage_estimator == "reinforce_pp_baseline" else 0,
         )
-        advantages, returns = gae(rewards, evaluation.values, action_mask, ppo.gamma, ppo.lam)
-        if ppo.whiten_advantages:
-            advantages = whiten(advantages, action_mask)
+        advantages, returns = estimate_advantages(
+            ppo.advantage_estimator, rewards, evaluation.values, action_mask, group_size=group, gamma=ppo.gamma,
+            lam=ppo.lam, whiten_advantages=ppo.whiten_advantages,
+        )
         experience = Experience(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), action_mask=action_mask,
             split_hidden=evaluation.split_hidden, logprobs=evaluation.logprobs, ref_logprobs=evaluation.ref_logprobs,
             values=evaluation.values, rewards=rewards, advantages=advantages, returns=returns, prompt_width=prompt_width,
         )
-        # KL of the sampled sequences, summed over tokens (k1), as the adaptive controller expects.
-        sequence_kl = ((evaluation.logprobs - evaluation.ref_logprobs) * action_mask).sum(-1)
         stats = {
             "env/reward_mean": raw_scores.mean().item(),
             "env/reward_std": raw_scores.std().item() if len(raw_scores) > 1 else 0.0,
             "env/score_used_mean": scores.mean().item(),
             "env/missing_eos_frac": 1.0 - float(np.mean(responses.ended)),
-            "objective/kl": sequence_kl.mean().item(),
+            **group_statistics(raw_scores, group),
             "objective/kl_coef": kl_coef,
             "objective/entropy": masked_mean(evaluation.entropy, action_mask).item(),
             "tokens/responses_len_mean": action_mask.sum(-1).mean().item(),
             "tokens/prompts_len_mean": float(np.mean([len(p) for p in prompt_ids])),
-            "ppo/returns/mean": masked_mean(returns, action_mask).item(),
             "ppo/advantages/mean": masked_mean(advantages, action_mask).item(),
             "time/rollout": time.perf_counter() - start,
         }
-        stats.update({f"objective/{key}": as_float(value) for key, value in reward_stats.items()})
+        if evaluation.ref_logprobs is not None:
+            # KL of the sampled sequences, summed over tokens (k1), as the adaptive controller expects.
+            stats["objective/kl"] = masked_sum(evaluation.logprobs - evaluation.ref_logprobs, action_mask, dim=-1).mean().item()
+            stats.update({f"objective/{key}": as_float(value) for key, value in reward_stats.items()})
+        if returns is not None:
+            stats["ppo/returns/mean"] = masked_mean(returns, action_mask).item()
         samples = [
             {"prompt": p, "response": r, "score": float(s)} for p, r, s in zip(prompt_texts, response_texts, raw_scores)
         ]
@@ -171,13 +183,13 @@ class PPOTrainer:
         with self.harness.autocast():
             return generate_responses(self.hydra, self.tokenizer, prompt_ids, self.config.generation)
 
-    def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int):
+    def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, with_reference=True):
         """Log-probs, reference log-probs, values, entropy, split hidden state [and reward-branch
         scores] of the packed rollouts, from one hydra pass per chunk."""
         generation = self.config.generation
         return evaluate_sequences(
             self.hydra, input_ids, attention_mask, prompt_width, temperature=generation.temperature,
-            chunk_size=generation.generation_batch_size, autocast=self.harness.autocast,
+            chunk_size=generation.generation_batch_size, autocast=self.harness.autocast, with_reference=with_reference,
         )
 
     def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores) -> torch.Tensor:
@@ -228,11 +240,12 @@ class PPOTrainer:
                 temperature=self.config.generation.temperature, logprobs_from=batch.prompt_width - 1,
             )
         new = response_part(out, batch.prompt_width)
-        kl_in_loss = ppo.kl_penalty == "loss"
+        kl_in_loss = ppo.kl_penalty == "loss" and self.kl_controller.value != 0
         return ppo_loss(
             new.logprobs, batch.logprobs, batch.advantages, new.values, batch.values, batch.returns, batch.action_mask,
-            cliprange=ppo.cliprange, cliprange_value=ppo.cliprange_value, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
-            entropy=new.entropy, dual_clip=ppo.dual_clip, loss_agg_mode=ppo.loss_agg_mode,
+            cliprange=ppo.cliprange, cliprange_high=ppo.cliprange_high, cliprange_value=ppo.cliprange_value,
+            vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef, entropy=new.entropy, dual_clip=ppo.dual_clip,
+            loss_agg_mode=ppo.loss_agg_mode, importance_sampling_level=ppo.importance_sampling_level,
             ref_logprobs=batch.ref_logprobs if kl_in_loss else None,
             kl_coef=self.kl_controller.value if kl_in_loss else 0.0,
         )
@@ -240,6 +253,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         return {
+            "advantage_estimator": self.config.ppo.advantage_estimator,
             "shuffle_generator": self.shuffle_generator.get_state(),
             "kl_controller": self.kl_controller.state_dict(),
             "score_moments": self.score_moments.state_dict(),
@@ -253,6 +267,12 @@ class PPOTrainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        written_by = state.get("advantage_estimator", "gae")  # checkpoints from before critic-free RL
+        if written_by != self.config.ppo.advantage_estimator:
+            raise CheckpointError(
+                f"the checkpoint was written by a run with ppo.advantage_estimator={written_by!r}, this run uses "
+                f"{self.config.ppo.advantage_estimator!r}: resume with the same estimator, or start a new run."
+            )
         self.shuffle_generator.set_state(state["shuffle_generator"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.score_moments.load_state_dict(state["score_moments"])

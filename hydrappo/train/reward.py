@@ -50,7 +50,7 @@ class RewardTrainer(SupervisedStage):
         data, train = config.data, config.train
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer,
+            tokenizer=tokenizer, value_head=False,
         )
         self.device = self.harness.device
         self.hydra, self.tokenizer = hydra, tokenizer

@@ -76,12 +76,13 @@ class SFTTrainer(SupervisedStage):
         data, train = config.data, config.train
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora,
+            tokenizer=tokenizer, lora=config.lora, value_head=False,
         )
         self.device = self.harness.device
         self.hydra, self.tokenizer = hydra, tokenizer
         # Only the policy learns here: the value head is PPO's business.
-        hydra.value_head.requires_grad_(False)
+        if hydra.value_head is not None:
+            hydra.value_head.requires_grad_(False)
         params = [p for p in hydra.parameters() if p.requires_grad]
         if not params:
             raise DataError(
