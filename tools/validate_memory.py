@@ -74,7 +74,7 @@ def _measure_child(name: str, settings: dict) -> dict:
     torch.manual_seed(0)
     config = validation_config(name)
     vocab = config.get_text_config().vocab_size
-    tokenizer = _word_tokenizer(vocab)
+    tokenizer = word_tokenizer(vocab)
     tmp = tempfile.mkdtemp()
     with open(os.path.join(tmp, "prompts.jsonl"), "w") as handle:
         generator = torch.Generator().manual_seed(0)
@@ -147,7 +147,7 @@ def _measure_main() -> None:
     print("\n" + json.dumps(result))
 
 
-def _word_tokenizer(vocab_size: int):
+def word_tokenizer(vocab_size: int):
     """A word-level tokenizer whose ids cover the whole vocabulary ('w4' .. 'wN')."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
