@@ -20,7 +20,7 @@ from .config import Config, GenerationArgs, ModelConfig, RewardArgs
 from .data import PromptSet, load_prompt_texts, tokenize_prompts
 from .rewards import build_reward_source
 from .rollout import generate_responses
-from .storage.checkpoint import find_checkpoint, load_checkpoint_config, load_trainable_weights, seed_everything
+from .storage.checkpoint import TRAINER_STATE_NAME, find_checkpoint, load_checkpoint_config, load_trainable_weights, seed_everything
 from .storage.export import load_checkpoint_hydra
 from .storage.models import build_hydra, load_model_and_tokenizer
 from .train.precision import pick_device
@@ -162,7 +162,7 @@ def load_for_generation(spec: str, device):
     directory / bundled name (loaded as is). Returns (name, model, tokenizer, config|None)."""
     name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
     location = Path(path)
-    if (location / "trainer_state.json").is_file():
+    if (location / TRAINER_STATE_NAME).is_file():
         hydra, tokenizer, config = load_checkpoint_hydra(location, device=str(device))
         return name or f"{location.parent.name}/{location.name}", hydra, tokenizer, config
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=path), device=device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hydrappo.config import RewardConfig, SFTConfig, parse_config
+from hydrappo.config import SFTConfig, parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, checkpoint_dirs
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward import RewardTrainer

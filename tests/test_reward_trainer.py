@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from hydrappo import HydraModel
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError
 from hydrappo.cli import main as cli_main
-from hydrappo.config import REWARD_SECTIONS, RewardConfig, parse_config
+from hydrappo.config import RewardConfig, parse_config
 from hydrappo.algo.losses import preference_loss
 from hydrappo.algo.scores import score_statistics
 from hydrappo.data import split_by_prompt

@@ -12,7 +12,7 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from hydrappo.cli import main as cli_main
-from hydrappo.config import SFT_SECTIONS, ConfigError, ModelConfig, SFTConfig, parse_config
+from hydrappo.config import ConfigError, ModelConfig, SFTConfig, parse_config
 from hydrappo.storage.models import load_model_and_tokenizer
 from hydrappo.algo.losses import response_nll
 from hydrappo.train.sft import SFTTrainer, save_model_dir

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
+from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
+from ..algo.scores import SCORE_NORMALIZATIONS
 from .sections import (
-    ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, KL_ESTIMATORS, KL_PENALTIES,
-    LORA_LAYERS, LOSS_AGG_MODES, LR_SCHEDULERS, MIXED_PRECISIONS, SCORE_NORMALIZATIONS, Config, ConfigError, RewardConfig, SFTConfig, canonical_dtype,
+    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, Config, ConfigError, RewardConfig, SFTConfig, canonical_dtype,
 )
 
 

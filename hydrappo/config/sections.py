@@ -18,10 +18,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
-from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
-from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
-from ..algo.scores import SCORE_NORMALIZATIONS
 from ..errors import UsageError
 
 LR_SCHEDULERS = ("constant", "linear", "cosine")

@@ -26,8 +26,8 @@ from ..errors import UsageError
 from .atomic import is_nonempty_dir, write_directory
 from ..model.lora import merged_model
 from .checkpoint import (
-    TRAINER_STATE_NAME, WEIGHTS_NAME, CheckpointError, find_checkpoint, load_checkpoint_config, load_trainable_weights,
-    seed_everything,
+    WEIGHTS_NAME, CheckpointError, find_checkpoint, load_checkpoint_config, load_trainable_weights,
+    read_trainer_state, seed_everything,
 )
 from .models import BUNDLED_MODELS, build_hydra
 from .reward_branch import load_reward_branch
@@ -203,7 +203,7 @@ def export_checkpoint(
     out_dtype = dtype or checkpoint_dtype(checkpoint)
     if out_dtype is not None and next(model.parameters()).dtype != out_dtype:
         model.to(out_dtype)
-    trainer_state = json.loads((checkpoint / "trainer_state.json").read_text()) if (checkpoint / "trainer_state.json").is_file() else {}
+    trainer_state = read_trainer_state(checkpoint)
     info = {
         "source": str(checkpoint.resolve()),
         "step": trainer_state.get("step"),

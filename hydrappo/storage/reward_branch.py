@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..model import HydraModel, RewardBranch
-from .checkpoint import TRAINER_STATE_NAME, WEIGHTS_NAME, CheckpointError, find_checkpoint, load_trainable_weights, read_trainer_state
+from .checkpoint import WEIGHTS_NAME, CheckpointError, find_checkpoint, load_trainable_weights, read_trainer_state
 
 logger = logging.getLogger("hydrappo")
 
