@@ -43,22 +43,21 @@ class Experience:
     advantages: torch.Tensor  # (B, R)
     returns: torch.Tensor | None  # (B, R) value targets; None without a critic
     prompt_width: int
+    # (whole batch,) every row's weight in the loss's count (algo.losses.aggregation_weights),
+    # the rows of ALL processes in rank order, when this process holds only its share of the
+    # batch; None when it holds the whole batch. Not carried into minibatches.
+    batch_weights: torch.Tensor | None = None
 
     def minibatch(self, index: torch.Tensor) -> "Experience":
         parts = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            parts[f.name] = value[index] if isinstance(value, torch.Tensor) else value
+            parts[f.name] = value[index] if isinstance(value, torch.Tensor) and f.name != "batch_weights" else value
+        parts["batch_weights"] = None
         return Experience(**parts)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
-
-    def minibatches(self, size: int, generator: torch.Generator):
-        """One epoch of shuffled minibatches of `size` rows (one draw of `generator`)."""
-        order = torch.randperm(len(self), generator=generator).to(self.input_ids.device)
-        for start in range(0, len(self), size):
-            yield self.minibatch(order[start : start + size])
 
     def split(self, parts: int):
         """`parts` consecutive micro-batches (gradient accumulation)."""
@@ -70,6 +69,20 @@ class Experience:
     def logprob_offset(self) -> int:
         """Index in a (B, P+R-1) log-prob row of the first response token's log-prob."""
         return self.prompt_width - 1
+
+
+def minibatch_plan(batch_size: int, mini_batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """One epoch's minibatches of a batch, (batch_size / mini_batch_size, mini_batch_size): row j
+    holds the batch rows of minibatch j. One draw of `generator`.
+
+    Stratified: the batch is cut into mini_batch_size consecutive strata of n = batch_size /
+    mini_batch_size rows, and each minibatch takes one row of every stratum (an independent
+    shuffle per stratum). Process r of K holds rows [r B/K, (r+1) B/K), which are whole strata,
+    so it holds exactly mini_batch_size / K rows of every minibatch (columns r m/K to (r+1) m/K),
+    and the minibatches are the same at any number of processes."""
+    strata = batch_size // mini_batch_size
+    order = torch.rand(mini_batch_size, strata, generator=generator).argsort(-1)
+    return (order + strata * torch.arange(mini_batch_size)[:, None]).T.contiguous()
 
 
 def generation_config(args: GenerationArgs, tokenizer) -> GenerationConfig:

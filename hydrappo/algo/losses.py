@@ -16,7 +16,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
-def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", denominator=None) -> torch.Tensor:
     """Reduce a per-token loss (B, R) to a scalar.
 
     - ``token-mean``: sum_{b,t} m x / sum_{b,t} m; every token weighs the same, so long
@@ -31,14 +31,30 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> 
 
     Both ``seq-*`` modes average over rows with at least one token, so an empty response
     does not dilute the batch.
+
+    ``denominator``: divide by this count instead of the batch's own (its tokens for
+    token-mean, its non-empty rows otherwise): the count of a whole minibatch of which ``x``
+    is one part (a micro-batch of gradient accumulation, one process's share), the sum of
+    :func:`aggregation_weights` over all its rows. The parts' results then add up exactly to
+    the whole minibatch's, however it was split (the token-mean of a split batch is not the
+    mean of its parts' token-means).
     """
     mask = bool_mask(mask)
-    if mode == "token-mean":
-        return masked_mean(x, mask)
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+    if mode == "token-mean":
+        return masked_mean(x, mask) if denominator is None else masked_sum(x, mask) / denominator
     per_row = masked_mean(x, mask, dim=-1) if mode == "seq-mean-token-mean" else masked_sum(x, mask, dim=-1)
-    return masked_mean(per_row, mask.any(-1))
+    return masked_mean(per_row, mask.any(-1)) if denominator is None else per_row.sum() / denominator
+
+
+def aggregation_weights(mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+    """(B,) what each row adds to :func:`aggregate`'s count: its tokens (token-mean), or 1 for a
+    row with at least one token (the seq-* modes)."""
+    mask = bool_mask(mask)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+    return mask.sum(-1).float() if mode == "token-mean" else mask.any(-1).float()
 
 
 def ppo_loss(
@@ -62,6 +78,7 @@ def ppo_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
+    loss_denominator=None,
 ) -> tuple[torch.Tensor, dict]:
     """The PPO loss to minimise (Schulman et al. 2017, eq. 9: L = -L^CLIP + c1 L^VF - c2 H).
 
@@ -84,7 +101,9 @@ def ppo_loss(
     putting the KL in the reward (:func:`shape_rewards`); k3 is its usual estimator there
     because it is non-negative with an unbiased, low-variance value (GRPO).
     ``cliprange_value=None`` turns value clipping off; ``values=None`` (a critic-free run)
-    drops the value loss and its statistics.
+    drops the value loss and its statistics. ``loss_denominator`` is ``aggregate``'s: this
+    batch is one part of a larger minibatch (gradient accumulation, one of several
+    processes), and the loss and its ``loss/*`` statistics are this part's share of it.
 
     Returns ``(loss, stats)``; stats are python floats, and the diagnostics (clip
     fractions, ratios, means) are masked token means whatever ``loss_agg_mode`` is.
@@ -121,7 +140,7 @@ def ppo_loss(
     logprobs, old_logprobs, advantages = (masked(x, mask) for x in (logprobs, old_logprobs, advantages))
 
     def agg(x):
-        return aggregate(x, mask, loss_agg_mode)
+        return aggregate(x, mask, loss_agg_mode, loss_denominator)
 
     log_ratio = logprobs - old_logprobs
     if importance_sampling_level == "sequence":

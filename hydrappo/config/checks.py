@@ -20,6 +20,8 @@ def _check_choices(choices: dict) -> None:
 def _check_common(config) -> None:
     canonical_dtype(config.model.dtype)
     _check_choices({"train.mixed_precision": (config.train.mixed_precision, MIXED_PRECISIONS)})
+    if not config.train.dist_timeout_s > 0:
+        raise ConfigError(f"train.dist_timeout_s={config.train.dist_timeout_s} must be > 0 (seconds, e.g. 1800).")
     lora = getattr(config, "lora", None)
     if lora is not None:
         _check_choices({"lora.lora_layers": (lora.lora_layers, LORA_LAYERS)})

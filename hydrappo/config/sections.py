@@ -188,6 +188,11 @@ class RunArgs:
     save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end)."})
     keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted."})
     progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
+    dist_timeout_s: float = field(
+        default=1800.0,
+        metadata={"help": "Under torchrun / accelerate launch: how long a process waits for the others at a collective "
+                          "before the run stops with an error (longer than the slowest phase, e.g. one batch's generation)."},
+    )
 
 
 @dataclass

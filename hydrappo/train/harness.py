@@ -11,7 +11,10 @@ loss or gradient skips the update and is counted, `max_nonfinite_steps` in a row
 run naming the last good checkpoint); the logs (TensorBoard, metrics.jsonl and a tqdm bar,
 with the same conventions for every stage); atomic checkpoints that keep the last K; and
 exact resume (weights, optimizer, scheduler, every RNG, the loss scaler, and the loop's own
-state, which the loop hands over as a dict).
+state, which the loop hands over as a dict); and, under torchrun or accelerate launch, the
+process group (train/distributed.py): one device per process, the trainable parameters equal on
+every process at the start, their gradients summed at each optimizer step, process 0 writing
+the checkpoints, logs and progress bar, and a failure on one process stopping them all.
 
 A loop (PPO, reward, SFT) is an object with
     name, progress          the bar's label and {postfix label: stats key}
@@ -42,7 +45,8 @@ from ..storage.checkpoint import (
     seed_everything, set_rng_state, trainable_state_dict,
 )
 from ..storage.models import build_hydra
-from .precision import MixedPrecision, pick_device, pick_mixed_precision
+from .distributed import ProcessGroup
+from .precision import MixedPrecision, pick_mixed_precision
 
 logger = logging.getLogger("hydrappo")
 
@@ -101,8 +105,8 @@ class Harness:
         self.run_args = run
         self.config = config
         self.max_nonfinite_steps = max_nonfinite_steps
-        seed_everything(run.seed)
-        self.device = pick_device(run.device)
+        self.dist, self.device = ProcessGroup.from_environment(run.device, run.dist_timeout_s)
+        seed_everything(run.seed)  # the same on every process: a random-init model is built from it
         self.precision = MixedPrecision(pick_mixed_precision(run.mixed_precision, self.device), self.device)
         self.output_dir = Path(run.output_dir)
         self.step = 0
@@ -129,6 +133,11 @@ class Harness:
         if not self.params:
             raise TrainingError("nothing to train: no trainable parameters (check model.num_layers_unfrozen / train_lm_head).")
         keep_float32_master_weights(self.params, self.precision.mode)
+        if self.dist.enabled:
+            # Every process starts from process 0's weights, then draws its own random numbers
+            # (its own samples), as accelerate's set_seed(device_specific=True) does.
+            self.dist.broadcast_parameters(self.params)
+            seed_everything(self.run_args.seed + self.dist.rank)
         self.max_grad_norm = args.max_grad_norm
         self.optimizer = torch.optim.AdamW(
             self.params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
@@ -141,7 +150,10 @@ class Harness:
 
     def optimizer_step(self, loss_is_finite: bool = True) -> float | None:
         """Clip and apply the accumulated gradients; returns the gradient norm, or None when
-        the update was skipped (a non-finite loss or gradient, or an fp16 overflow)."""
+        the update was skipped (a non-finite loss or gradient, or an fp16 overflow). Under
+        torch.distributed the gradients are first summed over the processes (each loss was
+        divided by the global count), and every process takes or skips the same step."""
+        loss_is_finite = self.dist.reduce_gradients(self.params, loss_is_finite)
         grad_norm = self.precision.clip_grad_norm_(self.optimizer, self.params, self.max_grad_norm) if loss_is_finite else math.nan
         try:
             if loss_is_finite and math.isfinite(grad_norm):
@@ -187,23 +199,29 @@ class Harness:
     def run(self, loop, total_steps: int, resume: str | Path | bool | None = None) -> list[dict]:
         """Steps of `loop` until `total_steps`, logging each and checkpointing every
         `save_every` steps and at the end; `resume` = a checkpoint path or True/'latest'."""
+        dist = self.dist
         if resume:
-            self.load(resolve_resume(resume, self.output_dir), loop)
+            with dist.phase("loading the checkpoint to resume from"):
+                self.load(resolve_resume(resume, self.output_dir), loop)
         run = self.run_args
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        log = RunLog(self.output_dir, self.step, total_steps, loop, run)
+        with dist.phase("opening the logs"):
+            if dist.is_main:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+            log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
         history = []
         try:
             if self.step == 0 and hasattr(loop, "before_training"):
                 initial = loop.before_training()
                 if initial:
-                    history.append(log.write(0, initial))
+                    with dist.phase("logging"):
+                        history.append(log.write(0, initial))
             while self.step < total_steps:
                 stats, samples = loop.train_step()
                 self.step += 1
-                if self.step == total_steps and hasattr(loop, "finish"):
-                    log.scalars(self.step, loop.finish() or {})
-                history.append(log.write(self.step, stats, samples))
+                extra = loop.finish() if self.step == total_steps and hasattr(loop, "finish") else None
+                with dist.phase(f"logging step {self.step}"):
+                    log.scalars(self.step, extra or {})
+                    history.append(log.write(self.step, stats, samples))
                 if (run.save_every > 0 and self.step % run.save_every == 0) or self.step == total_steps:
                     self.save(loop)
         finally:
@@ -211,14 +229,24 @@ class Harness:
         return history
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, loop) -> Path:
+    def save(self, loop) -> Path | None:
+        """Process 0 writes checkpoint-<step> (every process's RNG state in it); returns its path
+        there, None on the other processes."""
+        rng_states = self.dist.gather_objects(rng_state())
+        with self.dist.phase(f"writing checkpoint-{self.step}"):
+            if self.dist.is_main:
+                return self._write_checkpoint(loop, rng_states)
+        return None
+
+    def _write_checkpoint(self, loop, rng_states: list) -> Path:
         loop_state = loop.state_dict()
         tensors = {key: value for key, value in loop_state.items() if _holds_tensors(value)}
         plain = {key: value for key, value in loop_state.items() if key not in tensors}
         training_state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
+            "rng": rng_states[0],
+            "rng_per_process": rng_states,
             "grad_scaler": self.precision.state_dict(),
             **tensors,
         }
@@ -227,7 +255,7 @@ class Harness:
             self.step,
             weights=trainable_state_dict(loop.trained_module),
             training_state=training_state,
-            trainer_state={**plain, "nonfinite_total": self.nonfinite_total},
+            trainer_state={**plain, "nonfinite_total": self.nonfinite_total, "world_size": self.dist.world_size},
             config_yaml=yaml.safe_dump(self.config.to_dict(), sort_keys=False),
             keep_last=self.run_args.keep_last,
             write_extra=getattr(loop, "write_extra", None),
@@ -238,12 +266,30 @@ class Harness:
         training_state, trainer_state = load_training_state(path)
         self.optimizer.load_state_dict(training_state["optimizer"])
         self.scheduler.load_state_dict(training_state["scheduler"])
-        set_rng_state(training_state["rng"])
+        self._restore_rng(path, training_state, trainer_state.get("world_size", 1))
         self.precision.load_state_dict(training_state.get("grad_scaler", {}))
         self.nonfinite_total = trainer_state.get("nonfinite_total", 0)
         self.step = trainer_state["step"]
         loop.load_state_dict({**trainer_state, **training_state})
         logger.info("resumed from %s at step %d", path, self.step)
+
+    def _restore_rng(self, path: Path, training_state: dict, written_by: int) -> None:
+        """Each process takes back its own random state. At another number of processes the run
+        continues from the same weights, optimizer, data position and statistics, but with
+        other random streams, so it no longer repeats what the original run would have done."""
+        states = training_state.get("rng_per_process") or [training_state["rng"]]
+        dist = self.dist
+        if written_by != dist.world_size and dist.is_main:
+            logger.warning(
+                "%s was written by a run of %d process%s and this run has %d: it continues from the same weights, "
+                "optimizer state, data position and statistics, but each process samples with other random numbers "
+                "than the original run would have, so it is not an exact continuation of it (resume with %d processes "
+                "for that).", path, written_by, "" if written_by == 1 else "es", dist.world_size, written_by,
+            )
+        if dist.rank < len(states):
+            set_rng_state(states[dist.rank])
+        else:
+            seed_everything(self.run_args.seed + dist.rank + 1_000_003 * self.step)
 
 
 def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
@@ -269,24 +315,32 @@ class RunLog:
     interrupted run: they are moved to a side file (nothing written is lost), and the
     TensorBoard writer purges its events past that step."""
 
-    def __init__(self, output_dir: Path, start_step: int, total_steps: int, loop, run):
+    def __init__(self, output_dir: Path, start_step: int, total_steps: int, loop, run, write: bool = True):
+        """`write=False` (every process but 0 of a distributed run): records only, no files, no bar."""
         from torch.utils.tensorboard import SummaryWriter
         from tqdm.auto import tqdm
 
+        self.writes = write
         self.path = output_dir / "metrics.jsonl"
-        keep_metrics_up_to(self.path, start_step)
-        self.writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         self.progress = getattr(loop, "progress", {})
         self.samples_every = getattr(run, "log_samples_every", 0)
         self.num_samples = getattr(run, "num_log_samples", 4)
+        if not write:
+            return
+        keep_metrics_up_to(self.path, start_step)
+        self.writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         self.bar = tqdm(total=total_steps, initial=start_step, desc=loop.name, disable=not run.progress_bar, dynamic_ncols=True)
 
     def scalars(self, step: int, stats: dict) -> None:
+        if not self.writes:
+            return
         for key, value in stats.items():
             self.writer.add_scalar(key, as_float(value), step)
 
     def write(self, step: int, stats: dict, samples: list[dict] | None = None) -> dict:
         record = {"step": step, **{key: as_float(value) for key, value in stats.items()}}
+        if not self.writes:
+            return record
         self.scalars(step, stats)
         if samples and self.samples_every and step % self.samples_every == 0:
             self.writer.add_text("samples", samples_markdown(samples[: self.num_samples]), step)
@@ -299,8 +353,9 @@ class RunLog:
         return record
 
     def close(self) -> None:
-        self.bar.close()
-        self.writer.close()
+        if self.writes:
+            self.bar.close()
+            self.writer.close()
 
 
 def samples_markdown(samples: list[dict]) -> str:

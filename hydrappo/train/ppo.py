@@ -8,6 +8,15 @@ One PPO step (Ziegler et al. 2019; Ouyang et al. 2022), top to bottom in `train_
     -> KL controller update.
 Seeding, precision, the optimizer, logs, the non-finite policy, checkpoints and resume are
 the harness's (train/harness.py).
+
+Under torchrun / accelerate launch (train/distributed.py) `ppo.batch_size` and
+`ppo.mini_batch_size` stay GLOBAL counts of responses: every process draws the same prompts,
+keeps its contiguous share of whole groups (a prompt's G samples never split), generates and
+scores them; the per-token results are gathered so that score normalisation, reward shaping,
+advantages (and their whitening) and the logged statistics are computed over the whole batch,
+identically on every process; each then updates on its own rows, every loss divided by its
+whole minibatch's count, and the gradients are summed. The result does not depend on the
+number of processes.
 """
 
 from __future__ import annotations
@@ -15,41 +24,66 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
 import torch
 
 from ..algo.advantages import estimate_advantages
 from ..algo.kl import build_kl_controller
-from ..algo.losses import ppo_loss
+from ..algo.losses import aggregation_weights, ppo_loss
 from ..algo.masked import masked_mean, masked_sum
 from ..algo.scores import RunningMoments, group_statistics, normalize_scores, shape_rewards
-from ..config import Config
+from ..config import Config, ConfigError
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
 from ..model import HydraModel
 from ..rewards import build_reward_source
-from ..rollout import Experience, Responses, evaluate_sequences, generate_responses, pack_sequences, response_part
+from ..rollout import (
+    Experience, Responses, evaluate_sequences, generate_responses, minibatch_plan, pack_sequences, response_part,
+)
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
 
 
-class MeanMeter:
-    """Running means of per-micro-batch statistics. A statistic that is not finite (the
+class UpdateMeter:
+    """The statistics of one update, the same however its minibatches were split (micro-batches,
+    processes): a `loss/*` value is one part's share of its minibatch's loss, so the parts add
+    up and the minibatches are averaged; a `*_max` is a maximum; any other statistic is its
+    part's masked token mean, weighted by the part's tokens. A value that is not finite (the
     explained variance of returns without variance) is left out rather than poisoning the mean."""
 
     def __init__(self):
-        self.totals: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.maxima: dict[str, float] = {}
+        self.grad_norms: list[float] = []
 
-    def add(self, stats: dict) -> None:
+    def add(self, stats: dict, tokens: float) -> None:
         for key, value in stats.items():
             value = as_float(value)
-            if math.isfinite(value):
-                self.totals[key] = self.totals.get(key, 0.0) + value
-                self.counts[key] = self.counts.get(key, 0) + 1
+            if not math.isfinite(value):
+                continue
+            if key.endswith("_max"):
+                self.maxima[key] = max(self.maxima.get(key, value), value)
+                continue
+            weight = 1.0 if key.startswith("loss/") else tokens
+            self.sums[key] = self.sums.get(key, 0.0) + value * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
 
-    def means(self, prefix: str = "") -> dict:
-        return {f"{prefix}{key}": total / self.counts[key] for key, total in self.totals.items()}
+    def means(self, dist, minibatches: int, prefix: str = "") -> dict:
+        sums, weights, maxima = {}, {}, {}
+        for part_sums, part_weights, part_maxima in dist.gather_objects((self.sums, self.weights, self.maxima)):
+            for key, value in part_sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+                weights[key] = weights.get(key, 0.0) + part_weights[key]
+            for key, value in part_maxima.items():
+                maxima[key] = max(maxima.get(key, value), value)
+        out = {
+            f"{prefix}{key}": total / (minibatches if key.startswith("loss/") else weights[key])
+            for key, total in sums.items() if key.startswith("loss/") or weights[key] > 0
+        }  # fmt: skip
+        out.update({f"{prefix}{key}": value for key, value in maxima.items()})
+        if self.grad_norms:  # the same on every process: the norm of the summed gradients
+            out[f"{prefix}grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
+        return out
 
 
 class PPOTrainer:
@@ -87,6 +121,7 @@ class PPOTrainer:
         texts = load_prompt_texts(data.prompts, data.prompt_column, data.split, data.subset)
         self.prompts = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
+        self._check_process_count()
 
         updates_per_step = ppo.ppo_epochs * (ppo.batch_size // ppo.mini_batch_size)
         self.harness.setup_optimizer(hydra.trainable_parameters(), ppo, train.total_steps * updates_per_step)
@@ -97,6 +132,22 @@ class PPOTrainer:
     @property
     def trained_module(self) -> HydraModel:
         return self.hydra
+
+    def _check_process_count(self) -> None:
+        ppo, k = self.config.ppo, self.harness.dist.world_size
+        prompts = ppo.batch_size // self.config.generation.samples_per_prompt
+        if prompts % k:
+            raise ConfigError(
+                f"ppo.batch_size={ppo.batch_size} is {prompts} prompts x {self.config.generation.samples_per_prompt} "
+                f"samples, which {k} processes cannot share (whole prompts each): make the number of prompts per "
+                f"batch a multiple of {k}."
+            )
+        if ppo.mini_batch_size % (k * ppo.gradient_accumulation_steps):
+            raise ConfigError(
+                f"ppo.mini_batch_size={ppo.mini_batch_size} must be a multiple of the number of processes ({k}) x "
+                f"gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each process takes "
+                "mini_batch_size / processes rows of every minibatch and splits them into micro-batches."
+            )
 
     def train(self, resume=None) -> list[dict]:
         """Run until train.total_steps; `resume` = a checkpoint path or True/'latest'."""
@@ -117,62 +168,80 @@ class PPOTrainer:
 
     @torch.no_grad()
     def make_experience(self) -> tuple[Experience, dict, list[dict]]:
-        ppo, reward_cfg = self.config.ppo, self.config.reward
+        ppo, reward_cfg, dist = self.config.ppo, self.config.reward, self.harness.dist
         group = self.config.generation.samples_per_prompt
         start = time.perf_counter()
-        # batch_size / G distinct prompts, each G times in consecutive rows (one group).
-        indices = [i for i in self.sampler.next_batch(ppo.batch_size // group) for _ in range(group)]
-        prompt_ids = [self.prompts.input_ids[i] for i in indices]
-        prompt_texts = [self.prompts.texts[i] for i in indices]
-        responses = self.generate(prompt_ids)
-        input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
-            responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
+        with dist.phase("generating and scoring responses"):
+            # batch_size / G distinct prompts, each G times in consecutive rows (one group). Every
+            # process draws the same prompts and keeps its share of them: the order of the prompts
+            # does not depend on the number of processes.
+            indices = [i for i in dist.shard(self.sampler.next_batch(ppo.batch_size // group)) for _ in range(group)]
+            prompt_ids = [self.prompts.input_ids[i] for i in indices]
+            prompt_texts = [self.prompts.texts[i] for i in indices]
+            responses = self.generate(prompt_ids)
+            input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
+                responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
+            )
+            kl_coef = self.kl_controller.value
+            # With a KL coefficient of 0 the reference branch never runs.
+            evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0)
+            response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+            raw_scores = self.score(prompt_texts, response_texts, evaluation.scores)
+        action_mask = action_mask.to(self.device)
+        # What shapes the loss is computed over the WHOLE batch (every process's rows, gathered),
+        # the same on every process; each keeps its own rows of the result.
+        gather = dist.gather_rows
+        whole_mask, logprobs, ref_logprobs, values, entropy = (
+            gather(t) for t in (action_mask, evaluation.logprobs, evaluation.ref_logprobs, evaluation.values, evaluation.entropy)
         )
-        kl_coef = self.kl_controller.value
-        # With a KL coefficient of 0 the reference branch never runs.
-        evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0)
-        response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
-        raw_scores = self.score(prompt_texts, response_texts, evaluation.scores)
+        all_raw_scores, ended = gather(raw_scores), gather(torch.tensor(responses.ended, dtype=torch.float32)).bool()
+        prompt_lengths = gather(torch.tensor([float(len(p)) for p in prompt_ids]))
         scores = normalize_scores(
-            raw_scores, reward_cfg.score_normalization, moments=self.score_moments,
+            all_raw_scores, reward_cfg.score_normalization, moments=self.score_moments,
             ref_mean=reward_cfg.score_ref_mean, ref_std=reward_cfg.score_ref_std,
         )
-        action_mask = action_mask.to(self.device)
         rewards, reward_stats = shape_rewards(
-            scores.to(self.device), evaluation.logprobs, evaluation.ref_logprobs, action_mask, kl_coef,
+            scores.to(self.device), logprobs, ref_logprobs, whole_mask, kl_coef,
             kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
-            cliprange_reward=reward_cfg.cliprange_reward, ended_with_eos=torch.tensor(responses.ended, device=self.device),
+            cliprange_reward=reward_cfg.cliprange_reward, ended_with_eos=ended.to(self.device),
             missing_eos_penalty=reward_cfg.missing_eos_penalty,
             group_baseline=group if ppo.advantage_estimator == "reinforce_pp_baseline" else 0,
         )
         advantages, returns = estimate_advantages(
-            ppo.advantage_estimator, rewards, evaluation.values, action_mask, group_size=group, gamma=ppo.gamma,
+            ppo.advantage_estimator, rewards, values, whole_mask, group_size=group, gamma=ppo.gamma,
             lam=ppo.lam, whiten_advantages=ppo.whiten_advantages,
         )
+        rows, width = slice(dist.rank * len(indices), (dist.rank + 1) * len(indices)), action_mask.shape[1]
+
+        def mine(tensor):
+            return tensor[rows, :width] if tensor is not None else None
+
         experience = Experience(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), action_mask=action_mask,
             split_hidden=evaluation.split_hidden, logprobs=evaluation.logprobs, ref_logprobs=evaluation.ref_logprobs,
-            values=evaluation.values, rewards=rewards, advantages=advantages, returns=returns, prompt_width=prompt_width,
+            values=evaluation.values, rewards=mine(rewards), advantages=mine(advantages), returns=mine(returns),
+            prompt_width=prompt_width,
+            batch_weights=aggregation_weights(whole_mask, ppo.loss_agg_mode).cpu() if dist.enabled else None,
         )
         stats = {
-            "env/reward_mean": raw_scores.mean().item(),
-            "env/reward_std": raw_scores.std().item() if len(raw_scores) > 1 else 0.0,
+            "env/reward_mean": all_raw_scores.mean().item(),
+            "env/reward_std": all_raw_scores.std().item() if len(all_raw_scores) > 1 else 0.0,
             "env/score_used_mean": scores.mean().item(),
-            "env/missing_eos_frac": 1.0 - float(np.mean(responses.ended)),
-            **group_statistics(raw_scores, group),
+            "env/missing_eos_frac": 1.0 - ended.float().mean().item(),
+            **group_statistics(all_raw_scores, group),
             "objective/kl_coef": kl_coef,
-            "objective/entropy": masked_mean(evaluation.entropy, action_mask).item(),
-            "tokens/responses_len_mean": action_mask.sum(-1).mean().item(),
-            "tokens/prompts_len_mean": float(np.mean([len(p) for p in prompt_ids])),
-            "ppo/advantages/mean": masked_mean(advantages, action_mask).item(),
+            "objective/entropy": masked_mean(entropy, whole_mask).item(),
+            "tokens/responses_len_mean": whole_mask.sum(-1).mean().item(),
+            "tokens/prompts_len_mean": prompt_lengths.mean().item(),
+            "ppo/advantages/mean": masked_mean(advantages, whole_mask).item(),
             "time/rollout": time.perf_counter() - start,
         }
-        if evaluation.ref_logprobs is not None:
+        if ref_logprobs is not None:
             # KL of the sampled sequences, summed over tokens (k1), as the adaptive controller expects.
-            stats["objective/kl"] = masked_sum(evaluation.logprobs - evaluation.ref_logprobs, action_mask, dim=-1).mean().item()
+            stats["objective/kl"] = masked_sum(logprobs - ref_logprobs, whole_mask, dim=-1).mean().item()
             stats.update({f"objective/{key}": as_float(value) for key, value in reward_stats.items()})
         if returns is not None:
-            stats["ppo/returns/mean"] = masked_mean(returns, action_mask).item()
+            stats["ppo/returns/mean"] = masked_mean(returns, whole_mask).item()
         samples = [
             {"prompt": p, "response": r, "score": float(s)} for p, r, s in zip(prompt_texts, response_texts, raw_scores)
         ]
@@ -206,33 +275,47 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ the update
     def ppo_update(self, experience: Experience) -> dict:
-        ppo, harness = self.config.ppo, self.harness
+        """ppo_epochs passes of minibatches (rollout.minibatch_plan) over the batch. Each
+        micro-batch's loss is its share of its whole minibatch's (divided by the minibatch's
+        token or row count, over every process), so the accumulated gradients, summed over the
+        processes, are those of the minibatch's loss however it was split."""
+        ppo, harness, dist = self.config.ppo, self.harness, self.harness.dist
         start = time.perf_counter()
-        meter, updates = MeanMeter(), 0
+        meter, updates = UpdateMeter(), 0
+        weights = experience.batch_weights
+        if weights is None:  # this process holds the whole batch
+            weights = aggregation_weights(experience.action_mask, ppo.loss_agg_mode).cpu()
+        first, share = dist.rank * len(experience), len(experience)
         for _ in range(ppo.ppo_epochs):
-            for minibatch in experience.minibatches(ppo.mini_batch_size, self.shuffle_generator):
+            for rows in minibatch_plan(len(weights), ppo.mini_batch_size, self.shuffle_generator):
+                denominator = float(weights[rows].sum().clamp(min=1))
+                local = rows[(rows >= first) & (rows < first + share)] - first
+                minibatch = experience.minibatch(local.to(experience.input_ids.device))
                 loss_is_finite = True
-                for micro in minibatch.split(ppo.gradient_accumulation_steps):
-                    loss, stats = self.minibatch_loss(micro)
-                    if not torch.isfinite(loss):
-                        loss_is_finite = False
-                        break
-                    harness.backward(loss / ppo.gradient_accumulation_steps)
-                    meter.add(stats)
+                with dist.phase("updating the policy"):
+                    for micro in minibatch.split(ppo.gradient_accumulation_steps):
+                        loss, stats = self.minibatch_loss(micro, denominator)
+                        if not torch.isfinite(loss):
+                            loss_is_finite = False
+                            break
+                        harness.backward(loss)
+                        meter.add(stats, float(micro.action_mask.sum()))
                 grad_norm = harness.optimizer_step(loss_is_finite)
                 if grad_norm is not None:
-                    meter.add({"grad_norm": grad_norm})
+                    meter.grad_norms.append(grad_norm)
                     updates += 1
+        minibatches = ppo.ppo_epochs * (len(weights) // ppo.mini_batch_size)
         return {
-            **meter.means("ppo/"),
+            **meter.means(dist, minibatches, "ppo/"),
             "ppo/updates": updates,
             "ppo/nonfinite_skipped_total": harness.nonfinite_total,
             **harness.optimizer_stats("ppo/"),
             "time/update": time.perf_counter() - start,
         }
 
-    def minibatch_loss(self, batch: Experience) -> tuple[torch.Tensor, dict]:
-        """The clipped PPO loss of a (micro-)batch, running only the top layers on its cached split."""
+    def minibatch_loss(self, batch: Experience, denominator: float | None = None) -> tuple[torch.Tensor, dict]:
+        """The clipped PPO loss of a (micro-)batch, running only the top layers on its cached split;
+        with `denominator`, its share of a minibatch of that count (see algo.losses.aggregate)."""
         ppo = self.config.ppo
         with self.harness.autocast():
             out = self.hydra.forward_top(
@@ -247,7 +330,7 @@ class PPOTrainer:
             vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef, entropy=new.entropy, dual_clip=ppo.dual_clip,
             loss_agg_mode=ppo.loss_agg_mode, importance_sampling_level=ppo.importance_sampling_level,
             ref_logprobs=batch.ref_logprobs if kl_in_loss else None,
-            kl_coef=self.kl_controller.value if kl_in_loss else 0.0,
+            kl_coef=self.kl_controller.value if kl_in_loss else 0.0, loss_denominator=denominator,
         )
 
     # ------------------------------------------------------------------ checkpoints

@@ -1,0 +1,291 @@
+"""Data parallelism on torch.distributed: the process group of a run, for every stage.
+
+    torchrun --nproc_per_node K -m hydrappo train CONFIG
+    accelerate launch --num_processes K -m hydrappo train CONFIG
+
+A launcher starts K copies of the command with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT in their environment; the harness reads them (`ProcessGroup.from_environment`),
+starts the process group (NCCL for CUDA tensors plus gloo for small CPU ones; gloo alone on
+the CPU) and puts each process on its own device, cuda:LOCAL_RANK. Without a launcher there is
+one process, no group, and none of this runs.
+
+Every process holds the whole frozen trunk and works on its own share of each batch. Only the
+GRADIENTS OF THE TRAINABLE PARAMETERS (top-N layers, heads, adapters, a reward branch) travel:
+one SUM all-reduce of them per optimizer step (`reduce_gradients`), in buckets, with a flag in
+the same buffer that says whether some process had a non-finite loss, so that every process
+skips or takes the same step. Not DDP, because:
+  - DDP reduces from backward hooks armed by `module.forward()`; the hydra's trainable parts
+    are reached through forward_top / reward_scores / generate, not through one forward;
+  - a process that skips a backward (a non-finite loss, an empty share of a stage's last
+    batch) would leave DDP's reducer waiting for it: a hang. One explicit all-reduce at the
+    optimizer step meets every process at the same place, once per update, whatever it did;
+  - the losses are already divided by the GLOBAL token (or row) count of their minibatch, so
+    the gradients must be summed, not averaged;
+  - DDP's one advantage, overlapping communication with the backward pass, buys little when
+    only the top N layers reduce.
+
+A failure on one process (a reward function that raises, a bad batch, a full disk on the
+process that writes) must stop them all with its message, not leave the others waiting in a
+collective. Work that can fail runs inside `phase(...)`, which holds no collective; at its end
+every process all-reduces a failure flag, and if any failed they all raise, each process that
+did not fail naming the one that did and its message (`DistributedError`). A process that dies
+or hangs outside a phase is caught by the group's timeout (`train.dist_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from contextlib import contextmanager
+
+import torch
+
+from ..errors import HydrappoError, UsageError
+
+logger = logging.getLogger("hydrappo")
+
+BUCKET_ELEMENTS = 25 * 2**20  # gradients are reduced in float32 buckets of at most 100 MiB
+
+
+class DistributedError(HydrappoError):
+    """Another process of the run failed (its message is in this one), or stopped answering."""
+
+
+def launcher_rank() -> int:
+    """This process's RANK as a launcher set it (0 without a launcher)."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def launched() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
+def _describe(error: BaseException) -> str:
+    return str(error) if isinstance(error, HydrappoError) else f"{type(error).__name__}: {error}"
+
+
+class ProcessGroup:
+    """This process's place in the run: rank, world size, and the collectives hydrappo uses.
+    With world_size 1 every method is the identity and nothing is communicated."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0):
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Process 0 writes the checkpoints, the logs and the progress bar."""
+        return self.rank == 0
+
+    def __repr__(self) -> str:
+        return f"process {self.rank} of {self.world_size}"
+
+    # ------------------------------------------------------------------ start
+    @classmethod
+    def from_environment(cls, device_option: str, timeout_s: float) -> tuple["ProcessGroup", torch.device]:
+        """The group a launcher described in the environment (started here, or reused when this
+        process already has one), and this process's device."""
+        import torch.distributed as dist
+
+        from .precision import pick_device
+
+        world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if world_size <= 1:
+            return cls(), pick_device(device_option)
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        device = _process_device(device_option, local_rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise UsageError(
+                f"this process already belongs to a process group of {dist.get_world_size()} (rank {dist.get_rank()}), "
+                f"but the environment says WORLD_SIZE={world_size}, RANK={rank}."
+            )
+        group = cls(rank, world_size, local_rank)
+        if group.is_main:
+            logger.info("torch.distributed: %d processes (%s), this one on %s", world_size, dist.get_backend(), device)
+        return group, device
+
+    # ------------------------------------------------------------------ failures
+    @contextmanager
+    def phase(self, what: str):
+        """Run local work (no collective inside!) that may fail; afterwards every process knows
+        whether any failed, and if one did they all stop: the failed one with its own error,
+        the others with a DistributedError naming it."""
+        if not self.enabled:
+            yield
+            return
+        try:
+            yield
+        except Exception as error:
+            self._agree(what, error)
+            raise
+        self._agree(what, None)
+
+    def _agree(self, what: str, error: BaseException | None) -> None:
+        import torch.distributed as dist
+
+        flag = torch.tensor([0.0 if error is None else 1.0])
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() == 0:
+                return
+            messages = [None] * self.world_size
+            dist.all_gather_object(messages, None if error is None else _describe(error))
+        except RuntimeError as backend_error:
+            if error is not None:
+                return  # this process's own error is the one to report
+            raise DistributedError(
+                f"{self}: another process stopped answering while {what} (it died, or hung past "
+                f"train.dist_timeout_s); its own output says why. ({backend_error})"
+            ) from None
+        if error is None:
+            rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
+            raise DistributedError(f"process {rank} of {self.world_size} failed while {what}: {message}")
+
+    # ------------------------------------------------------------------ collectives
+    def gather_objects(self, value) -> list:
+        """[value of process 0, value of process 1, ...] on every process (small python objects)."""
+        if not self.enabled:
+            return [value]
+        import torch.distributed as dist
+
+        out = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    def broadcast_object(self, value):
+        """Process 0's `value`, on every process."""
+        if not self.enabled:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather_rows(self, tensor: torch.Tensor | None, pad_value: float = 0.0) -> torch.Tensor | None:
+        """The (B, ...) concatenation, in rank order, of every process's (B / K, ...) `tensor`; a
+        second dimension of different widths is right-padded with `pad_value` to the widest."""
+        if not self.enabled or tensor is None:
+            return tensor
+        import torch.distributed as dist
+
+        shapes = self.gather_objects(tuple(tensor.shape))
+        if len({shape[0] for shape in shapes}) != 1:
+            raise ValueError(f"gather_rows needs the same number of rows on every process, got {shapes}")
+        if tensor.dim() >= 2:
+            width = max(shape[1] for shape in shapes)
+            if width > tensor.shape[1]:
+                pad = tensor.new_full((tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]), pad_value)
+                tensor = torch.cat([tensor, pad], dim=1)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    def shard(self, items: list) -> list:
+        """This process's contiguous share of a global batch (shares differ by at most one item)."""
+        n, k, r = len(items), self.world_size, self.rank
+        return items[r * n // k : (r + 1) * n // k]
+
+    def map_in_order(self, fn, batches: list) -> list:
+        """[fn(batch) for batch in batches], the batches dealt round-robin to the processes and
+        the (small, picklable) results gathered back in order on every process. Each batch is
+        computed exactly as one process would compute it, so the result does not depend on K."""
+        mine = {i: fn(batch) for i, batch in enumerate(batches) if i % self.world_size == self.rank}
+        if not self.enabled:
+            return [mine[i] for i in range(len(batches))]
+        merged: dict = {}
+        for part in self.gather_objects(mine):
+            merged.update(part)
+        return [merged[i] for i in range(len(batches))]
+
+    def broadcast_parameters(self, params: list[torch.nn.Parameter]) -> None:
+        """Process 0's values of `params` everywhere: every process starts from the same weights."""
+        if not self.enabled:
+            return
+        import torch.distributed as dist
+
+        with torch.no_grad():
+            for param in params:
+                dist.broadcast(param.data, src=0)
+
+    def reduce_gradients(self, params: list[torch.nn.Parameter], finite: bool) -> bool:
+        """Sum the gradients of `params` over the processes (a missing gradient counts as 0), in
+        float32 buckets; returns whether EVERY process's loss was finite (the flag rides in the
+        last bucket). The losses are already divided by the global count, hence a sum."""
+        if not self.enabled:
+            return finite
+        import torch.distributed as dist
+
+        if not params:
+            flag = torch.tensor([0.0 if finite else 1.0])
+            dist.all_reduce(flag)
+            return flag.item() == 0
+        device = params[0].device
+        buckets, bucket, size = [], [], 0
+        for param in params:
+            if bucket and size + param.numel() > BUCKET_ELEMENTS:
+                buckets.append(bucket)
+                bucket, size = [], 0
+            bucket.append(param)
+            size += param.numel()
+        buckets.append(bucket)
+        all_finite = True
+        for index, bucket in enumerate(buckets):
+            parts = [p.grad.detach().reshape(-1).float() if p.grad is not None else torch.zeros(p.numel(), device=device)
+                     for p in bucket]  # fmt: skip
+            last = index == len(buckets) - 1
+            if last:
+                parts.append(torch.tensor([0.0 if finite else 1.0], device=device))
+            flat = torch.cat(parts)
+            dist.all_reduce(flat)
+            if last:
+                all_finite = flat[-1].item() == 0
+            offset = 0
+            for param in bucket:
+                values = flat[offset : offset + param.numel()].view_as(param)
+                if param.grad is None:
+                    param.grad = values.to(param.dtype).clone()
+                else:
+                    param.grad.copy_(values)
+                offset += param.numel()
+        return all_finite
+
+    def destroy(self) -> None:
+        import torch.distributed as dist
+
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def gradient_bytes(params) -> int:
+    """Bytes one `reduce_gradients` call sends into the all-reduce: the float32 gradients of
+    `params` plus the 4-byte flag."""
+    return 4 * sum(p.numel() for p in params) + 4
+
+
+def _process_device(option: str, local_rank: int) -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is there (or asked for), else the CPU; one device per process."""
+    if option in ("auto", "cuda"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        if option == "cuda":
+            raise UsageError("train.device=cuda but no CUDA device is visible to this process.")
+        return torch.device("cpu")
+    device = torch.device(option)
+    if device.type == "cuda" and device.index is not None:
+        raise UsageError(
+            f"train.device={option} would put every process of the run on one GPU: use auto or cuda (each process "
+            "takes cuda:LOCAL_RANK), and CUDA_VISIBLE_DEVICES to choose the GPUs."
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"train.device={option}: several processes run on CUDA GPUs or on the CPU only.")
+    return device
