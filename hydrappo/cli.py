@@ -28,6 +28,19 @@ from pathlib import Path
 from .errors import HydrappoError
 
 # ---------------------------------------------------------------------------- train, reward, sft
+# Under torchrun / accelerate launch every process runs the command (train/distributed.py);
+# process 0 reports, and each process that fails prints its own error.
+
+
+def _process() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) a launcher set; (0, 1) without one."""
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _report(text: str) -> None:
+    if _process()[0] == 0:
+        print(text)
+
 
 
 def _config_command(argv: list[str], prog: str, description: str, config_cls):
@@ -65,8 +78,8 @@ def train_command(argv: list[str]) -> int:
     if history:
         last = history[-1]
         kl = f", KL {last['objective/kl']:.3f}" if "objective/kl" in last else ""
-        print(f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}; "
-              f"checkpoints, metrics.jsonl and TensorBoard logs in {config.train.output_dir}")  # fmt: skip
+        _report(f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}; "
+                f"checkpoints, metrics.jsonl and TensorBoard logs in {config.train.output_dir}")  # fmt: skip
     return 0
 
 
@@ -85,7 +98,7 @@ def reward_command(argv: list[str]) -> int:
     trainer.train(resume=resume)
     evaluation = ", ".join(f"{k} {v:.3f}" for k, v in trainer.final_eval.items() if k in ("eval/accuracy", "eval/loss"))
     stats = trainer.score_stats or {}
-    print(
+    _report(
         f"done: step {trainer.step}{', ' + evaluation if evaluation else ''}; reference scores mean "
         f"{stats.get('score_mean', float('nan')):.4f}, std {stats.get('score_std', float('nan')):.4f}.\n"
         f"reward checkpoint: {trainer.checkpoint_path}\n"
@@ -111,7 +124,7 @@ def sft_command(argv: list[str]) -> int:
     evals = [row for row in history if "eval/loss" in row]
     summary = f", held-out response loss {evals[0]['eval/loss']:.4f} -> {evals[-1]['eval/loss']:.4f}" if evals else ""
     use = "lora.lora_init_adapter" if config.lora.lora_r > 0 else "model.name_or_path"
-    print(f"done: step {trainer.step}{summary}.\nmodel: {trainer.output_dir} (use it as {use} in a PPO config)")
+    _report(f"done: step {trainer.step}{summary}.\nmodel: {trainer.output_dir} (use it as {use} in a PPO config)")
     return 0
 
 
@@ -375,7 +388,9 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    rank, world_size = _process()
+    # Under a launcher only process 0 tells what it is doing; every process warns.
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
@@ -386,12 +401,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0 if argv else 2
     command = COMMANDS[argv[0]][0]
+    where = f" (process {rank} of {world_size})" if world_size > 1 else ""
     try:
         return command(argv[1:])
     except HydrappoError as error:
         # Raised on purpose, with a message that says what to fix: show just that.
-        print(f"hydrappo {argv[0]}: {error}", file=sys.stderr)
+        print(f"hydrappo {argv[0]}{where}: {error}", file=sys.stderr)
         return error.exit_code
+    finally:
+        if "torch.distributed" in sys.modules:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ or hangs outside a phase is caught by the group's timeout (`train.dist_timeout_s
 from __future__ import annotations
 
 import datetime
+import io
 import logging
 import os
 from contextlib import contextmanager
@@ -50,15 +51,6 @@ BUCKET_ELEMENTS = 25 * 2**20  # gradients are reduced in float32 buckets of at m
 
 class DistributedError(HydrappoError):
     """Another process of the run failed (its message is in this one), or stopped answering."""
-
-
-def launcher_rank() -> int:
-    """This process's RANK as a launcher set it (0 without a launcher)."""
-    return int(os.environ.get("RANK", "0") or 0)
-
-
-def launched() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
 def _describe(error: BaseException) -> str:
@@ -152,14 +144,18 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ collectives
     def gather_objects(self, value) -> list:
-        """[value of process 0, value of process 1, ...] on every process (small python objects)."""
+        """[value of process 0, value of process 1, ...] on every process: small values made of
+        tensors, numbers, strings, lists, tuples and dicts (serialised with torch.save and read
+        back with weights_only=True: torch's own object pickling cannot carry RNG-state tensors)."""
         if not self.enabled:
             return [value]
         import torch.distributed as dist
 
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
         out = [None] * self.world_size
-        dist.all_gather_object(out, value)
-        return out
+        dist.all_gather_object(out, buffer.getvalue())
+        return [torch.load(io.BytesIO(data), weights_only=True) for data in out]
 
     def broadcast_object(self, value):
         """Process 0's `value`, on every process."""
@@ -195,11 +191,13 @@ class ProcessGroup:
         n, k, r = len(items), self.world_size, self.rank
         return items[r * n // k : (r + 1) * n // k]
 
-    def map_in_order(self, fn, batches: list) -> list:
-        """[fn(batch) for batch in batches], the batches dealt round-robin to the processes and
-        the (small, picklable) results gathered back in order on every process. Each batch is
-        computed exactly as one process would compute it, so the result does not depend on K."""
-        mine = {i: fn(batch) for i, batch in enumerate(batches) if i % self.world_size == self.rank}
+    def map_in_order(self, fn, batches: list, what: str) -> list:
+        """[fn(batch) for batch in batches], the batches dealt round-robin to the processes (as
+        the phase `what`) and the small results (see gather_objects) gathered back in order on
+        every process. Each batch is computed exactly as one process would compute it, so the
+        result does not depend on the number of processes."""
+        with self.phase(what):
+            mine = {i: fn(batch) for i, batch in enumerate(batches) if i % self.world_size == self.rank}
         if not self.enabled:
             return [mine[i] for i in range(len(batches))]
         merged: dict = {}
@@ -258,12 +256,6 @@ class ProcessGroup:
                     param.grad.copy_(values)
                 offset += param.numel()
         return all_finite
-
-    def destroy(self) -> None:
-        import torch.distributed as dist
-
-        if self.enabled and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def gradient_bytes(params) -> int:

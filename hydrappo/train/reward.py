@@ -31,7 +31,7 @@ from ..rollout import generate_responses, pack_sequences
 from ..storage.checkpoint import latest_checkpoint
 from ..storage.reward_branch import REWARD_FORMAT_VERSION, REWARD_KIND, base_model_identity, load_reward_branch
 from .harness import TrainingError, as_float, prepare
-from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of
+from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")
 
@@ -133,40 +133,48 @@ class RewardTrainer(SupervisedStage):
 
     @torch.no_grad()
     def evaluate(self, pairs: PreferencePairs | None = None, tag: str = "eval") -> dict:
-        """Loss, accuracy and mean margin over all of `pairs` (default: the held-out pairs)."""
+        """Loss, accuracy and mean margin over all of `pairs` (default: the held-out pairs); the
+        batches are shared among the processes."""
         pairs = self.eval_pairs if pairs is None else pairs
         if not len(pairs):
             return {}
-        chosen, rejected = [], []
-        for index in batches(len(pairs), max(1, self.config.train.eval_batch_size // 2)):
-            c, r = self._pair_scores(pairs, index, tag)
-            chosen.append(c.cpu())
-            rejected.append(r.cpu())
+
+        def pair_scores(index):
+            return tuple(x.cpu() for x in self._pair_scores(pairs, index, tag))
+
+        index_batches = batches(len(pairs), max(1, self.config.train.eval_batch_size // 2))
+        done = self.harness.dist.map_in_order(pair_scores, index_batches, f"evaluating on the {tag} pairs")
+        chosen, rejected = [c for c, _ in done], [r for _, r in done]
         margins = torch.tensor(pairs.margins) if pairs.margins is not None else None
         _, stats = preference_loss(torch.cat(chosen), torch.cat(rejected), margins)
         return {f"{tag}/{key}": as_float(value) for key, value in stats.items()}
 
     @torch.no_grad()
     def reference_statistics(self) -> dict:
-        """Mean and std of the trained branch's scores on the reference set (see data.stats_file)."""
+        """Mean and std of the trained branch's scores on the reference set (see data.stats_file),
+        its batches shared among the processes."""
         data, train = self.config.data, self.config.train
         rng = random.Random(train.seed)
+        what = "scoring the reference set"
         if data.stats_file is None:
             pairs = self.train_pairs
             candidates = [(i, side) for i in range(len(pairs)) for side in (0, 1)]
             chosen_set = sorted(rng.sample(candidates, min(data.stats_max_samples, len(candidates))))
-            scores = []
-            for start in range(0, len(chosen_set), train.eval_batch_size):
-                part = chosen_set[start : start + train.eval_batch_size]
+
+            def part_scores(part):
                 keys = [("train", i, side) for i, side in part]
                 responses = [(pairs.chosen_ids if side == 0 else pairs.rejected_ids)[i] for i, side in part]
-                scores.append(self._scores(keys, [pairs.prompt_ids[i] for i, _ in part], responses).cpu())
+                return self._scores(keys, [pairs.prompt_ids[i] for i, _ in part], responses).cpu()
+
+            parts = [chosen_set[start : start + train.eval_batch_size] for start in range(0, len(chosen_set), train.eval_batch_size)]
+            scores = self.harness.dist.map_in_order(part_scores, parts, what)
             source = f"chosen and rejected responses of {len(chosen_set)} training texts"
         else:
             prompt_column = data.prompt_column or "prompt"
             table = read_table(data.stats_file, [prompt_column], [data.stats_response_column], setting="data.stats_file")
             index = sorted(rng.sample(range(len(table[prompt_column])), min(data.stats_max_samples, len(table[prompt_column]))))
             prompt_ids = encode_prompts([table[prompt_column][i] for i in index], self.tokenizer, data)
+            response_ids = None
             if table[data.stats_response_column] is not None:
                 texts = [str(table[data.stats_response_column][i]) for i in index]
                 response_ids = tokenize_responses(texts, self.tokenizer, data.max_response_length, data.append_eos)
@@ -177,9 +185,15 @@ class RewardTrainer(SupervisedStage):
                     max_new_tokens=data.stats_max_new_tokens, temperature=data.stats_temperature,
                     generation_batch_size=train.eval_batch_size,
                 )
-                response_ids = generate_responses(self.hydra, self.tokenizer, prompt_ids, generation).response_ids
                 source = f"base-policy responses to {len(index)} prompts of {data.stats_file}"
-            scores = [self.score(prompt_ids, response_ids)]
+
+            def part_scores(rows):
+                prompts = [prompt_ids[i] for i in rows]
+                if response_ids is not None:
+                    return self.score(prompts, [response_ids[i] for i in rows])
+                return self.score(prompts, generate_responses(self.hydra, self.tokenizer, prompts, generation).response_ids)
+
+            scores = self.harness.dist.map_in_order(part_scores, batches(len(prompt_ids), train.eval_batch_size), what)
         scores = torch.cat(scores)
         try:
             mean, std = score_statistics(scores)
@@ -189,16 +203,20 @@ class RewardTrainer(SupervisedStage):
 
     # ------------------------------------------------------------------ training
     def train_step(self) -> tuple[dict, None]:
-        train, pairs = self.config.train, self.train_pairs
-        index, end_of_epoch = self.batches.next()
-        chosen, rejected = self._pair_scores(pairs, index, "train")
-        margins = torch.tensor([pairs.margins[i] for i in index], device=chosen.device) if pairs.margins is not None else None
-        loss, stats = preference_loss(chosen, rejected, margins)
-        finite = bool(torch.isfinite(loss))
-        if finite:
-            self.harness.backward(loss)
+        train, pairs, dist = self.config.train, self.train_pairs, self.harness.dist
+        batch, end_of_epoch = self.batches.next()
+        index, finite, stats = dist.shard(batch), True, {}
+        with dist.phase("training the reward branch"):
+            if index:  # a process's share of a small last batch may be empty
+                chosen, rejected = self._pair_scores(pairs, index, "train")
+                margins = torch.tensor([pairs.margins[i] for i in index], device=chosen.device) if pairs.margins is not None else None
+                loss, stats = preference_loss(chosen, rejected, margins)
+                finite = bool(torch.isfinite(loss))
+                if finite:
+                    # This process's share of the whole batch's mean loss.
+                    self.harness.backward(loss * (len(index) / len(batch)))
         grad_norm = self.harness.optimizer_step(finite)
-        stats = {f"train/{key}": value for key, value in stats.items()}
+        stats = {f"train/{key}": value for key, value in weighted_means(dist, stats, len(index)).items()}
         stats.update({"train/grad_norm": grad_norm if grad_norm is not None else float("nan"), **self.harness.optimizer_stats("train/")})
         step = self.harness.step + 1
         if (train.eval_every and step % train.eval_every == 0) or end_of_epoch or step == self.total_steps:

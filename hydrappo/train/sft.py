@@ -34,7 +34,7 @@ from ..model import HydraModel
 from ..rollout import pack_sequences, response_part
 from ..storage.atomic import write_files_into
 from .harness import enable_activation_checkpointing, prepare
-from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of
+from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")
 
@@ -138,20 +138,26 @@ class SFTTrainer(SupervisedStage):
 
     @torch.no_grad()
     def evaluate(self, dataset=None, tag: str = "eval") -> dict:
-        """Token-mean response NLL over a (prompt_ids, response_ids) set (default: held out)."""
+        """Token-mean response NLL over a (prompt_ids, response_ids) set (default: held out), its
+        batches shared among the processes."""
         prompt_ids, response_ids = self.eval_set if dataset is None else dataset
         if not prompt_ids:
             return {}
         was_training = self.hydra.training
         self.hydra.eval()
-        total, tokens = 0.0, 0.0
-        for index in batches(len(prompt_ids), self.config.train.eval_batch_size):
+
+        def nll_of(index):
             logprobs, mask = self.response_logprobs(
                 [(tag, i) for i in index], [prompt_ids[i] for i in index], [response_ids[i] for i in index]
             )
             nll, count = response_nll(logprobs, mask)
-            total += nll.item() * count.item()
-            tokens += count.item()
+            return nll.item() * count.item(), count.item()
+
+        parts = self.harness.dist.map_in_order(nll_of, batches(len(prompt_ids), self.config.train.eval_batch_size), f"evaluating on the {tag} set")
+        total, tokens = 0.0, 0.0
+        for part_total, part_tokens in parts:
+            total += part_total
+            tokens += part_tokens
         self.hydra.train(was_training)
         return {f"{tag}/loss": total / max(tokens, 1.0), f"{tag}/tokens": tokens}
 
@@ -159,29 +165,39 @@ class SFTTrainer(SupervisedStage):
         return self.evaluate()
 
     def train_step(self) -> tuple[dict, None]:
-        train = self.config.train
-        index, end_of_epoch = self.batches.next()
+        train, dist = self.config.train, self.harness.dist
+        batch, end_of_epoch = self.batches.next()
         prompt_ids, response_ids = self.train_set
+        # Every process knows every example's length, so the whole batch's token count too.
+        batch_tokens = sum(len(response_ids[i]) for i in batch)
+        index, finite, stats = dist.shard(batch), True, {}
         self.hydra.train(self.config.model.gradient_checkpointing)
-        logprobs, mask = self.response_logprobs(
-            [("train", i) for i in index], [prompt_ids[i] for i in index], [response_ids[i] for i in index]
-        )
-        loss, tokens = response_nll(logprobs, mask)
-        finite = bool(torch.isfinite(loss))
-        if finite:
-            self.harness.backward(loss)
+        with dist.phase("fine-tuning"):
+            if index:  # a process's share of a small last batch may be empty
+                logprobs, mask = self.response_logprobs(
+                    [("train", i) for i in index], [prompt_ids[i] for i in index], [response_ids[i] for i in index]
+                )
+                loss, tokens = response_nll(logprobs, mask)
+                finite = bool(torch.isfinite(loss))
+                if finite:
+                    # This process's share of the whole batch's token-mean loss.
+                    self.harness.backward(loss * (tokens / max(batch_tokens, 1)) if dist.enabled else loss)
+                stats = {"train/loss": loss.detach()}
         grad_norm = self.harness.optimizer_step(finite)
         self.hydra.eval()
-        stats = {"train/loss": loss.detach(), "train/tokens": tokens, "train/grad_norm": grad_norm if grad_norm is not None else float("nan"),
-                 **self.harness.optimizer_stats("train/")}  # fmt: skip
+        stats = weighted_means(dist, stats, tokens.item() if index else 0)
+        stats.update({"train/tokens": batch_tokens, "train/grad_norm": grad_norm if grad_norm is not None else float("nan"),
+                      **self.harness.optimizer_stats("train/")})  # fmt: skip
         step = self.harness.step + 1
         if (train.eval_every and step % train.eval_every == 0) or end_of_epoch or step == self.total_steps:
             stats.update(self.evaluate())
         return stats, None
 
     def finish(self) -> dict:
-        self.save_model()
-        logger.info("sft model saved to %s", self.output_dir)
+        with self.harness.dist.phase("saving the fine-tuned model"):
+            if self.harness.dist.is_main:
+                self.save_model()
+                logger.info("sft model saved to %s", self.output_dir)
         return {}
 
     def save_model(self) -> Path:

@@ -9,6 +9,7 @@ import torch
 
 from ..model import HydraModel
 from ..rollout import pack_sequences
+from .harness import as_float
 
 
 def total_steps_of(train, num_examples: int) -> int:
@@ -23,6 +24,20 @@ def batches(num_examples: int, batch_size: int, generator: torch.Generator | Non
     return [order[i : i + batch_size] for i in range(0, num_examples, batch_size)]
 
 
+def weighted_means(dist, stats: dict, weight: float) -> dict:
+    """Statistics that each process computed as means over its share of a batch (`weight`
+    items), as means over the whole batch: each process's weighted by its share. With one
+    process, `stats` as they are."""
+    if not dist.enabled:
+        return stats
+    totals, weights = {}, {}
+    for part, part_weight in dist.gather_objects(({key: as_float(value) for key, value in stats.items()}, float(weight))):
+        for key, value in part.items():
+            totals[key] = totals.get(key, 0.0) + value * part_weight
+            weights[key] = weights.get(key, 0.0) + part_weight
+    return {key: totals[key] / weights[key] for key in totals if weights[key] > 0}
+
+
 class SupervisedStage:
     """What the reward and SFT loops share around the harness: a step count, and `train()`,
     which fills the split cache (see SplitCache.fill) before running the steps. A stage has
@@ -33,7 +48,10 @@ class SupervisedStage:
         return self.harness.step
 
     def train(self, resume=None) -> list[dict]:
-        self.split_cache.fill(self.cache_examples(), self.tokenizer.pad_token_id, self.config.train.eval_batch_size)
+        """Each process of a distributed run caches every example: its shares of later batches
+        are other examples."""
+        with self.harness.dist.phase("caching the frozen trunk's outputs"):
+            self.split_cache.fill(self.cache_examples(), self.tokenizer.pad_token_id, self.config.train.eval_batch_size)
         return self.harness.run(self, self.total_steps, resume)
 
 
