@@ -78,6 +78,23 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return torch.where(var_returns > 0, 1 - var_residual / var_returns, torch.full_like(var_returns, math.nan))
 
 
+def explained_variance_parts(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(4,) masked token means of R, R^2, R - V and (R - V)^2: what :func:`explained_variance`
+    needs, in a form that parts of a batch (micro-batches, processes) can average, weighted by
+    their tokens, into the whole batch's (see :func:`explained_variance_of_parts`)."""
+    residual = returns - values
+    return torch.stack([masked_mean(t, mask) for t in (returns, returns.square(), residual, residual.square())])
+
+
+def explained_variance_of_parts(returns_mean, returns_sq_mean, residual_mean, residual_sq_mean) -> float:
+    """:func:`explained_variance` from the token means of :func:`explained_variance_parts`:
+    1 - (E[e^2] - E[e]^2) / (E[R^2] - E[R]^2), with e = R - V; nan when the returns have no
+    variance. Pass means accumulated in float64: the differences cancel."""
+    var_returns = returns_sq_mean - returns_mean**2
+    var_residual = residual_sq_mean - residual_mean**2
+    return 1 - var_residual / var_returns if var_returns > 0 else math.nan
+
+
 def last_true_index(mask: torch.Tensor) -> torch.Tensor:
     """(B,) index of the last masked-in position of each row; -1 for an empty row."""
     mask = bool_mask(mask)

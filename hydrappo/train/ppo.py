@@ -29,7 +29,7 @@ import torch
 from ..algo.advantages import estimate_advantages
 from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
-from ..algo.masked import masked_mean, masked_sum
+from ..algo.masked import explained_variance_of_parts, explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import RunningMoments, group_statistics, normalize_scores, shape_rewards
 from ..config import Config, ConfigError
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
@@ -43,12 +43,16 @@ from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
 
 
+EXPLAINED_VARIANCE_PARTS = ("val/_returns", "val/_returns_sq", "val/_residual", "val/_residual_sq")
+
+
 class UpdateMeter:
     """The statistics of one update, the same however its minibatches were split (micro-batches,
     processes): a `loss/*` value is one part's share of its minibatch's loss, so the parts add
     up and the minibatches are averaged; a `*_max` is a maximum; any other statistic is its
-    part's masked token mean, weighted by the part's tokens. A value that is not finite (the
-    explained variance of returns without variance) is left out rather than poisoning the mean."""
+    part's masked token mean, weighted by the part's tokens; the explained variance is that of
+    every token of the update, from its parts (algo.masked.explained_variance_parts). A value
+    that is not finite is left out rather than poisoning the mean."""
 
     def __init__(self):
         self.sums: dict[str, float] = {}
@@ -81,6 +85,9 @@ class UpdateMeter:
             for key, total in sums.items() if key.startswith("loss/") or weights[key] > 0
         }  # fmt: skip
         out.update({f"{prefix}{key}": value for key, value in maxima.items()})
+        if all(f"{prefix}{key}" in out for key in EXPLAINED_VARIANCE_PARTS):
+            parts = [out.pop(f"{prefix}{key}") for key in EXPLAINED_VARIANCE_PARTS]
+            out[f"{prefix}val/var_explained"] = explained_variance_of_parts(*parts)
         if self.grad_norms:  # the same on every process: the norm of the summed gradients
             out[f"{prefix}grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
         return out
@@ -324,7 +331,7 @@ class PPOTrainer:
             )
         new = response_part(out, batch.prompt_width)
         kl_in_loss = ppo.kl_penalty == "loss" and self.kl_controller.value != 0
-        return ppo_loss(
+        loss, stats = ppo_loss(
             new.logprobs, batch.logprobs, batch.advantages, new.values, batch.values, batch.returns, batch.action_mask,
             cliprange=ppo.cliprange, cliprange_high=ppo.cliprange_high, cliprange_value=ppo.cliprange_value,
             vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef, entropy=new.entropy, dual_clip=ppo.dual_clip,
@@ -332,6 +339,10 @@ class PPOTrainer:
             ref_logprobs=batch.ref_logprobs if kl_in_loss else None,
             kl_coef=self.kl_controller.value if kl_in_loss else 0.0, loss_denominator=denominator,
         )
+        if new.values is not None:
+            parts = explained_variance_parts(new.values.detach(), batch.returns, batch.action_mask).tolist()
+            stats.update(zip(EXPLAINED_VARIANCE_PARTS, parts))
+        return loss, stats
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

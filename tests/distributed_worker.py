@@ -1,0 +1,93 @@
+"""What the processes of test_distributed.py run: `python tests/distributed_worker.py MODE ...`.
+
+    ppo OUT                    one PPO step of every VARIANT on fixed responses, each into OUT/<variant>
+    die-after-first-save ARGS  `hydrappo ARGS`, every process killed in the step after its first checkpoint
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+from hydrappo.config import parse_config
+from hydrappo.rollout import Responses
+from hydrappo.train.harness import Harness
+from hydrappo.train.ppo import PPOTrainer
+
+TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+# One PPO step of 8 responses: 2 epochs x 2 minibatches of 4, each split in 2 micro-batches per
+# process; running score normalisation, whitening and the adaptive KL controller all see the batch.
+COMMON = [
+    "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4", "--gradient_accumulation_steps", "2",
+    "--ppo_epochs", "2", "--learning_rate", "1e-4", "--score_normalization", "running", "--kl_controller", "adaptive",
+    "--no_progress_bar",
+]  # fmt: skip
+VARIANTS = {
+    "gae": [],
+    # Groups of 2 stay on one process; the KL goes into the loss (k3), token-sum aggregation.
+    "grpo": ["--advantage_estimator", "grpo", "--samples_per_prompt", "2", "--kl_penalty", "loss",
+             "--loss_agg_mode", "seq-mean-token-sum"],  # fmt: skip
+    # Token returns whitened over the whole batch.
+    "reinforce_pp": ["--advantage_estimator", "reinforce_pp", "--loss_agg_mode", "seq-mean-token-mean"],
+}
+
+
+def fixed_generate(trainer: PPOTrainer):
+    """Replaces sampling: the responses of a prompt's group depend only on the prompt and the
+    sample's place in its group, never on the process or the batch it lands in."""
+    group = trainer.config.generation.samples_per_prompt
+    max_new = trainer.config.generation.max_new_tokens
+    eos, vocab = trainer.tokenizer.eos_token_id, len(trainer.tokenizer)
+
+    def generate(prompt_ids):
+        responses, ended = [], []
+        for row, prompt in enumerate(prompt_ids):
+            rng = random.Random(f"{prompt}/{row % group}")
+            tokens = [rng.randrange(4, vocab) for _ in range(rng.randint(1, max_new))]
+            stop = rng.random() < 0.5
+            if stop:
+                tokens[-1] = eos
+            responses.append(tokens)
+            ended.append(stop)
+        return Responses(prompt_ids=[list(p) for p in prompt_ids], response_ids=responses, ended=ended)
+
+    return generate
+
+
+def ppo_variants(out: Path) -> None:
+    for name, options in VARIANTS.items():
+        config = parse_config(TINY / "config.yaml", [*COMMON, *options, "--output_dir", str(out / name)])
+        trainer = PPOTrainer(config, config_dir=TINY)
+        trainer.generate = fixed_generate(trainer)
+        trainer.train()
+
+
+def die_after_first_save(argv: list[str]) -> int:
+    from hydrappo.cli import main
+
+    real_save, saved = Harness.save, []
+
+    def save(self, loop):
+        path = real_save(self, loop)
+        saved.append(self.step)
+        return path
+
+    def update(self, experience):
+        os._exit(3)  # killed in the middle of the step after the checkpoint
+
+    Harness.save = save
+    real_update = PPOTrainer.ppo_update
+    PPOTrainer.ppo_update = lambda self, experience: update(self, experience) if saved else real_update(self, experience)
+    return main(argv)
+
+
+if __name__ == "__main__":
+    mode, *rest = sys.argv[1:]
+    if mode == "ppo":
+        ppo_variants(Path(rest[0]))
+    elif mode == "die-after-first-save":
+        sys.exit(die_after_first_save(rest))
+    else:
+        raise SystemExit(f"unknown mode {mode}")

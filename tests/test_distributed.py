@@ -1,0 +1,219 @@
+"""Data parallelism on torch.distributed (train/distributed.py): results that do not depend on
+the number of processes, exact resume at the same number, one failing process stopping all.
+The multi-process tests start 2 processes themselves (gloo on the CPU, tests/processes.py)."""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from distributed_worker import VARIANTS, ppo_variants
+from hydrappo.algo.losses import aggregate, aggregation_weights
+from hydrappo.algo.masked import explained_variance, explained_variance_of_parts, explained_variance_parts
+from hydrappo.config import RewardConfig, SFTConfig, parse_config
+from hydrappo.rollout import minibatch_plan
+from hydrappo.storage.checkpoint import WEIGHTS_NAME
+from hydrappo.train.distributed import ProcessGroup
+from hydrappo.train.ppo import PPOTrainer
+from hydrappo.train.reward import RewardTrainer
+from hydrappo.train.sft import SFTTrainer
+from processes import check_ok, describe, launch
+from test_reward_trainer import reward_config
+from test_sft import write_sft_config
+
+TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+
+
+def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / f"checkpoint-{step}" / WEIGHTS_NAME))
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_close_weights(a: dict, b: dict, atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys() and a
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def assert_same_scalars(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> None:
+    """Every logged scalar but the timings (and names ending in `ignore`), to float32 precision."""
+    keys = {k for k in a if not k.startswith("time/")}
+    assert keys == {k for k in b if not k.startswith("time/")}
+    for key in sorted(k for k in keys if not k.endswith(ignore)):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+
+
+# ---------------------------------------------------------------------------- the pieces, by hand
+def test_aggregating_parts_with_the_whole_count_adds_up_to_the_whole():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 6.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
+    # token-mean: 21 / 6; seq-mean-token-mean: (2 + 4 + 5.5) / 3 rows with tokens; seq-mean-token-sum: (6 + 4 + 11) / 3.
+    for mode, whole in (("token-mean", 21 / 6), ("seq-mean-token-mean", 11.5 / 3), ("seq-mean-token-sum", 7.0)):
+        assert aggregate(x, mask, mode).item() == pytest.approx(whole)
+        count = aggregation_weights(mask, mode).sum()
+        assert count.item() == (6 if mode == "token-mean" else 3)
+        halves = aggregate(x[:1], mask[:1], mode, count) + aggregate(x[1:], mask[1:], mode, count)
+        assert halves.item() == pytest.approx(whole)
+    assert aggregation_weights(mask, "token-mean").tolist() == [3, 1, 2, 0]
+    assert aggregation_weights(mask, "seq-mean-token-sum").tolist() == [1, 1, 1, 0]
+
+
+def test_explained_variance_from_parts_is_that_of_the_whole():
+    torch.manual_seed(0)
+    values, returns = torch.randn(6, 5), torch.randn(6, 5) * 2 + 1
+    mask = torch.rand(6, 5) > 0.3
+    whole = explained_variance(values, returns, mask).item()
+    parts = [explained_variance_parts(values[rows], returns[rows], mask[rows]) for rows in (slice(0, 2), slice(2, 6))]
+    tokens = [mask[:2].sum(), mask[2:].sum()]
+    means = (parts[0] * tokens[0] + parts[1] * tokens[1]).double() / (tokens[0] + tokens[1])
+    assert explained_variance_of_parts(*means.tolist()) == pytest.approx(whole, rel=1e-5)
+
+
+def test_minibatches_are_stratified_so_every_process_holds_an_equal_share_of_each():
+    plan = minibatch_plan(16, 8, torch.Generator().manual_seed(0))
+    assert plan.shape == (2, 8)
+    assert sorted(plan.flatten().tolist()) == list(range(16))  # every row once per epoch
+    for rows in plan:  # one row of each stratum of 2: processes of 2, 4 or 8 each hold rows/K of them
+        assert [row // 2 for row in rows.tolist()] == list(range(8))
+        for k in (2, 4, 8):
+            share = 16 // k
+            assert [sum(r * share <= row < (r + 1) * share for row in rows.tolist()) for r in range(k)] == [8 // k] * k
+    # A seeded generator draws the same plan, whatever the number of processes.
+    assert torch.equal(plan, minibatch_plan(16, 8, torch.Generator().manual_seed(0)))
+
+
+def test_one_process_is_the_same_as_before():
+    group = ProcessGroup()
+    assert not group.enabled and group.is_main
+    assert group.shard([1, 2, 3]) == [1, 2, 3]
+    tensor = torch.ones(2, 3)
+    assert group.gather_rows(tensor) is tensor
+    assert group.map_in_order(lambda batch: sum(batch), [[1, 2], [3]], "adding") == [3, 3]
+    with pytest.raises(ValueError, match="boom"), group.phase("failing"):
+        raise ValueError("boom")
+
+
+def test_shares_of_a_batch_are_contiguous_and_differ_by_at_most_one():
+    shares = [ProcessGroup(rank, 3).shard(list(range(10))) for rank in range(3)]
+    assert shares == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert ProcessGroup(1, 4).shard([7, 8]) == [7]  # a small last batch leaves some processes nothing
+
+
+def test_a_batch_that_processes_cannot_share_is_a_clear_error(tmp_path, monkeypatch):
+    from hydrappo.config import ConfigError
+
+    monkeypatch.setattr(ProcessGroup, "from_environment", classmethod(lambda cls, device, timeout: (cls(0, 4), torch.device("cpu"))))
+    config = parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path), "--batch_size", "6", "--mini_batch_size", "2"])
+    with pytest.raises(ConfigError, match="6 prompts x 1 samples, which 4 processes cannot share"):
+        PPOTrainer(config, config_dir=TINY)
+
+
+# ---------------------------------------------------------------------------- 2 processes
+def test_a_ppo_step_on_two_processes_equals_one_process_on_the_whole_batch(tmp_path):
+    """The same fixed responses (distributed_worker.fixed_generate): 2 processes x 4 responses and
+    1 process x 8 end with the same weights and log the same statistics, for PPO with a critic
+    (GAE, whitened advantages) and two critic-free estimators (GRPO with groups of 2, KL in the
+    loss; REINFORCE++, whose token returns are whitened over the whole batch)."""
+    check_ok(launch(["tests/distributed_worker.py", "ppo", str(tmp_path / "two")]))
+    ppo_variants(tmp_path / "one")
+    for name in VARIANTS:
+        one, two = tmp_path / "one" / name, tmp_path / "two" / name
+        assert_close_weights(weights(one, 1), weights(two, 1))
+        assert_same_scalars(metrics(one)[-1], metrics(two)[-1])
+        state_one, state_two = (json.loads((d / "checkpoint-1" / "trainer_state.json").read_text()) for d in (one, two))
+        assert state_two["world_size"] == 2 and state_one["world_size"] == 1
+        assert state_two["kl_controller"]["value"] == pytest.approx(state_one["kl_controller"]["value"], rel=1e-6)
+        assert state_two["score_moments"]["count"] == state_one["score_moments"]["count"] == 8
+        assert state_two["score_moments"]["mean"] == pytest.approx(state_one["score_moments"]["mean"], rel=1e-6)
+
+
+SMALL_RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
+             "--lr_scheduler", "cosine", "--warmup_steps", "1", "--kl_controller", "adaptive",
+             "--score_normalization", "running", "--no_progress_bar"]  # fmt: skip
+
+
+def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp_path, caplog):
+    def train(out: Path, *extra: str, worker: str | None = None):
+        command = ["tests/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
+        return launch([*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra])
+
+    check_ok(train(tmp_path / "straight"))
+    killed = train(tmp_path / "resumed", worker="die-after-first-save")
+    assert [r.returncode for r in killed] == [3, 3], describe(killed)
+    assert sorted(p.name for p in (tmp_path / "resumed").glob("checkpoint-*")) == ["checkpoint-2"]
+    shutil.copytree(tmp_path / "resumed", tmp_path / "one-process")
+    check_ok(train(tmp_path / "resumed", "--resume"))
+
+    straight, resumed = weights(tmp_path / "straight", 4), weights(tmp_path / "resumed", 4)
+    assert straight.keys() == resumed.keys()
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+    assert [row["step"] for row in metrics(tmp_path / "resumed")] == [1, 2, 3, 4]
+    for a, b in zip(metrics(tmp_path / "straight")[2:], metrics(tmp_path / "resumed")[2:]):
+        assert {k: v for k, v in a.items() if not k.startswith("time/")} == {k: v for k, v in b.items() if not k.startswith("time/")}
+    saved = torch.load(tmp_path / "resumed" / "checkpoint-4" / "training_state.pt", weights_only=True)
+    assert len(saved["rng_per_process"]) == 2
+    assert not torch.equal(saved["rng_per_process"][0]["torch"], saved["rng_per_process"][1]["torch"])
+
+    # At another number of processes the run goes on, and says it is not an exact continuation.
+    config = parse_config(TINY / "config.yaml", [*SMALL_RUN, "--output_dir", str(tmp_path / "one-process")])
+    with caplog.at_level(logging.WARNING, logger="hydrappo"):
+        history = PPOTrainer(config, config_dir=TINY).train(resume=True)
+    assert [row["step"] for row in history] == [3, 4]
+    assert "written by a run of 2 processes and this run has 1" in caplog.text
+
+
+@pytest.mark.parametrize("stage", ["reward", "sft"])
+def test_supervised_stages_on_two_processes_end_with_the_weights_of_one(tmp_path, stage):
+    # 4 steps of 16 examples, 8 per process; the held-out evaluation is shared between them.
+    if stage == "reward":
+        config = reward_config(tmp_path, max_steps=4, save_every=0)
+        path, trainer_cls, config_cls = tmp_path / "reward.yaml", RewardTrainer, RewardConfig
+    else:
+        path = write_sft_config(tmp_path, max_steps=4, save_every=0)
+        trainer_cls, config_cls = SFTTrainer, SFTConfig
+        config = parse_config(path, [], config_cls=config_cls)
+    check_ok(launch(["-m", "hydrappo", stage, str(path), "--output_dir", str(tmp_path / "two")]))
+    config.train.output_dir = str(tmp_path / "one")
+    trainer_cls(config, config_dir=tmp_path).train()
+    one_weights, two_weights = weights(tmp_path / "one", 4), weights(tmp_path / "two", 4)
+    ignore = ()
+    if stage == "reward":
+        # The Bradley-Terry loss depends on r_chosen - r_rejected only: the score head's bias gets
+        # a gradient of exactly 0, and what moves it is rounding noise that AdamW scales up to the
+        # learning rate; it differs between any two ways of summing the same batch, and so do the
+        # mean scores (not their differences).
+        for bias in (one_weights, two_weights):
+            assert bias.pop("head.score.bias").shape == (1,)
+        ignore = ("chosen_score", "rejected_score", "score_mean")
+    assert_close_weights(one_weights, two_weights)
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert len(one) == len(two) and "eval/loss" in one[-1]
+    for a, b in zip(one, two):
+        assert_same_scalars(a, b, ignore)
+
+
+def test_a_reward_function_raising_on_one_process_stops_both_with_its_message(tmp_path):
+    (tmp_path / "flaky.py").write_text(
+        "import os\n\n\n"
+        "def reward_fn(samples, prompts, outputs, **kwargs):\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise ConnectionError('the reward server did not answer')\n"
+        "    return [0.0] * len(outputs)\n"
+    )
+    results = launch(["-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path / "out"),
+                      "--reward_fn", f"{tmp_path / 'flaky.py'}:reward_fn", "--total_steps", "2"], timeout=60)  # fmt: skip
+    assert all(r.returncode != 0 for r in results), describe(results)
+    assert "the reward server did not answer" in results[1].stderr
+    assert (
+        "hydrappo train (process 0 of 2): process 1 of 2 failed while generating and scoring responses: "
+        "ConnectionError: the reward server did not answer" in results[0].stderr
+    ), describe(results)
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
