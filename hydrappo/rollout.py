@@ -140,9 +140,11 @@ def first_stop(tokens: list[int], stop_ids: set[int], stop_strings: list[str], t
 
 @torch.no_grad()
 def generate_responses(
-    hydra: HydraModel, tokenizer, prompts: list[list[int]], args: GenerationArgs
+    hydra: HydraModel, tokenizer, prompts: list[list[int]], args: GenerationArgs, synced: bool = False
 ) -> Responses:
-    """Sample one response per prompt with the policy, in chunks of `generation_batch_size`."""
+    """Sample one response per prompt with the policy, in chunks of `generation_batch_size`.
+    `synced`: the trunk is sharded over processes (FSDP), so every process runs every token
+    step until all are done (transformers' synced_gpus), each layer's gather meeting the others'."""
     config = generation_config(args, tokenizer)
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
     device = hydra.device
@@ -158,6 +160,7 @@ def generate_responses(
             attention_mask=attention_mask.to(device),
             generation_config=config,
             stopping_criteria=criteria,
+            synced_gpus=synced,
         )
         for row in sequences[:, input_ids.shape[1] :].tolist():
             length, stopped = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)

@@ -42,6 +42,12 @@ def assert_close_weights(a: dict, b: dict, atol: float = 1e-6) -> None:
         torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=lambda m: f"{name}: {m}")
 
 
+def assert_equal_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and a
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
 def assert_same_scalars(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> None:
     """Every logged scalar but the timings (and names ending in `ignore`), to float32 precision."""
     keys = {k for k in a if not k.startswith("time/")}
@@ -139,24 +145,30 @@ SMALL_RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--
              "--score_normalization", "running", "--no_progress_bar"]  # fmt: skip
 
 
-def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp_path, caplog):
-    def train(out: Path, *extra: str, worker: str | None = None):
-        command = ["tests/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
-        return launch([*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra])
+def train_small(out: Path, *extra: str, worker: str | None = None):
+    command = ["tests/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
+    return launch([*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra])
 
-    check_ok(train(tmp_path / "straight"))
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """An uninterrupted 2-process run of SMALL_RUN."""
+    out = tmp_path_factory.mktemp("distributed") / "straight"
+    check_ok(train_small(out))
+    return out
+
+
+def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp_path, straight, caplog):
+    train = train_small
     killed = train(tmp_path / "resumed", worker="die-after-first-save")
     assert [r.returncode for r in killed] == [3, 3], describe(killed)
     assert sorted(p.name for p in (tmp_path / "resumed").glob("checkpoint-*")) == ["checkpoint-2"]
     shutil.copytree(tmp_path / "resumed", tmp_path / "one-process")
     check_ok(train(tmp_path / "resumed", "--resume"))
 
-    straight, resumed = weights(tmp_path / "straight", 4), weights(tmp_path / "resumed", 4)
-    assert straight.keys() == resumed.keys()
-    for name in straight:
-        assert torch.equal(straight[name], resumed[name]), name
+    assert_equal_weights(weights(straight, 4), weights(tmp_path / "resumed", 4))
     assert [row["step"] for row in metrics(tmp_path / "resumed")] == [1, 2, 3, 4]
-    for a, b in zip(metrics(tmp_path / "straight")[2:], metrics(tmp_path / "resumed")[2:]):
+    for a, b in zip(metrics(straight)[2:], metrics(tmp_path / "resumed")[2:]):
         assert {k: v for k, v in a.items() if not k.startswith("time/")} == {k: v for k, v in b.items() if not k.startswith("time/")}
     saved = torch.load(tmp_path / "resumed" / "checkpoint-4" / "training_state.pt", weights_only=True)
     assert len(saved["rng_per_process"]) == 2
@@ -168,6 +180,16 @@ def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp
         history = PPOTrainer(config, config_dir=TINY).train(resume=True)
     assert [row["step"] for row in history] == [3, 4]
     assert "written by a run of 2 processes and this run has 1" in caplog.text
+
+
+def test_a_trunk_sharded_with_fsdp2_trains_like_a_whole_one(tmp_path, straight):
+    """Each process keeps half of the frozen layers (the bottom 2 and the reference's copies of
+    the top 2: 4 layers of 36,992 parameters), generates in lockstep with the other, and the run
+    ends with the weights of the unsharded 2-process run."""
+    results = train_small(tmp_path / "fsdp", "--fsdp_trunk")
+    check_ok(results)
+    assert "FSDP: 147968 frozen parameters sharded over 2 processes, 73984 of them on this one" in results[0].stderr
+    assert_equal_weights(weights(straight, 4), weights(tmp_path / "fsdp", 4))
 
 
 @pytest.mark.parametrize("stage", ["reward", "sft"])
@@ -213,7 +235,7 @@ def test_a_reward_function_raising_on_one_process_stops_both_with_its_message(tm
     assert all(r.returncode != 0 for r in results), describe(results)
     assert "the reward server did not answer" in results[1].stderr
     assert (
-        "hydrappo train (process 0 of 2): process 1 of 2 failed while generating and scoring responses: "
+        "hydrappo train (process 0 of 2): process 1 of 2 failed while scoring responses: "
         "ConnectionError: the reward server did not answer" in results[0].stderr
     ), describe(results)
     assert not list((tmp_path / "out").glob("checkpoint-*"))

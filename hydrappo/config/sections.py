@@ -96,7 +96,7 @@ class GenerationArgs:
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
     stop_strings: list[str] = field(default_factory=list, metadata={"help": "Strings that end a response."})
     stop_token_ids: list[int] = field(default_factory=list, metadata={"help": "Token ids that end a response, besides EOS."})
-    generation_batch_size: int = field(default=16, metadata={"help": "Sequences per generate() call."})
+    generation_batch_size: int = field(default=16, metadata={"help": "Sequences per generate() call (on each process)."})
     samples_per_prompt: int = field(
         default=1,
         metadata={"help": "G: responses sampled for each prompt (consecutive rows of a batch; the group of a group "
@@ -106,9 +106,9 @@ class GenerationArgs:
 
 @dataclass
 class PPOArgs:
-    batch_size: int = field(default=16, metadata={"help": "Rollouts (prompt + response) per PPO step."})
-    mini_batch_size: int = field(default=4, metadata={"help": "Rollouts per optimizer step."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per mini-batch."})
+    batch_size: int = field(default=16, metadata={"help": "Rollouts (prompt + response) per PPO step, over all processes of a torchrun / accelerate launch run (each generates its share)."})
+    mini_batch_size: int = field(default=4, metadata={"help": "Rollouts per optimizer step, over all processes."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches each process splits its share of a mini-batch into."})
     ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of experience."})
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
@@ -198,6 +198,13 @@ class RunArgs:
 @dataclass
 class TrainArgs(RunArgs):
     total_steps: int = field(default=100, metadata={"help": "PPO steps (each: one batch of rollouts, ppo_epochs of updates)."})
+    fsdp_trunk: bool = field(
+        default=False,
+        metadata={"help": "Under torchrun / accelerate launch, for a trunk that does not fit one device: shard the frozen "
+                          "layers (the bottom of the trunk, the reference's top-layer copies) over the processes with "
+                          "FSDP2. Each process loads the model into CPU memory and keeps 1/K of those layers' weights on "
+                          "its device, gathering a layer while it runs (in generation: every bottom layer at every token)."},
+    )
     log_samples_every: int = field(default=10, metadata={"help": "Write prompt/response/score samples to TensorBoard every N steps."})
     num_log_samples: int = field(default=4, metadata={"help": "Samples per text summary."})
 
@@ -235,7 +242,7 @@ class StageTrainArgs(RunArgs):
     output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here."})
     epochs: int = field(default=1, metadata={"help": "Passes over the training data."})
     max_steps: int = field(default=0, metadata={"help": "Stop after this many optimizer steps (0: after `epochs`)."})
-    batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step."})
+    batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes."})
     eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass."})
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})

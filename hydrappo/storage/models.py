@@ -337,17 +337,20 @@ def load_model_and_tokenizer(
     return model.eval(), tokenizer
 
 
-def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True):
+def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True, dtype_device=None):
     """Load the model a config names and wrap it as the HydraModel that config trains
     (with LoRA when `lora_args.lora_r > 0`; without a value head for critic-free RL and the
-    supervised stages). Returns (hydra, tokenizer).
+    supervised stages). Returns (hydra, tokenizer). `dtype_device`: the device whose
+    `model.dtype: auto` applies, when the model is loaded elsewhere first (FSDP loads it into
+    CPU memory, then shards it onto the GPUs).
 
     Every command that rebuilds a run's model (train, generate, export) goes through
     here, so they all build the same thing. Random-init models depend on the torch seed:
     seed before calling, as the trainer does."""
     from ..model import HydraModel
 
-    model, tokenizer = load_model_and_tokenizer(model_config, device=device, dtype=resolve_dtype(model_config.dtype, device))
+    dtype = resolve_dtype(model_config.dtype, dtype_device or device)
+    model, tokenizer = load_model_and_tokenizer(model_config, device=device, dtype=dtype)
     lora = lora_config(lora_args) if lora_args is not None and lora_args.lora_r > 0 else None
     hydra = HydraModel(
         model,

@@ -107,11 +107,12 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ failures
     @contextmanager
-    def phase(self, what: str):
+    def phase(self, what: str, enabled: bool = True):
         """Run local work (no collective inside!) that may fail; afterwards every process knows
         whether any failed, and if one did they all stop: the failed one with its own error,
-        the others with a DistributedError naming it."""
-        if not self.enabled:
+        the others with a DistributedError naming it. `enabled=False`: no agreement (the work
+        holds collectives of its own)."""
+        if not (self.enabled and enabled):
             yield
             return
         try:
@@ -256,6 +257,32 @@ class ProcessGroup:
                     param.grad.copy_(values)
                 offset += param.numel()
         return all_finite
+
+
+def shard_frozen_trunk(hydra, group: ProcessGroup, device: torch.device) -> int:
+    """FSDP2 (torch.distributed.fsdp.fully_shard) for the frozen trunk: every bottom decoder
+    layer and every frozen reference copy of a top layer becomes its own FSDP unit over all
+    processes, which keeps 1/K of its weights on `device` and gathers the whole layer only
+    while it runs. The trainable top layers, heads and the embeddings stay whole on every
+    process. Every process must then run those layers the same number of times: equal shares
+    of each batch, and generation in lockstep (rollout.generate_responses(synced=True)); the
+    branch passes of the update skip the bottom layers, so they gather nothing.
+    Returns (parameters sharded, of them on this process)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if hydra.full_model or hydra.split_index == 0 or any(p.requires_grad for layer in hydra.arch.layers[: hydra.split_index]
+                                                           for p in layer.parameters()):  # fmt: skip
+        raise UsageError(
+            "train.fsdp_trunk shards the frozen bottom of the trunk, and this model has none: set "
+            "model.num_layers_unfrozen to a number of top layers (not -1 or all of them) and lora.lora_layers to top."
+        )
+    mesh = init_device_mesh(device.type, (group.world_size,))
+    frozen = [*hydra.arch.layers[: hydra.split_index], *hydra.ref_layers]
+    for layer in frozen:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    params = [p for layer in frozen for p in layer.parameters()]
+    return sum(p.numel() for p in params), sum(p.to_local().numel() for p in params)
 
 
 def gradient_bytes(params) -> int:

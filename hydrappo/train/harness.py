@@ -45,7 +45,7 @@ from ..storage.checkpoint import (
     seed_everything, set_rng_state, trainable_state_dict,
 )
 from ..storage.models import build_hydra
-from .distributed import ProcessGroup
+from .distributed import ProcessGroup, shard_frozen_trunk
 from .precision import MixedPrecision, pick_mixed_precision
 
 logger = logging.getLogger("hydrappo")
@@ -115,6 +115,7 @@ class Harness:
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
         self.fp16_overflows = 0
+        self.trunk_sharded = False  # train.fsdp_trunk: the frozen layers are sharded over the processes
 
     # ------------------------------------------------------------------ precision and optimizer
     def autocast(self):
@@ -301,7 +302,16 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     config.resolve_paths(config_dir)
     validate(config)
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
-    if hydra is None:
+    if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
+        # Whole in CPU memory first; each process then keeps its shards of the frozen layers.
+        hydra, tokenizer = build_hydra(config.model, lora, device="cpu", value_head=value_head, dtype_device=harness.device)
+        sharded, kept = shard_frozen_trunk(hydra, harness.dist, harness.device)
+        hydra.to(harness.device)
+        harness.trunk_sharded = True
+        if harness.dist.is_main:
+            logger.info("FSDP: %d frozen parameters sharded over %d processes, %d of them on this one", sharded,
+                        harness.dist.world_size, kept)  # fmt: skip
+    elif hydra is None:
         hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head)
     if tokenizer is None:
         raise ConfigError("pass the tokenizer together with a hydra model.")

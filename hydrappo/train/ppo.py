@@ -178,7 +178,9 @@ class PPOTrainer:
         ppo, reward_cfg, dist = self.config.ppo, self.config.reward, self.harness.dist
         group = self.config.generation.samples_per_prompt
         start = time.perf_counter()
-        with dist.phase("generating and scoring responses"):
+        # With a sharded trunk generation and evaluation hold collectives (FSDP's gathers), which a
+        # phase must not: a failure there ends the others through the process group instead.
+        with dist.phase("generating responses", enabled=not self.harness.trunk_sharded):
             # batch_size / G distinct prompts, each G times in consecutive rows (one group). Every
             # process draws the same prompts and keeps its share of them: the order of the prompts
             # does not depend on the number of processes.
@@ -192,6 +194,7 @@ class PPOTrainer:
             kl_coef = self.kl_controller.value
             # With a KL coefficient of 0 the reference branch never runs.
             evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0)
+        with dist.phase("scoring responses"):
             response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
             raw_scores = self.score(prompt_texts, response_texts, evaluation.scores)
         action_mask = action_mask.to(self.device)
@@ -257,7 +260,9 @@ class PPOTrainer:
     def generate(self, prompt_ids: list[list[int]]) -> Responses:
         """One sampled response per prompt from the policy."""
         with self.harness.autocast():
-            return generate_responses(self.hydra, self.tokenizer, prompt_ids, self.config.generation)
+            return generate_responses(
+                self.hydra, self.tokenizer, prompt_ids, self.config.generation, synced=self.harness.trunk_sharded
+            )
 
     def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, with_reference=True):
         """Log-probs, reference log-probs, values, entropy, split hidden state [and reward-branch
