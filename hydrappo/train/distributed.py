@@ -30,6 +30,9 @@ collective. Work that can fail runs inside `phase(...)`, which holds no collecti
 every process all-reduces a failure flag, and if any failed they all raise, each process that
 did not fail naming the one that did and its message (`DistributedError`). A process that dies
 or hangs outside a phase is caught by the group's timeout (`train.dist_timeout_s`).
+
+A trunk too large for one device can be sharded with FSDP2 (`shard_frozen_trunk`,
+`train.fsdp_trunk`): its frozen layers then hold collectives of their own.
 """
 
 from __future__ import annotations
