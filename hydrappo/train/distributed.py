@@ -60,6 +60,22 @@ def _describe(error: BaseException) -> str:
     return str(error) if isinstance(error, HydrappoError) else f"{type(error).__name__}: {error}"
 
 
+def _stopped_answering(what: str, error: BaseException) -> DistributedError:
+    return DistributedError(
+        f"another process stopped answering while {what} (it died, or hung past train.dist_timeout_s); its own "
+        f"output says why. ({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+    )
+
+
+@contextmanager
+def _collective(what: str):
+    """A collective whose peer died or hung raises the backend's RuntimeError: say so plainly."""
+    try:
+        yield
+    except RuntimeError as error:
+        raise _stopped_answering(what, error) from None
+
+
 class ProcessGroup:
     """This process's place in the run: rank, world size, and the collectives hydrappo uses.
     With world_size 1 every method is the identity and nothing is communicated."""
@@ -138,10 +154,7 @@ class ProcessGroup:
         except RuntimeError as backend_error:
             if error is not None:
                 return  # this process's own error is the one to report
-            raise DistributedError(
-                f"{self}: another process stopped answering while {what} (it died, or hung past "
-                f"train.dist_timeout_s); its own output says why. ({backend_error})"
-            ) from None
+            raise _stopped_answering(what, backend_error) from None
         if error is None:
             rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
             raise DistributedError(f"process {rank} of {self.world_size} failed while {what}: {message}")
@@ -158,7 +171,8 @@ class ProcessGroup:
         buffer = io.BytesIO()
         torch.save(value, buffer)
         out = [None] * self.world_size
-        dist.all_gather_object(out, buffer.getvalue())
+        with _collective("exchanging small values"):
+            dist.all_gather_object(out, buffer.getvalue())
         return [torch.load(io.BytesIO(data), weights_only=True) for data in out]
 
     def broadcast_object(self, value):
@@ -168,7 +182,8 @@ class ProcessGroup:
         import torch.distributed as dist
 
         box = [value]
-        dist.broadcast_object_list(box, src=0)
+        with _collective("receiving process 0's values"):
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def gather_rows(self, tensor: torch.Tensor | None, pad_value: float = 0.0) -> torch.Tensor | None:
@@ -187,7 +202,8 @@ class ProcessGroup:
                 pad = tensor.new_full((tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]), pad_value)
                 tensor = torch.cat([tensor, pad], dim=1)
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.contiguous())
+        with _collective("gathering the batch"):
+            dist.all_gather(parts, tensor.contiguous())
         return torch.cat(parts)
 
     def shard(self, items: list) -> list:
@@ -215,7 +231,7 @@ class ProcessGroup:
             return
         import torch.distributed as dist
 
-        with torch.no_grad():
+        with torch.no_grad(), _collective("receiving process 0's weights"):
             for param in params:
                 dist.broadcast(param.data, src=0)
 
@@ -229,7 +245,8 @@ class ProcessGroup:
 
         if not params:
             flag = torch.tensor([0.0 if finite else 1.0])
-            dist.all_reduce(flag)
+            with _collective("summing the gradients"):
+                dist.all_reduce(flag)
             return flag.item() == 0
         device = params[0].device
         buckets, bucket, size = [], [], 0
@@ -248,7 +265,8 @@ class ProcessGroup:
             if last:
                 parts.append(torch.tensor([0.0 if finite else 1.0], device=device))
             flat = torch.cat(parts)
-            dist.all_reduce(flat)
+            with _collective("summing the gradients"):
+                dist.all_reduce(flat)
             if last:
                 all_finite = flat[-1].item() == 0
             offset = 0
