@@ -34,6 +34,9 @@ THIRD_PARTY = {
     "hydrappo.model": {"torch", "transformers", "peft"},
     "hydrappo.algo": {"torch"},
 }
+# One module may import one more library: the quantized frozen trunk is bitsandbytes' modules
+# put into the hydra's bottom layers (imported inside functions: an optional dependency).
+THIRD_PARTY_EXTRA = {"hydrappo.model.quantize": {"bitsandbytes"}}
 
 
 def module_name(path: Path) -> str:
@@ -110,7 +113,8 @@ def test_the_idea_and_the_math_import_only_their_libraries(layer):
     for name in MODULES:
         if name == layer or name.startswith(layer + "."):
             _, external = imports_of(name)
-            assert external <= allowed, f"{name} imports {sorted(external - allowed)}"
+            extra = THIRD_PARTY_EXTRA.get(name, set())
+            assert external <= allowed | extra, f"{name} imports {sorted(external - allowed - extra)}"
 
 
 def test_no_import_cycle():

@@ -4,15 +4,15 @@ command-line overrides (parse.py) and checked as a whole before anything loads (
 from .checks import validate
 from .parse import parse_config
 from .sections import (
-    DTYPE_NAMES, KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, REWARD_SECTIONS, SECTIONS, SFT_SECTIONS,
-    Config, ConfigError, DataArgs, GenerationArgs, LoraArgs, ModelConfig, PPOArgs, PreferenceDataArgs, RewardArgs,
+    DTYPE_NAMES, KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, REWARD_SECTIONS, SECTIONS,
+    SFT_SECTIONS, Config, ConfigError, DataArgs, GenerationArgs, LoraArgs, ModelConfig, PPOArgs, PreferenceDataArgs, RewardArgs,
     RewardConfig, RewardTrainArgs, RunArgs, SFTConfig, SFTDataArgs, SFTTrainArgs, StageTrainArgs, TrainArgs,
     canonical_dtype, resolve_path, sections_of, torch_dtype,
 )
 
 __all__ = [
-    "DTYPE_NAMES", "KL_PENALTIES", "LORA_LAYERS", "LR_SCHEDULERS", "MIXED_PRECISIONS", "REWARD_SECTIONS", "SECTIONS",
-    "SFT_SECTIONS", "Config", "ConfigError", "DataArgs", "GenerationArgs", "LoraArgs", "ModelConfig", "PPOArgs",
+    "DTYPE_NAMES", "KL_PENALTIES", "LORA_LAYERS", "LR_SCHEDULERS", "MIXED_PRECISIONS", "OPTIMIZERS", "REWARD_SECTIONS",
+    "SECTIONS", "SFT_SECTIONS", "Config", "ConfigError", "DataArgs", "GenerationArgs", "LoraArgs", "ModelConfig", "PPOArgs",
     "PreferenceDataArgs", "RewardArgs", "RewardConfig", "RewardTrainArgs", "RunArgs", "SFTConfig", "SFTDataArgs",
     "SFTTrainArgs", "StageTrainArgs", "TrainArgs", "canonical_dtype", "parse_config", "resolve_path", "sections_of",
     "torch_dtype", "validate",

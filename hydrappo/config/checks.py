@@ -6,8 +6,10 @@ from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from ..algo.scores import SCORE_NORMALIZATIONS
+from ..model.quantize import TRUNK_QUANTIZATIONS
 from .sections import (
-    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, Config, ConfigError, RewardConfig, SFTConfig, canonical_dtype,
+    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, Config, ConfigError, RewardConfig, SFTConfig,
+    canonical_dtype,
 )
 
 
@@ -18,11 +20,33 @@ def _check_choices(choices: dict) -> None:
 
 
 def _check_common(config) -> None:
-    canonical_dtype(config.model.dtype)
-    _check_choices({"train.mixed_precision": (config.train.mixed_precision, MIXED_PRECISIONS)})
+    model = config.model
+    canonical_dtype(model.dtype)
+    optimizer = config.ppo.optimizer if isinstance(config, Config) else config.train.optimizer
+    _check_choices({
+        "train.mixed_precision": (config.train.mixed_precision, MIXED_PRECISIONS),
+        "model.trunk_quantization": (model.trunk_quantization, TRUNK_QUANTIZATIONS),
+        f"{'ppo' if isinstance(config, Config) else 'train'}.optimizer": (optimizer, OPTIMIZERS),
+    })  # fmt: skip
     if not config.train.dist_timeout_s > 0:
         raise ConfigError(f"train.dist_timeout_s={config.train.dist_timeout_s} must be > 0 (seconds, e.g. 1800).")
     lora = getattr(config, "lora", None)
+    if model.trunk_quantization != "none":
+        if model.num_layers_unfrozen == -1:
+            raise ConfigError(
+                f"model.trunk_quantization={model.trunk_quantization!r} quantizes the frozen trunk, but "
+                "num_layers_unfrozen=-1 trains every layer. Lower num_layers_unfrozen or set trunk_quantization: none."
+            )
+        if lora is not None and lora.lora_r > 0 and lora.lora_layers == "all":
+            raise ConfigError(
+                "model.trunk_quantization needs a frozen trunk below the adapters: use lora.lora_layers: top, or "
+                "trunk_quantization: none."
+            )
+        if getattr(config.train, "fsdp_trunk", False):
+            raise ConfigError(
+                "train.fsdp_trunk shards the frozen trunk and model.trunk_quantization quantizes it: choose one "
+                "(each process can hold a whole quantized trunk)."
+            )
     if lora is not None:
         _check_choices({"lora.lora_layers": (lora.lora_layers, LORA_LAYERS)})
         if lora.lora_dropout != 0:

@@ -24,6 +24,11 @@ LR_SCHEDULERS = ("constant", "linear", "cosine")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 KL_PENALTIES = ("reward", "loss")
 LORA_LAYERS = ("top", "all")
+OPTIMIZERS = ("adamw", "adamw8bit")
+OPTIMIZER_HELP = (
+    "adamw (torch.optim.AdamW) | adamw8bit (bitsandbytes' AdamW8bit: both moments in 8 bits with a scale per 256 values, "
+    "a quarter of AdamW's state; pip install 'hydrappo[quant]'). A run resumes with the optimizer it started with."
+)
 # Weight dtypes by name: the one table every command uses (aliases on the right).
 DTYPE_NAMES = {"float32": ("fp32",), "bfloat16": ("bf16",), "float16": ("fp16", "half")}
 
@@ -82,6 +87,12 @@ class ModelConfig:
         metadata={"help": "Weights dtype: auto (float32 on CPU, bfloat16 on GPUs that support it, else float32), float32, bfloat16, float16."},
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute top-layer activations in backward."})
+    trunk_quantization: str = field(
+        default="none",
+        metadata={"help": "none | int8 | 4bit: store the frozen bottom layers (and frozen untied input embeddings) in "
+                          "8 or 4 bits through bitsandbytes (pip install 'hydrappo[quant]'); the trainable top layers, "
+                          "the reference copy, the heads and the reward branch stay in the training precision."},
+    )
     reward_branch_path: str | None = field(
         default=None, metadata={"help": "A hydrappo reward checkpoint to load into the trunk's reward slot."}
     )
@@ -112,6 +123,7 @@ class PPOArgs:
     ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of experience."})
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    optimizer: str = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
@@ -246,6 +258,7 @@ class StageTrainArgs(RunArgs):
     eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass."})
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    optimizer: str = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8

@@ -147,6 +147,8 @@ class HydraModel(nn.Module):
         verify: check at construction that hydrappo reproduces the model's own logits.
     """
 
+    trunk_quantization = "none"  # "int8" | "4bit" once model/quantize.py has quantized the frozen bottom
+
     def __init__(
         self,
         model: nn.Module,

@@ -8,7 +8,10 @@ with AutoModelForCausalLM.from_pretrained alone. The base model is rebuilt from 
 section of the checkpoint's config.yaml exactly as training built it (storage/models.py
 build_hydra; `random_init` models are re-created from train.seed), the trainable weights
 are loaded into it, LoRA adapters are merged, and the policy (`hydra.model`) is saved with
-`save_pretrained`. A trained lm_head that was tied to the input embeddings is exported
+`save_pretrained`. A run that trained on a quantized trunk (model.trunk_quantization) is
+exported in full precision: its frozen bottom is re-read from the original weights, so the
+exported model's logits differ from the training policy's by the quantization's drift
+(README, "A quantized trunk"). A trained lm_head that was tied to the input embeddings is exported
 untied (config.tie_word_embeddings = false). The output is written to a temporary sibling
 folder and renamed when complete (storage/atomic.py).
 """
@@ -113,10 +116,12 @@ def load_checkpoint_hydra(
     tokenizer: str | None = None,
     dtype: torch.dtype | None = None,
     device: str = "cpu",
+    trunk_quantization: str | None = None,
 ):
     """Rebuild a checkpoint's HydraModel with its trained weights. Returns (hydra, tokenizer, config).
     `dtype` (default: the dtype of the checkpoint's weights, i.e. training's) is the dtype
-    the base model is loaded in; float16 loads as float32 on the CPU."""
+    the base model is loaded in; float16 loads as float32 on the CPU. `trunk_quantization`
+    (default: as trained) "none" rebuilds a quantized run's trunk from the original weights."""
     checkpoint = find_checkpoint(checkpoint)
     config = load_checkpoint_config(checkpoint, Config)
     model = config.model
@@ -129,6 +134,9 @@ def load_checkpoint_hydra(
     else:
         model.tokenizer_name_or_path = _resolve_location(model.tokenizer_name_or_path, checkpoint, "the tokenizer")
     config.lora.lora_init_adapter = _resolve_location(config.lora.lora_init_adapter, checkpoint, "lora_init_adapter")
+    trained_quantization = model.trunk_quantization
+    if trunk_quantization is not None:
+        model.trunk_quantization = trunk_quantization
 
     wanted = dtype or checkpoint_dtype(checkpoint)
     if wanted is not None:
@@ -139,6 +147,7 @@ def load_checkpoint_hydra(
     try:
         hydra, tok = build_hydra(model, config.lora, device=torch.device(device))
         load_trainable_weights(hydra, checkpoint)
+        model.trunk_quantization = trained_quantization  # the config says how the run trained
     except CheckpointError as error:
         raise ExportError(str(error)) from error
     except (ConfigError, OSError) as error:
@@ -198,7 +207,9 @@ def export_checkpoint(
     value_head = check_output_file(value_head, overwrite)
     reward_branch = check_output_file(reward_branch, overwrite)
     checkpoint = find_checkpoint(checkpoint)
-    hydra, tok, config = load_checkpoint_hydra(checkpoint, base_model=base_model, tokenizer=tokenizer, device=device)
+    # A quantized trunk is rebuilt from the original weights: the policy is written in full precision.
+    hydra, tok, config = load_checkpoint_hydra(checkpoint, base_model=base_model, tokenizer=tokenizer, device=device,
+                                               trunk_quantization="none")  # fmt: skip
     model = policy_model(hydra)
     out_dtype = dtype or checkpoint_dtype(checkpoint)
     if out_dtype is not None and next(model.parameters()).dtype != out_dtype:
@@ -212,6 +223,7 @@ def export_checkpoint(
         "train_lm_head": hydra.train_lm_head,
         "train_final_norm": hydra.train_final_norm,
         "lora": bool(getattr(hydra, "uses_lora", False)),
+        "trained_trunk_quantization": config.model.trunk_quantization,
     }
 
     def fill(tmp: Path) -> None:

@@ -16,6 +16,7 @@ half-written cache, and two processes converting at once both end up using one r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import logging
@@ -346,11 +347,17 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
 
     Every command that rebuilds a run's model (train, generate, export) goes through
     here, so they all build the same thing. Random-init models depend on the torch seed:
-    seed before calling, as the trainer does."""
+    seed before calling, as the trainer does.
+
+    With `model_config.trunk_quantization` (int8 / 4bit) the model is loaded on the CPU, its
+    frozen bottom quantized onto `device` (model/quantize.py), and the rest moved there: only
+    the quantized trunk ever reaches the GPU."""
     from ..model import HydraModel
 
+    quantization = model_config.trunk_quantization
+    load_device = "cpu" if quantization != "none" else device
     dtype = resolve_dtype(model_config.dtype, dtype_device or device)
-    model, tokenizer = load_model_and_tokenizer(model_config, device=device, dtype=dtype)
+    model, tokenizer = load_model_and_tokenizer(model_config, device=load_device, dtype=dtype)
     lora = lora_config(lora_args) if lora_args is not None and lora_args.lora_r > 0 else None
     hydra = HydraModel(
         model,
@@ -362,8 +369,34 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
         lora_layers=lora_args.lora_layers if lora is not None else "top",
         lora_init_adapter=lora_args.lora_init_adapter if lora is not None else None,
         value_head=value_head,
+        verify=quantization == "none",  # the probe runs on the quantized trunk below
     )
+    if quantization != "none":
+        from ..model.quantize import quantize_frozen_trunk
+
+        quantize_frozen_trunk(hydra, quantization, device=device)
     return hydra, tokenizer
+
+
+def unquantized_copy(hydra, model_config: ModelConfig, lora_args=None, seed: int = 0):
+    """A quantized-trunk hydra rebuilt in full precision on the CPU: the model reloaded from its
+    original weights (a `random_init` model re-created from `seed`, as training built it; the RNG
+    state is left as it was), in the dtype training loaded it in, with `hydra`'s trainable
+    parameters put in place. What `sft` writes when its trunk was quantized."""
+    from .checkpoint import rng_state, seed_everything, set_rng_state, trainable_state_dict
+
+    dtype = str(resolve_dtype(model_config.dtype, hydra.device)).removeprefix("torch.")
+    config = dataclasses.replace(model_config, trunk_quantization="none", dtype=dtype)
+    saved = rng_state()
+    try:
+        seed_everything(seed)
+        fresh, _ = build_hydra(config, lora_args, device="cpu", value_head=hydra.value_head is not None)
+    finally:
+        set_rng_state(saved)
+    params = dict(fresh.named_parameters())
+    for name, tensor in trainable_state_dict(hydra).items():
+        params[name].data = tensor.clone()  # the trained weights as they are (float32 master weights included)
+    return fresh
 
 
 def lora_config(args: LoraArgs):

@@ -30,12 +30,15 @@ FINGERPRINT_RTOL = 1e-3
 
 def trunk_fingerprint(hydra: HydraModel) -> dict[str, float]:
     """Sum of |w| of every frozen parameter below the split (embeddings, bottom layers):
-    what a reward branch sees of the trunk. Tolerant to dtype, exact enough to tell models apart."""
+    what a reward branch sees of the trunk. Tolerant to dtype, exact enough to tell models apart.
+    A quantized trunk (model/quantize.py) answers with the sums of its original weights, so a
+    branch fits the same model quantized or not."""
     top = {id(p) for p in hydra.arch.layers[hydra.split_index :].parameters()}
     if hydra.arch.final_norm is not None:
         top |= {id(p) for p in hydra.arch.final_norm.parameters()}
+    original = getattr(hydra, "unquantized_abs_sums", {})
     return {
-        name: param.detach().abs().sum(dtype=torch.float64).item()
+        name: original[name] if name in original else param.detach().abs().sum(dtype=torch.float64).item()
         for name, param in hydra.arch.decoder.named_parameters()
         if id(param) not in top
     }

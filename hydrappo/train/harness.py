@@ -46,6 +46,7 @@ from ..storage.checkpoint import (
 )
 from ..storage.models import build_hydra
 from .distributed import ProcessGroup, shard_frozen_trunk
+from .optimizers import load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, pick_mixed_precision
 
 logger = logging.getLogger("hydrappo")
@@ -125,9 +126,9 @@ class Harness:
         self.precision.backward(loss)
 
     def setup_optimizer(self, params, args, total_updates: int) -> None:
-        """AdamW over `params` (float32 master weights, see keep_float32_master_weights) and the
-        LR schedule, from any options object with learning_rate, weight_decay, adam_beta1/2,
-        adam_eps, max_grad_norm, lr_scheduler and warmup_steps."""
+        """AdamW (or `args.optimizer`, train/optimizers.py) over `params` (float32 master weights, see
+        keep_float32_master_weights) and the LR schedule, from any options object with learning_rate,
+        weight_decay, adam_beta1/2, adam_eps, max_grad_norm, lr_scheduler and warmup_steps."""
         from transformers import get_scheduler
 
         self.params = [p for p in params if p.requires_grad]
@@ -140,10 +141,7 @@ class Harness:
             self.dist.broadcast_parameters(self.params)
             seed_everything(self.run_args.seed + self.dist.rank)
         self.max_grad_norm = args.max_grad_norm
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
-            weight_decay=args.weight_decay,
-        )
+        self.optimizer = make_optimizer(self.params, args)  # args.optimizer: adamw | adamw8bit
         self.scheduler = get_scheduler(
             SCHEDULERS[args.lr_scheduler], self.optimizer, num_warmup_steps=args.warmup_steps,
             num_training_steps=max(1, total_updates),
@@ -265,7 +263,7 @@ class Harness:
     def load(self, path: Path, loop) -> None:
         load_trainable_weights(loop.trained_module, path)
         training_state, trainer_state = load_training_state(path)
-        self.optimizer.load_state_dict(training_state["optimizer"])
+        load_optimizer_state(self.optimizer, training_state["optimizer"])
         self.scheduler.load_state_dict(training_state["scheduler"])
         self._restore_rng(path, training_state, trainer_state.get("world_size", 1))
         self.precision.load_state_dict(training_state.get("grad_scaler", {}))

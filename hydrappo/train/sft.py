@@ -33,6 +33,7 @@ from ..data import DataError, load_sft_rows, split_by_prompt
 from ..model import HydraModel
 from ..rollout import pack_sequences, response_part
 from ..storage.atomic import write_files_into
+from ..storage.models import unquantized_copy
 from .harness import enable_activation_checkpointing, prepare
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
@@ -201,8 +202,14 @@ class SFTTrainer(SupervisedStage):
         return {}
 
     def save_model(self) -> Path:
-        """The fine-tuned model (or LoRA adapter) into output_dir."""
-        model = self.hydra.peft_model if self.hydra.uses_lora else self.hydra.model
+        """The fine-tuned model (or LoRA adapter) into output_dir; trained on a quantized trunk, the
+        model is written in full precision (its frozen bottom re-read from the original weights)."""
+        if self.hydra.uses_lora:
+            model = self.hydra.peft_model
+        elif self.hydra.trunk_quantization != "none":
+            model = unquantized_copy(self.hydra, self.config.model, seed=self.config.train.seed).model
+        else:
+            model = self.hydra.model
         config_yaml = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
         return save_model_dir(model, self.tokenizer, self.output_dir, {CONFIG_NAME: config_yaml})
 

@@ -1,0 +1,60 @@
+"""The optimizers a run can choose (`ppo.optimizer`, `train.optimizer` of the supervised stages).
+
+    adamw      torch.optim.AdamW (Loshchilov & Hutter 2019): two float32 moments per weight.
+    adamw8bit  bitsandbytes' AdamW8bit: the same update with both moments stored in 8 bits,
+               block-wise quantized with dynamic quantization (Dettmers et al. 2022, "8-bit
+               Optimizers via Block-wise Quantization"): about 2 bytes of state per weight
+               instead of 8. Tensors of fewer than 4096 values keep float32 state. Runs on
+               CUDA and (bitsandbytes >= 0.50) on the CPU.
+
+Both keep their state in `optimizer.state_dict()`, which the harness saves with every
+checkpoint and loads with `weights_only=True`; a run resumes bit-exactly. A checkpoint of
+one optimizer cannot be resumed with the other: the states have different shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import OPTIMIZERS, ConfigError
+from ..storage.checkpoint import CheckpointError
+
+
+def make_optimizer(params, args) -> torch.optim.Optimizer:
+    """The optimizer `args.optimizer` names (default adamw) over `params`, from an options object
+    with learning_rate, weight_decay, adam_beta1/2 and adam_eps."""
+    name = getattr(args, "optimizer", "adamw")
+    hyper = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
+                 weight_decay=args.weight_decay)  # fmt: skip
+    if name == "adamw":
+        return torch.optim.AdamW(params, **hyper)
+    if name == "adamw8bit":
+        from ..model.quantize import bitsandbytes
+
+        return bitsandbytes().optim.AdamW8bit(params, **hyper)
+    raise ConfigError(f"optimizer={name!r} is not one of: {', '.join(OPTIMIZERS)}.")
+
+
+def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
+    return "adamw8bit" if type(optimizer).__module__.startswith("bitsandbytes") else "adamw"
+
+
+def _state_kind(state: dict) -> str | None:
+    """Which optimizer wrote an optimizer state dict: AdamW keeps exp_avg, bitsandbytes state1."""
+    for values in state.get("state", {}).values():
+        if "state1" in values:
+            return "adamw8bit"
+        if "exp_avg" in values:
+            return "adamw"
+    return None
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a checkpoint's optimizer state, refusing one written by the other optimizer."""
+    written, wanted = _state_kind(state), optimizer_name(optimizer)
+    if written is not None and written != wanted:
+        raise CheckpointError(
+            f"the checkpoint's optimizer state was written by {written}, but this run uses {wanted}: resume with the "
+            f"optimizer it started with (optimizer: {written}), or start a new run."
+        )
+    optimizer.load_state_dict(state)
