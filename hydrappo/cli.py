@@ -309,6 +309,7 @@ def memory_command(argv: list[str]) -> int:
     prog = "hydrappo memory"
     from .planner import plan as planner
     from .planner.presets import PRESETS
+    from .model.quantize import TRUNK_QUANTIZATIONS
     from .planner.settings import DTYPES, OPTIMIZERS, TrainingSettings
 
     d = TrainingSettings()
@@ -325,6 +326,8 @@ def memory_command(argv: list[str]) -> int:
     parser.add_argument("--master-weights", choices=("auto", "yes", "no"), default="auto",
                         help="fp32 master copy + fp32 optimizer state of trainable weights (auto: when dtype is not fp32)")
     parser.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS)
+    parser.add_argument("--trunk-quantization", default=d.trunk_quantization, choices=TRUNK_QUANTIZATIONS,
+                        help="the frozen bottom layers (and frozen untied input embeddings) in int8 / 4bit")
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per PPO step")
     parser.add_argument("--mini-batch-size", type=int, default=d.mini_batch_size)
     parser.add_argument("--gradient-accumulation-steps", type=int, default=d.gradient_accumulation_steps)
@@ -353,6 +356,7 @@ def memory_command(argv: list[str]) -> int:
         settings = TrainingSettings(
             num_layers_unfrozen=args.num_layers_unfrozen, lora_rank=args.lora_rank, dtype=args.dtype,
             master_weights={"auto": None, "yes": True, "no": False}[args.master_weights], optimizer=args.optimizer,
+            trunk_quantization=args.trunk_quantization,
             batch_size=args.batch_size, mini_batch_size=args.mini_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, generation_batch_size=args.generation_batch_size,
             prompt_length=args.prompt_length, response_length=args.response_length, reward_model=not args.no_reward_model,
@@ -391,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     rank, world_size = _process()
     # Under a launcher only process 0 tells what it is doing; every process warns.
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # bitsandbytes (imported by peft when installed) warns on CPUs with AVX512-BF16 that an optional
+    # kernel package is missing; hydrappo pins its quantized modules to the path that does not use it.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -78,6 +78,14 @@ class ParameterCounts:
     num_layers: int
     kv_size: int  # key (or value) features per token and layer: kv heads x head dim
     intermediate_size: int
+    # What a quantized trunk (model/quantize.py) stores in 8 or 4 bits: the torch.nn.Linear maps of
+    # each layer (weights, output rows, modules) and the input embeddings when they are an nn.Embedding.
+    layer_linear_weights: list[int] = field(default_factory=list)
+    layer_linear_rows: list[int] = field(default_factory=list)
+    layer_linear_modules: list[int] = field(default_factory=list)
+    largest_linear: int = 0  # weights of the largest linear map (dequantized per call)
+    embedding_weights: int = 0
+    embedding_rows: int = 0
 
     def top(self, n: int) -> int:
         return sum(self.layers[len(self.layers) - n :]) if n else 0
@@ -98,6 +106,9 @@ def count_parameters(config) -> ParameterCounts:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or arch.hidden_size // heads
     intermediate = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * arch.hidden_size
+    linears = [[m for m in layer.modules() if type(m) is nn.Linear] for layer in arch.layers]
+    embedding = model.get_input_embeddings()
+    plain_embedding = type(embedding) is nn.Embedding
     return ParameterCounts(
         total=total,
         input_embeddings=total - sum(layers) - final_norm - lm_head,
@@ -111,6 +122,12 @@ def count_parameters(config) -> ParameterCounts:
         num_layers=len(layers),
         kv_size=kv_heads * head_dim,
         intermediate_size=intermediate,
+        layer_linear_weights=[sum(m.weight.numel() for m in layer) for layer in linears],
+        layer_linear_rows=[sum(m.out_features for m in layer) for layer in linears],
+        layer_linear_modules=[len(layer) for layer in linears],
+        largest_linear=max((m.weight.numel() for layer in linears for m in layer), default=0),
+        embedding_weights=embedding.weight.numel() if plain_embedding else 0,
+        embedding_rows=embedding.weight.shape[0] if plain_embedding else 0,
     )
 
 

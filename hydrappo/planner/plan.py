@@ -114,8 +114,35 @@ def _optimizer_bytes(params: int, optimizer: str, state_bytes: int) -> int:
     if optimizer == "adamw":
         return 2 * params * state_bytes
     if optimizer == "adamw8bit":
-        return 2 * params + 2 * params * 4 // 2048  # int8 states + one float32 scale per 2048-element block
+        # bitsandbytes' AdamW8bit: two uint8 moments + a float32 scale per block of 256 values each
+        # (tensors under 4096 values keep float32 state: norms, biases; not worth counting apart).
+        return 2 * params + 2 * 4 * -(-params // 256)
     return 0  # plain SGD keeps no state
+
+
+def quantized_bytes(weights: int, rows: int, modules: int, mode: str) -> int:
+    """Bytes bitsandbytes stores for `weights` values in `modules` matrices of `rows` rows in all
+    (model/quantize.py): int8 (LLM.int8): 1 byte each + a float32 scale per row; 4bit (NF4, blocks
+    of 64, double-quantized scales): half a byte each + a uint8 scale per 64 + a float32 per 64 x 256,
+    and two 256-entry float32 code tables per matrix."""
+    if mode == "int8":
+        return weights + 4 * rows
+    return weights // 2 + -(-weights // 64) + 4 * -(-weights // (64 * 256)) + modules * 2 * 256 * 4
+
+
+def quantized_trunk(counts: ParameterCounts, split: int, mode: str, embeddings: bool) -> tuple[int, int]:
+    """(parameters replaced, bytes stored) of a trunk whose bottom `split` layers' linear maps
+    (and, with `embeddings`, its input embeddings) are stored in `mode`."""
+    if mode == "none" or split == 0:
+        return 0, 0
+    weights = sum(counts.layer_linear_weights[:split])
+    if not weights:
+        raise ValueError("the bottom layers hold no torch.nn.Linear (e.g. GPT-2's Conv1D): bitsandbytes cannot quantize them.")
+    stored = quantized_bytes(weights, sum(counts.layer_linear_rows[:split]), sum(counts.layer_linear_modules[:split]), mode)
+    if embeddings and counts.embedding_weights:
+        weights += counts.embedding_weights
+        stored += quantized_bytes(counts.embedding_weights, counts.embedding_rows, 1, mode)
+    return weights, stored
 
 
 def _layer_workspace(counts: ParameterCounts, batch: int, length: int, wbytes: int) -> int:
@@ -124,8 +151,9 @@ def _layer_workspace(counts: ParameterCounts, batch: int, length: int, wbytes: i
 
 
 def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
-                counts: ParameterCounts | None = None) -> MemoryPlan:  # fmt: skip
-    """Per-component memory of PPO with hydrappo and with the classic four-model layout."""
+                counts: ParameterCounts | None = None, trace: ActivationTrace | None = None) -> MemoryPlan:  # fmt: skip
+    """Per-component memory of PPO with hydrappo and with the classic four-model layout. `counts`
+    and `trace` reuse another plan's of the same model, shapes, dtype, LoRA rank and final norm."""
     counts = counts or count_parameters(config)
     s = settings
     n = counts.num_layers if s.num_layers_unfrozen == -1 else min(s.num_layers_unfrozen, counts.num_layers)
@@ -137,7 +165,7 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     T, R = s.seq_len, s.response_length
     micro, gen = s.micro_batch, s.generation_batch_size
     lora = s.lora_rank > 0
-    trace = trace_activations(config, micro, T, s.torch_dtype, s.lora_rank, s.train_final_norm or full)
+    trace = trace or trace_activations(config, micro, T, s.torch_dtype, s.lora_rank, s.train_final_norm or full)
     top = counts.top(n)
     train_head = (s.train_lm_head or full) and not lora
     train_norm = (s.train_final_norm or full) and not lora
@@ -145,13 +173,19 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     norm_copy = counts.final_norm if train_norm else 0
     vh = value_head_parameters(h)
     state_bytes = 4 if s.uses_master_weights else w
+    q = s.trunk_quantization
+    if q != "none" and full:
+        raise ValueError("trunk quantization needs a frozen trunk: num_layers_unfrozen must be below the number of layers.")
+    # Frozen input embeddings are quantized when nothing ties them to the lm_head (a trained head is untied).
+    replaced, quantized = quantized_trunk(counts, L - n, q, embeddings=counts.lm_head > 0 or train_head)
+    dequantized = 2 * counts.largest_linear * w if q != "none" else 0  # a weight dequantized for its matmul
 
     def kv_cache(batch):
         return 2 * L * batch * counts.kv_size * T * w
 
     logits_eval = _chunk_elements(gen * R, v) * 4 * CHUNK_COPIES_EVAL
     logits_update = _chunk_elements(micro * R, v) * 4 * (CHUNK_COPIES_EVAL if s.entropy_in_update else CHUNK_COPIES_UPDATE)
-    generate_workspace = _layer_workspace(counts, gen, s.prompt_length, w) + gen * v * 4
+    generate_workspace = _layer_workspace(counts, gen, s.prompt_length, w) + gen * v * 4 + dequantized
     split_cache = s.batch_size * T * h * w
     cat_copy = split_cache if s.batch_size > gen else 0  # torch.cat of the evaluation chunks
 
@@ -175,8 +209,10 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     layers_act = (n * trace.layer_input + trace.layer) if s.gradient_checkpointing else n * trace.layer
     grads = trainable_low * w + trainable_fp32 * 4
     hydra = [
-        Component("weights", (counts.total + untied_head) * w, "static",
-                  "the base model" + (" + its untied trainable lm_head" if untied_head else "")),
+        Component("weights", (counts.total + untied_head - replaced) * w + quantized, "static",
+                  "the base model" + (" + its untied trainable lm_head" if untied_head else "")
+                  + (f"; bottom {L - n} layers' linear maps{' and input embeddings' if replaced > sum(counts.layer_linear_weights[:L - n]) else ''} "
+                     f"in {q} ({quantized / GIB:.2f} GiB)" if q != "none" else "")),
         Component("reference copy", reference * w, "static", reference_note),
         Component("reward branch", reward, "static", f"top {n} layers + scalar head" if reward else "none"),
         Component("value head", vh * 4, "static", "MLP h-2h-1, float32"),
@@ -190,7 +226,7 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
         Component("generation workspace", generate_workspace, "generate", "prefill MLP intermediates, next-token logits"),
         Component("split-hidden cache", split_cache + cat_copy, "evaluate",
                   f"{s.batch_size} rollouts" + (" (x2 while concatenated)" if cat_copy else "")),
-        Component("evaluation workspace", _layer_workspace(counts, gen, T, w) + 3 * gen * T * h * w + logits_eval,
+        Component("evaluation workspace", _layer_workspace(counts, gen, T, w) + 3 * gen * T * h * w + logits_eval + dequantized,
                   "evaluate", "one hydra pass, log-prob chunks with entropy"),
         Component("split-hidden cache", split_cache, "update", "kept for the PPO epochs"),
         Component("gradients", grads, "update", "trainable parameters"),
@@ -256,6 +292,7 @@ def format_plan(plan: MemoryPlan) -> str:
         f"{c.vocab_size}, {'tied' if not c.lm_head else 'untied'} lm_head; one layer {_count(c.layers[-1])})",
         f"settings: N={s.num_layers_unfrozen}, {'LoRA rank ' + str(s.lora_rank) if s.lora_rank else 'full top-N'}, "
         f"{s.dtype} weights{', fp32 master weights' if s.uses_master_weights else ''}, {s.optimizer}, "
+        f"{'' if s.trunk_quantization == 'none' else s.trunk_quantization + ' trunk, '}"
         f"batch {s.batch_size} (mini {s.mini_batch_size}, micro {s.micro_batch}, generation {s.generation_batch_size}), "
         f"prompt {s.prompt_length} + response {s.response_length} tokens"
         f"{', reward model' if s.reward_model else ', reward function'}"
@@ -298,8 +335,12 @@ def plan_to_dict(plan: MemoryPlan) -> dict:
             "hydrappo": layout(plan.hydra), "classic": layout(plan.classic)}  # fmt: skip
 
 
-def preset_plans(settings: TrainingSettings, presets: list[str] | None = None) -> list[MemoryPlan]:
-    """Plans of the presets (default: all), smallest model first."""
+def preset_plans(settings: TrainingSettings, presets: list[str] | None = None,
+                 like: list[MemoryPlan] | None = None) -> list[MemoryPlan]:  # fmt: skip
+    """Plans of the presets (default: all), smallest model first. `like`: plans of the same presets
+    under settings that differ only in optimizer or trunk quantization, whose counts and traces are reused."""
+    if like is not None:
+        return [plan_memory(load_model_config(p.model), settings, p.model, p.counts, p.activation) for p in like]
     plans = [plan_memory(load_model_config(name), settings, name) for name in presets or list(PRESETS)]
     return sorted(plans, key=lambda p: p.counts.total)
 
@@ -318,29 +359,50 @@ def largest_models(settings: TrainingSettings, presets: list[str] | None = None,
     return rows
 
 
+def largest_variants(settings: TrainingSettings, lora_rank: int = 16) -> dict[str, list[MemoryPlan]]:
+    """Every preset's plans for the columns of `hydrappo memory --largest`: full top-N as `settings`
+    say, then with 8-bit AdamW, with an int8 and a 4-bit trunk (each with 8-bit AdamW), and LoRA."""
+    full = preset_plans(replace(settings, lora_rank=0))
+    variants = {"full top-N": full}
+    for label, optimizer, quantization in (("adamw8bit", "adamw8bit", "none"), ("int8 trunk", "adamw8bit", "int8"),
+                                           ("4bit trunk", "adamw8bit", "4bit")):  # fmt: skip
+        variant = replace(settings, lora_rank=0, optimizer=optimizer, trunk_quantization=quantization)
+        variants[label] = preset_plans(variant, like=full)
+    variants[f"LoRA r={lora_rank}"] = preset_plans(replace(settings, lora_rank=lora_rank))
+    return variants
+
+
 def format_largest(settings: TrainingSettings, lora_rank: int = 16) -> str:
-    """Every preset's peak, full top-N and LoRA, and the largest preset that fits each GPU size."""
+    """Every preset's peak (hydrappo: full top-N, with 8-bit AdamW, with an int8 / 4-bit trunk, LoRA;
+    classic: full, LoRA) and the largest preset that fits each GPU size."""
     s = settings
-    lines = []
-    lines.append(f"N={s.num_layers_unfrozen}, {s.dtype} weights{' + fp32 master weights and optimizer state' if s.uses_master_weights else ''}, "
-          f"{s.optimizer}, batch {s.batch_size}, mini-batch {s.mini_batch_size}, generation batch "
-          f"{s.generation_batch_size}, prompt {s.prompt_length} + response {s.response_length} tokens, "
-          f"{'reward branch / reward model' if s.reward_model else 'reward function'}; "
-          f"fits = peak x {FRAGMENTATION} + {CUDA_CONTEXT_GIB} GiB <= card")  # fmt: skip
-    full = preset_plans(replace(s, lora_rank=0))
-    lora = preset_plans(replace(s, lora_rank=lora_rank))
-    lines.append(f"\npeak GiB per preset:\n  {'model':<14} {'params':>7}  {'hydrappo':>9} {'LoRA r=' + str(lora_rank):>9}"
-          f"  {'classic':>9} {'LoRA r=' + str(lora_rank):>9}")  # fmt: skip
-    for f_plan, l_plan in zip(full, lora):
-        lines.append(f"  {f_plan.model:<14} {f_plan.counts.total / 1e9:6.2f}B  {f_plan.hydra.peak / GIB:9.1f} "
-              f"{l_plan.hydra.peak / GIB:9.1f}  {f_plan.classic.peak / GIB:9.1f} {l_plan.classic.peak / GIB:9.1f}")  # fmt: skip
-
-    def cell(entry):
-        return entry[0] if entry else "-"
-
-    lines.append(f"\nlargest preset that fits:\n  {'GPU':>5}  {'hydrappo full top-N':<20} {'hydrappo LoRA':<20} "
-          f"{'classic full':<20} {'classic LoRA':<20}")  # fmt: skip
-    for f_row, l_row in zip(largest_models(s, plans=full), largest_models(s, plans=lora)):
-        lines.append(f"  {f_row['gpu_gib']:>3}GB  {cell(f_row['hydra']):<20} {cell(l_row['hydra']):<20} "
-              f"{cell(f_row['classic']):<20} {cell(l_row['classic']):<20}")  # fmt: skip
+    lines = [f"N={s.num_layers_unfrozen}, {s.dtype} weights{' + fp32 master weights and optimizer state' if s.uses_master_weights else ''}, "
+             f"{s.optimizer}{'' if s.trunk_quantization == 'none' else ', ' + s.trunk_quantization + ' trunk'}, batch "
+             f"{s.batch_size}, mini-batch {s.mini_batch_size}, generation batch {s.generation_batch_size}, prompt "
+             f"{s.prompt_length} + response {s.response_length} tokens, "
+             f"{'reward branch / reward model' if s.reward_model else 'reward function'}; "
+             f"fits = peak x {FRAGMENTATION} + {CUDA_CONTEXT_GIB} GiB <= card",
+             "hydrappo columns: full top-N as set; with adamw8bit; an int8 / 4bit trunk (frozen bottom layers "
+             "quantized) with adamw8bit; LoRA. The classic layout is planned without quantization."]  # fmt: skip
+    variants = largest_variants(s, lora_rank)
+    full, lora = variants["full top-N"], variants[f"LoRA r={lora_rank}"]
+    columns = [(label, plans, "hydra") for label, plans in variants.items()]
+    columns += [("classic full", full, "classic"), (f"classic LoRA r={lora_rank}", lora, "classic")]
+    widths = [max(len(label), 8) for label, _, _ in columns]
+    header = "  ".join(f"{label:>{width}}" for (label, _, _), width in zip(columns, widths))
+    lines.append(f"\npeak GiB per preset:\n  {'model':<14} {'params':>7}  {header}")
+    for index, plan in enumerate(full):
+        cells = "  ".join(f"{getattr(plans[index], key).peak / GIB:>{width}.1f}"
+                          for (_, plans, key), width in zip(columns, widths))  # fmt: skip
+        lines.append(f"  {plan.model:<14} {plan.counts.total / 1e9:6.2f}B  {cells}")
+    fits = [largest_models(s, plans=plans) for _, plans, _ in columns]
+    widths = [max(len(label), 12) for label, _, _ in columns]
+    lines.append("\nlargest preset that fits:\n  " + f"{'GPU':>5}  " + "  ".join(
+        f"{label:<{width}}" for (label, _, _), width in zip(columns, widths)))  # fmt: skip
+    for row_index, size in enumerate(GPU_SIZES_GIB):
+        cells = []
+        for (_, _, key), rows, width in zip(columns, fits, widths):
+            entry = rows[row_index][key]
+            cells.append(f"{entry[0] if entry else '-':<{width}}")
+        lines.append(f"  {size:>3}GB  " + "  ".join(cells))
     return "\n".join(lines)

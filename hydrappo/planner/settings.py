@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DTYPE_NAMES, torch_dtype
+from ..model.quantize import TRUNK_QUANTIZATIONS
 
 GIB = 2**30
 GPU_SIZES_GIB = (8, 12, 16, 24, 48, 80)
@@ -31,6 +32,7 @@ class TrainingSettings:
     dtype: str = "bfloat16"  # weights
     master_weights: bool | None = None  # fp32 master copy of the trainable weights (None: when dtype is not fp32)
     optimizer: str = "adamw"
+    trunk_quantization: str = "none"  # the frozen bottom layers (and frozen untied input embeddings): none | int8 | 4bit
     batch_size: int = 16  # rollouts per PPO step (the split-hidden cache holds them all)
     mini_batch_size: int = 4
     gradient_accumulation_steps: int = 1
@@ -48,6 +50,8 @@ class TrainingSettings:
             raise ValueError(f"dtype {self.dtype!r} is not one of: {', '.join(DTYPES)}.")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer {self.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}.")
+        if self.trunk_quantization not in TRUNK_QUANTIZATIONS:
+            raise ValueError(f"trunk_quantization {self.trunk_quantization!r} is not one of: {', '.join(TRUNK_QUANTIZATIONS)}.")
         for name in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "generation_batch_size",
                      "prompt_length", "response_length"):  # fmt: skip
             if getattr(self, name) < 1:
