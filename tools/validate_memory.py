@@ -1,12 +1,18 @@
 """Check the memory planner against measured training: the peak resident memory of two PPO
-steps of hydrappo's trainer on this CPU (float32) against the plan, per phase.
+steps of hydrappo's trainer on this CPU (float32) against the plan, per phase, for the plain
+trunk with AdamW and for an int8 and a 4-bit trunk with 8-bit AdamW (model/quantize.py,
+train/optimizers.py).
 
-    python tools/validate_memory.py              # a SmolLM2-135M-shaped and a ~400M Llama (minutes)
+    python tools/validate_memory.py              # a SmolLM2-135M-shaped and a ~400M Llama, 3 settings (minutes)
+    python tools/validate_memory.py --variants none/adamw --models smollm2-135m
+    python tools/validate_memory.py --device cuda   # bf16 on a GPU: torch.cuda.max_memory_allocated
     hydrappo memory --validate                   # the same, from a source checkout
 
-Each model is measured in a fresh child process (peak RSS after imports subtracted), and
-the phases are measured one by one where the kernel lets the peak be reset
-(/proc/self/clear_refs). Exit code 1 when a plan is more than 20% off.
+Each model and setting is measured in a fresh child process (RSS after imports subtracted).
+The measured peak is that of the two PPO steps: the peak is reset once the hydra is built
+(/proc/self/clear_refs), because a quantized trunk is loaded in full precision first, which
+on a GPU happens on the CPU (storage/models.py build_hydra), and the plan is of training. The
+phases are measured one by one the same way. Exit code 1 when a plan is more than 20% off.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -47,12 +53,37 @@ def validation_config(name: str):
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
+# (trunk quantization, optimizer) pairs measured by default.
+VARIANTS = {"none/adamw": ("none", "adamw"), "int8/adamw8bit": ("int8", "adamw8bit"), "4bit/adamw8bit": ("4bit", "adamw8bit")}
+
+
 def validation_settings(**overrides) -> TrainingSettings:
     """What --validate runs on the CPU: float32, one PPO step of hydrappo's trainer."""
     values = dict(num_layers_unfrozen=2, dtype="float32", optimizer="adamw", batch_size=8, mini_batch_size=4,
                   generation_batch_size=8, prompt_length=64, response_length=64, reward_model=False)  # fmt: skip
     values.update(overrides)
     return TrainingSettings(**values)
+
+
+class _Peak:
+    """The peak memory of this process since the last reset: resident memory on the CPU
+    (/proc/self/clear_refs, VmHWM), allocated memory on a GPU."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+
+    def reset(self) -> bool:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            return True
+        return _reset_peak()
+
+    def read(self) -> int:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated()
+        return _current_peak()
 
 
 def _peak_rss_bytes() -> int:
@@ -65,13 +96,17 @@ def validation_reward(samples, prompts, outputs):
     return [len(o) / 100.0 for o in outputs]
 
 
-def _measure_child(name: str, settings: dict) -> dict:
-    """In a fresh process: peak RSS of building the hydra and two PPO steps, minus the RSS after imports."""
+def _measure_child(name: str, settings: dict, device: str = "cpu") -> dict:
+    """In a fresh process: peak memory of building the hydra and of two PPO steps (RSS minus the RSS
+    after imports on the CPU; allocated memory on a GPU)."""
     import tempfile
 
     from transformers import AutoModelForCausalLM
 
+    from hydrappo.model.quantize import quantize_frozen_trunk
+
     s = TrainingSettings(**settings)
+    cuda = device.startswith("cuda")
     torch.manual_seed(0)
     config = validation_config(name)
     vocab = config.get_text_config().vocab_size
@@ -87,41 +122,53 @@ def _measure_child(name: str, settings: dict) -> dict:
         generation=GenerationArgs(max_new_tokens=s.response_length, min_new_tokens=s.response_length,
                                   generation_batch_size=s.generation_batch_size),
         ppo=PPOArgs(batch_size=s.batch_size, mini_batch_size=s.mini_batch_size, ppo_epochs=1,
-                    gradient_accumulation_steps=s.gradient_accumulation_steps),
+                    gradient_accumulation_steps=s.gradient_accumulation_steps, optimizer=s.optimizer),
         reward=RewardArgs(reward_fn=f"{Path(__file__).resolve()}:validation_reward"),
         data=DataArgs(prompts=os.path.join(tmp, "prompts.jsonl"), max_prompt_length=s.prompt_length),
-        train=TrainArgs(output_dir=os.path.join(tmp, "out"), device="cpu", mixed_precision="no", progress_bar=False),
+        train=TrainArgs(output_dir=os.path.join(tmp, "out"), device=device, progress_bar=False,
+                        mixed_precision="bf16" if cuda and s.torch_dtype == torch.bfloat16 else "no"),
     )  # fmt: skip
-    baseline = _peak_rss_bytes()
+    peak = _Peak(device)
+    baseline = 0 if cuda else _peak_rss_bytes()
 
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config, dtype=s.torch_dtype).eval()
     model.config.pad_token_id = tokenizer.pad_token_id
-    hydra = HydraModel(model, s.num_layers_unfrozen)
+    hydra = HydraModel(model, s.num_layers_unfrozen, verify=s.trunk_quantization == "none")
+    if s.trunk_quantization != "none":
+        quantize_frozen_trunk(hydra, s.trunk_quantization, device=device)  # quantized onto the device
+    else:
+        hydra.to(device)
     trainer = PPOTrainer(cfg, hydra=hydra, tokenizer=tokenizer)
-    after_build = _peak_rss_bytes()
+    after_build = peak.read() if cuda else _peak_rss_bytes()
+    resettable = peak.reset()
     trainer.train_step()
     # The optimizer state exists from the first step on: the second step is the steady
-    # state. Its phases are measured one by one where the kernel lets us reset the peak.
+    # state. Its phases are measured one by one where the peak can be reset.
     phases: dict[str, int] = {}
-    if _reset_peak():
+    if resettable:
 
         def measured(function, label):
             def wrapper(*args, **kwargs):
-                _reset_peak()
+                peak.reset()
                 try:
                     return function(*args, **kwargs)
                 finally:
-                    phases[label] = _current_peak() - baseline
+                    phases[label] = max(phases.get(label, 0), peak.read() - baseline)
 
             return wrapper
 
+        steps_peak = peak.read() - baseline
         # The trainer's phases are methods: wrap them on this instance.
         trainer.generate = measured(trainer.generate, "generate")
         trainer.evaluate = measured(trainer.evaluate, "evaluate")
         trainer.ppo_update = measured(trainer.ppo_update, "update")
-    trainer.train_step()
-    return {"baseline": baseline, "build": after_build - baseline, "peak": _peak_rss_bytes() - baseline, "phases": phases}
+        trainer.train_step()
+        steps_peak = max(steps_peak, *phases.values())
+    else:
+        trainer.train_step()
+        steps_peak = _peak_rss_bytes() - baseline
+    return {"baseline": baseline, "build": after_build - baseline, "peak": steps_peak, "phases": phases}
 
 
 def _reset_peak() -> bool:
@@ -144,7 +191,7 @@ def _current_peak() -> int:
 def _measure_main() -> None:
     """Entry point of the measuring child process: JSON in on stdin, JSON out on the last stdout line."""
     request = json.loads(sys.stdin.read())
-    result = _measure_child(request["name"], request["settings"])
+    result = _measure_child(request["name"], request["settings"], request.get("device", "cpu"))
     print("\n" + json.dumps(result))
 
 
@@ -163,14 +210,14 @@ def word_tokenizer(vocab_size: int):
     return tokenizer
 
 
-def measure(name: str, settings: TrainingSettings, timeout: float = 1800) -> dict:
+def measure(name: str, settings: TrainingSettings, timeout: float = 1800, device: str = "cpu") -> dict:
     """Run two measured PPO steps of `name` in a child process; returns bytes."""
     import subprocess
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--measure-child"],
-        input=json.dumps({"name": name, "settings": asdict(settings)}),
+        input=json.dumps({"name": name, "settings": asdict(settings), "device": device}),
         capture_output=True, text=True, timeout=timeout, env=env,
     )
     if result.returncode != 0:
@@ -178,47 +225,62 @@ def measure(name: str, settings: TrainingSettings, timeout: float = 1800) -> dic
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def validate(models: list[str] | None = None, settings: TrainingSettings | None = None, tolerance: float = 0.20) -> list[dict]:
-    """Planner's hydrappo peak against the measured peak RSS of one PPO step on this CPU."""
+def validate(models: list[str] | None = None, settings: TrainingSettings | None = None, tolerance: float = 0.20,
+             variants: list[str] | None = None, device: str = "cpu") -> list[dict]:  # fmt: skip
+    """Planner's hydrappo peak against the measured peak of two PPO steps, per model and variant."""
     settings = settings or validation_settings()
     rows = []
     for name in models or list(VALIDATION_MODELS):
-        plan = plan_memory(validation_config(name), settings, name)
-        measured = measure(name, settings)
-        predicted = plan.hydra.peak
-        error = predicted / measured["peak"] - 1
-        rows.append({"model": name, "parameters": plan.counts.total, "predicted": predicted,
-                     "measured": measured["peak"], "measured_build": measured["build"], "error": error,
-                     "within": abs(error) <= tolerance, "plan": plan, "measured_phases": measured.get("phases", {}),
-                     "planned_phases": {phase: plan.hydra.static + plan.hydra.phase_bytes(phase)
-                                        for phase in ("generate", "evaluate", "update")}})  # fmt: skip
+        for variant in variants or list(VARIANTS):
+            quantization, optimizer = VARIANTS[variant]
+            varied = replace(settings, trunk_quantization=quantization, optimizer=optimizer)
+            plan = plan_memory(validation_config(name), varied, name)
+            measured = measure(name, varied, device=device)
+            predicted = plan.hydra.peak
+            error = predicted / measured["peak"] - 1
+            rows.append({"model": name, "variant": variant, "parameters": plan.counts.total, "predicted": predicted,
+                         "measured": measured["peak"], "measured_build": measured["build"], "error": error,
+                         "within": abs(error) <= tolerance, "plan": plan, "measured_phases": measured.get("phases", {}),
+                         "planned_phases": {phase: plan.hydra.static + plan.hydra.phase_bytes(phase)
+                                            for phase in ("generate", "evaluate", "update")}})  # fmt: skip
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
     import logging
 
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--measure-child"]:
         _measure_main()
         return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=list(VALIDATION_MODELS), default=list(VALIDATION_MODELS))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                        help="trunk quantization / optimizer pairs")
+    parser.add_argument("--device", default="cpu", help="cpu (float32, peak RSS) or cuda (bfloat16, allocated memory)")
+    parser.add_argument("--plans", action="store_true", help="also print each plan's components")
+    args = parser.parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    rows = validate(settings=validation_settings())
-    s = validation_settings()
-    print(f"one PPO step (two measured, steady state) on this CPU: float32, N={s.num_layers_unfrozen}, batch {s.batch_size}, "
-          f"mini-batch {s.mini_batch_size}, prompt {s.prompt_length} + response {s.response_length}, adamw, "
-          "reward function")  # fmt: skip
-    print(f"  {'model':<14} {'params':>8} {'phase':<9} {'planned':>10} {'measured':>10} {'error':>7}")
+    cuda = args.device.startswith("cuda")
+    s = validation_settings(dtype="bfloat16") if cuda else validation_settings()
+    rows = validate(args.models, s, variants=args.variants, device=args.device)
+    print(f"two PPO steps (the second measured phase by phase) on {'this GPU' if cuda else 'this CPU'}: {s.dtype}, "
+          f"N={s.num_layers_unfrozen}, batch {s.batch_size}, mini-batch {s.mini_batch_size}, prompt {s.prompt_length} + "
+          f"response {s.response_length}, reward function; {'allocated' if cuda else 'resident'} memory")  # fmt: skip
+    print(f"  {'model':<14} {'params':>8} {'trunk/optimizer':<16} {'phase':<9} {'planned':>10} {'measured':>10} {'error':>7}")
     for row in rows:
-        print(f"  {row['model']:<14} {row['parameters'] / 1e6:7.0f}M {'peak':<9} {row['predicted'] / 2**20:7.0f}MiB "
-              f"{row['measured'] / 2**20:7.0f}MiB {row['error']:+7.1%} {'ok' if row['within'] else 'OFF'}")  # fmt: skip
+        print(f"  {row['model']:<14} {row['parameters'] / 1e6:7.0f}M {row['variant']:<16} {'peak':<9} "
+              f"{row['predicted'] / 2**20:7.0f}MiB {row['measured'] / 2**20:7.0f}MiB {row['error']:+7.1%} "
+              f"{'ok' if row['within'] else 'OFF'}")  # fmt: skip
         for phase, measured in row["measured_phases"].items():
             planned = row["planned_phases"][phase]
-            print(f"  {'':<14} {'':>8} {phase:<9} {planned / 2**20:7.0f}MiB {measured / 2**20:7.0f}MiB "
+            print(f"  {'':<14} {'':>8} {'':<16} {phase:<9} {planned / 2**20:7.0f}MiB {measured / 2**20:7.0f}MiB "
                   f"{planned / measured - 1:+7.1%}")  # fmt: skip
-    for row in rows:
-        print()
-        print(format_plan(row["plan"]).split("\n\nclassic")[0])
+    if args.plans:
+        for row in rows:
+            print()
+            print(format_plan(row["plan"]).split("\n\nclassic")[0])
     return 0 if all(row["within"] for row in rows) else 1
 
 

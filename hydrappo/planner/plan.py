@@ -124,10 +124,10 @@ def quantized_bytes(weights: int, rows: int, modules: int, mode: str) -> int:
     """Bytes bitsandbytes stores for `weights` values in `modules` matrices of `rows` rows in all
     (model/quantize.py): int8 (LLM.int8): 1 byte each + a float32 scale per row; 4bit (NF4, blocks
     of 64, double-quantized scales): half a byte each + a uint8 scale per 64 + a float32 per 64 x 256,
-    and two 256-entry float32 code tables per matrix."""
+    and per matrix the 16-entry NF4 and 256-entry scale code tables and an offset (float32)."""
     if mode == "int8":
         return weights + 4 * rows
-    return weights // 2 + -(-weights // 64) + 4 * -(-weights // (64 * 256)) + modules * 2 * 256 * 4
+    return weights // 2 + -(-weights // 64) + 4 * -(-weights // (64 * 256)) + modules * (16 + 256 + 1) * 4
 
 
 def quantized_trunk(counts: ParameterCounts, split: int, mode: str, embeddings: bool) -> tuple[int, int]:

@@ -40,9 +40,10 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
 
 
 def _state_kind(state: dict) -> str | None:
-    """Which optimizer wrote an optimizer state dict: AdamW keeps exp_avg, bitsandbytes state1."""
+    """Which optimizer wrote an optimizer state dict: AdamW keeps exp_avg, bitsandbytes state1
+    (bitsandbytes 0.50 packs its tensors under one key of its own)."""
     for values in state.get("state", {}).values():
-        if "state1" in values:
+        if "state1" in values or "__bnb_optimizer_quant_state__" in values:
             return "adamw8bit"
         if "exp_avg" in values:
             return "adamw"
