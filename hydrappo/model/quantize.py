@@ -55,6 +55,8 @@ def bitsandbytes():
             import bitsandbytes as bnb
         finally:
             quiet.setLevel(level)
+        # LLM.int8 on CUDA casts bf16 activations to fp16 (documented above) and says so on every call.
+        logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     except ImportError as error:
         raise UnsupportedModelError(
             f"a quantized trunk and the 8-bit optimizer need bitsandbytes (>=0.50, <0.51), which is not installed "
