@@ -33,9 +33,10 @@ bnb = pytest.importorskip("bitsandbytes", reason="pip install 'hydrappo[quant]' 
 
 TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
 QUANTIZED = {"int8": bnb.nn.Linear8bitLt, "4bit": bnb.nn.Linear4bit}
-# mean |delta log-prob| of a tiny random model's tokens, quantized against unquantized (measured:
-# int8 0.0007, 4bit 0.027); the README's table has the numbers of real models.
-DRIFT = {"int8": 0.01, "4bit": 0.15}
+# Bounds of the mean |delta log-prob| of a tiny random model's tokens, quantized against unquantized
+# (measured here: int8 0.0007 to 0.002; 4bit 0.025 to 0.16, NF4 of 32- and 64-wide random matrices);
+# the README's table has the numbers of real models.
+DRIFT = {"int8": 0.01, "4bit": 0.3}
 
 
 def _ids(batch=3, length=12, vocab=96):
