@@ -23,7 +23,7 @@ from hydrappo.planner.presets import preset_config
 from hydrappo.planner.settings import TrainingSettings
 from hydrappo.storage.checkpoint import CheckpointError, checkpoint_dirs
 from hydrappo.storage.export import export_checkpoint
-from hydrappo.storage.reward_branch import trunk_fingerprint
+from hydrappo.storage.reward_branch import base_model_identity
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.sft import SFTTrainer
 from test_sft import write_sft_config
@@ -81,7 +81,9 @@ def test_quantized_trunk_passes_the_probe_and_keeps_the_top_in_full_precision(mo
     drift = (out.logprobs - unquantized.logprobs)[real].abs().mean().item()
     assert 0 < drift < DRIFT[mode]
     # A reward branch recognises its trunk quantized or not: the fingerprint is of the original weights.
-    assert trunk_fingerprint(hydra) == pytest.approx(trunk_fingerprint(original), rel=1e-9)
+    identity, expected = base_model_identity(hydra), base_model_identity(original)
+    assert identity.pop("trunk_fingerprint") == pytest.approx(expected.pop("trunk_fingerprint"), rel=1e-9)
+    assert identity == expected
     assert hydra.state_dict()  # writable (hydrappo writes none, but peft and tools call state_dict)
 
 
@@ -244,3 +246,33 @@ def test_largest_plans_meet_the_consumer_gpu_targets(capsys):
     assert "in 4bit" in out and "16GB:yes" in out
     with pytest.raises(SystemExit):
         cli_main(["memory", "llama-3.1-8b", "--trunk-quantization", "int3"])
+
+
+def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unquantized(tmp_path):
+    from hydrappo.config import ModelConfig
+    from hydrappo.rollout import pack_sequences
+    from hydrappo.storage.models import build_hydra
+    from hydrappo.storage.reward_branch import load_reward_branch
+    from hydrappo.train.reward import RewardTrainer
+    from test_reward_trainer import reward_config
+
+    config = reward_config(tmp_path, epochs=1, optimizer="adamw8bit")
+    config.model.trunk_quantization = "4bit"
+    trainer = RewardTrainer(config, config_dir=tmp_path)
+    trainer.train()
+    assert type(trainer.hydra.model.model.layers[0].mlp.up_proj) is bnb.nn.Linear4bit
+    pairs = trainer.eval_pairs
+    prompts, responses = pairs.prompt_ids[:8] * 2, pairs.chosen_ids[:8] + pairs.rejected_ids[:8]
+    expected = trainer.score(prompts, responses)
+    for quantization in ("none", "4bit"):
+        torch.manual_seed(0)  # the tiny example's random trunk
+        model = ModelConfig(name_or_path=str(TINY / "model"), random_init=True, trunk_quantization=quantization)
+        hydra, tokenizer = build_hydra(model)
+        hydra.attach_reward_branch(load_reward_branch(hydra, tmp_path / "reward"))  # the trunk is recognised
+        input_ids, attention_mask, _, _ = pack_sequences(prompts, responses, tokenizer.pad_token_id)
+        with torch.no_grad():
+            scores = hydra.forward_hydra(input_ids, attention_mask).scores
+        if quantization == "4bit":
+            torch.testing.assert_close(scores, expected, atol=1e-4, rtol=1e-4)
+        else:  # the same branch on the original weights: close, not equal
+            assert (scores - expected).abs().max() < 0.5 * expected.std() and not torch.equal(scores, expected)

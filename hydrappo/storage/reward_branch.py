@@ -52,10 +52,15 @@ def base_model_identity(hydra: HydraModel, name_or_path: str | None = None) -> d
         "model_type": getattr(config, "model_type", None),
         "num_layers": hydra.arch.num_layers,
         "hidden_size": hydra.arch.hidden_size,
-        "vocab_size": hydra.model.get_input_embeddings().weight.shape[0],
+        "vocab_size": _vocab_size(hydra.model.get_input_embeddings()),
         "num_layers_unfrozen": hydra.num_layers_unfrozen,
         "trunk_fingerprint": trunk_fingerprint(hydra),
     }
+
+
+def _vocab_size(embedding) -> int:
+    # A 4-bit embedding (model/quantize.py) stores its weight packed: its shape is not the vocabulary's.
+    return getattr(embedding, "num_embeddings", None) or embedding.weight.shape[0]
 
 
 def branch_weights(branch: RewardBranch) -> dict[str, torch.Tensor]:
