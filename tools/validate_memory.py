@@ -17,6 +17,8 @@ phases are measured one by one the same way. Exit code 1 when a plan is more tha
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 import sys
@@ -141,6 +143,8 @@ def _measure_child(name: str, settings: dict, device: str = "cpu") -> dict:
         hydra.to(device)
     trainer = PPOTrainer(cfg, hydra=hydra, tokenizer=tokenizer)
     after_build = peak.read() if cuda else _peak_rss_bytes()
+    if not cuda:
+        _return_freed_memory()  # the full-precision trunk a quantized one was made from
     resettable = peak.reset()
     trainer.train_step()
     # The optimizer state exists from the first step on: the second step is the steady
@@ -169,6 +173,18 @@ def _measure_child(name: str, settings: dict, device: str = "cpu") -> dict:
         trainer.train_step()
         steps_peak = _peak_rss_bytes() - baseline
     return {"baseline": baseline, "build": after_build - baseline, "peak": steps_peak, "phases": phases}
+
+
+def _return_freed_memory() -> None:
+    """Hand memory that Python has freed back to the operating system (glibc's malloc_trim), so
+    that the resident size counts what training holds: glibc keeps freed blocks resident, e.g. the
+    float32 weights a quantized trunk replaced (on SmolLM2-135M with an int8 trunk, 1286 MiB peak
+    measured without this against 927 MiB with it)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the peak may then include freed memory
+        pass
 
 
 def _reset_peak() -> bool:
