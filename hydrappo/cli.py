@@ -11,8 +11,11 @@ start here.
     hydrappo memory MODEL | --largest | --validate                        the GPU memory planner
 
 An error hydrappo raises on purpose (hydrappo.errors.HydrappoError) is printed as its
-message alone, with exit code 2 for a usage error and 1 for a failure while running;
-anything else is a bug and keeps its traceback.
+message alone, with exit code 2 for a usage error and 1 for a failure while running; an
+operating-system error (a full disk, a permission) is printed the same way with exit code 1,
+and anything else as one line that says it is unexpected. `--debug` anywhere on the command
+line, or HYDRAPPO_DEBUG=1, prints the traceback too. Training stopped by SIGINT or SIGTERM
+exits with 130 or 143 (train/interrupt.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 from .errors import HydrappoError
@@ -61,7 +65,20 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
         print("Config options (YAML keys under their section, or --name value on the command line):")
         HfArgumentParser(tuple(sections_of(config_cls).values())).print_help()
         return 0 if args.help else 2
-    return parse_config(args.config, overrides, config_cls), args.resume
+    config = parse_config(args.config, overrides, config_cls)
+    # Before any model loads: the checkpoint to resume from (damaged ones set aside), or an
+    # output folder of this run's own (an earlier run there is refused, or moved aside).
+    from .storage.checkpoint import resolve_resume
+    from .storage.rundir import claim_output_dir
+
+    resume = resolve_resume(args.resume, config.train.output_dir) if args.resume else None
+    claim_output_dir(config.train.output_dir, resume=resume, overwrite=config.train.overwrite_output_dir)
+    return config, resume
+
+
+def _nothing_to_do(step: int, total: int, option: str) -> int:
+    _report(f"nothing to do: the run is already at step {step} and {option} is {total}; raise {option} to train it further.")
+    return 0
 
 
 def train_command(argv: list[str]) -> int:
@@ -74,7 +91,10 @@ def train_command(argv: list[str]) -> int:
     config, resume = parsed
     from .train.ppo import PPOTrainer
 
-    history = PPOTrainer(config).train(resume=resume)
+    trainer = PPOTrainer(config)
+    history = trainer.train(resume=resume)
+    if not history:
+        return _nothing_to_do(trainer.harness.step, config.train.total_steps, "--total_steps")
     if history:
         last = history[-1]
         kl = f", KL {last['objective/kl']:.3f}" if "objective/kl" in last else ""
@@ -95,7 +115,8 @@ def reward_command(argv: list[str]) -> int:
     from .train.reward import RewardTrainer
 
     trainer = RewardTrainer(config)
-    trainer.train(resume=resume)
+    if not trainer.train(resume=resume):
+        return _nothing_to_do(trainer.step, trainer.total_steps, "--max_steps (or --epochs)")
     evaluation = ", ".join(f"{k} {v:.3f}" for k, v in trainer.final_eval.items() if k in ("eval/accuracy", "eval/loss"))
     stats = trainer.score_stats or {}
     _report(
@@ -121,6 +142,8 @@ def sft_command(argv: list[str]) -> int:
 
     trainer = SFTTrainer(config)
     history = trainer.train(resume=resume)
+    if not history:
+        return _nothing_to_do(trainer.step, trainer.total_steps, "--max_steps (or --epochs)")
     evals = [row for row in history if "eval/loss" in row]
     summary = f", held-out response loss {evals[0]['eval/loss']:.4f} -> {evals[-1]['eval/loss']:.4f}" if evals else ""
     use = "lora.lora_init_adapter" if config.lora.lora_r > 0 else "model.name_or_path"
@@ -129,6 +152,12 @@ def sft_command(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------- generate, compare
+
+
+TRUST_HELP = (
+    "score with the reward function named in the checkpoint's config.yaml. That is running code that came with "
+    "the checkpoint: only for checkpoints you trust (otherwise name the function yourself with --reward_fn)"
+)
 
 
 def generate_command(argv: list[str]) -> int:
@@ -140,18 +169,22 @@ def generate_command(argv: list[str]) -> int:
     parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
     parser.add_argument("--prompts", help="prompts file (default: the training prompts)")
     parser.add_argument("--prompt_column", default=None)
-    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' (default: the training reward)")
+    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' that scores the responses "
+                        "(default: none; see --trust_checkpoint_code)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     parser.add_argument("--max_new_tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--no_base", action="store_true", help="skip the base model's responses")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the comparison to FILE (.md table, .html or .jsonl rows)")
+    parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
-    from .evaluate import generate, side_by_side_text, write_comparison
+    from .evaluate import check_arguments, generate, side_by_side_text, write_comparison
 
+    check_arguments(output=args.output)
     columns = generate(args.checkpoint, args.prompts, args.prompt_column, args.reward_fn, args.limit,
-                       args.max_new_tokens, args.temperature, args.no_base, args.seed)  # fmt: skip
+                       args.max_new_tokens, args.temperature, args.no_base, args.seed,
+                       trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
     return _show(columns, args.output, side_by_side_text, write_comparison)
 
 
@@ -164,7 +197,8 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument("models", nargs="+", help="checkpoint folders or model directories, optionally NAME=PATH")
     parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
     parser.add_argument("--prompt_column", default="prompt")
-    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' (default: the first checkpoint's)")
+    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' that scores the responses "
+                        "(default: none; see --trust_checkpoint_code)")
     parser.add_argument("--chat_template", choices=["auto", "yes", "no"], default="auto",
                         help="wrap prompts with each model's chat template (auto: as the first checkpoint was trained)")
     parser.add_argument("--limit", type=int, default=None)
@@ -173,11 +207,14 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument("--max_prompt_length", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the table to FILE (.md, .html or .jsonl)")
+    parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
-    from .evaluate import compare, side_by_side_text, write_comparison
+    from .evaluate import check_arguments, compare, side_by_side_text, write_comparison
 
+    check_arguments(output=args.output)
     columns = compare(args.models, args.prompts, args.prompt_column, args.reward_fn, args.chat_template, args.limit,
-                      args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed)  # fmt: skip
+                      args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed,
+                      trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
     return _show(columns, args.output, side_by_side_text, write_comparison)
 
 
@@ -253,7 +290,9 @@ def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
         parser.add_argument("source", help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file")
         parser.add_argument("--gguf-file", default=None, help="GGUF file inside the source directory")
         parser.add_argument("--out", required=True, help="output model directory (created)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and existing files)")
+    parser.add_argument("--overwrite_output_dir", "--overwrite", dest="overwrite", action="store_true",
+                        help="write over a non-empty --out (and existing files): what is there is moved to a sibling "
+                        "NAME.previous-<time>, never deleted")  # fmt: skip
     return parser
 
 
@@ -264,25 +303,34 @@ def export_command(argv: list[str]) -> int:
     prog = "hydrappo export" if command == "checkpoint" else f"hydrappo export {command}"
     args = _export_parser(command, prog).parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from .storage.rundir import claim_output_path
+
     if command == "checkpoint":
         from .storage.checkpoint import find_checkpoint
-        from .storage.export import export_checkpoint
+        from .storage.export import export_checkpoint, parse_shard_size
 
+        checkpoint = find_checkpoint(args.checkpoint, for_resume=False)  # a damaged one is refused here
+        parse_shard_size(args.max_shard_size)
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
+        for option, path in (("--value-head", args.value_head), ("--reward-branch", args.reward_branch)):
+            claim_output_path(path, overwrite=args.overwrite, option=option, folder=False)
         out = export_checkpoint(
-            args.checkpoint, args.out, base_model=args.base_model, tokenizer=args.tokenizer, dtype=args.dtype,
+            checkpoint, args.out, base_model=args.base_model, tokenizer=args.tokenizer, dtype=args.dtype,
             max_shard_size=args.max_shard_size, value_head=args.value_head, reward_branch=args.reward_branch,
-            overwrite=args.overwrite, device=args.device,
+            device=args.device,
         )  # fmt: skip
-        print(f"wrote the trained policy of {find_checkpoint(args.checkpoint)} to {out}")
+        print(f"wrote the trained policy of {checkpoint} to {out}")
         if args.value_head:
             print(f"wrote the value head to {args.value_head}")
     elif command == "trlx":
         from .storage.trlx import convert_trlx
 
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
+        claim_output_path(args.write_base, overwrite=args.overwrite, option="--write-base")
         result = convert_trlx(
             args.source, args.out, config=args.config, write_base=args.write_base, base_model=args.base_model,
             num_layers_unfrozen=args.num_layers_unfrozen, tokenizer=args.tokenizer,
-            max_shard_size=args.max_shard_size, overwrite=args.overwrite,
+            max_shard_size=args.max_shard_size,
         )  # fmt: skip
         print(
             f"wrote hydrappo checkpoint {result.checkpoint} on base model {result.base_model}\n"
@@ -296,7 +344,8 @@ def export_command(argv: list[str]) -> int:
         directory, gguf_file = resolve_model_source(args.source, args.gguf_file)
         if gguf_file is None:
             raise ModelLoadError(f"{args.source!r} is a model directory without a .gguf file: nothing to convert.")
-        out = gguf_to_safetensors(directory, gguf_file, args.out, overwrite=args.overwrite)
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
+        out = gguf_to_safetensors(directory, gguf_file, args.out)
         print(f"converted {Path(directory) / gguf_file} -> {out}")
     return 0
 
@@ -399,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     # kernel package is missing; hydrappo pins its quantized modules to the path that does not use it.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("HYDRAPPO_DEBUG", "") not in ("", "0")
+    argv = [arg for arg in argv if arg != "--debug"]
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
         lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
@@ -409,18 +460,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command = COMMANDS[argv[0]][0]
     where = f" (process {rank} of {world_size})" if world_size > 1 else ""
+    prog = f"hydrappo {argv[0]}{where}"
     try:
         return command(argv[1:])
+    except SystemExit as done:  # argparse: --help, or a usage error it has printed
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     except HydrappoError as error:
         # Raised on purpose, with a message that says what to fix: show just that.
-        print(f"hydrappo {argv[0]}{where}: {error}", file=sys.stderr)
-        return error.exit_code
+        return _fail(prog, str(error), error.exit_code, debug)
+    except KeyboardInterrupt:
+        return _fail(prog, "interrupted (Ctrl-C) before training started; nothing was written.", 130, debug)
+    except OSError as error:
+        # The operating system refused something (a full disk, a permission): not a bug.
+        return _fail(prog, f"{error.strerror or error}{f': {error.filename!r}' if error.filename else ''} "
+                     f"({type(error).__name__}).", 1, debug)  # fmt: skip
+    except Exception as error:  # a bug, or a case no check knows yet: one line, the traceback with --debug
+        return _fail(prog, f"unexpected error: {type(error).__name__}: {error}. This is a bug (or a case hydrappo "
+                     "does not check yet): rerun with --debug for the traceback and report it.", 1, debug)  # fmt: skip
     finally:
         if "torch.distributed" in sys.modules:
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _fail(prog: str, message: str, code: int, debug: bool) -> int:
+    """Print an error as one line (every process of a launcher run prints its own); the traceback with --debug."""
+    if debug:
+        traceback.print_exc()
+    elif code == 1 and "--debug" not in message:
+        message += " (--debug shows the traceback)"
+    print(f"{prog}: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .config import looks_like_a_path
 from .errors import UsageError
 
 logger = logging.getLogger("hydrappo")
@@ -74,8 +75,37 @@ def _data_files(path: Path, setting: str, allow_text: bool) -> list[Path]:
     return files
 
 
-def _looks_like_a_path(source: str) -> bool:
-    return source.startswith(("/", ".", "~")) or Path(source).suffix.lower() in BUILDERS
+def _check_utf8(file: Path, setting: str) -> None:
+    """Text formats must be UTF-8: say where they are not, before pyarrow fails deep inside."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line, offset = 1, 0
+    with open(file, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as error:
+                bad = block[error.start]
+                line += block[: error.start].count(b"\n")
+                raise DataError(
+                    f"{setting}: {file}: not UTF-8 text: byte 0x{bad:02x} at line {line} (byte {offset + error.start}). Save the "
+                    "file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE > NEW`)."
+                ) from None
+            line += block.count(b"\n")
+            offset += len(block)
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise DataError(f"{setting}: {file}: not UTF-8 text: it ends inside a character (cut short?). Save it as UTF-8.") from None
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    seen = set()
+    while (error.__cause__ or error.__context__) is not None and id(error) not in seen:
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def _load_datasets(source: str, split: str, subset: str | None, setting: str) -> list[tuple[str, object]]:
@@ -92,7 +122,7 @@ def _load_datasets(source: str, split: str, subset: str | None, setting: str) ->
         return [(str(path), loaded)]
     if path.exists() and not (path.is_dir() and _is_hub_layout(path)):
         return None
-    if not path.exists() and _looks_like_a_path(source):
+    if not path.exists() and looks_like_a_path(source):
         raise DataError(f"{setting}: {source!r} does not exist.")
     where = str(path) if path.exists() else source
     try:
@@ -122,13 +152,29 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
         loaded = []
         for file in _data_files(path, setting, allow_text):
             builder = BUILDERS[file.suffix.lower()]
+            if builder != "parquet":
+                _check_utf8(file, setting)
             try:
                 dataset = load_dataset(builder, data_files=str(file), split="train")
             except Exception as error:  # datasets raises many types for malformed files
-                raise DataError(f"{file}: could not be read as {builder}: {error}") from None
+                cause = _root_cause(error)
+                raise DataError(
+                    f"{setting}: {file} could not be read as {builder}: {type(cause).__name__}: {str(cause)[:300]}. "
+                    f"Check that it is valid {builder} ({'one JSON object per line' if file.suffix == '.jsonl' else 'see the datasets docs'})."
+                ) from None
             if builder == "text":  # the text builder's one column is "text"
                 dataset = dataset.rename_column("text", columns[0]) if columns[0] != "text" else dataset
             loaded.append((str(file), dataset))
+    try:
+        return _columns(loaded, source, columns, optional, setting, nonempty)
+    except DataError:
+        raise
+    except Exception as error:  # pyarrow and datasets raise many types while decoding columns
+        cause = _root_cause(error)
+        raise DataError(f"{setting}: {source!r} could not be read: {type(cause).__name__}: {str(cause)[:300]}.") from None
+
+
+def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool) -> dict:
     table = {name: [] for name in (*columns, *optional)}
     for where, dataset in loaded:
         unit = "line" if where.endswith(".txt") else "row"

@@ -5,25 +5,37 @@ policy's responses with their scores and the mean of each (like trlX's GPT / SFT
 comparison); the base model's answers come from the same trunk before the checkpoint's
 weights are loaded into it, so only one model is in memory. `hydrappo compare A B C`
 does the same for any number of checkpoints and model directories.
+
+A checkpoint is data: its config.yaml names the reward function the run used, but that code
+runs only when the user asks for it, by naming a reward function on the command line
+(`--reward_fn`) or with `--trust_checkpoint_code`. Otherwise the responses are shown unscored,
+with a note saying how to score them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import statistics
 from pathlib import Path
 
 import torch
 
-from .config import Config, GenerationArgs, ModelConfig, RewardArgs
+from .config import Config, GenerationArgs, ModelConfig, Problems, RewardArgs, check_reward_fn, looks_like_a_path
+from .config.paths import looks_like_a_name, writable_folder_problem
 from .data import PromptSet, load_prompt_texts, tokenize_prompts
 from .rewards import build_reward_source
 from .rollout import generate_responses
-from .storage.checkpoint import TRAINER_STATE_NAME, find_checkpoint, load_checkpoint_config, load_trainable_weights, seed_everything
+from .storage.checkpoint import (
+    CheckpointError, find_checkpoint, is_checkpoint_folder, load_checkpoint_config, load_trainable_weights,
+    seed_everything,
+)
 from .storage.export import load_checkpoint_hydra
 from .storage.models import build_hydra, load_model_and_tokenizer
 from .train.precision import pick_device
+
+logger = logging.getLogger("hydrappo")
 
 
 def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: GenerationArgs, reward_source, seed: int = 0):
@@ -128,22 +140,71 @@ def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperatur
     )
 
 
+def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=None, temperature=None, output=None,
+                    max_prompt_length=None, models=()) -> None:  # fmt: skip
+    """The options of `generate` and `compare`, all checked before any model loads."""
+    problems = Problems()
+    for option, value in (("--limit", limit), ("--max_new_tokens", max_new_tokens), ("--max_prompt_length", max_prompt_length)):
+        if value is not None and value < 1:
+            problems.add(option, value, "must be at least 1", f"give a positive number, or leave {option} out")
+    if temperature is not None and not temperature > 0:
+        problems.add("--temperature", temperature, "must be > 0", "use e.g. 1.0, or leave it out for the run's own")
+    if prompts is not None and not Path(prompts).expanduser().exists() and looks_like_a_path(prompts):
+        problems.add("--prompts", prompts, "no such file or folder", "fix the path")
+    if reward_fn:
+        check_reward_fn(reward_fn, problems, "--reward_fn")
+    if output is not None:
+        suffix = Path(output).suffix
+        why = writable_folder_problem(Path(output).expanduser().absolute().parent)
+        if Path(output).is_dir():
+            problems.add("--output", output, "is a folder", "name a .md, .html or .jsonl file")
+        elif why:
+            problems.add("--output", output, f"cannot be written: {why}", "choose another file")
+        elif suffix not in (".md", ".html", ".jsonl", ".txt", ""):
+            problems.add("--output", output, "must end in .md, .html or .jsonl", "choose one of those")
+    for spec in models:
+        path = spec.rpartition("=")[2] if "=" in spec else spec
+        if not Path(path).expanduser().exists() and not looks_like_a_name(path):
+            problems.add("model", spec, "no such checkpoint or model folder", "fix the path")
+    problems.raise_if_any()
+
+
+def checkpoint_reward(config: Config, reward_fn: str | None, trust_checkpoint_code: bool, checkpoint) -> RewardArgs | None:
+    """The reward to score with: `reward_fn` from the command line; else the checkpoint's
+    reward function only with `trust_checkpoint_code` (it is code); else its reward model (a
+    folder of weights, data); else None."""
+    if reward_fn:
+        return RewardArgs(reward_fn=reward_fn)
+    named = config.reward.reward_fn
+    if named and trust_checkpoint_code:
+        return RewardArgs(reward_fn=named, timeout_s=config.reward.timeout_s)
+    if named:
+        logger.warning(
+            "not scoring: %s names the reward function %r, and code a checkpoint names is never run unless you say so. "
+            "Read it, then pass --reward_fn %s (or --trust_checkpoint_code) to score the responses.",
+            Path(checkpoint) / "config.yaml", named, named,
+        )
+        return None
+    if config.reward.reward_model:
+        return RewardArgs(reward_model=config.reward.reward_model, reward_model_label=config.reward.reward_model_label)
+    return None
+
+
 def generate(checkpoint, prompts=None, prompt_column=None, reward_fn=None, limit=None, max_new_tokens=None,
-             temperature=None, no_base=False, seed=0) -> dict[str, list[dict]]:  # fmt: skip
+             temperature=None, no_base=False, seed=0, trust_checkpoint_code=False) -> dict[str, list[dict]]:  # fmt: skip
     """The base model's and a checkpoint's trained policy's scored responses, by column name."""
+    check_arguments(prompts=prompts, reward_fn=reward_fn, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature)
     checkpoint = find_checkpoint(checkpoint)
     config = load_checkpoint_config(checkpoint, Config)
     generation = _generation(config.generation, max_new_tokens, temperature)
-    reward_args = dataclasses.replace(config.reward, reward_model=None, use_reward_branch=False, reward_fn=None)
-    reward_args.reward_fn = reward_fn or config.reward.reward_fn
-    if not reward_args.reward_fn and config.reward.reward_model:
-        reward_args.reward_model = config.reward.reward_model
+    reward_args = checkpoint_reward(config, reward_fn, trust_checkpoint_code, checkpoint)
+    if prompts is None and not config.data.prompts:
+        raise CheckpointError(f"{checkpoint} names no training prompts: pass --prompts FILE.")
     device = pick_device(config.train.device)
     # Random-init models are rebuilt from the run's seed, exactly as the trainer built them.
     seed_everything(config.train.seed)
     hydra, tokenizer = build_hydra(config.model, config.lora, device=device)
-    has_reward = reward_args.reward_fn or reward_args.reward_model
-    reward_source = build_reward_source(reward_args, device=str(device)) if has_reward else None
+    reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
     data = config.data
     texts = load_prompt_texts(prompts or data.prompts, prompt_column or data.prompt_column)
     texts = texts[:limit] if limit else texts
@@ -161,8 +222,8 @@ def load_for_generation(spec: str, device):
     """A model to sample from: a hydrappo checkpoint (its trained policy), or a model
     directory / bundled name (loaded as is). Returns (name, model, tokenizer, config|None)."""
     name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-    location = Path(path)
-    if (location / TRAINER_STATE_NAME).is_file():
+    location = Path(path).expanduser()
+    if location.is_dir() and is_checkpoint_folder(location):
         hydra, tokenizer, config = load_checkpoint_hydra(location, device=str(device))
         return name or f"{location.parent.name}/{location.name}", hydra, tokenizer, config
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=path), device=device)
@@ -170,16 +231,23 @@ def load_for_generation(spec: str, device):
 
 
 def compare(models: list[str], prompts: str, prompt_column="prompt", reward_fn=None, chat_template="auto", limit=None,
-            max_new_tokens=None, temperature=None, max_prompt_length=None, seed=0) -> dict[str, list[dict]]:  # fmt: skip
+            max_new_tokens=None, temperature=None, max_prompt_length=None, seed=0,
+            trust_checkpoint_code=False) -> dict[str, list[dict]]:  # fmt: skip
     """Several models on the same prompts with the same sampling seed, scored, by column name."""
+    check_arguments(prompts=prompts, reward_fn=reward_fn, limit=limit, max_new_tokens=max_new_tokens,
+                    temperature=temperature, max_prompt_length=max_prompt_length, models=models)  # fmt: skip
     device = pick_device("auto")
     loaded = [load_for_generation(spec, device) for spec in models]
-    trained_config = next((config for *_, config in loaded if config is not None), None)
+    trained = next(((spec, config) for spec, (*_, config) in zip(models, loaded) if config is not None), None)
+    trained_config = trained[1] if trained else None
     defaults = trained_config or Config()
     generation = _generation(defaults.generation, max_new_tokens, temperature)
     chat = {"yes": True, "no": False, "auto": defaults.data.apply_chat_template}[chat_template]
-    reward_spec = reward_fn or (trained_config.reward.reward_fn if trained_config else None)
-    reward_source = build_reward_source(RewardArgs(reward_fn=reward_spec), device=str(device)) if reward_spec else None
+    if trained_config is not None:
+        reward_args = checkpoint_reward(trained_config, reward_fn, trust_checkpoint_code, trained[0].rpartition("=")[2])
+    else:
+        reward_args = RewardArgs(reward_fn=reward_fn) if reward_fn else None
+    reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
     texts = load_prompt_texts(prompts, prompt_column)
     texts = texts[:limit] if limit else texts
     max_prompt_length = max_prompt_length or defaults.data.max_prompt_length

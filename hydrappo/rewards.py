@@ -18,15 +18,76 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import numbers
 import sys
+import threading
+import traceback
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .errors import HydrappoError
 
-class RewardError(ValueError):
-    """A reward source is misconfigured or returned bad scores; the message says how to fix it."""
+
+class RewardError(HydrappoError, ValueError):
+    """A reward source is misconfigured (exit code 2) or failed (RewardFunctionError, 1); the
+    message says what to fix."""
+
+    exit_code = 2
+
+
+class RewardFunctionError(RewardError):
+    """A reward source raised, hung past reward.timeout_s, or returned something that is not one
+    finite number per sample. The message names the source, the step and one offending sample."""
+
+    exit_code = 1
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = str(text)
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def _sample(prompts, outputs, row: int) -> str:
+    if prompts is None or outputs is None or not 0 <= row < len(outputs):
+        return ""
+    return f" Sample {row}: prompt {_short(prompts[row])}, response {_short(outputs[row])}."
+
+
+def _user_frame(error: BaseException) -> str:
+    """' (file.py, line N)' of the innermost frame of a traceback outside hydrappo."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "hydrappo" not in Path(f.filename).parts]
+    return f" ({Path(frames[-1].filename).name}, line {frames[-1].lineno})" if frames else ""
+
+
+class _TimedOut(Exception):
+    pass
+
+
+def _call_with_timeout(fn, kwargs: dict, timeout_s: float | None):
+    """fn(**kwargs), in a daemon thread when there is a time limit: a call that does not
+    return in time is left behind (a thread cannot be killed) and _TimedOut raised."""
+    if timeout_s is None:
+        return fn(**kwargs)
+    box: dict = {}
+    grad = torch.is_grad_enabled()
+
+    def target():
+        try:
+            with torch.set_grad_enabled(grad):
+                box["result"] = fn(**kwargs)
+        except BaseException as error:  # handed to the caller's thread
+            box["error"] = error
+
+    thread = threading.Thread(target=target, name="hydrappo-reward-fn", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _TimedOut
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _resolve(path: str, base_dir: str | Path | None) -> Path:
@@ -38,31 +99,55 @@ def _resolve(path: str, base_dir: str | Path | None) -> Path:
     return candidate
 
 
-def _to_scores(result, count: int, source: str) -> torch.Tensor:
-    """A (count,) float32 CPU tensor from whatever sequence of numbers a source returned."""
+def _is_number(value) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return value.ndim == 0 or value.shape == (1,)
+    return isinstance(value, (numbers.Real, np.number))
+
+
+def _to_scores(result, count: int, source: str, prompts=None, outputs=None) -> torch.Tensor:
+    """A (count,) float32 CPU tensor from whatever sequence of numbers a source returned;
+    anything else is a RewardFunctionError naming `source` and showing an offending sample."""
     if result is None:
-        raise RewardError(f"{source} returned None; it must return one score per sample (missing `return`?).")
+        raise RewardFunctionError(f"{source} returned None; it must return one score per sample (missing `return`?).")
     if isinstance(result, torch.Tensor):
         scores = result.detach().to("cpu", torch.float32)
     else:
+        if isinstance(result, (list, tuple)):
+            bad = next((i for i, value in enumerate(result) if not _is_number(value)), None)
+            if bad is not None:
+                raise RewardFunctionError(
+                    f"{source} returned {type(result).__name__} that is not numbers: item {bad} is "
+                    f"{type(result[bad]).__name__} {_short(repr(result[bad]), 40)}; return one number per sample."
+                    f"{_sample(prompts, outputs, bad)}"
+                )
         try:
             scores = torch.from_numpy(np.asarray(result, dtype=np.float64)).to(torch.float32)
         except (TypeError, ValueError) as error:
-            raise RewardError(
+            raise RewardFunctionError(
                 f"{source} returned {type(result).__name__} that is not numbers ({error}); "
-                "return a list, tuple, numpy array or tensor of numbers, one per sample."
+                f"return a list, tuple, numpy array or tensor of numbers, one per sample.{_sample(prompts, outputs, 0)}"
             ) from None
     if scores.ndim == 2 and scores.shape[1] == 1:  # a (B, 1) column, as classifiers give
         scores = scores[:, 0]
     if scores.ndim != 1 or scores.shape[0] != count:
-        raise RewardError(
-            f"{source} returned scores of shape {tuple(scores.shape)} for {count} samples; return one score per sample."
+        raise RewardFunctionError(
+            f"{source} returned scores of shape {tuple(scores.shape)} for {count} samples; return one score per "
+            f"sample.{_sample(prompts, outputs, 0 if scores.ndim != 1 else min(scores.shape[0], count - 1))}"
         )
     bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
     if bad:
         shown = ", ".join(f"{i} ({scores[i].item()})" for i in bad[:10])
-        raise RewardError(f"{source} returned non-finite scores for {len(bad)} sample(s), at rows: {shown}.")
+        raise RewardFunctionError(
+            f"{source} returned non-finite scores for {len(bad)} sample(s), at rows: {shown}.{_sample(prompts, outputs, bad[0])}"
+        )
     return scores
+
+
+def _where(source: str, step: int | None) -> str:
+    return f"{source} at step {step}" if step is not None else source
 
 
 class FunctionReward:
@@ -73,13 +158,13 @@ class FunctionReward:
     "path/to/file.py:function" (loaded from the file; a relative path is relative to
     `base_dir` if the file is there, else to the current directory)."""
 
-    def __init__(self, spec: str, base_dir: str | Path | None = None):
+    def __init__(self, spec: str, base_dir: str | Path | None = None, timeout_s: float | None = None):
         target, _, name = spec.rpartition(":")
         if not target or not name.isidentifier():
             raise RewardError(
                 f"reward function {spec!r} is not of the form 'package.module:function' or 'path/to/file.py:function'."
             )
-        self.spec = spec
+        self.spec, self.timeout_s = spec, timeout_s
         is_file = target.endswith(".py") or "/" in target or "\\" in target
         module = self._load_file(_resolve(target, base_dir), base_dir) if is_file else self._import(target)
         if not hasattr(module, name):
@@ -99,14 +184,14 @@ class FunctionReward:
         try:
             return importlib.import_module(module_name)
         except ModuleNotFoundError as error:
-            # Only our own module missing is a config problem; a missing dependency
-            # inside the user's module is theirs to see as is.
             if error.name is None or not (module_name == error.name or module_name.startswith(error.name + ".")):
-                raise
+                raise _import_failed(f"reward function module {module_name!r}", error) from error
             raise RewardError(
                 f"reward function module {module_name!r} is not importable from sys.path; install it, add its folder "
                 "to PYTHONPATH, or name the file instead: 'path/to/file.py:function'."
             ) from None
+        except Exception as error:
+            raise _import_failed(f"reward function module {module_name!r}", error) from error
 
     @staticmethod
     def _load_file(path: Path, base_dir):
@@ -123,16 +208,43 @@ class FunctionReward:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except BaseException:
+        except BaseException as error:
             del sys.modules[module_name]
+            if isinstance(error, Exception):
+                raise _import_failed(f"reward function file {str(path)!r}", error) from error
             raise
         return module
 
-    def __call__(self, samples: list[str], prompts: list[str], outputs: list[str]) -> torch.Tensor:
+    def __call__(self, samples: list[str], prompts: list[str], outputs: list[str], step: int | None = None) -> torch.Tensor:
+        """Scores (B,) of one batch; `step` (the training step) goes into error messages."""
         if not len(samples) == len(prompts) == len(outputs):
             raise ValueError(f"samples, prompts and outputs differ in length: {len(samples)}, {len(prompts)}, {len(outputs)}.")
-        result = self.fn(samples=list(samples), prompts=list(prompts), outputs=list(outputs))
-        return _to_scores(result, len(samples), f"reward function {self.spec!r}")
+        where = _where(f"reward function {self.spec!r}", step)
+        kwargs = {"samples": list(samples), "prompts": list(prompts), "outputs": list(outputs)}
+        try:
+            result = _call_with_timeout(self.fn, kwargs, self.timeout_s)
+        except _TimedOut:
+            raise RewardFunctionError(
+                f"{where} did not return within reward.timeout_s={self.timeout_s} s for {len(samples)} samples; make it "
+                f"faster or raise reward.timeout_s.{_sample(prompts, outputs, 0)}"
+            ) from None
+        except Exception as error:
+            raise RewardFunctionError(
+                f"{where} raised {type(error).__name__}: {error}{_user_frame(error)}. It was called on {len(samples)} "
+                f"samples.{_sample(prompts, outputs, 0)} Fix the function, or rerun with --debug for the traceback."
+            ) from error
+        return _to_scores(result, len(samples), where, prompts, outputs)
+
+
+def _import_failed(what: str, error: Exception) -> RewardError:
+    if isinstance(error, SyntaxError):
+        where = f" ({Path(error.filename or '').name}, line {error.lineno})"
+    else:
+        where = _user_frame(error)
+    return RewardError(
+        f"{what} failed to import: {type(error).__name__}: {error}{where}. Fix it (a missing module: install it), "
+        "or rerun with --debug for the traceback."
+    )
 
 
 class ClassifierReward:
@@ -188,7 +300,8 @@ class ClassifierReward:
         self.label, self.batch_size, self.device, self.max_length = label, batch_size, device, max_length
 
     @torch.no_grad()
-    def __call__(self, samples: list[str], prompts: list[str] | None = None, outputs: list[str] | None = None) -> torch.Tensor:
+    def __call__(self, samples: list[str], prompts: list[str] | None = None, outputs: list[str] | None = None,
+                 step: int | None = None) -> torch.Tensor:  # fmt: skip
         scores = []
         for start in range(0, len(samples), self.batch_size):
             batch = self.tokenizer(
@@ -200,7 +313,7 @@ class ClassifierReward:
             ).logits
             scores.append(logits[:, self.label].float().cpu())
         result = torch.cat(scores) if scores else torch.zeros(0)
-        return _to_scores(result, len(samples), f"reward model {self.model.name_or_path!r}")
+        return _to_scores(result, len(samples), _where(f"reward model {self.model.name_or_path!r}", step), prompts, outputs)
 
 
 def build_reward_source(reward_args, base_dir: str | Path | None = None, device: str = "cpu"):
@@ -216,7 +329,7 @@ def build_reward_source(reward_args, base_dir: str | Path | None = None, device:
     if reward_args.use_reward_branch:
         return None
     if reward_args.reward_fn:
-        return FunctionReward(reward_args.reward_fn, base_dir=base_dir)
+        return FunctionReward(reward_args.reward_fn, base_dir=base_dir, timeout_s=getattr(reward_args, "timeout_s", None))
     return ClassifierReward(
         _resolve(reward_args.reward_model, base_dir), label=reward_args.reward_model_label, device=device
     )

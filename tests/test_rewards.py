@@ -105,8 +105,10 @@ def test_function_spec_errors(module_dir, monkeypatch, spec, message):
 def test_missing_dependency_inside_the_module_is_not_hidden(tmp_path, monkeypatch):
     (tmp_path / "hp_test_needs_dep.py").write_text("import hp_missing_dependency_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ModuleNotFoundError, match="hp_missing_dependency_xyz"):
+    with pytest.raises(RewardError, match="failed to import: ModuleNotFoundError: No module named "
+                       "'hp_missing_dependency_xyz' \\(hp_test_needs_dep.py, line 1\\)") as error:
         FunctionReward("hp_test_needs_dep:f")
+    assert isinstance(error.value.__cause__, ModuleNotFoundError)  # kept for --debug's traceback
 
 
 @pytest.mark.parametrize(

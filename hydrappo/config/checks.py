@@ -1,133 +1,438 @@
-"""Checks of a whole config before anything is loaded, with messages that say what to change."""
+"""One validation pass over a whole config before anything is loaded.
+
+Every option is checked (its range or its choices, then the combinations of options, then
+the paths it names: config/paths.py), and every problem found is reported at once, each
+as `section.option=value: the rule. The fix.`, in one ConfigError. Options that would be
+ignored without a word in the combination given (kl_target with the fixed controller, a
+system prompt without the chat template, ...) are errors too: a user who set them expects
+them to act.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass
 
 from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from ..algo.scores import SCORE_NORMALIZATIONS
 from ..model.quantize import TRUNK_QUANTIZATIONS
+from .paths import check_paths
 from .sections import (
-    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, Config, ConfigError, RewardConfig, SFTConfig,
-    canonical_dtype,
+    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, Config, ConfigError, PPOArgs, RewardConfig,
+    SFTConfig, canonical_dtype,
 )
 
-
-def _check_choices(choices: dict) -> None:
-    for name, (value, valid) in choices.items():
-        if value not in valid:
-            raise ConfigError(f"{name}={value!r} is not one of: {', '.join(valid)}.")
+logger = logging.getLogger("hydrappo")
 
 
-def _check_common(config) -> None:
+@dataclass(frozen=True)
+class Range:
+    """`low <= value <= high` (strict where `*_open`); None bounds are unbounded. `fix` says
+    what to set instead (default: the option's default value as an example)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    fix: str | None = None
+
+    def holds(self, value) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            return False
+        return True
+
+    def describe(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"must be in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"must be {'>' if self.low_open else '>='} {_num(self.low)}"
+        if self.high is not None:
+            return f"must be {'<' if self.high_open else '<='} {_num(self.high)}"
+        return "must be a finite number"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+AT_LEAST_1 = Range(1)
+NOT_NEGATIVE = Range(0)
+POSITIVE = Range(0, low_open=True)
+FINITE = Range()
+UNIT = Range(0, 1)
+
+# The range of every numeric option, by field name (names are unique within a command).
+RANGES: dict[str, Range] = {
+    # model, lora
+    "num_layers_unfrozen": Range(-1, fix="use N >= 1 top layers (0: heads only, -1: the whole model)"),
+    "lora_r": NOT_NEGATIVE,
+    "lora_alpha": POSITIVE,
+    # generation
+    "max_new_tokens": AT_LEAST_1,
+    "min_new_tokens": NOT_NEGATIVE,
+    "temperature": Range(0, low_open=True, fix="use 1.0 (the policy's own distribution); PPO's log-probs use the same temperature"),
+    "top_k": Range(0, fix="use 0 (off)"),
+    "top_p": Range(0, 1, low_open=True, fix="use 1.0 (off)"),
+    "generation_batch_size": AT_LEAST_1,
+    "samples_per_prompt": AT_LEAST_1,
+    # optimisation (PPO and the supervised stages)
+    "batch_size": AT_LEAST_1,
+    "mini_batch_size": AT_LEAST_1,
+    "gradient_accumulation_steps": AT_LEAST_1,
+    "ppo_epochs": AT_LEAST_1,
+    "learning_rate": POSITIVE,
+    "weight_decay": NOT_NEGATIVE,
+    "adam_beta1": Range(0, 1, high_open=True),
+    "adam_beta2": Range(0, 1, high_open=True),
+    "adam_eps": POSITIVE,
+    "max_grad_norm": Range(0, fix="use 1.0, or 0 to switch clipping off"),
+    "warmup_steps": NOT_NEGATIVE,
+    "gamma": UNIT,
+    "lam": UNIT,
+    "cliprange": POSITIVE,
+    "cliprange_high": POSITIVE,
+    "cliprange_value": POSITIVE,
+    "dual_clip": Range(1, low_open=True, fix="use e.g. 3.0, or null to switch dual clipping off"),
+    "vf_coef": NOT_NEGATIVE,
+    "ent_coef": FINITE,
+    "init_kl_coef": NOT_NEGATIVE,
+    "kl_target": POSITIVE,
+    "kl_horizon": AT_LEAST_1,
+    "max_nonfinite_steps": AT_LEAST_1,
+    # reward
+    "cliprange_reward": POSITIVE,
+    "missing_eos_penalty": FINITE,
+    "score_ref_mean": FINITE,
+    "score_ref_std": POSITIVE,
+    "timeout_s": Range(0, low_open=True, fix="use the seconds one call may take, e.g. 60, or null for no limit"),
+    "reward_model_label": FINITE,
+    # data
+    "max_prompt_length": AT_LEAST_1,
+    "max_response_length": AT_LEAST_1,
+    "eval_fraction": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out"),
+    "stats_max_samples": AT_LEAST_1,
+    "stats_max_new_tokens": AT_LEAST_1,
+    "stats_temperature": POSITIVE,
+    # the run
+    "seed": Range(0, 2**32 - 1),
+    "save_every": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
+    "keep_last": AT_LEAST_1,
+    "total_steps": AT_LEAST_1,
+    "log_samples_every": Range(0, fix="use N > 0, or 0 to log no samples"),
+    "num_log_samples": NOT_NEGATIVE,
+    "epochs": NOT_NEGATIVE,
+    "max_steps": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
+    "eval_batch_size": AT_LEAST_1,
+    "eval_every": Range(0, fix="use N > 0, or 0 to evaluate at the end of each epoch only"),
+    "dist_timeout_s": Range(0, low_open=True, fix="use the seconds a process may wait for the others, e.g. 1800"),
+}
+
+# The choices of every option that takes one of a few words.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "mixed_precision": MIXED_PRECISIONS,
+    "trunk_quantization": TRUNK_QUANTIZATIONS,
+    "optimizer": OPTIMIZERS,
+    "lora_layers": LORA_LAYERS,
+    "lr_scheduler": LR_SCHEDULERS,
+    "kl_controller": KL_CONTROLLERS,
+    "kl_penalty": KL_PENALTIES,
+    "kl_estimator": KL_ESTIMATORS,
+    "loss_agg_mode": LOSS_AGG_MODES,
+    "score_normalization": SCORE_NORMALIZATIONS,
+    "advantage_estimator": ADVANTAGE_ESTIMATORS,
+    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+}
+
+# Options naming a column or a split: an empty name can only be a mistake.
+NAMES = ("prompt_column", "chosen_column", "rejected_column", "response_column", "stats_response_column", "split")
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
+_warned: set[str] = set()
+
+
+class Problems:
+    """The problems found in one pass; `raise_if_any` raises them as one ConfigError."""
+
+    def __init__(self):
+        self.messages: list[str] = []
+
+    def add(self, option: str, value, rule: str, fix: str) -> None:
+        self.messages.append(f"{option}={value!r}: {rule}. {fix[0].upper()}{fix[1:]}.")
+
+    def note(self, message: str) -> None:
+        self.messages.append(message)
+
+    def raise_if_any(self) -> None:
+        if len(self.messages) == 1:
+            raise ConfigError(self.messages[0])
+        if self.messages:
+            listed = "\n".join(f"  - {message}" for message in self.messages)
+            raise ConfigError(f"{len(self.messages)} problems in the config:\n{listed}")
+
+
+def _default(cls, name: str):
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    return None
+
+
+def _sections(config):
+    return [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)]
+
+
+def _check_values(config, problems: Problems) -> None:
+    """Each option on its own: its type, range or choices."""
+    for section, part in _sections(config):
+        for f in dataclasses.fields(part):
+            name, value, label = f.name, getattr(part, f.name), f"{section}.{f.name}"
+            default = _default(type(part), name)
+            if name in RANGES and value is not None:
+                rule = RANGES[name]
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    problems.add(label, value, "must be a number", f"use e.g. {default!r} (the default)")
+                elif not rule.holds(value):
+                    problems.add(label, value, rule.describe(), rule.fix or f"use e.g. {default!r} (the default)")
+            elif name in CHOICES and value not in CHOICES[name]:
+                problems.add(label, value, f"must be one of: {', '.join(CHOICES[name])}", f"use e.g. {default!r} (the default)")
+            elif name in NAMES and (not isinstance(value, str) or not value.strip()):
+                problems.add(label, value, "must name a column or split", f"use e.g. {default!r} (the default)")
     model = config.model
-    canonical_dtype(model.dtype)
-    optimizer = config.ppo.optimizer if isinstance(config, Config) else config.train.optimizer
-    _check_choices({
-        "train.mixed_precision": (config.train.mixed_precision, MIXED_PRECISIONS),
-        "model.trunk_quantization": (model.trunk_quantization, TRUNK_QUANTIZATIONS),
-        f"{'ppo' if isinstance(config, Config) else 'train'}.optimizer": (optimizer, OPTIMIZERS),
-    })  # fmt: skip
-    if not config.train.dist_timeout_s > 0:
-        raise ConfigError(f"train.dist_timeout_s={config.train.dist_timeout_s} must be > 0 (seconds, e.g. 1800).")
+    try:
+        canonical_dtype(model.dtype)
+    except ConfigError:
+        problems.add("model.dtype", model.dtype, "must be one of: auto, float32, bfloat16, float16 (or fp32, bf16, fp16)",
+                     "use auto (float32 on CPU, bfloat16 on GPUs that support it)")  # fmt: skip
+    device = config.train.device
+    if not isinstance(device, str) or not _DEVICE.match(device):
+        problems.add("train.device", device, "must be auto, cpu, cuda, cuda:N or mps", "use auto")
     lora = getattr(config, "lora", None)
-    if model.trunk_quantization != "none":
+    if lora is not None and lora.lora_dropout != 0:
+        problems.add(
+            "lora.lora_dropout", lora.lora_dropout, "must be 0: hydrappo runs every model without dropout (PPO's "
+            "importance ratio compares one fixed policy with itself, and cached trunk outputs assume deterministic "
+            "layers)", "set lora_dropout: 0",
+        )  # fmt: skip
+    generation = getattr(config, "generation", None)
+    if generation is not None:
+        for token_id in generation.stop_token_ids:
+            if not isinstance(token_id, int) or token_id < 0:
+                problems.add("generation.stop_token_ids", generation.stop_token_ids, "must be token ids (integers >= 0)",
+                             "list the ids of the tokens that end a response, e.g. [13]")  # fmt: skip
+                break
+        if any(not isinstance(text, str) or not text for text in generation.stop_strings):
+            problems.add("generation.stop_strings", generation.stop_strings, "must be non-empty strings",
+                         "remove the empty entry")  # fmt: skip
+
+
+def _check_common(config, problems: Problems) -> None:
+    """Combinations every command shares: chat template, LoRA, a quantized or sharded trunk."""
+    _check_trunk(config, problems)
+    data = config.data
+    if data.system_prompt and not data.apply_chat_template:
+        problems.add("data.system_prompt", data.system_prompt, "is only used with data.apply_chat_template: true",
+                     "set apply_chat_template: true, or remove system_prompt")  # fmt: skip
+    lora = getattr(config, "lora", None)
+    if lora is not None and lora.lora_r == 0:
+        if lora.lora_init_adapter:
+            problems.add("lora.lora_init_adapter", lora.lora_init_adapter, "needs LoRA (lora.lora_r > 0), which is off",
+                         "set lora_r to the adapter's rank (e.g. 16), or remove lora_init_adapter")  # fmt: skip
+        if lora.lora_layers != "top":
+            problems.add("lora.lora_layers", lora.lora_layers, "has no effect while lora.lora_r is 0 (LoRA off)",
+                         "set lora_r > 0 (e.g. 16), or remove lora_layers")  # fmt: skip
+    if lora is not None and lora.lora_r > 0:
+        model = config.model
+        if lora.lora_layers == "top" and model.num_layers_unfrozen == 0:
+            problems.add("model.num_layers_unfrozen", 0, "leaves LoRA on the top layers (lora.lora_layers: top) nothing "
+                         "to adapt", "set num_layers_unfrozen >= 1, or lora_layers: all")  # fmt: skip
+        for name in ("train_lm_head", "train_final_norm"):
+            if getattr(model, name):
+                problems.add(f"model.{name}", True, "cannot be combined with LoRA (lora.lora_r > 0): only adapters "
+                             "(and the value head) train", f"set {name}: false, or lora_r: 0")  # fmt: skip
+
+
+def _check_trunk(config, problems: Problems) -> None:
+    """model.trunk_quantization, train.fsdp_trunk and the 8-bit optimizer: each needs a frozen
+    trunk below the trained layers, or bitsandbytes."""
+    model, train, lora = config.model, config.train, getattr(config, "lora", None)
+    quantized = model.trunk_quantization in TRUNK_QUANTIZATIONS[1:]
+    fsdp = bool(getattr(train, "fsdp_trunk", False))
+    adapters_everywhere = lora is not None and lora.lora_r > 0 and lora.lora_layers == "all"
+    for option, value, on in (("model.trunk_quantization", model.trunk_quantization, quantized),
+                              ("train.fsdp_trunk", True, fsdp)):  # fmt: skip
+        if not on:
+            continue
         if model.num_layers_unfrozen == -1:
-            raise ConfigError(
-                f"model.trunk_quantization={model.trunk_quantization!r} quantizes the frozen trunk, but "
-                "num_layers_unfrozen=-1 trains every layer. Lower num_layers_unfrozen or set trunk_quantization: none."
-            )
-        if lora is not None and lora.lora_r > 0 and lora.lora_layers == "all":
-            raise ConfigError(
-                "model.trunk_quantization needs a frozen trunk below the adapters: use lora.lora_layers: top, or "
-                "trunk_quantization: none."
-            )
-        if getattr(config.train, "fsdp_trunk", False):
-            raise ConfigError(
-                "train.fsdp_trunk shards the frozen trunk and model.trunk_quantization quantizes it: choose one "
-                "(each process can hold a whole quantized trunk)."
-            )
-    if lora is not None:
-        _check_choices({"lora.lora_layers": (lora.lora_layers, LORA_LAYERS)})
-        if lora.lora_dropout != 0:
-            raise ConfigError(
-                f"lora.lora_dropout={lora.lora_dropout}: hydrappo runs every model without dropout (PPO's importance "
-                "ratio compares one fixed policy with itself, and cached trunk outputs assume deterministic layers). "
-                "Set lora_dropout: 0."
-            )
+            problems.add(option, value, "acts on the frozen bottom of the trunk, but model.num_layers_unfrozen=-1 trains "
+                         "every layer", f"set num_layers_unfrozen to a number of top layers (e.g. 2), or remove {option}")  # fmt: skip
+        if adapters_everywhere:
+            problems.add(option, value, "acts on the frozen bottom of the trunk, but lora.lora_layers='all' puts "
+                         "adapters in every layer", f"use lora_layers: top, or remove {option}")  # fmt: skip
+    if quantized and fsdp:
+        problems.add("train.fsdp_trunk", True, f"shards the frozen trunk and model.trunk_quantization="
+                     f"{model.trunk_quantization!r} quantizes it: choose one",
+                     "set fsdp_trunk: false (each process can hold a whole quantized trunk), or trunk_quantization: none")  # fmt: skip
+    optimizer_option = "ppo.optimizer" if isinstance(config, Config) else "train.optimizer"
+    optimizer = config.ppo.optimizer if isinstance(config, Config) else config.train.optimizer
+    wanted = [f"{name}={value!r}" for name, value, on in (
+        ("model.trunk_quantization", model.trunk_quantization, quantized),
+        (optimizer_option, optimizer, optimizer == "adamw8bit")) if on]  # fmt: skip
+    if wanted and importlib.util.find_spec("bitsandbytes") is None:
+        problems.note(f"{' and '.join(wanted)}: needs bitsandbytes, which is not installed. Run "
+                      "`pip install 'hydrappo[quant]'`, or use trunk_quantization: none and optimizer: adamw.")  # fmt: skip
+    if fsdp and _launched_processes() <= 1:
+        _warn_once("train.fsdp_trunk=true shards the frozen trunk over the processes of a torchrun / accelerate launch "
+                   "run; this run has one process, so the trunk stays whole.")  # fmt: skip
+
+
+def _launched_processes() -> int:
+    """WORLD_SIZE as a launcher (torchrun, accelerate launch) set it; 1 without one."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    except ValueError:
+        return 1
 
 
 def validate(config) -> None:
-    """Cross-field checks of any config container, with messages that say what to change."""
-    _check_common(config)
+    """Check every option of a Config, RewardConfig or SFTConfig (values, combinations,
+    paths); raise one ConfigError listing every problem, each with its fix."""
+    problems = Problems()
+    _check_values(config, problems)
+    _check_common(config, problems)
     if isinstance(config, Config):
-        _validate_ppo(config)
+        _check_ppo(config, problems)
     else:
-        _validate_stage(config)
+        _check_stage(config, problems)
+    check_paths(config, problems)
+    problems.raise_if_any()
+    if isinstance(config, Config):
+        _warn_ppo(config)
 
 
-def _validate_ppo(config: Config) -> None:
+def _check_ppo(config: Config, problems: Problems) -> None:
     ppo, gen, reward = config.ppo, config.generation, config.reward
-    if ppo.batch_size % ppo.mini_batch_size:
-        raise ConfigError(f"ppo.batch_size ({ppo.batch_size}) must be a multiple of mini_batch_size ({ppo.mini_batch_size}).")
-    if ppo.mini_batch_size % ppo.gradient_accumulation_steps:
-        raise ConfigError(
-            f"ppo.mini_batch_size ({ppo.mini_batch_size}) must be a multiple of gradient_accumulation_steps "
-            f"({ppo.gradient_accumulation_steps})."
-        )
-    _check_choices({
-        "ppo.lr_scheduler": (ppo.lr_scheduler, LR_SCHEDULERS),
-        "ppo.kl_controller": (ppo.kl_controller, KL_CONTROLLERS),
-        "ppo.kl_penalty": (ppo.kl_penalty, KL_PENALTIES),
-        "ppo.kl_estimator": (ppo.kl_estimator, KL_ESTIMATORS),
-        "ppo.loss_agg_mode": (ppo.loss_agg_mode, LOSS_AGG_MODES),
-        "reward.score_normalization": (reward.score_normalization, SCORE_NORMALIZATIONS),
-        "ppo.advantage_estimator": (ppo.advantage_estimator, ADVANTAGE_ESTIMATORS),
-        "ppo.importance_sampling_level": (ppo.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS),
-    })  # fmt: skip
+    if ppo.batch_size >= 1 and ppo.mini_batch_size >= 1 and ppo.batch_size % ppo.mini_batch_size:
+        problems.add("ppo.mini_batch_size", ppo.mini_batch_size, f"must divide ppo.batch_size ({ppo.batch_size}): "
+                     f"ppo.batch_size ({ppo.batch_size}) must be a multiple of mini_batch_size ({ppo.mini_batch_size})",
+                     f"use a divisor of {ppo.batch_size}, e.g. {_divisor(ppo.batch_size, ppo.mini_batch_size)}")  # fmt: skip
+    if ppo.mini_batch_size >= 1 and ppo.gradient_accumulation_steps >= 1 and ppo.mini_batch_size % ppo.gradient_accumulation_steps:
+        problems.add("ppo.gradient_accumulation_steps", ppo.gradient_accumulation_steps,
+                     f"must divide ppo.mini_batch_size ({ppo.mini_batch_size}): ppo.mini_batch_size ({ppo.mini_batch_size}) "
+                     f"must be a multiple of gradient_accumulation_steps ({ppo.gradient_accumulation_steps})",
+                     f"use a divisor of {ppo.mini_batch_size}, e.g. 1")  # fmt: skip
     group = gen.samples_per_prompt
-    if group < 1:
-        raise ConfigError(f"generation.samples_per_prompt={group} must be at least 1.")
-    if ppo.batch_size % group:
-        raise ConfigError(
-            f"ppo.batch_size ({ppo.batch_size}) counts responses and must be divisible by generation.samples_per_prompt "
-            f"({group}): set batch_size to a multiple of {group}."
-        )
+    if group >= 1 and ppo.batch_size >= 1 and ppo.batch_size % group:
+        problems.add("ppo.batch_size", ppo.batch_size, f"counts responses and must be divisible by "
+                     f"generation.samples_per_prompt ({group})", f"set batch_size to a multiple of {group}")  # fmt: skip
+    processes = _launched_processes()
+    if processes > 1 and group >= 1 and ppo.batch_size >= 1 and not ppo.batch_size % group and (ppo.batch_size // group) % processes:
+        problems.add("ppo.batch_size", ppo.batch_size, f"is {ppo.batch_size // group} prompts x {group} samples, which "
+                     f"the {processes} processes of this launch (WORLD_SIZE) cannot share in whole prompts",
+                     f"make the number of prompts per batch a multiple of {processes}, e.g. batch_size "
+                     f"{group * processes * max(1, round(ppo.batch_size / (group * processes)))}")  # fmt: skip
+    if processes > 1 and ppo.mini_batch_size >= 1 and ppo.gradient_accumulation_steps >= 1 and ppo.mini_batch_size % (processes * ppo.gradient_accumulation_steps):
+        problems.add("ppo.mini_batch_size", ppo.mini_batch_size, f"must be a multiple of the {processes} processes of "
+                     f"this launch (WORLD_SIZE) x gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each "
+                     "process takes its share of every minibatch and splits it into micro-batches",
+                     f"use a multiple of {processes * ppo.gradient_accumulation_steps}")  # fmt: skip
     if ppo.advantage_estimator in GROUP_ESTIMATORS and group < 2:
-        raise ConfigError(
-            f"ppo.advantage_estimator={ppo.advantage_estimator!r} compares the responses to one prompt with each other: "
-            "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)."
-        )
-    if ppo.cliprange_high is not None and ppo.cliprange_high <= 0:
-        raise ConfigError(f"ppo.cliprange_high={ppo.cliprange_high} must be > 0 (e.g. 0.28), or null for cliprange.")
-    if gen.max_new_tokens < 1 or gen.min_new_tokens > gen.max_new_tokens:
-        raise ConfigError("generation: need 1 <= max_new_tokens and min_new_tokens <= max_new_tokens.")
+        problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
+                     f"other, but generation.samples_per_prompt is {group}",
+                     "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
+    if gen.min_new_tokens > gen.max_new_tokens >= 1:
+        problems.add("generation.min_new_tokens", gen.min_new_tokens, f"must be <= generation.max_new_tokens "
+                     f"({gen.max_new_tokens})", f"use at most {gen.max_new_tokens}")  # fmt: skip
+    if ppo.kl_controller == "fixed":
+        for name in ("kl_target", "kl_horizon"):
+            value = getattr(ppo, name)
+            if value != _default(PPOArgs, name):
+                problems.add(f"ppo.{name}", value, "only steers the adaptive KL controller, and ppo.kl_controller is "
+                             "'fixed' (the coefficient stays init_kl_coef)",
+                             f"set kl_controller: adaptive, or remove {name}")  # fmt: skip
     sources = [bool(reward.reward_fn), bool(reward.reward_model), reward.use_reward_branch]
     if sum(sources) != 1:
-        raise ConfigError(
-            "reward: set exactly one reward source: reward_fn ('module:function' or 'file.py:function'), "
-            "reward_model (a sequence-classification model directory) or use_reward_branch: true."
+        given = [n for n, s in zip(("reward_fn", "reward_model", "use_reward_branch"), sources) if s]
+        problems.note(
+            f"reward: {'no reward source is set' if not given else 'several reward sources are set: ' + ', '.join(given)}. "
+            "Set exactly one: reward_fn ('module:function' or 'file.py:function'), reward_model (a "
+            "sequence-classification model directory) or use_reward_branch: true."
         )
     if reward.use_reward_branch and not config.model.reward_branch_path:
-        raise ConfigError("reward.use_reward_branch needs model.reward_branch_path (a `hydrappo reward` checkpoint).")
+        problems.add("reward.use_reward_branch", True, "needs model.reward_branch_path (a `hydrappo reward` checkpoint)",
+                     "set model.reward_branch_path to the reward run's output_dir or one of its checkpoints")  # fmt: skip
+    if reward.timeout_s is not None and not reward.reward_fn:
+        problems.add("reward.timeout_s", reward.timeout_s, "limits calls of reward.reward_fn, which is not set",
+                     "remove timeout_s")  # fmt: skip
+    if reward.score_normalization == "ref":
+        explicit = reward.score_ref_mean is not None and reward.score_ref_std is not None
+        if not explicit and not reward.use_reward_branch:
+            problems.add("reward.score_normalization", "ref", "needs reward.score_ref_mean and reward.score_ref_std (or a "
+                         "reward branch whose checkpoint holds them)",
+                         "set both, or use score_normalization: running")  # fmt: skip
+    else:
+        for name in ("score_ref_mean", "score_ref_std"):
+            if getattr(reward, name) is not None:
+                problems.add(f"reward.{name}", getattr(reward, name), "is only used with reward.score_normalization: ref "
+                             f"(it is {reward.score_normalization!r})", f"set score_normalization: ref, or remove {name}")  # fmt: skip
     if config.data.prompts is None:
-        raise ConfigError("data.prompts is required: a jsonl/csv/parquet/txt file or a directory of prompts.")
+        problems.add("data.prompts", None, "is required", "name a jsonl/json/csv/parquet/txt file, a directory of them or a "
+                     "datasets name")  # fmt: skip
 
 
-def _validate_stage(config) -> None:
-    data, train = config.data, config.train
+def _divisor(total: int, near: int) -> int:
+    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    return min(divisors, key=lambda d: (abs(d - near), d))
+
+
+def _warn_ppo(config: Config) -> None:
+    """What is legal but probably not meant: said once per process."""
+    gen = config.generation
+    if gen.top_p < 1.0 or gen.top_k > 0:
+        _warn_once(
+            f"generation.top_p={gen.top_p}, top_k={gen.top_k}: responses are sampled from a truncated distribution, but "
+            "PPO's log-probs, ratios and KL use the full one, so the updates are slightly off-policy. Use top_p: 1.0 and "
+            "top_k: 0 unless you mean it."
+        )
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
+
+
+def _check_stage(config, problems: Problems) -> None:
+    data, train, model = config.data, config.train, config.model
     if not data.train_file:
-        raise ConfigError("data.train_file is required: a jsonl/json/csv/parquet file or a directory of them.")
-    if not 0.0 <= data.eval_fraction < 1.0:
-        raise ConfigError(f"data.eval_fraction={data.eval_fraction} must be in [0, 1).")
-    if data.max_prompt_length < 1 or data.max_response_length < 1:
-        raise ConfigError("data.max_prompt_length and data.max_response_length must be at least 1.")
-    if train.batch_size < 1 or train.eval_batch_size < 1:
-        raise ConfigError("train.batch_size and train.eval_batch_size must be at least 1.")
-    if train.epochs < 1 and train.max_steps < 1:
-        raise ConfigError("set train.epochs or train.max_steps to at least 1.")
-    _check_choices({"train.lr_scheduler": (train.lr_scheduler, LR_SCHEDULERS)})
-    if isinstance(config, RewardConfig) and config.model.train_lm_head:
-        raise ConfigError("model.train_lm_head has no use in the reward stage (only the reward branch trains); remove it.")
-    if isinstance(config, SFTConfig) and config.model.reward_branch_path:
-        raise ConfigError("model.reward_branch_path has no use in sft; remove it.")
+        problems.add("data.train_file", data.train_file, "is required",
+                     "name a jsonl/json/csv/parquet file, a directory of them or a datasets name")  # fmt: skip
+    if train.epochs < 1 and train.max_steps < 1 and train.epochs >= 0 and train.max_steps >= 0:
+        problems.add("train.epochs", train.epochs, "and train.max_steps are both 0: nothing would train",
+                     "set epochs or max_steps to at least 1")  # fmt: skip
+    if isinstance(config, RewardConfig):
+        if model.train_lm_head:
+            problems.add("model.train_lm_head", True, "has no use in the reward stage (only the reward branch trains)",
+                         "remove it")  # fmt: skip
+        if model.num_layers_unfrozen == -1:
+            problems.add("model.num_layers_unfrozen", -1, "leaves no frozen trunk for a reward branch to sit on",
+                         "use the N of the PPO run that will use the branch, e.g. 2")  # fmt: skip
+    if isinstance(config, SFTConfig):
+        if model.reward_branch_path:
+            problems.add("model.reward_branch_path", model.reward_branch_path, "has no use in sft", "remove it")
+        if model.num_layers_unfrozen == 0 and not (model.train_lm_head or model.train_final_norm):
+            problems.add("model.num_layers_unfrozen", 0, "with a frozen lm_head and final norm leaves nothing to train",
+                         "set num_layers_unfrozen >= 1 (or train_lm_head: true)")  # fmt: skip

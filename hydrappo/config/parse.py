@@ -3,7 +3,9 @@ that `--option value` on the command line wins over the file."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
 from pathlib import Path
 
 import yaml
@@ -40,20 +42,32 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
     actions = {action.dest: action for action in parser._actions}
     typed = {}
     for key, value in values.items():
-        convert = actions[key].type
+        action = actions[key]
+        convert = action.type
+        kind = getattr(convert, "__name__", convert)
+        kind = {"string_to_bool": "true/false", "str": "text", "int": "whole number", "float": "number"}.get(kind, kind)
+        is_list = action.nargs in ("+", "*")
         try:
             if value is None or convert is None:
                 typed[key] = value
-            elif isinstance(value, list):
+            elif is_list:
+                if not isinstance(value, list):
+                    raise ConfigError(f"{source}: {key}={value!r} must be a list, e.g. [{value!r}].")
                 typed[key] = [convert(v) if isinstance(v, str) or convert is not str else str(v) for v in value]
-            elif isinstance(value, str) or (convert in (float,) and isinstance(value, int)):
+            elif isinstance(value, (list, dict)) or (isinstance(value, bool) and convert in (int, float)):
+                raise ValueError(value)  # YAML's true/false are not numbers
+            elif isinstance(value, str) or (convert is float and isinstance(value, int)):
                 typed[key] = convert(value)
             elif convert is int and not isinstance(value, int) or convert is str and not isinstance(value, str):
                 raise ValueError(value)
             else:
                 typed[key] = value
-        except (TypeError, ValueError):
-            raise ConfigError(f"{source}: {key}={value!r} is not a valid {getattr(convert, '__name__', convert)}.") from None
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            raise ConfigError(
+                f"{source}: {key}={value!r} is not a valid {kind}; write a {kind} (see --help for every option)."
+            ) from None
     return typed
 
 
@@ -71,19 +85,36 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     if config_path is not None:
         path = Path(config_path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist.")
+            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"config file {str(path)!r} {what}; give the path of a YAML config (see examples/).")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"config file {path}: not UTF-8 text ({error}); save it as UTF-8.") from None
         except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from None
+            raise ConfigError(f"config file {path}: not valid YAML: {error}") from None
         defaults = _flatten_yaml(data, str(path), sections)
 
-    parser = HfArgumentParser(tuple(sections.values()))
+    # exit_on_error=False: a bad value on the command line is a ConfigError like any other,
+    # not argparse's usage text of every option followed by an exit.
+    # allow_abbrev=False: a misspelt option is an error, not a guess at another one.
+    parser = HfArgumentParser(tuple(sections.values()), exit_on_error=False, allow_abbrev=False)
     parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path)))
-    args, remaining = parser.parse_known_args(list(overrides or []))
+    try:
+        args, remaining = parser.parse_known_args(list(overrides or []))
+    except argparse.ArgumentError as error:
+        option = (error.argument_name or "").split("/")[0]
+        raise ConfigError(f"command line: {option}: {error.message}. Give it a value of the option's type (see --help).") from None
     if remaining:
         valid = sorted(action.dest for action in parser._actions if action.dest != "help")
-        raise ConfigError(f"unknown command-line option(s) {' '.join(remaining)}; valid options: --{', --'.join(valid)}.")
+        guesses = [
+            f"--{match[0]}" for word in remaining if word.startswith("-")
+            for match in [difflib.get_close_matches(word.lstrip("-").replace("-", "_"), valid, n=1)] if match
+        ]  # fmt: skip
+        hint = f" Did you mean {', '.join(guesses)}?" if guesses else ""
+        raise ConfigError(
+            f"unknown command-line option(s) {' '.join(remaining)}.{hint} Valid options: --{', --'.join(valid)}."
+        )
     values = vars(args)
     built = {}
     for section, cls in sections.items():

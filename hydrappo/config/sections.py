@@ -176,6 +176,10 @@ class RewardArgs:
     score_normalization: str = field(default="none", metadata={"help": "none | running | ref."})
     score_ref_mean: float | None = field(default=None, metadata={"help": "Mean for score_normalization=ref."})
     score_ref_std: float | None = field(default=None, metadata={"help": "Std for score_normalization=ref."})
+    timeout_s: float | None = field(
+        default=None,
+        metadata={"help": "Seconds one call of reward_fn may take before the run stops with an error naming it (None: no limit)."},
+    )
 
 
 @dataclass
@@ -204,6 +208,12 @@ class RunArgs:
         default=1800.0,
         metadata={"help": "Under torchrun / accelerate launch: how long a process waits for the others at a collective "
                           "before the run stops with an error (longer than the slowest phase, e.g. one batch's generation)."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start a new run in an output_dir that holds an earlier one: the earlier run is moved to a "
+                          "sibling folder (OUTPUT_DIR.previous-<time>), never deleted. Without it (or --resume) such a "
+                          "start is refused."},
     )
 
 

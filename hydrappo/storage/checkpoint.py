@@ -7,50 +7,68 @@ Layout of `output_dir/checkpoint-<step>/`, the same for every stage:
     trainer_state.json      step and the loop's plain state (KL controller, score moments, data
                             position, counters; a reward branch's metadata)
     config.yaml             the configuration of the run
+    manifest.json           the size and SHA-256 of every other file, written last
 
 A checkpoint is written into a hidden temporary folder and renamed when complete
 (storage/atomic.py), so a crash never leaves a half-written folder that looks like the
-latest checkpoint.
+latest checkpoint. What happens to a folder afterwards (a disk that filled up while it was
+copied, a file deleted by hand) the manifest catches: `checkpoint_problems` lists what is
+wrong with one, and every command that loads a checkpoint refuses a damaged one, except
+`--resume` of the latest, which skips it (moved aside, with a warning) for the newest
+complete one. Checkpoints written before manifests existed are checked by what they hold:
+the files exist and parse.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
+import os
+import pickle
 import random
 import re
 import shutil
+import time
+import zipfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 import yaml
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from ..errors import UsageError
 from .atomic import write_directory
 
+logger = logging.getLogger("hydrappo")
+
 WEIGHTS_NAME = "trainable.safetensors"
 STATE_NAME = "training_state.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
 CONFIG_NAME = "config.yaml"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 
 
 class CheckpointError(UsageError):
-    """A checkpoint is missing, incomplete or does not fit the model."""
+    """A checkpoint is missing, incomplete, damaged or does not fit the model."""
 
 
 def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints in `output_dir`, oldest first."""
+    """The checkpoint-<step> folders in `output_dir`, oldest first (damaged ones too: see
+    `checkpoint_problems`)."""
     root = Path(output_dir)
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         match = _CHECKPOINT_DIR.match(child.name)
-        if match and child.is_dir() and (child / TRAINER_STATE_NAME).is_file():
+        if match and child.is_dir():
             found.append((int(match.group(1)), child))
     return [path for _, path in sorted(found)]
 
@@ -60,36 +78,168 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def find_checkpoint(path: str | Path, what: str = "checkpoint") -> Path:
-    """A checkpoint folder, or the newest checkpoint in an output_dir (or in a file's folder)."""
+def latest_complete_checkpoint(output_dir: str | Path, for_resume: bool = True) -> Path | None:
+    """The newest checkpoint of `output_dir` that `checkpoint_problems` finds nothing wrong with."""
+    for folder in reversed(checkpoint_dirs(output_dir)):
+        if not checkpoint_problems(folder, for_resume=for_resume):
+            return folder
+    return None
+
+
+# --------------------------------------------------------------------------- integrity
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: str | Path) -> None:
+    """Record the size and SHA-256 of every file of a checkpoint folder (written last, before
+    the folder is renamed into place)."""
+    folder = Path(folder)
+    files = {
+        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
+        for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MANIFEST_NAME
+    }  # fmt: skip
+    (folder / MANIFEST_NAME).write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1) + "\n")
+
+
+def _parse_problem(folder: Path, name: str) -> str | None:
+    """Why a checkpoint file does not parse (None when it does). Nothing is unpickled."""
+    path = folder / name
+    try:
+        if name == WEIGHTS_NAME:
+            with safe_open(str(path), "pt") as handle:
+                handle.keys()
+        elif name == STATE_NAME:
+            with zipfile.ZipFile(path) as archive:  # torch.save's format; testzip checks every CRC
+                bad = archive.testzip()
+            if bad is not None:
+                return f"{name} is corrupted (member {bad})"
+        elif name == TRAINER_STATE_NAME:
+            state = json.loads(path.read_text())
+            if not isinstance(state, dict) or "step" not in state:
+                return f"{name} holds no step"
+        elif name == CONFIG_NAME:
+            yaml.safe_load(path.read_text())
+    except (OSError, ValueError, SafetensorError, zipfile.BadZipFile, yaml.YAMLError, EOFError) as error:
+        return f"{name} does not parse ({type(error).__name__}: {str(error)[:120]})"
+    return None
+
+
+def checkpoint_problems(folder: str | Path, for_resume: bool = True) -> list[str]:
+    """What is wrong with a checkpoint folder (empty when nothing is).
+
+    With a manifest, every file it lists must be there with its size and SHA-256. Without
+    one (checkpoints written before manifests existed) the files a checkpoint needs must
+    exist and parse. `for_resume` also requires the optimizer state (training_state.pt);
+    export and generation need only the weights, the trainer state and the config."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return [f"{folder} is not a folder"]
+    required = [WEIGHTS_NAME, TRAINER_STATE_NAME] + ([STATE_NAME] if for_resume else [])
+    problems = [f"{name} is missing" for name in required if not (folder / name).is_file()]
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
+        if not problems:
+            present = [name for name in (*required, CONFIG_NAME) if (folder / name).is_file()]
+            problems += [p for p in (_parse_problem(folder, name) for name in present) if p]
+        return problems
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+        entries = [(name, int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return problems + [f"{MANIFEST_NAME} does not parse"]
+    for name, size, digest in entries:
+        path = folder / name
+        if not path.is_file():
+            if f"{name} is missing" not in problems:
+                problems.append(f"{name} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{name} has {path.stat().st_size} bytes, not the {size} it was written with (cut short?)")
+        elif _sha256(path) != digest:
+            problems.append(f"{name} differs from what was written (its SHA-256 does not match {MANIFEST_NAME})")
+    return problems
+
+
+def _damaged(folder: Path, problems: list[str], what: str = "checkpoint") -> CheckpointError:
+    others = [p for p in reversed(checkpoint_dirs(folder.parent)) if p != folder and not checkpoint_problems(p)]
+    hint = (f"The newest complete checkpoint of that run is {others[0]}: use it." if others
+            else f"No complete checkpoint is left in {folder.parent}.")  # fmt: skip
+    return CheckpointError(f"{what} {folder} is damaged: {'; '.join(problems)}. {hint}")
+
+
+def is_checkpoint_folder(path: Path) -> bool:
+    """A checkpoint-<step> folder, or a folder holding a checkpoint's files."""
+    return bool(_CHECKPOINT_DIR.match(path.name)) or any(
+        (path / name).is_file() for name in (TRAINER_STATE_NAME, WEIGHTS_NAME, MANIFEST_NAME)
+    )
+
+
+def find_checkpoint(path: str | Path, what: str = "checkpoint", verify: bool = True, for_resume: bool = False) -> Path:
+    """A checkpoint folder, or the newest checkpoint in an output_dir (or in a file's folder).
+    With `verify`, a damaged checkpoint is a CheckpointError that names what is wrong."""
     path = Path(path).expanduser()
     if not path.exists():
         raise CheckpointError(f"{what} {str(path)!r} does not exist.")
     if path.is_file():
         path = path.parent
-    if (path / TRAINER_STATE_NAME).is_file() and (path / WEIGHTS_NAME).is_file():
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        raise CheckpointError(
-            f"{str(path)!r} is not a hydrappo {what}: it has no {WEIGHTS_NAME} and {TRAINER_STATE_NAME}, and no "
-            "checkpoint-<step> folders. Point at a run's output_dir or a checkpoint-<step> folder in it."
-        )
-    return latest
+    if is_checkpoint_folder(path):
+        folder = path
+    else:
+        folder = latest_checkpoint(path)
+        if folder is None:
+            raise CheckpointError(
+                f"{str(path)!r} is not a hydrappo {what}: it has no {WEIGHTS_NAME} and {TRAINER_STATE_NAME}, and no "
+                "checkpoint-<step> folders. Point at a run's output_dir or a checkpoint-<step> folder in it."
+            )
+    if verify:
+        problems = checkpoint_problems(folder, for_resume=for_resume)
+        if problems:
+            raise _damaged(folder, problems, what)
+    return folder
+
+
+def set_aside_damaged(folder: Path) -> Path:
+    """Rename a damaged checkpoint-<step> to checkpoint-<step>.damaged-<time>: kept for a look,
+    no longer counted as a checkpoint (keep-last, --resume)."""
+    target = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while target.exists():
+        target = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+        n += 1
+    os.replace(folder, target)
+    return target
 
 
 def resolve_resume(resume: str | Path | bool, output_dir: str | Path) -> Path:
-    """`--resume` (True or 'latest': the newest checkpoint in output_dir) or `--resume PATH`."""
+    """`--resume` (True or 'latest': the newest complete checkpoint in output_dir; damaged
+    newer ones are set aside with a warning) or `--resume PATH` (a damaged one is an error)."""
     if resume in (True, "latest", ""):
-        found = latest_checkpoint(output_dir)
-        if found is None:
+        found = checkpoint_dirs(output_dir)
+        if not found:
             raise CheckpointError(f"--resume: no checkpoint found in {output_dir}; start without --resume.")
-        return found
-    path = Path(resume)
-    if not (path / TRAINER_STATE_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
+        for folder in reversed(found):
+            problems = checkpoint_problems(folder)
+            if not problems:
+                return folder
+            aside = set_aside_damaged(folder)
+            logger.warning("--resume: skipping the damaged checkpoint %s (%s); it was moved to %s",
+                           folder, "; ".join(problems), aside.name)  # fmt: skip
         raise CheckpointError(
-            f"{path} is not a complete hydrappo checkpoint (expected {WEIGHTS_NAME} and {TRAINER_STATE_NAME} in it)."
+            f"--resume: every checkpoint in {output_dir} is damaged (moved aside as checkpoint-<step>.damaged-*); "
+            "start a new run with --overwrite_output_dir, or resume from a copy with --resume PATH."
         )
+    path = Path(resume).expanduser()
+    if not path.is_dir():
+        raise CheckpointError(f"--resume {path}: no such checkpoint folder; give a checkpoint-<step> folder, or --resume alone for the latest.")
+    if not is_checkpoint_folder(path):
+        raise CheckpointError(f"--resume {path}: not a checkpoint folder (no {WEIGHTS_NAME}, {TRAINER_STATE_NAME}); give a checkpoint-<step> folder.")
+    problems = checkpoint_problems(path)
+    if problems:
+        raise _damaged(path, problems, "--resume: checkpoint")
     return path
 
 
@@ -148,6 +298,7 @@ def save_checkpoint(
         (folder / CONFIG_NAME).write_text(config_yaml)
         if write_extra is not None:
             write_extra(folder)
+        write_manifest(folder)
 
     final = write_directory(root / f"checkpoint-{step}", fill, replace=True)
     for old in checkpoint_dirs(root)[: -max(1, keep_last)]:
@@ -160,7 +311,10 @@ def load_trainable_weights(model: torch.nn.Module, path: str | Path, names: set[
     (default: every parameter that requires grad) must be in it, with the model's shapes."""
     path = Path(path)
     weights_file = path / WEIGHTS_NAME if path.is_dir() else path
-    state = load_file(str(weights_file), device=str(next(model.parameters()).device))
+    try:
+        state = load_file(str(weights_file), device=str(next(model.parameters()).device))
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"{weights_file} cannot be read ({type(error).__name__}: {error}); the checkpoint is damaged.") from None
     params = dict(model.named_parameters())
     expected = names if names is not None else {name for name, p in params.items() if p.requires_grad}
     missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
@@ -180,13 +334,27 @@ def load_trainable_weights(model: torch.nn.Module, path: str | Path, names: set[
 def load_training_state(path: str | Path) -> tuple[dict, dict]:
     """(training_state, trainer_state) of a checkpoint. Never unpickles arbitrary objects."""
     path = Path(path)
-    training_state = torch.load(path / STATE_NAME, map_location="cpu", weights_only=True)
-    trainer_state = json.loads((path / TRAINER_STATE_NAME).read_text())
-    return training_state, trainer_state
+    try:
+        training_state = torch.load(path / STATE_NAME, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"{path / STATE_NAME} holds objects other than tensors and plain values, which hydrappo never unpickles "
+            f"(a checkpoint is data, not code): {str(error).splitlines()[0]}"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as error:
+        raise CheckpointError(f"{path / STATE_NAME} cannot be read ({type(error).__name__}); the checkpoint is damaged.") from None
+    return training_state, read_trainer_state(path)
 
 
 def read_trainer_state(path: str | Path) -> dict:
-    return json.loads((Path(path) / TRAINER_STATE_NAME).read_text())
+    file = Path(path) / TRAINER_STATE_NAME
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{file} cannot be read ({type(error).__name__}: {error}); the checkpoint is damaged.") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} is not a JSON object; the checkpoint is damaged.")
+    return state
 
 
 def load_checkpoint_config(checkpoint: str | Path, config_cls):
@@ -195,10 +363,13 @@ def load_checkpoint_config(checkpoint: str | Path, config_cls):
     path = Path(checkpoint) / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(f"{checkpoint} has no {CONFIG_NAME}: is it a hydrappo checkpoint folder (checkpoint-<step>)?")
-    data = yaml.safe_load(path.read_text()) or {}
-    sections = {}
-    for section in dataclasses.fields(config_cls):
-        cls = section.default_factory
-        valid = {f.name for f in dataclasses.fields(cls)}
-        sections[section.name] = cls(**{k: v for k, v in (data.get(section.name) or {}).items() if k in valid})
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        sections = {}
+        for section in dataclasses.fields(config_cls):
+            cls = section.default_factory
+            valid = {f.name for f in dataclasses.fields(cls)}
+            sections[section.name] = cls(**{k: v for k, v in (data.get(section.name) or {}).items() if k in valid})
+    except (OSError, ValueError, yaml.YAMLError, AttributeError, TypeError) as error:
+        raise CheckpointError(f"{path} cannot be read as a run's config ({type(error).__name__}); the checkpoint is damaged.") from None
     return config_cls(**sections)

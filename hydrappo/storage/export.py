@@ -49,6 +49,19 @@ class ExportError(UsageError):
 # --------------------------------------------------------------------------- shared helpers
 
 
+def parse_shard_size(size: str | int) -> int:
+    """Bytes of a --max-shard-size such as 5GB, 500MB or 2GiB (transformers' own reading)."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    try:
+        value = convert_file_size_to_int(size)
+    except (ValueError, TypeError):
+        value = None
+    if not isinstance(value, int) or value <= 0:
+        raise ExportError(f"--max-shard-size={size!r}: not a size. Write a positive whole number and a unit, e.g. 5GB, 500MB or 2GiB.")
+    return value
+
+
 def check_output_dir(out: str | os.PathLike, overwrite: bool) -> Path:
     """Refuse a non-empty output directory (or a file in its place) unless overwriting."""
     path = Path(out).expanduser().absolute()

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_dtype
+from ..errors import UsageError
 from .atomic import is_nonempty_dir, write_directory
 
 logger = logging.getLogger("hydrappo.models")
@@ -307,14 +308,22 @@ def load_model_and_tokenizer(
 
     directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file)
     if model_config.random_init:
-        if gguf is not None:
-            _require_gguf()
-            config = AutoConfig.from_pretrained(str(directory), gguf_file=gguf)
-            if hasattr(config, "quantization_config"):
-                delattr(config, "quantization_config")
-        else:
-            config = AutoConfig.from_pretrained(str(directory))
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        try:
+            if gguf is not None:
+                _require_gguf()
+                config = AutoConfig.from_pretrained(str(directory), gguf_file=gguf)
+                if hasattr(config, "quantization_config"):
+                    delattr(config, "quantization_config")
+            else:
+                config = AutoConfig.from_pretrained(str(directory))
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            if isinstance(error, ModelLoadError):
+                raise
+            raise ModelLoadError(
+                f"model.name_or_path={str(directory)!r}: cannot build a causal LM from its config.json "
+                f"({type(error).__name__}: {error}). Check the file (model.random_init builds from it)."
+            ) from error
         tokenizer_source = (model_config.tokenizer_name_or_path, None) if model_config.tokenizer_name_or_path else (
             directory / gguf if gguf else directory, None
         )
@@ -359,18 +368,25 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
     dtype = resolve_dtype(model_config.dtype, dtype_device or device)
     model, tokenizer = load_model_and_tokenizer(model_config, device=load_device, dtype=dtype)
     lora = lora_config(lora_args) if lora_args is not None and lora_args.lora_r > 0 else None
-    hydra = HydraModel(
-        model,
-        model_config.num_layers_unfrozen,
-        train_lm_head=model_config.train_lm_head,
-        train_final_norm=model_config.train_final_norm,
-        layers_path=model_config.layers_path,
-        lora=lora,
-        lora_layers=lora_args.lora_layers if lora is not None else "top",
-        lora_init_adapter=lora_args.lora_init_adapter if lora is not None else None,
-        value_head=value_head,
-        verify=quantization == "none",  # the probe runs on the quantized trunk below
-    )
+    try:
+        hydra = HydraModel(
+            model,
+            model_config.num_layers_unfrozen,
+            train_lm_head=model_config.train_lm_head,
+            train_final_norm=model_config.train_final_norm,
+            layers_path=model_config.layers_path,
+            lora=lora,
+            lora_layers=lora_args.lora_layers if lora is not None else "top",
+            lora_init_adapter=lora_args.lora_init_adapter if lora is not None else None,
+            value_head=value_head,
+            verify=quantization == "none",  # the probe runs on the quantized trunk below
+        )
+    except (ValueError, KeyError, OSError, AttributeError) as error:
+        if isinstance(error, UsageError):
+            raise
+        # model/ raises plain errors about the options it was given (num_layers_unfrozen out of
+        # range, a layers_path that names nothing, an adapter that does not fit): the user's.
+        raise ModelLoadError(f"cannot build the hydra of {model_config.name_or_path!r}: {error}") from error
     if quantization != "none":
         from ..model.quantize import quantize_frozen_trunk
 

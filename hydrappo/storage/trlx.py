@@ -21,7 +21,7 @@ from ..config import Config
 from ..model import HydraModel
 from ..model.arch import locate, output_embeddings
 from .atomic import write_directory
-from .checkpoint import CONFIG_NAME, TRAINER_STATE_NAME, WEIGHTS_NAME, load_trainable_weights
+from .checkpoint import CONFIG_NAME, TRAINER_STATE_NAME, WEIGHTS_NAME, load_trainable_weights, write_manifest
 from .export import ExportError, check_output_dir, dtype_name, save_pretrained_dir
 
 logger = logging.getLogger("hydrappo.export")
@@ -354,6 +354,7 @@ def convert_trlx(
         save_file(weights, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / TRAINER_STATE_NAME).write_text(json.dumps(trainer_state, indent=2))
         (tmp / CONFIG_NAME).write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
+        write_manifest(tmp)
 
     write_directory(out, fill, replace=overwrite)
     # The written checkpoint must load into a hydra built on the written base.

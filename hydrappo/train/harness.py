@@ -44,8 +44,11 @@ from ..storage.checkpoint import (
     latest_checkpoint, load_trainable_weights, load_training_state, resolve_resume, rng_state, save_checkpoint,
     seed_everything, set_rng_state, trainable_state_dict,
 )
+from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.models import build_hydra
+from ..storage.rundir import claim_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
+from .interrupt import StopOnSignal
 from .optimizers import load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, pick_mixed_precision
 
@@ -197,32 +200,42 @@ class Harness:
     # ------------------------------------------------------------------ the run
     def run(self, loop, total_steps: int, resume: str | Path | bool | None = None) -> list[dict]:
         """Steps of `loop` until `total_steps`, logging each and checkpointing every
-        `save_every` steps and at the end; `resume` = a checkpoint path or True/'latest'."""
-        dist = self.dist
+        `save_every` steps and at the end; `resume` = a checkpoint path or True/'latest'.
+        A fresh start refuses an output_dir that holds an earlier run (storage/rundir.py);
+        SIGINT/SIGTERM stop after the current step, with its checkpoint (train/interrupt.py)."""
+        dist, run = self.dist, self.run_args
         if resume:
             with dist.phase("loading the checkpoint to resume from"):
                 self.load(resolve_resume(resume, self.output_dir), loop)
-        run = self.run_args
+        elif self.step == 0:
+            with dist.phase("claiming the output folder"):
+                if dist.is_main:
+                    claim_output_dir(self.output_dir, overwrite=getattr(run, "overwrite_output_dir", False))
         with dist.phase("opening the logs"):
             if dist.is_main:
                 self.output_dir.mkdir(parents=True, exist_ok=True)
+                remove_orphaned_temporaries(self.output_dir)  # of a run killed while writing a checkpoint
             log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
         history = []
+        stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}")
         try:
-            if self.step == 0 and hasattr(loop, "before_training"):
-                initial = loop.before_training()
-                if initial:
-                    with dist.phase("logging"):
-                        history.append(log.write(0, initial))
-            while self.step < total_steps:
-                stats, samples = loop.train_step()
-                self.step += 1
-                extra = loop.finish() if self.step == total_steps and hasattr(loop, "finish") else None
-                with dist.phase(f"logging step {self.step}"):
-                    log.scalars(self.step, extra or {})
-                    history.append(log.write(self.step, stats, samples))
-                if (run.save_every > 0 and self.step % run.save_every == 0) or self.step == total_steps:
-                    self.save(loop)
+            with stop:
+                if self.step == 0 and hasattr(loop, "before_training"):
+                    initial = loop.before_training()
+                    if initial:
+                        with dist.phase("logging"):
+                            history.append(log.write(0, initial))
+                while self.step < total_steps:
+                    stats, samples = loop.train_step()
+                    self.step += 1
+                    extra = loop.finish() if self.step == total_steps and hasattr(loop, "finish") else None
+                    with dist.phase(f"logging step {self.step}"):
+                        log.scalars(self.step, extra or {})
+                        history.append(log.write(self.step, stats, samples))
+                    if (run.save_every > 0 and self.step % run.save_every == 0) or self.step == total_steps or stop.requested:
+                        saved = self.save(loop)
+                    if stop.requested and self.step < total_steps:
+                        raise stop.stopped(self.step, saved)
         finally:
             log.close()
         return history
@@ -381,12 +394,22 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
     if not path.exists():
         return
     kept, dropped = [], []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():
         if not line.strip():
             continue
-        (kept if json.loads(line).get("step", 0) <= step else dropped).append(line)
+        (kept if _metrics_step(line) <= step else dropped).append(line)
     if dropped:
+        # A line that does not parse (half-written by a killed run) goes with the dropped ones.
         side = path.with_name(f"metrics.after-step-{step}.{int(time.time())}.jsonl")
-        side.write_text("\n".join(dropped) + "\n")
-        path.write_text("".join(line + "\n" for line in kept))
+        side.write_bytes(b"\n".join(dropped) + b"\n")
+        path.write_bytes(b"".join(line + b"\n" for line in kept))
         logger.warning("moved %d metrics lines logged after step %d to %s", len(dropped), step, side.name)
+
+
+def _metrics_step(line: bytes) -> float:
+    """The step of a metrics.jsonl line; infinite for a line that is not a complete record."""
+    try:
+        record = json.loads(line)
+        return float(record.get("step", 0)) if isinstance(record, dict) else math.inf
+    except (ValueError, TypeError):
+        return math.inf

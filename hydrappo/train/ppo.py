@@ -280,7 +280,8 @@ class PPOTrainer:
             scores = branch_scores.float().cpu()
         else:
             samples = [p + r for p, r in zip(prompt_texts, response_texts)]
-            scores = torch.as_tensor(self.reward_source(samples, prompt_texts, response_texts), dtype=torch.float32)
+            step = self.harness.step + 1  # named in the error of a reward source that fails
+            scores = torch.as_tensor(self.reward_source(samples, prompt_texts, response_texts, step=step), dtype=torch.float32)
         if not torch.isfinite(scores).all():
             raise TrainingError(f"the reward source returned non-finite scores: {scores.tolist()}")
         return scores

@@ -1,0 +1,92 @@
+"""The paths a config names, checked before anything is loaded: inputs exist, a reward
+function's file is there, the output folder can be written.
+
+Relative input paths were anchored at the config file's folder when the file was read
+(sections.resolve_path): what is still relative here is looked up in the current directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# File types a table source may have (data.read_table); a value with one of these suffixes,
+# or starting like a path, is a path, anything else may be a `datasets` name.
+TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+_WHERE = "a relative path is looked up next to the config file, then in the current directory"
+
+
+def looks_like_a_path(source: str) -> bool:
+    """Whether a data source that does not exist is meant as a file (an error) rather than
+    a `datasets` name (loaded from its cache)."""
+    return str(source).startswith(("/", ".", "~")) or Path(str(source)).suffix.lower() in TABLE_SUFFIXES
+
+
+def looks_like_a_name(value: str) -> bool:
+    """A bare name such as a bundled model ('smollm2-135m-instruct'): no folder, no suffix."""
+    return "/" not in value and "\\" not in value and not value.startswith((".", "~")) and not value.endswith(".gguf")
+
+
+def _missing(problems, label: str, value, what: str) -> None:
+    problems.add(label, value, f"no such {what} ({_WHERE}, {os.getcwd()})", "fix the path")
+
+
+def writable_folder_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be (or become) a folder this process writes into; None when it can."""
+    path = Path(path).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder"
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, so no folder can be made below it"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+def check_paths(config, problems) -> None:
+    """Every path option of a config: inputs must exist, the output folder must be writable."""
+    model = config.model
+    name = model.name_or_path
+    if not name:
+        problems.add("model.name_or_path", name, "is required", "name a model directory, a .gguf file or a bundled model")
+    elif not Path(name).expanduser().exists() and not looks_like_a_name(name):
+        _missing(problems, "model.name_or_path", name, "model directory or .gguf file")
+    elif model.gguf_file and Path(name).expanduser().is_dir() and not (Path(name).expanduser() / model.gguf_file).is_file():
+        problems.add("model.gguf_file", model.gguf_file, f"is not a file in model.name_or_path ({name})",
+                     "name the .gguf file inside that folder")  # fmt: skip
+    lora = getattr(config, "lora", None)
+    reward = getattr(config, "reward", None)
+    for label, value, what in (
+        ("model.tokenizer_name_or_path", model.tokenizer_name_or_path, "tokenizer folder"),
+        ("model.reward_branch_path", model.reward_branch_path, "reward checkpoint or reward run folder"),
+        ("lora.lora_init_adapter", lora.lora_init_adapter if lora is not None else None, "adapter folder"),
+        ("reward.reward_model", reward.reward_model if reward is not None else None, "reward model folder"),
+    ):
+        if value and not Path(value).expanduser().exists():
+            _missing(problems, label, value, what)
+    if reward is not None and reward.reward_fn:
+        check_reward_fn(reward.reward_fn, problems)
+    data = config.data
+    for name in ("prompts", "train_file", "eval_file", "stats_file"):
+        value = getattr(data, name, None)
+        if value and not Path(value).expanduser().exists() and looks_like_a_path(value):
+            _missing(problems, f"data.{name}", value, "file or folder")
+    problem = writable_folder_problem(config.train.output_dir)
+    if problem:
+        problems.add("train.output_dir", config.train.output_dir, f"cannot hold the run's files: {problem}",
+                     "choose another output_dir (a new or empty folder)")  # fmt: skip
+
+
+def check_reward_fn(spec: str, problems, label: str = "reward.reward_fn") -> None:
+    """'module:function' or 'path/to/file.py:function'; a file must exist."""
+    target, _, function = str(spec).rpartition(":")
+    if not target or not function.isidentifier():
+        problems.add(label, spec, "must be 'module:function' or 'path/to/file.py:function'",
+                     "name the function after a colon, e.g. reward.py:reward_fn")  # fmt: skip
+        return
+    is_file = target.endswith(".py") or "/" in target or "\\" in target
+    if is_file and not Path(target).expanduser().is_file():
+        _missing(problems, label, spec, f"file {target!r}")

@@ -1,0 +1,106 @@
+"""An output folder belongs to one run: a new run never writes over an earlier one.
+
+A training command that starts (not `--resume`) in an output_dir that already holds a run
+(checkpoint-<step> folders, metrics, TensorBoard logs, a model written by sft) is refused,
+unless `--overwrite_output_dir` is given: then the earlier run is moved, whole, to a sibling
+folder `OUTPUT_DIR.previous-<time>`, never deleted. `hydrappo export --out` follows the same
+rule for the folder it writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from pathlib import Path
+
+from ..config import writable_folder_problem
+from ..errors import UsageError
+
+logger = logging.getLogger("hydrappo")
+
+_RUN_FILES = re.compile(
+    r"^(checkpoint-\d+|metrics(\..+)?\.jsonl|tensorboard|config\.json|adapter_config\.json|sft_config\.yaml)$"
+)
+
+
+class OutputDirError(UsageError):
+    """An output folder cannot be used as asked; the message says what to do instead."""
+
+
+def earlier_run(output_dir: str | os.PathLike) -> list[str]:
+    """The names in `output_dir` that belong to an earlier run (empty: none)."""
+    root = Path(output_dir).expanduser()
+    if not root.is_dir():
+        return []
+    return sorted(child.name for child in root.iterdir() if _RUN_FILES.match(child.name))
+
+
+def move_aside(path: str | os.PathLike, tag: str = "previous") -> Path:
+    """Rename a folder (or file) to a new sibling `NAME.previous-<time>` and return that."""
+    path = Path(path).expanduser().absolute()
+    here = Path.cwd().absolute()
+    if path == here or path in here.parents or path == Path.home() or path == Path(path.anchor):
+        raise OutputDirError(
+            f"{path} is the current directory, one of its parents or the home folder: it cannot be moved aside. "
+            "Choose a folder of its own for the output."
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.{tag}-{stamp}")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}.{tag}-{stamp}-{n}")
+        n += 1
+    os.replace(path, target)
+    return target
+
+
+def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: bool = False,
+                     option: str = "train.output_dir") -> Path | None:  # fmt: skip
+    """Check, before a run writes anything, that `output_dir` is its own. Returns the folder
+    the earlier run was moved to (with `overwrite`), else None. With `resume` an earlier run
+    is what is wanted."""
+    problem = writable_folder_problem(output_dir)
+    if problem:
+        raise OutputDirError(f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder.")
+    if resume:
+        return None
+    found = earlier_run(output_dir)
+    if not found:
+        return None
+    if not overwrite:
+        shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+        raise OutputDirError(
+            f"{option}={str(output_dir)!r} already holds a run ({shown}). Continue it with --resume, start a new run "
+            "over it with --overwrite_output_dir (the earlier run is moved to a sibling folder, not deleted), or "
+            "choose another output_dir."
+        )
+    moved = move_aside(output_dir)
+    logger.warning("%s: the earlier run in %s was moved to %s", option, output_dir, moved)
+    return moved
+
+
+def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True) -> Path | None:
+    """The same rule for a path a conversion writes (`export --out`, `--value-head FILE`): a
+    non-empty folder or an existing file is refused without `overwrite`, moved aside with it."""
+    if path is None:
+        return None
+    path = Path(path).expanduser().absolute()
+    if folder and path.exists() and not path.is_dir():
+        raise OutputDirError(f"{option} {path}: is a file, not a folder; choose a folder.")
+    if not folder and path.is_dir():
+        raise OutputDirError(f"{option} {path}: is a folder; name a file.")
+    problem = writable_folder_problem(path if folder else path.parent)
+    if problem:
+        raise OutputDirError(f"{option} {path}: cannot be written: {problem}.")
+    in_use = (path.is_dir() and any(path.iterdir())) if folder else path.exists()
+    if in_use:
+        if not overwrite:
+            raise OutputDirError(
+                f"{option} {path}: already exists{' and is not empty' if folder else ''}. Choose another, or pass "
+                "--overwrite_output_dir to move the existing one to a sibling (NAME.previous-<time>); nothing is deleted."
+            )
+        moved = move_aside(path)
+        logger.warning("%s: the existing %s was moved to %s", option, path, moved)
+    return path

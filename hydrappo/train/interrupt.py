@@ -1,0 +1,82 @@
+"""SIGINT (Ctrl-C) and SIGTERM (a cluster preempting the job) while training.
+
+The first signal lets the current step finish; the harness then writes its checkpoint
+(atomically, like every checkpoint) and stops with `TrainingInterrupted`, whose message
+names that checkpoint. A second signal stops at once: the step in progress is abandoned
+(nothing of it is written; a checkpoint being written stays a hidden temporary folder that
+the next run removes) and the message names the last complete checkpoint. The exit code is
+128 + the signal's number, as a shell reports a process killed by it: 130 for SIGINT, 143
+for SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Callable
+
+from ..errors import HydrappoError
+
+logger = logging.getLogger("hydrappo")
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(HydrappoError):
+    """Training stopped on SIGINT or SIGTERM; exit code 128 + the signal number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class StopOnSignal:
+    """A context in which SIGINT/SIGTERM ask the training loop to stop after the current step
+    (`requested` holds the signal), and a second one stops at once. `last_checkpoint()` names
+    the newest checkpoint for the message. Outside the main thread nothing is installed."""
+
+    def __init__(self, last_checkpoint: Callable[[], object], describe_step: Callable[[], str]):
+        self.last_checkpoint = last_checkpoint
+        self.describe_step = describe_step
+        self.requested: int | None = None
+        self.previous: dict = {}
+
+    def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested is None:
+            self.requested = signum
+            logger.warning(
+                "%s received: finishing %s, then writing a checkpoint and stopping (send it again to stop at once, "
+                "without saving that step)", signal_name(signum), self.describe_step(),
+            )
+            return
+        last = self.last_checkpoint()
+        raise TrainingInterrupted(
+            f"stopped by a second {signal_name(signum)} during {self.describe_step()}; that step was abandoned and "
+            f"nothing of it was written. The last checkpoint is {last or 'none (no checkpoint was written yet)'}"
+            f"{': continue with --resume' if last else ''}.",
+            signum,
+        )
+
+    def stopped(self, step: int, checkpoint) -> TrainingInterrupted:
+        """The error to raise once step `step` finished and `checkpoint` holds it."""
+        return TrainingInterrupted(
+            f"stopped by {signal_name(self.requested)} after step {step}; checkpoint {checkpoint} holds it: "
+            "continue with --resume.",
+            self.requested,
+        )
