@@ -120,7 +120,7 @@ def _to_scores(result, count: int, source: str, prompts=None, outputs=None) -> t
             if bad is not None:
                 raise RewardFunctionError(
                     f"{source} returned {type(result).__name__} that is not numbers: item {bad} is "
-                    f"{type(result[bad]).__name__} {_short(repr(result[bad]), 40)}; return one number per sample."
+                    f"{type(result[bad]).__name__} {repr(result[bad])[:40]}; return one number per sample."
                     f"{_sample(prompts, outputs, bad)}"
                 )
         try:

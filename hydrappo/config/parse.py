@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 from pathlib import Path
 
 import yaml
@@ -39,7 +40,10 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
 def _typed_defaults(parser, values: dict, source: str) -> dict:
     """Convert YAML values with the parser's own type for each option, so that a file
     and the command line accept the same spellings (YAML reads `3e-6` as a string)."""
-    actions = {action.dest: action for action in parser._actions}
+    actions = {}
+    for action in parser._actions:  # a bool option's --no_X action shares its dest, without a type
+        if action.dest not in actions or actions[action.dest].type is None:
+            actions[action.dest] = action
     typed = {}
     for key, value in values.items():
         action = actions[key]
@@ -100,11 +104,16 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     # allow_abbrev=False: a misspelt option is an error, not a guess at another one.
     parser = HfArgumentParser(tuple(sections.values()), exit_on_error=False, allow_abbrev=False)
     parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path)))
+    # argparse reads only -1 and -0.5 as negative numbers; -1e-4 would look like an option.
+    parser._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$")
     try:
         args, remaining = parser.parse_known_args(list(overrides or []))
     except argparse.ArgumentError as error:
         option = (error.argument_name or "").split("/")[0]
-        raise ConfigError(f"command line: {option}: {error.message}. Give it a value of the option's type (see --help).") from None
+        raise ConfigError(
+            f"command line: {option}: {error.message}. Give it a value of the option's type (see --help); a value "
+            f"that starts with '-' can be written {option}=VALUE."
+        ) from None
     if remaining:
         valid = sorted(action.dest for action in parser._actions if action.dest != "help")
         guesses = [

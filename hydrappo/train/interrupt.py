@@ -32,6 +32,16 @@ class TrainingInterrupted(HydrappoError):
         self.exit_code = 128 + signum
 
 
+class _StopNow(BaseException):
+    """Raised by the second signal wherever the code is; a BaseException, like KeyboardInterrupt,
+    so that no `except Exception` on the way turns it into another error. StopOnSignal's exit
+    turns it into TrainingInterrupted."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
@@ -52,10 +62,18 @@ class StopOnSignal:
             self.previous = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, error, trace) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.previous = {}
+        if isinstance(error, _StopNow):
+            last = self.last_checkpoint()
+            raise TrainingInterrupted(
+                f"stopped by a second {signal_name(error.signum)} during {self.describe_step()}; that step was "
+                f"abandoned and nothing of it was written. The last checkpoint is "
+                f"{last or 'none (no checkpoint was written yet)'}{': continue with --resume' if last else ''}.",
+                error.signum,
+            ) from None
 
     def _handle(self, signum, frame) -> None:
         if self.requested is None:
@@ -65,13 +83,7 @@ class StopOnSignal:
                 "without saving that step)", signal_name(signum), self.describe_step(),
             )
             return
-        last = self.last_checkpoint()
-        raise TrainingInterrupted(
-            f"stopped by a second {signal_name(signum)} during {self.describe_step()}; that step was abandoned and "
-            f"nothing of it was written. The last checkpoint is {last or 'none (no checkpoint was written yet)'}"
-            f"{': continue with --resume' if last else ''}.",
-            signum,
-        )
+        raise _StopNow(signum)
 
     def stopped(self, step: int, checkpoint) -> TrainingInterrupted:
         """The error to raise once step `step` finished and `checkpoint` holds it."""
