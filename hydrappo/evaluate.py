@@ -150,7 +150,7 @@ def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=
     if temperature is not None and not temperature > 0:
         problems.add("--temperature", temperature, "must be > 0", "use e.g. 1.0, or leave it out for the run's own")
     if prompts is not None and not Path(prompts).expanduser().exists() and looks_like_a_path(prompts):
-        problems.add("--prompts", prompts, "no such file or folder", "fix the path")
+        problems.add("--prompts", prompts, "does not exist: no such file or folder", "fix the path")
     if reward_fn:
         check_reward_fn(reward_fn, problems, "--reward_fn")
     if output is not None:
@@ -165,7 +165,7 @@ def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=
     for spec in models:
         path = spec.rpartition("=")[2] if "=" in spec else spec
         if not Path(path).expanduser().exists() and not looks_like_a_name(path):
-            problems.add("model", spec, "no such checkpoint or model folder", "fix the path")
+            problems.add("model", spec, "does not exist: no such checkpoint or model folder", "fix the path")
     problems.raise_if_any()
 
 

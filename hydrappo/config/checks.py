@@ -168,7 +168,8 @@ class Problems:
         self.messages: list[str] = []
 
     def add(self, option: str, value, rule: str, fix: str) -> None:
-        self.messages.append(f"{option}={value!r}: {rule}. {fix[0].upper()}{fix[1:]}.")
+        """One problem, as `option=value rule; fix.`"""
+        self.messages.append(f"{option}={value!r} {rule}; {fix}.")
 
     def note(self, message: str) -> None:
         self.messages.append(message)
@@ -208,25 +209,25 @@ def _check_values(config, problems: Problems) -> None:
                 elif not rule.holds(value):
                     problems.add(label, value, rule.describe(), rule.fix or f"use e.g. {default!r} (the default)")
             elif name in CHOICES and value not in CHOICES[name]:
-                problems.add(label, value, f"must be one of: {', '.join(CHOICES[name])}", f"use e.g. {default!r} (the default)")
+                problems.add(label, value, f"is not one of: {', '.join(CHOICES[name])}", f"use e.g. {default!r} (the default)")
             elif name in NAMES and (not isinstance(value, str) or not value.strip()):
                 problems.add(label, value, "must name a column or split", f"use e.g. {default!r} (the default)")
     model = config.model
     try:
         canonical_dtype(model.dtype)
     except ConfigError:
-        problems.add("model.dtype", model.dtype, "must be one of: auto, float32, bfloat16, float16 (or fp32, bf16, fp16)",
+        problems.add("model.dtype", model.dtype, "is not one of: auto, float32, bfloat16, float16 (or fp32, bf16, fp16)",
                      "use auto (float32 on CPU, bfloat16 on GPUs that support it)")  # fmt: skip
     device = config.train.device
     if not isinstance(device, str) or not _DEVICE.match(device):
         problems.add("train.device", device, "must be auto, cpu, cuda, cuda:N or mps", "use auto")
     lora = getattr(config, "lora", None)
     if lora is not None and lora.lora_dropout != 0:
-        problems.add(
-            "lora.lora_dropout", lora.lora_dropout, "must be 0: hydrappo runs every model without dropout (PPO's "
-            "importance ratio compares one fixed policy with itself, and cached trunk outputs assume deterministic "
-            "layers)", "set lora_dropout: 0",
-        )  # fmt: skip
+        problems.note(
+            f"lora.lora_dropout={lora.lora_dropout!r}: hydrappo runs every model without dropout (PPO's importance ratio "
+            "compares one fixed policy with itself, and cached trunk outputs assume deterministic layers); set "
+            "lora_dropout: 0."
+        )
     generation = getattr(config, "generation", None)
     if generation is not None:
         for token_id in generation.stop_token_ids:

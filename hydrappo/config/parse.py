@@ -122,7 +122,7 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
         ]  # fmt: skip
         hint = f" Did you mean {', '.join(guesses)}?" if guesses else ""
         raise ConfigError(
-            f"unknown command-line option(s) {' '.join(remaining)}.{hint} Valid options: --{', --'.join(valid)}."
+            f"unknown command-line option(s) {' '.join(remaining)}.{hint} The valid options: --{', --'.join(valid)}."
         )
     values = vars(args)
     built = {}

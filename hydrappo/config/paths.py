@@ -28,7 +28,7 @@ def looks_like_a_name(value: str) -> bool:
 
 
 def _missing(problems, label: str, value, what: str) -> None:
-    problems.add(label, value, f"no such {what} ({_WHERE}, {os.getcwd()})", "fix the path")
+    problems.add(label, value, f"does not exist: no such {what} ({_WHERE}, {os.getcwd()})", "fix the path")
 
 
 def writable_folder_problem(path: str | os.PathLike) -> str | None:
