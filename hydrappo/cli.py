@@ -71,8 +71,8 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     from .storage.checkpoint import resolve_resume
     from .storage.rundir import claim_output_dir
 
+    claim_output_dir(config.train.output_dir, resume=args.resume, overwrite=config.train.overwrite_output_dir)
     resume = resolve_resume(args.resume, config.train.output_dir) if args.resume else None
-    claim_output_dir(config.train.output_dir, resume=resume, overwrite=config.train.overwrite_output_dir)
     return config, resume
 
 
@@ -309,8 +309,13 @@ def export_command(argv: list[str]) -> int:
         from .storage.checkpoint import find_checkpoint
         from .storage.export import export_checkpoint, parse_shard_size
 
+        from .config import is_device_name
+        from .storage.export import ExportError
+
         checkpoint = find_checkpoint(args.checkpoint, for_resume=False)  # a damaged one is refused here
         parse_shard_size(args.max_shard_size)
+        if not is_device_name(args.device) or args.device == "auto":
+            raise ExportError(f"--device={args.device!r} is not a device; use cpu, cuda or cuda:N.")
         claim_output_path(args.out, overwrite=args.overwrite, option="--out")
         for option, path in (("--value-head", args.value_head), ("--reward-branch", args.reward_branch)):
             claim_output_path(path, overwrite=args.overwrite, option=option, folder=False)
@@ -469,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         # Raised on purpose, with a message that says what to fix: show just that.
         return _fail(prog, str(error), error.exit_code, debug)
     except KeyboardInterrupt:
-        return _fail(prog, "interrupted (Ctrl-C) before training started; nothing was written.", 130, debug)
+        return _fail(prog, "interrupted (Ctrl-C).", 130, debug)
     except OSError as error:
         # The operating system refused something (a full disk, a permission): not a bug.
         return _fail(prog, f"{error.strerror or error}{f': {error.filename!r}' if error.filename else ''} "

@@ -397,6 +397,42 @@ def test_resume_skips_a_damaged_latest_checkpoint_a_torn_metrics_line_and_an_orp
     assert [p.name for p in checkpoint_dirs(run)] == ["checkpoint-2", "checkpoint-3"]
 
 
+def test_legacy_checkpoints_without_a_manifest_are_checked_by_what_they_hold(ws, capsys, caplog, tmp_path):
+    from hydrappo.storage.checkpoint import checkpoint_problems
+
+    legacy = Path(__file__).resolve().parent / "fixtures" / "legacy"
+    for name in ("ppo-checkpoint-2", "reward-checkpoint-3"):
+        assert not (legacy / name / MANIFEST_NAME).exists() and checkpoint_problems(legacy / name) == []
+    run = tmp_path / "old_run"
+    shutil.copytree(legacy / "ppo-checkpoint-2", run / "checkpoint-2")
+    (run / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2, "kl_')
+    cli(["export", run, "--out", tmp_path / "exported"], 2, "checkpoint-2 is damaged",
+        "trainer_state.json does not parse", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    with open(run / "checkpoint-2" / "training_state.pt", "r+b") as handle:
+        handle.truncate(5000)
+    (run / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2}')
+    cli(["train", CONFIG, "--output_dir", run, "--resume", run / "checkpoint-2"], 2, "checkpoint-2 is damaged",
+        "training_state.pt does not parse", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+
+
+def test_resume_combined_with_overwrite_or_into_another_run(ws, capsys, caplog, tmp_path):
+    cli(["train", CONFIG, "--output_dir", ws / "run", "--resume", "--overwrite_output_dir"], 2, "--resume",
+        "--overwrite_output_dir", "give one of them", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    other = tmp_path / "other"
+    (other / "tensorboard").mkdir(parents=True)
+    cli(["train", CONFIG, "--output_dir", other, "--resume", ws / "run" / "checkpoint-1"], 2, "already holds a run",
+        str(other), capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+
+
+def test_truncated_sampling_is_said_once(caplog):
+    from hydrappo.config import parse_config
+
+    for _ in range(2):
+        parse_config(CONFIG, ["--top_p", "0.93"])
+    said = [r.getMessage() for r in caplog.records if "truncated distribution" in r.getMessage()]
+    assert len(said) == 1 and "generation.top_p=0.93" in said[0]
+
+
 def test_resume_without_a_complete_checkpoint_and_resume_past_the_end(ws, capsys, caplog, tmp_path):
     good = ["--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
     cli(["train", CONFIG, "--output_dir", tmp_path / "empty", "--resume", *good], 2, "no checkpoint found", "empty",
@@ -472,7 +508,9 @@ GENERATE_CASES = [
     (["export", "WS/run", "--out", "WS/out", "--max-shard-size", "5XB"], ["--max-shard-size='5XB'"]),
     (["export", "WS/run", "--out", "WS/out", "--value-head", "WS"], ["--value-head", "is a folder"]),
     (["export", "WS/run", "--out", "WS/out", "--dtype", "float8"], ["--dtype", "float8"]),
+    (["export", "WS/run", "--out", "WS/out", "--device", "gpu"], ["--device='gpu'"]),
     (["memory", "--batch-size", "0"], ["batch_size must be >= 1"]),
+    (["memory", "-N", "-5", "smollm2-135m"], ["num_layers_unfrozen must be >= -1"]),
     (["memory", "/no/such/model.json"], ["/no/such/model.json"]),
     (["bogus"], ["unknown command 'bogus'"]),
 ]  # fmt: skip

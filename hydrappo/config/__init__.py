@@ -1,7 +1,7 @@
 """Every option of hydrappo: dataclasses with help text (sections.py), read from YAML with
 command-line overrides (parse.py) and checked as a whole before anything loads (checks.py)."""
 
-from .checks import Problems, validate
+from .checks import Problems, is_device_name, validate
 from .parse import parse_config
 from .paths import check_reward_fn, looks_like_a_path, writable_folder_problem
 from .sections import (
@@ -12,9 +12,9 @@ from .sections import (
 )
 
 __all__ = [
-    "Problems", "check_reward_fn", "looks_like_a_path", "writable_folder_problem", "DTYPE_NAMES", "KL_PENALTIES",
-    "LORA_LAYERS", "LR_SCHEDULERS", "MIXED_PRECISIONS", "OPTIMIZERS", "REWARD_SECTIONS", "SECTIONS", "SFT_SECTIONS",
-    "Config", "ConfigError", "DataArgs", "GenerationArgs", "LoraArgs", "ModelConfig", "PPOArgs",
+    "Problems", "check_reward_fn", "is_device_name", "looks_like_a_path", "writable_folder_problem", "DTYPE_NAMES",
+    "KL_PENALTIES", "LORA_LAYERS", "LR_SCHEDULERS", "MIXED_PRECISIONS", "OPTIMIZERS", "REWARD_SECTIONS", "SECTIONS",
+    "SFT_SECTIONS", "Config", "ConfigError", "DataArgs", "GenerationArgs", "LoraArgs", "ModelConfig", "PPOArgs",
     "PreferenceDataArgs", "RewardArgs", "RewardConfig", "RewardTrainArgs", "RunArgs", "SFTConfig", "SFTDataArgs",
     "SFTTrainArgs", "StageTrainArgs", "TrainArgs", "canonical_dtype", "parse_config", "resolve_path", "sections_of",
     "torch_dtype", "validate",

@@ -161,6 +161,11 @@ _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 _warned: set[str] = set()
 
 
+def is_device_name(name) -> bool:
+    """auto, cpu, mps, cuda, cuda:N (xpu, xpu:N)."""
+    return isinstance(name, str) and bool(_DEVICE.match(name))
+
+
 class Problems:
     """The problems found in one pass; `raise_if_any` raises them as one ConfigError."""
 
@@ -219,7 +224,7 @@ def _check_values(config, problems: Problems) -> None:
         problems.add("model.dtype", model.dtype, "is not one of: auto, float32, bfloat16, float16 (or fp32, bf16, fp16)",
                      "use auto (float32 on CPU, bfloat16 on GPUs that support it)")  # fmt: skip
     device = config.train.device
-    if not isinstance(device, str) or not _DEVICE.match(device):
+    if not is_device_name(device):
         problems.add("train.device", device, "must be auto, cpu, cuda, cuda:N or mps", "use auto")
     lora = getattr(config, "lora", None)
     if lora is not None and lora.lora_dropout != 0:

@@ -56,6 +56,8 @@ class TrainingSettings:
                      "prompt_length", "response_length"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.num_layers_unfrozen < -1:
+            raise ValueError(f"num_layers_unfrozen must be >= -1 (-1: the whole model), got {self.num_layers_unfrozen}.")
         if self.lora_rank < 0:
             raise ValueError("lora_rank must be >= 0 (0: no LoRA).")
         if self.mini_batch_size % self.gradient_accumulation_steps:

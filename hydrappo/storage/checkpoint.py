@@ -302,7 +302,10 @@ def save_checkpoint(
 
     final = write_directory(root / f"checkpoint-{step}", fill, replace=True)
     for old in checkpoint_dirs(root)[: -max(1, keep_last)]:
-        shutil.rmtree(old)
+        # Renamed to a hidden temporary first: a crash while deleting leaves no half a checkpoint.
+        doomed = old.with_name(f".{old.name}.old-{os.getpid()}-rotated")
+        os.replace(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
     return final
 
 

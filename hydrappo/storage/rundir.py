@@ -56,15 +56,27 @@ def move_aside(path: str | os.PathLike, tag: str = "previous") -> Path:
     return target
 
 
+def resumes_in(resume, output_dir: str | os.PathLike) -> bool:
+    """Whether `resume` (True/'latest', or a checkpoint path) continues the run in `output_dir`."""
+    if resume in (True, "latest", ""):
+        return True
+    return Path(resume).expanduser().resolve().parent == Path(output_dir).expanduser().resolve()
+
+
 def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: bool = False,
                      option: str = "train.output_dir") -> Path | None:  # fmt: skip
     """Check, before a run writes anything, that `output_dir` is its own. Returns the folder
-    the earlier run was moved to (with `overwrite`), else None. With `resume` an earlier run
-    is what is wanted."""
+    the earlier run was moved to (with `overwrite`), else None. Resuming the run in
+    `output_dir` is what it is for; resuming from a checkpoint elsewhere is a new run here."""
     problem = writable_folder_problem(output_dir)
     if problem:
         raise OutputDirError(f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder.")
-    if resume:
+    if resume and resumes_in(resume, output_dir):
+        if overwrite:
+            raise OutputDirError(
+                f"--resume continues the run in {option}={str(output_dir)!r} and --overwrite_output_dir would move it "
+                "aside: give one of them."
+            )
         return None
     found = earlier_run(output_dir)
     if not found:

@@ -204,13 +204,13 @@ class Harness:
         A fresh start refuses an output_dir that holds an earlier run (storage/rundir.py);
         SIGINT/SIGTERM stop after the current step, with its checkpoint (train/interrupt.py)."""
         dist, run = self.dist, self.run_args
+        if resume or self.step == 0:  # (a second call of run() continues in memory)
+            with dist.phase("claiming the output folder"):
+                if dist.is_main:  # process 0 writes (and moves an earlier run aside)
+                    claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False))
         if resume:
             with dist.phase("loading the checkpoint to resume from"):
                 self.load(resolve_resume(resume, self.output_dir), loop)
-        elif self.step == 0:
-            with dist.phase("claiming the output folder"):
-                if dist.is_main:
-                    claim_output_dir(self.output_dir, overwrite=getattr(run, "overwrite_output_dir", False))
         with dist.phase("opening the logs"):
             if dist.is_main:
                 self.output_dir.mkdir(parents=True, exist_ok=True)
