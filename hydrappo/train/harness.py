@@ -48,7 +48,7 @@ from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.models import build_hydra
 from ..storage.rundir import claim_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
-from .interrupt import StopOnSignal
+from .interrupt import StopNow, StopOnSignal
 from .optimizers import load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, pick_mixed_precision
 
@@ -217,26 +217,29 @@ class Harness:
                 remove_orphaned_temporaries(self.output_dir)  # of a run killed while writing a checkpoint
             log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
         history = []
-        stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}")
+        stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}").install()
+        saved = (None, None)  # (step, checkpoint) of the last save
         try:
-            with stop:
-                if self.step == 0 and hasattr(loop, "before_training"):
-                    initial = loop.before_training()
-                    if initial:
-                        with dist.phase("logging"):
-                            history.append(log.write(0, initial))
-                while self.step < total_steps:
-                    stats, samples = loop.train_step()
-                    self.step += 1
-                    extra = loop.finish() if self.step == total_steps and hasattr(loop, "finish") else None
-                    with dist.phase(f"logging step {self.step}"):
-                        log.scalars(self.step, extra or {})
-                        history.append(log.write(self.step, stats, samples))
-                    if (run.save_every > 0 and self.step % run.save_every == 0) or self.step == total_steps or stop.requested:
-                        saved = self.save(loop)
-                    if stop.requested and self.step < total_steps:
-                        raise stop.stopped(self.step, saved)
+            if self.step == 0 and hasattr(loop, "before_training"):
+                initial = loop.before_training()
+                if initial:
+                    with dist.phase("logging"):
+                        history.append(log.write(0, initial))
+            while self.step < total_steps:
+                stats, samples = loop.train_step()
+                self.step += 1
+                extra = loop.finish() if self.step == total_steps and hasattr(loop, "finish") else None
+                with dist.phase(f"logging step {self.step}"):
+                    log.scalars(self.step, extra or {})
+                    history.append(log.write(self.step, stats, samples))
+                if (run.save_every > 0 and self.step % run.save_every == 0) or self.step == total_steps or stop.requested:
+                    saved = (self.step, self.save(loop))
+                if stop.requested and self.step < total_steps:  # (a signal may come after the line above)
+                    raise stop.stopped(self.step, saved[1] if saved[0] == self.step else self.save(loop))
+        except StopNow as error:
+            raise stop.abandoned(error) from None
         finally:
+            stop.uninstall()
             log.close()
         return history
 

@@ -32,10 +32,10 @@ class TrainingInterrupted(HydrappoError):
         self.exit_code = 128 + signum
 
 
-class _StopNow(BaseException):
+class StopNow(BaseException):
     """Raised by the second signal wherever the code is; a BaseException, like KeyboardInterrupt,
-    so that no `except Exception` on the way turns it into another error. StopOnSignal's exit
-    turns it into TrainingInterrupted."""
+    so that no `except Exception` on the way turns it into another error. The harness turns it
+    into TrainingInterrupted (StopOnSignal.abandoned)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -47,9 +47,10 @@ def signal_name(signum: int) -> str:
 
 
 class StopOnSignal:
-    """A context in which SIGINT/SIGTERM ask the training loop to stop after the current step
-    (`requested` holds the signal), and a second one stops at once. `last_checkpoint()` names
-    the newest checkpoint for the message. Outside the main thread nothing is installed."""
+    """Between install() and uninstall(), SIGINT/SIGTERM ask the training loop to stop after the
+    current step (`requested` holds the signal), and a second one stops at once (StopNow).
+    `last_checkpoint()` names the newest checkpoint for the message. Outside the main thread
+    nothing is installed."""
 
     def __init__(self, last_checkpoint: Callable[[], object], describe_step: Callable[[], str]):
         self.last_checkpoint = last_checkpoint
@@ -57,23 +58,25 @@ class StopOnSignal:
         self.requested: int | None = None
         self.previous: dict = {}
 
-    def __enter__(self) -> "StopOnSignal":
+    def install(self) -> "StopOnSignal":
         if threading.current_thread() is threading.main_thread():
             self.previous = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
         return self
 
-    def __exit__(self, kind, error, trace) -> None:
+    def uninstall(self) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.previous = {}
-        if isinstance(error, _StopNow):
-            last = self.last_checkpoint()
-            raise TrainingInterrupted(
-                f"stopped by a second {signal_name(error.signum)} during {self.describe_step()}; that step was "
-                f"abandoned and nothing of it was written. The last checkpoint is "
-                f"{last or 'none (no checkpoint was written yet)'}{': continue with --resume' if last else ''}.",
-                error.signum,
-            ) from None
+
+    def abandoned(self, error: "StopNow") -> TrainingInterrupted:
+        """The error to raise for a second signal (StopNow) that stopped the step in progress."""
+        last = self.last_checkpoint()
+        return TrainingInterrupted(
+            f"stopped by a second {signal_name(error.signum)} during {self.describe_step()}; that step was abandoned "
+            f"and nothing of it was written. The last checkpoint is {last or 'none (no checkpoint was written yet)'}"
+            f"{': continue with --resume' if last else ''}.",
+            error.signum,
+        )
 
     def _handle(self, signum, frame) -> None:
         if self.requested is None:
@@ -83,7 +86,7 @@ class StopOnSignal:
                 "without saving that step)", signal_name(signum), self.describe_step(),
             )
             return
-        raise _StopNow(signum)
+        raise StopNow(signum)
 
     def stopped(self, step: int, checkpoint) -> TrainingInterrupted:
         """The error to raise once step `step` finished and `checkpoint` holds it."""
