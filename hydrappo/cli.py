@@ -46,7 +46,6 @@ def _report(text: str) -> None:
         print(text)
 
 
-
 def _config_command(argv: list[str], prog: str, description: str, config_cls):
     """The front of every command that takes CONFIG.yaml, `--resume [PATH]` and `--option value`
     overrides. Returns the parsed config and the resume argument, or an exit code after the help."""
@@ -66,13 +65,10 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
         HfArgumentParser(tuple(sections_of(config_cls).values())).print_help()
         return 0 if args.help else 2
     config = parse_config(args.config, overrides, config_cls)
-    # Before any model loads: the checkpoint to resume from (damaged ones set aside), or an
-    # output folder of this run's own (an earlier run there is refused, or moved aside).
-    from .storage.checkpoint import resolve_resume
-    from .storage.rundir import claim_output_dir
+    from .storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
 
-    claim_output_dir(config.train.output_dir, resume=args.resume, overwrite=config.train.overwrite_output_dir)
-    resume = resolve_resume(args.resume, config.train.output_dir) if args.resume else None
+    resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
+                       writer=_process()[0] == 0)  # fmt: skip
     return config, resume
 
 
@@ -152,8 +148,6 @@ def sft_command(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------- generate, compare
-
-
 TRUST_HELP = (
     "score with the reward function named in the checkpoint's config.yaml. That is running code that came with "
     "the checkpoint: only for checkpoints you trust (otherwise name the function yourself with --reward_fn)"

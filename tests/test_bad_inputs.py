@@ -198,6 +198,17 @@ TRAIN_OPTION_CASES = [
     (["--learning-rat", "1e-4"], ["--learning-rat", "Did you mean --learning_rate?"]),
     (["--temperature", "0", "--top_p", "0", "--seed", "-3"], ["3 problems in the config", "generation.temperature",
                                                                "generation.top_p", "train.seed"]),
+    # a quantized or sharded trunk, the optimizer, the process group
+    (["--trunk_quantization", "int4"], ["model.trunk_quantization='int4'", "none, int8, 4bit"]),
+    (["--optimizer", "sgd"], ["ppo.optimizer='sgd'", "adamw, adamw8bit"]),
+    (["--trunk_quantization", "int8", "--num_layers_unfrozen", "-1"],
+     ["model.trunk_quantization='int8'", "num_layers_unfrozen=-1 trains every layer"]),
+    (["--trunk_quantization", "4bit", "--lora_r", "4", "--lora_layers", "all", "--train_lm_head", "false"],
+     ["model.trunk_quantization='4bit'", "lora.lora_layers='all'", "lora_layers: top"]),
+    (["--fsdp_trunk", "--num_layers_unfrozen", "-1"], ["train.fsdp_trunk=True", "num_layers_unfrozen=-1"]),
+    (["--fsdp_trunk", "--trunk_quantization", "int8"], ["train.fsdp_trunk=True", "choose one"]),
+    (["--dist_timeout_s", "0"], ["train.dist_timeout_s=0.0", "> 0"]),
+    (["--samples_per_prompt", "0"], ["generation.samples_per_prompt=0", ">= 1"]),
 ]  # fmt: skip
 
 
@@ -207,6 +218,25 @@ def test_train_option_errors_name_the_option_before_anything_loads(ws, overrides
     cli(["train", CONFIG, "--output_dir", tmp_path / "out", *overrides], 2, *[_ws(ws, w) for w in words],
         capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+def test_a_batch_the_launched_processes_cannot_share_is_refused_before_anything_loads(ws, capsys, caplog, tmp_path,
+                                                                                       monkeypatch):  # fmt: skip
+    monkeypatch.setenv("WORLD_SIZE", "3")  # as torchrun sets it; process 0 of 3
+    err = cli(["train", CONFIG, "--output_dir", tmp_path / "out", "--batch_size", "8", "--mini_batch_size", "4"], 2,
+              "hydrappo train (process 0 of 3)", "2 problems in the config", "ppo.batch_size=8",
+              "3 processes of this launch (WORLD_SIZE) cannot share", "ppo.mini_batch_size=4", "multiple of 3",
+              capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("overrides, option", [(["--trunk_quantization", "int8"], "model.trunk_quantization='int8'"),
+                                               (["--optimizer", "adamw8bit"], "ppo.optimizer='adamw8bit'")])
+def test_quantization_without_bitsandbytes_says_how_to_install_it(ws, overrides, option, capsys, caplog, tmp_path,
+                                                                  monkeypatch):  # fmt: skip
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # importlib.util.find_spec then finds nothing
+    cli(["train", CONFIG, "--output_dir", tmp_path / "out", *overrides], 2, option, "needs bitsandbytes",
+        "pip install 'hydrappo[quant]'", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
 
 
 YAML_CASES = [

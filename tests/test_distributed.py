@@ -239,3 +239,40 @@ def test_a_reward_function_raising_on_one_process_stops_both_with_its_message(tm
         "ConnectionError: the reward server did not answer" in results[0].stderr
     ), describe(results)
     assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_a_signal_to_one_process_stops_both_after_the_same_step_with_its_checkpoint(tmp_path):
+    """SIGTERM reaches process 1 alone, during step 2: at the end of that step the processes agree
+    to stop, process 0 writes checkpoint-2, and both exit 143 naming it."""
+    (tmp_path / "preempted.py").write_text(
+        "import os, signal\n\nCALLS = []\n\n\n"
+        "def reward_fn(samples, prompts, outputs, **kwargs):\n"
+        "    CALLS.append(1)\n"
+        "    if os.environ['RANK'] == '1' and len(CALLS) == 2:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return [0.0] * len(outputs)\n"
+    )
+    out = tmp_path / "out"
+    results = launch(["-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), "--reward_fn",
+                      f"{tmp_path / 'preempted.py'}:reward_fn", "--total_steps", "5", "--save_every", "0",
+                      "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1", "--no_progress_bar"])  # fmt: skip
+    assert [r.returncode for r in results] == [143, 143], describe(results)
+    for result in results:
+        assert f"stopped by SIGTERM after step 2; checkpoint {out / 'checkpoint-2'} holds it" in result.stderr, describe(results)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-2"]
+    assert [row["step"] for row in metrics(out)] == [1, 2]
+
+
+def test_overwrite_output_dir_on_two_processes_moves_the_earlier_run_aside_once(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    argv = ["-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), "--total_steps", "1",
+            "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1", "--no_progress_bar"]  # fmt: skip
+    refused = launch(argv)
+    assert [r.returncode for r in refused] == [2, 2], describe(refused)
+    assert all("already holds a run (metrics.jsonl)" in r.stderr for r in refused), describe(refused)
+    check_ok(launch([*argv, "--overwrite_output_dir"]))
+    moved = list(tmp_path.glob("out.previous-*"))
+    assert len(moved) == 1 and (moved[0] / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert [row["step"] for row in metrics(out)] == [1]

@@ -214,9 +214,10 @@ def set_aside_damaged(folder: Path) -> Path:
     return target
 
 
-def resolve_resume(resume: str | Path | bool, output_dir: str | Path) -> Path:
+def resolve_resume(resume: str | Path | bool, output_dir: str | Path, set_aside: bool = True) -> Path:
     """`--resume` (True or 'latest': the newest complete checkpoint in output_dir; damaged
-    newer ones are set aside with a warning) or `--resume PATH` (a damaged one is an error)."""
+    newer ones are set aside with a warning) or `--resume PATH` (a damaged one is an error).
+    `set_aside=False` (every process of a launcher run but process 0): skip them, rename nothing."""
     if resume in (True, "latest", ""):
         found = checkpoint_dirs(output_dir)
         if not found:
@@ -225,6 +226,8 @@ def resolve_resume(resume: str | Path | bool, output_dir: str | Path) -> Path:
             problems = checkpoint_problems(folder)
             if not problems:
                 return folder
+            if not set_aside:
+                continue
             aside = set_aside_damaged(folder)
             logger.warning("--resume: skipping the damaged checkpoint %s (%s); it was moved to %s",
                            folder, "; ".join(problems), aside.name)  # fmt: skip

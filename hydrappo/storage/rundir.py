@@ -64,10 +64,12 @@ def resumes_in(resume, output_dir: str | os.PathLike) -> bool:
 
 
 def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: bool = False,
-                     option: str = "train.output_dir") -> Path | None:  # fmt: skip
+                     option: str = "train.output_dir", move: bool = True) -> Path | None:  # fmt: skip
     """Check, before a run writes anything, that `output_dir` is its own. Returns the folder
     the earlier run was moved to (with `overwrite`), else None. Resuming the run in
-    `output_dir` is what it is for; resuming from a checkpoint elsewhere is a new run here."""
+    `output_dir` is what it is for; resuming from a checkpoint elsewhere is a new run here.
+    `move=False` (every process of a launcher run but process 0, which writes): the same
+    checks, but an earlier run is left for process 0 to move."""
     problem = writable_folder_problem(output_dir)
     if problem:
         raise OutputDirError(f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder.")
@@ -88,9 +90,22 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
             "over it with --overwrite_output_dir (the earlier run is moved to a sibling folder, not deleted), or "
             "choose another output_dir."
         )
+    if not move:
+        return None
     moved = move_aside(output_dir)
     logger.warning("%s: the earlier run in %s was moved to %s", option, output_dir, moved)
     return moved
+
+
+def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True):
+    """What a training command does before any model loads: claim `output_dir` for this run and
+    find the checkpoint `--resume` names (damaged newer ones set aside). Returns the
+    checkpoint to resume from, or None. Under a launcher every process checks the same, and
+    only process 0 (`writer`) renames anything."""
+    from .checkpoint import resolve_resume
+
+    claim_output_dir(output_dir, resume=resume_arg, overwrite=overwrite, move=writer)
+    return resolve_resume(resume_arg, output_dir, set_aside=writer) if resume_arg else None
 
 
 def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True) -> Path | None:

@@ -206,6 +206,18 @@ class ProcessGroup:
             dist.all_gather(parts, tensor.contiguous())
         return torch.cat(parts)
 
+    def largest(self, value: int, what: str) -> int:
+        """The largest of every process's integer `value`, on every process (one tiny all-reduce):
+        how the processes agree on a decision that reached each at its own time (a stop signal)."""
+        if not self.enabled:
+            return value
+        import torch.distributed as dist
+
+        box = torch.tensor([float(value)])
+        with _collective(what):
+            dist.all_reduce(box, op=dist.ReduceOp.MAX)
+        return int(box.item())
+
     def shard(self, items: list) -> list:
         """This process's contiguous share of a global batch (shares differ by at most one item)."""
         n, k, r = len(items), self.world_size, self.rank

@@ -210,7 +210,7 @@ class Harness:
                     claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False))
         if resume:
             with dist.phase("loading the checkpoint to resume from"):
-                self.load(resolve_resume(resume, self.output_dir), loop)
+                self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
         with dist.phase("opening the logs"):
             if dist.is_main:
                 self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -218,7 +218,6 @@ class Harness:
             log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
         history = []
         stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}").install()
-        saved = (None, None)  # (step, checkpoint) of the last save
         try:
             if self.step == 0 and hasattr(loop, "before_training"):
                 initial = loop.before_training()
@@ -232,10 +231,12 @@ class Harness:
                 with dist.phase(f"logging step {self.step}"):
                     log.scalars(self.step, extra or {})
                     history.append(log.write(self.step, stats, samples))
-                if (run.save_every > 0 and self.step % run.save_every == 0) or self.step == total_steps or stop.requested:
-                    saved = (self.step, self.save(loop))
-                if stop.requested and self.step < total_steps:  # (a signal may come after the line above)
-                    raise stop.stopped(self.step, saved[1] if saved[0] == self.step else self.save(loop))
+                # Read once (a signal after this line counts at the next step), the same on every process.
+                stopping = dist.largest(stop.requested or 0, "agreeing whether to stop")
+                if (run.save_every > 0 and self.step % run.save_every == 0) or self.step == total_steps or stopping:
+                    saved = self.save(loop) or self.output_dir / f"checkpoint-{self.step}"  # (None off process 0)
+                if stopping and self.step < total_steps:
+                    raise stop.stopped(self.step, saved, stopping)
         except StopNow as error:
             raise stop.abandoned(error) from None
         finally:

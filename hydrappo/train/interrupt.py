@@ -7,6 +7,12 @@ names that checkpoint. A second signal stops at once: the step in progress is ab
 the next run removes) and the message names the last complete checkpoint. The exit code is
 128 + the signal's number, as a shell reports a process killed by it: 130 for SIGINT, 143
 for SIGTERM.
+
+Under torchrun / accelerate launch each process receives the signal at its own moment; at
+the end of every step they agree (the largest signal any of them received, one all-reduce),
+so all of them save that step (process 0 writes it) and stop together. A second signal stops
+the process that receives it at once; the others then stop through the process group (their
+collective fails, or the launcher ends them).
 """
 
 from __future__ import annotations
@@ -88,10 +94,12 @@ class StopOnSignal:
             return
         raise StopNow(signum)
 
-    def stopped(self, step: int, checkpoint) -> TrainingInterrupted:
-        """The error to raise once step `step` finished and `checkpoint` holds it."""
+    def stopped(self, step: int, checkpoint, signum: int | None = None) -> TrainingInterrupted:
+        """The error to raise once step `step` finished and `checkpoint` holds it; `signum`: the
+        signal the processes agreed on (default: the one this process received)."""
+        signum = signum or self.requested
         return TrainingInterrupted(
-            f"stopped by {signal_name(self.requested)} after step {step}; checkpoint {checkpoint} holds it: "
+            f"stopped by {signal_name(signum)} after step {step}; checkpoint {checkpoint} holds it: "
             "continue with --resume.",
-            self.requested,
+            signum,
         )
