@@ -235,8 +235,9 @@ def test_a_reward_function_raising_on_one_process_stops_both_with_its_message(tm
     assert all(r.returncode != 0 for r in results), describe(results)
     assert "the reward server did not answer" in results[1].stderr
     assert (
-        "hydrappo train (process 0 of 2): process 1 of 2 failed while scoring responses: "
-        "ConnectionError: the reward server did not answer" in results[0].stderr
+        "hydrappo train (process 0 of 2): process 1 of 2 failed while scoring responses: reward function "
+        f"'{tmp_path / 'flaky.py'}:reward_fn' at step 1 raised ConnectionError: the reward server did not answer"
+        in results[0].stderr
     ), describe(results)
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
