@@ -217,7 +217,8 @@ def test_cli_reward_with_sampled_reference_statistics(tmp_path, capsys):
     info = json.loads((tmp_path / "reward" / "checkpoint-2" / "trainer_state.json").read_text())
     assert info["score_stats"] == {"count": 8, "source": f"base-policy responses to 8 prompts of {TINY / 'prompts.jsonl'}"}
     assert info["score_std"] > 0
-    assert cli_main(["reward", str(tmp_path / "reward.yaml"), "--chosen_column", "better"]) == 2
+    assert cli_main(["reward", str(tmp_path / "reward.yaml"), "--chosen_column", "better", "--output_dir",
+                     str(tmp_path / "another")]) == 2  # fmt: skip
     assert "no column 'better'" in capsys.readouterr().err
 
 

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import re
+import typing
 from dataclasses import dataclass
 
 from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
@@ -197,6 +198,12 @@ def _default(cls, name: str):
     return None
 
 
+def _optional(cls, name: str) -> bool:
+    """Whether the field is declared `X | None` (read from the annotations: argument parsers
+    rewrite `dataclasses.fields(...).type` in place)."""
+    return type(None) in typing.get_args(typing.get_type_hints(cls).get(name))
+
+
 def _sections(config):
     return [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)]
 
@@ -215,7 +222,9 @@ def _check_values(config, problems: Problems) -> None:
                     problems.add(label, value, rule.describe(), rule.fix or f"use e.g. {default!r} (the default)")
             elif name in CHOICES and value not in CHOICES[name]:
                 problems.add(label, value, f"is not one of: {', '.join(CHOICES[name])}", f"use e.g. {default!r} (the default)")
-            elif name in NAMES and (not isinstance(value, str) or not value.strip()):
+            elif name in NAMES and (not isinstance(value, str) or not value.strip()) and not (
+                value is None and _optional(type(part), name)  # an optional column (null: there is none)
+            ):
                 problems.add(label, value, "must name a column or split", f"use e.g. {default!r} (the default)")
     model = config.model
     try:
