@@ -203,7 +203,7 @@ def generate(checkpoint, prompts=None, prompt_column=None, reward_fn=None, limit
     device = pick_device(config.train.device)
     # Random-init models are rebuilt from the run's seed, exactly as the trainer built them.
     seed_everything(config.train.seed)
-    hydra, tokenizer = build_hydra(config.model, config.lora, device=device)
+    hydra, tokenizer = build_hydra(config.model, config.lora, device=device, value_head=config.ppo.uses_critic)
     reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
     data = config.data
     texts = load_prompt_texts(prompts or data.prompts, prompt_column or data.prompt_column)

@@ -14,6 +14,7 @@ from hydrappo.algo.advantages import (
 )
 from hydrappo.algo.losses import ppo_loss
 from hydrappo.algo.scores import group_statistics, shape_rewards
+from hydrappo.cli import main
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError, checkpoint_dirs
 from hydrappo.train.ppo import PPOTrainer
@@ -161,6 +162,21 @@ def test_a_critic_free_run_has_no_value_head_and_says_which_estimator_wrote_it(t
     with pytest.raises(CheckpointError, match="advantage_estimator='grpo'"):
         other.train(resume=True)
 
+
+
+def test_a_critic_free_checkpoint_generates_and_exports_without_a_value_head(tmp_path, capsys):
+    trainer(tmp_path / "run", "--advantage_estimator", "grpo", "--total_steps", "1", "--batch_size", "8",
+            "--mini_batch_size", "8").train()  # fmt: skip
+    checkpoint = str(checkpoint_dirs(tmp_path / "run")[-1])
+    assert main(["generate", checkpoint, "--prompts", str(TINY / "prompts.jsonl"), "--limit", "2",
+                 "--max_new_tokens", "3", "--no_base", "--reward_fn", VERIFIABLE]) == 0  # fmt: skip
+    assert main(["export", checkpoint, "--out", str(tmp_path / "policy")]) == 0
+    assert (tmp_path / "policy" / "config.json").exists()
+    capsys.readouterr()
+    asked = ["export", checkpoint, "--out", str(tmp_path / "again"), "--value-head", str(tmp_path / "value.safetensors")]
+    assert main(asked) == 2
+    assert "advantage_estimator='grpo', which has no value head" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists() and not (tmp_path / "value.safetensors").exists()
 
 def test_a_kl_coefficient_of_zero_never_runs_the_reference_branch(tmp_path, monkeypatch):
     run = trainer(tmp_path, "--advantage_estimator", "grpo", "--total_steps", "2", "--batch_size", "8",

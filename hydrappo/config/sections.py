@@ -162,6 +162,11 @@ class PPOArgs:
     kl_penalty: str = field(default="reward", metadata={"help": "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."})
     max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row."})
 
+    @property
+    def uses_critic(self) -> bool:
+        """Whether runs of these options have a value head (only GAE needs one), and so their checkpoints."""
+        return self.advantage_estimator == "gae"
+
 
 @dataclass
 class RewardArgs:

@@ -158,7 +158,7 @@ def load_checkpoint_hydra(
         model.dtype = "float32" if cpu_half else dtype_name(wanted)
     seed_everything(config.train.seed)
     try:
-        hydra, tok = build_hydra(model, config.lora, device=torch.device(device))
+        hydra, tok = build_hydra(model, config.lora, device=torch.device(device), value_head=config.ppo.uses_critic)
         load_trainable_weights(hydra, checkpoint)
         model.trunk_quantization = trained_quantization  # the config says how the run trained
     except CheckpointError as error:
@@ -223,6 +223,9 @@ def export_checkpoint(
     # A quantized trunk is rebuilt from the original weights: the policy is written in full precision.
     hydra, tok, config = load_checkpoint_hydra(checkpoint, base_model=base_model, tokenizer=tokenizer, device=device,
                                                trunk_quantization="none")  # fmt: skip
+    if value_head is not None and hydra.value_head is None:
+        raise ExportError(f"--value-head: {checkpoint} was trained with ppo.advantage_estimator="
+                          f"{config.ppo.advantage_estimator!r}, which has no value head; leave out --value-head.")
     model = policy_model(hydra)
     out_dtype = dtype or checkpoint_dtype(checkpoint)
     if out_dtype is not None and next(model.parameters()).dtype != out_dtype:

@@ -106,7 +106,7 @@ class PPOTrainer:
     def __init__(self, config: Config, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
         self.config = config
         ppo, train = config.ppo, config.train
-        self.critic = ppo.advantage_estimator == "gae"
+        self.critic = ppo.uses_critic
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=ppo.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
             tokenizer=tokenizer, lora=config.lora, value_head=self.critic,
