@@ -126,15 +126,36 @@ class StopOnStrings(StoppingCriteria):
 def first_stop(tokens: list[int], stop_ids: set[int], stop_strings: list[str], tokenizer) -> tuple[int, bool]:
     """Length of a generated response up to and including its first stop, and whether it stopped.
 
-    A stop string ends the response at the token that completes it (as generate does).
+    A stop token id ends the response at that token; a stop string ends it at the token that
+    completes it (as generate does), if that comes first. The stop string is found by a binary
+    search over prefix lengths: about log2(R) + 1 decodes of a row of R tokens instead of R
+    (decoding every growing prefix cost O(R^2) per row). The search returns the shortest prefix
+    whose text contains a stop string because that property only switches on as the prefix
+    grows: decoding a longer prefix extends the text of a shorter one. Where a tokenizer's
+    decoding is not prefix-stable (a prefix ending inside a multi-byte character decodes to a
+    replacement character), the result is still a prefix that ends exactly where a stop string
+    is completed.
     """
-    for index, token in enumerate(tokens):
-        if token in stop_ids:
-            return index + 1, True
-        if stop_strings:
-            text = tokenizer.decode(tokens[: index + 1], skip_special_tokens=False)
-            if any(stop in text for stop in stop_strings):
-                return index + 1, True
+    stop_at = next((index + 1 for index, token in enumerate(tokens) if token in stop_ids), None)
+    # A stop string must be complete before the stop token (the stop token's own text is not searched).
+    searchable = len(tokens) if stop_at is None else stop_at - 1
+    if stop_strings and searchable > 0:
+
+        def has_stop(length: int) -> bool:
+            text = tokenizer.decode(tokens[:length], skip_special_tokens=False)
+            return any(stop in text for stop in stop_strings)
+
+        if has_stop(searchable):
+            low, high = 1, searchable  # the shortest prefix with a stop string lies in [low, high]
+            while low < high:
+                middle = (low + high) // 2
+                if has_stop(middle):
+                    high = middle
+                else:
+                    low = middle + 1
+            return low, True
+    if stop_at is not None:
+        return stop_at, True
     return len(tokens), False
 
 
