@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -120,3 +121,17 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     tmp.write_text(text)
     os.replace(tmp, path)
     return path
+
+
+def rename_to_sibling(path: Path, tag: str) -> Path:
+    """Rename `path` to a new sibling `NAME.<tag>-<time>` (with `-<n>` if that exists), never
+    overwriting anything, and return the new path: how an earlier run or a damaged checkpoint
+    is kept for a look instead of deleted."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.{tag}-{stamp}")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}.{tag}-{stamp}-{n}")
+        n += 1
+    os.replace(path, target)
+    return target

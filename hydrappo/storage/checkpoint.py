@@ -30,7 +30,6 @@ import pickle
 import random
 import re
 import shutil
-import time
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -42,7 +41,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from ..errors import UsageError
-from .atomic import write_directory
+from .atomic import rename_to_sibling, write_directory
 
 logger = logging.getLogger("hydrappo")
 
@@ -205,13 +204,7 @@ def find_checkpoint(path: str | Path, what: str = "checkpoint", verify: bool = T
 def set_aside_damaged(folder: Path) -> Path:
     """Rename a damaged checkpoint-<step> to checkpoint-<step>.damaged-<time>: kept for a look,
     no longer counted as a checkpoint (keep-last, --resume)."""
-    target = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-    n = 1
-    while target.exists():
-        target = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
-        n += 1
-    os.replace(folder, target)
-    return target
+    return rename_to_sibling(folder, "damaged")
 
 
 def resolve_resume(resume: str | Path | bool, output_dir: str | Path, set_aside: bool = True) -> Path:

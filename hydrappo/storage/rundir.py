@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
 from pathlib import Path
 
 from ..config import writable_folder_problem
 from ..errors import UsageError
+from .atomic import rename_to_sibling
 
 logger = logging.getLogger("hydrappo")
 
@@ -46,14 +46,7 @@ def move_aside(path: str | os.PathLike, tag: str = "previous") -> Path:
             f"{path} is the current directory, one of its parents or the home folder: it cannot be moved aside. "
             "Choose a folder of its own for the output."
         )
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.{tag}-{stamp}")
-    n = 1
-    while target.exists():
-        target = path.with_name(f"{path.name}.{tag}-{stamp}-{n}")
-        n += 1
-    os.replace(path, target)
-    return target
+    return rename_to_sibling(path, tag)
 
 
 def resumes_in(resume, output_dir: str | os.PathLike) -> bool:
