@@ -79,6 +79,7 @@ class _Peak:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             return True
+        _return_freed_memory()
         return _reset_peak()
 
     def read(self) -> int:
@@ -179,7 +180,8 @@ def _return_freed_memory() -> None:
     """Hand memory that Python has freed back to the operating system (glibc's malloc_trim), so
     that the resident size counts what training holds: glibc keeps freed blocks resident, e.g. the
     float32 weights a quantized trunk replaced (on SmolLM2-135M with an int8 trunk, 1286 MiB peak
-    measured without this against 927 MiB with it)."""
+    measured without this against 927 MiB with it), or a previous phase's temporaries. Called
+    after the build and before each phase's peak reset."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
