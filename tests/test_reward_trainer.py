@@ -247,3 +247,80 @@ def test_whole_text_pairs_with_margins(tmp_path):
     loss, _ = preference_loss(chosen, rejected, torch.tensor(pairs.margins))
     assert stats["eval/loss"] == pytest.approx(loss.item(), rel=1e-5)
     assert stats["eval/loss"] != pytest.approx(preference_loss(chosen, rejected)[0].item(), rel=1e-3)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_path, pooling):
+    """The branch's pooling is recorded in its checkpoint and forward_hydra (PPO's scoring,
+    with logprobs_from as rollout passes it) pools identically, whatever the padding."""
+    trainer = RewardTrainer(reward_config(tmp_path, epochs=1, max_steps=3, pooling=pooling), config_dir=tmp_path)
+    trainer.train()
+    info = json.loads((trainer.checkpoint_path / "trainer_state.json").read_text())
+    assert info["pooling"] == pooling
+    pairs = trainer.eval_pairs
+    prompts, responses = pairs.prompt_ids[:6] * 2, pairs.chosen_ids[:6] + pairs.rejected_ids[:6]
+    expected = trainer.score(prompts, responses)
+
+    from hydrappo.storage.models import load_model_and_tokenizer
+    from hydrappo.config import ModelConfig
+
+    torch.manual_seed(0)
+    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    hydra = HydraModel(model, 2)
+    hydra.attach_reward_branch(load_reward_branch(hydra, trainer.checkpoint_path))
+    assert hydra.reward_branch.pooling == pooling
+    pad = trainer.tokenizer.pad_token_id
+    # Prompts left-padded, responses right-padded, in one batch (as rollout packs them) ...
+    input_ids, attention_mask, _, width = pack_sequences(prompts, responses, pad)
+    with torch.no_grad():
+        scores = hydra.forward_hydra(input_ids, attention_mask, logprobs_from=width - 1).scores
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=0)
+    # ... and each row alone, with no padding at all, scores the same.
+    for row in (0, 7):
+        ids, mask, _, w = pack_sequences([prompts[row]], [responses[row]], pad)
+        with torch.no_grad():
+            alone = hydra.forward_hydra(ids, mask, logprobs_from=w - 1).scores
+        torch.testing.assert_close(alone, expected[row : row + 1], atol=1e-5, rtol=0)
+    # Right padding of the whole sequence (prompt and response together), mean over the response.
+    if pooling == "mean":
+        seqs = [prompts[i] + responses[i] for i in (0, 1)]
+        plen = [len(prompts[i]) for i in (0, 1)]
+        length = max(map(len, seqs))
+        ids = torch.tensor([s + [pad] * (length - len(s)) for s in seqs])
+        mask = torch.tensor([[1] * len(s) + [0] * (length - len(s)) for s in seqs])
+        branch = hydra.reward_branch
+        for i in (0, 1):
+            with torch.no_grad():
+                split = hydra.split_hidden_states(ids[i : i + 1], mask[i : i + 1])
+                got = hydra.reward_scores(split, ids[i : i + 1], mask[i : i + 1], branch, response_start=plen[i])
+            torch.testing.assert_close(got, expected[i : i + 1], atol=1e-5, rtol=0)
+        # mean and last differ: the option changes what is read.
+        branch.pooling = "last"
+        with torch.no_grad():
+            last = hydra.forward_hydra(input_ids, attention_mask, logprobs_from=width - 1).scores
+        assert (last - expected).abs().max() > 1e-3
+
+
+def test_checkpoints_without_pooling_mean_last(trained, tmp_path):
+    import shutil
+
+    tmp, trainer, _ = trained
+    old = tmp_path / "old"
+    shutil.copytree(trainer.checkpoint_path, old)
+    state = json.loads((old / "trainer_state.json").read_text())
+    assert state.pop("pooling") == "last"
+    (old / "trainer_state.json").write_text(json.dumps(state))
+    (old / "manifest.json").unlink()  # written before manifests and the option (as tests/fixtures/legacy)
+    torch.manual_seed(0)
+    from hydrappo.storage.models import load_model_and_tokenizer
+    from hydrappo.config import ModelConfig
+
+    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    assert load_reward_branch(HydraModel(model, 2), old).pooling == "last"
+
+
+def test_pooling_option_is_checked(tmp_path):
+    from hydrappo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.pooling.*last, mean"):
+        reward_config(tmp_path, pooling="max")

@@ -23,6 +23,7 @@ from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from ..algo.scores import SCORE_NORMALIZATIONS
+from ..model.hydra import REWARD_POOLINGS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .sections import (
@@ -153,6 +154,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "score_normalization": SCORE_NORMALIZATIONS,
     "advantage_estimator": ADVANTAGE_ESTIMATORS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+    "pooling": REWARD_POOLINGS,
 }
 
 # Options naming a column or a split: an empty name can only be a mistake.

@@ -294,6 +294,7 @@ class StageTrainArgs(RunArgs):
 class RewardTrainArgs(StageTrainArgs):
     output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs."})
     learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate."})
+    pooling: str = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
 
 
 @dataclass

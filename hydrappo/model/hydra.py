@@ -110,15 +110,22 @@ class _SkipLayer(LayerStandIn):
         return hidden
 
 
+REWARD_POOLINGS = ("last", "mean")
+
+
 class RewardBranch(nn.Module):
     """A frozen reward model on the trunk: its own top layers (optionally its own final
-    norm) and a scalar head read at the last non-padding token."""
+    norm) and a scalar head read at the pooled hidden state: `pooling="last"` the last
+    non-padding token, `"mean"` the mean of the response tokens' hidden states."""
 
-    def __init__(self, layers: nn.ModuleList, head: RewardHead, norm: nn.Module | None = None):
+    def __init__(self, layers: nn.ModuleList, head: RewardHead, norm: nn.Module | None = None, pooling: str = "last"):
         super().__init__()
+        if pooling not in REWARD_POOLINGS:
+            raise ValueError(f"pooling={pooling!r} is not one of {REWARD_POOLINGS}.")
         self.layers = layers
         self.norm = norm
         self.head = head
+        self.pooling = pooling
 
 
 class HydraModel(nn.Module):
@@ -333,7 +340,9 @@ class HydraModel(nn.Module):
         `logprobs_from=k` computes log-probs (and entropy) only for the tokens
         `input_ids[:, k+1:]`, e.g. the response of a batch whose prompts fill the first
         k+1 columns: PPO never reads the prompt's log-probs, and each skipped position saves
-        an lm_head row per branch. Skipped entries hold 0; shapes do not change."""
+        an lm_head row per branch. Skipped entries hold 0; shapes do not change. A reward
+        branch with mean pooling averages over the tokens from column `logprobs_from+1` on
+        (the response, with the packing above)."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         hidden, split_hidden = self._trunk_and_policy(input_ids, attention_mask, position_ids)
@@ -355,7 +364,7 @@ class HydraModel(nn.Module):
                     if return_logits:
                         out.ref_logits = self._logits_transform(ref_head(ref_hidden))
         if self.reward_branch is not None:
-            out.scores = self.score_from_split(split_hidden, input_ids, attention_mask)
+            out.scores = self.score_from_split(split_hidden, input_ids, attention_mask, response_start=logprobs_from + 1)
         return out
 
     def forward_top(
@@ -385,17 +394,32 @@ class HydraModel(nn.Module):
         )
 
     @torch.no_grad()
-    def score_from_split(self, split_hidden, input_ids, attention_mask) -> torch.Tensor:
-        """The reward branch's score of each sequence, read at its last non-padding token."""
+    def score_from_split(self, split_hidden, input_ids, attention_mask, response_start: int | None = None) -> torch.Tensor:
+        """The reward branch's score of each sequence, pooled as the branch says (see reward_scores)."""
         if self.reward_branch is None:
             raise ValueError("no reward branch is attached (see attach_reward_branch).")
-        return self.reward_scores(split_hidden, input_ids, attention_mask, self.reward_branch)
+        return self.reward_scores(split_hidden, input_ids, attention_mask, self.reward_branch, response_start)
 
-    def reward_scores(self, split_hidden, input_ids, attention_mask, branch: RewardBranch) -> torch.Tensor:
-        """Scores of `branch` (frozen or training) on top of the cached split hidden state."""
+    def reward_scores(
+        self, split_hidden, input_ids, attention_mask, branch: RewardBranch, response_start: int | None = None
+    ) -> torch.Tensor:
+        """Scores of `branch` (frozen or training) on top of the cached split hidden state.
+
+        `branch.pooling == "last"` reads the head at the last non-padding token; `"mean"` at
+        the mean hidden state of the response tokens: the non-padding tokens in columns
+        `response_start:` (prompts left-padded to `response_start` columns, as
+        rollout.pack_sequences packs them)."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, branch.layers, branch.norm)
+        if getattr(branch, "pooling", "last") == "mean":
+            if response_start is None:
+                raise ValueError("mean pooling needs response_start, the column where the responses begin.")
+            weights = attention_mask.to(hidden.dtype).clone()
+            weights[:, :response_start] = 0
+            count = weights.sum(-1, keepdim=True).clamp(min=1)
+            pooled = (hidden * weights.unsqueeze(-1)).sum(1) / count
+            return branch.head(pooled)
         last = last_token_index(attention_mask)
         return branch.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
 

@@ -4,7 +4,8 @@ A reward checkpoint is an ordinary checkpoint folder (storage/checkpoint.py) who
 `trainable.safetensors` holds the branch (layers.*, norm.*, head.*) and whose
 `trainer_state.json` holds, besides the step, `kind: hydrappo-reward-branch`, the base
 model's identity (including a fingerprint of the frozen trunk the branch sits on), the
-score statistics on a reference set and the final evaluation. `load_reward_branch(hydra,
+pooling the head reads (`last` or `mean`; checkpoints without it mean `last`), the score
+statistics on a reference set and the final evaluation. `load_reward_branch(hydra,
 path)` puts it into a HydraModel's reward slot; `path` may also be the reward run's
 output_dir (its latest checkpoint is used).
 """
@@ -135,6 +136,7 @@ def load_reward_branch(hydra: HydraModel, path: str | Path) -> RewardBranch:
     branch = hydra.new_reward_branch(trainable=False, own_norm=True)
     if not info.get("has_norm", True):  # trained on a model without a final norm
         branch.norm = None
+    branch.pooling = info.get("pooling", "last")  # checkpoints older than the option read the last token
     load_trainable_weights(branch, folder, names={name for name, _ in branch.named_parameters()})
     branch.requires_grad_(False)
     branch.checkpoint_info = {k: v for k, v in info.items() if k != "base_model"} | {"path": str(folder)}

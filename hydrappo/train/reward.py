@@ -25,6 +25,7 @@ import torch
 from ..algo.losses import preference_loss
 from ..algo.scores import score_statistics
 from ..config import GenerationArgs, RewardConfig
+from ..errors import UsageError
 from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, read_table, split_by_prompt, tokenize_responses
 from ..model import HydraModel
 from ..rollout import generate_responses, pack_sequences
@@ -62,8 +63,14 @@ class RewardTrainer(SupervisedStage):
         if config.model.reward_branch_path:
             # Continue training an existing reward branch.
             self.branch = load_reward_branch(hydra, config.model.reward_branch_path).requires_grad_(True)
+            if self.branch.pooling != train.pooling:
+                raise UsageError(
+                    f"train.pooling={train.pooling} differs from the branch being continued "
+                    f"({config.model.reward_branch_path}: pooling={self.branch.pooling}); set train.pooling: {self.branch.pooling}."
+                )
         else:
             self.branch = hydra.new_reward_branch(trainable=True, own_norm=True)
+            self.branch.pooling = train.pooling
 
         pairs = load_preference_pairs(data.train_file, tokenizer, data)
         if data.eval_file:
@@ -107,11 +114,11 @@ class RewardTrainer(SupervisedStage):
 
     # ------------------------------------------------------------------ scoring
     def _scores(self, keys, prompt_ids, response_ids) -> torch.Tensor:
-        input_ids, attention_mask, _, _ = pack_sequences(prompt_ids, response_ids, self.tokenizer.pad_token_id)
+        input_ids, attention_mask, _, width = pack_sequences(prompt_ids, response_ids, self.tokenizer.pad_token_id)
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         split = self.split_cache(keys, input_ids, attention_mask)
         with self.harness.autocast():
-            return self.hydra.reward_scores(split, input_ids, attention_mask, self.branch).float()
+            return self.hydra.reward_scores(split, input_ids, attention_mask, self.branch, response_start=width).float()
 
     def _pair_scores(self, pairs: PreferencePairs, index: list[int], tag: str):
         """Chosen and rejected scores of pairs `index`, in ONE batch (2 x len(index) rows)."""
@@ -243,6 +250,7 @@ class RewardTrainer(SupervisedStage):
             "format_version": REWARD_FORMAT_VERSION,
             "base_model": base_model_identity(self.hydra, self.config.model.name_or_path),
             "has_norm": self.branch.norm is not None,
+            "pooling": self.branch.pooling,
             "score_mean": stats.get("score_mean"),
             "score_std": stats.get("score_std"),
             "score_stats": {k: stats[k] for k in ("count", "source") if k in stats},
