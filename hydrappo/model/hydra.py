@@ -120,8 +120,6 @@ class RewardBranch(nn.Module):
 
     def __init__(self, layers: nn.ModuleList, head: RewardHead, norm: nn.Module | None = None, pooling: str = "last"):
         super().__init__()
-        if pooling not in REWARD_POOLINGS:
-            raise ValueError(f"pooling={pooling!r} is not one of {REWARD_POOLINGS}.")
         self.layers = layers
         self.norm = norm
         self.head = head
@@ -400,9 +398,7 @@ class HydraModel(nn.Module):
             raise ValueError("no reward branch is attached (see attach_reward_branch).")
         return self.reward_scores(split_hidden, input_ids, attention_mask, self.reward_branch, response_start)
 
-    def reward_scores(
-        self, split_hidden, input_ids, attention_mask, branch: RewardBranch, response_start: int | None = None
-    ) -> torch.Tensor:
+    def reward_scores(self, split_hidden, input_ids, attention_mask, branch: RewardBranch, response_start=None):
         """Scores of `branch` (frozen or training) on top of the cached split hidden state.
 
         `branch.pooling == "last"` reads the head at the last non-padding token; `"mean"` at
@@ -417,9 +413,7 @@ class HydraModel(nn.Module):
                 raise ValueError("mean pooling needs response_start, the column where the responses begin.")
             weights = attention_mask.to(hidden.dtype).clone()
             weights[:, :response_start] = 0
-            count = weights.sum(-1, keepdim=True).clamp(min=1)
-            pooled = (hidden * weights.unsqueeze(-1)).sum(1) / count
-            return branch.head(pooled)
+            return branch.head((hidden * weights.unsqueeze(-1)).sum(1) / weights.sum(-1, keepdim=True).clamp(min=1))
         last = last_token_index(attention_mask)
         return branch.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
 
