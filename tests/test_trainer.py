@@ -232,3 +232,21 @@ def test_bf16_model_trains_float32_master_weights_under_autocast(tmp_path):
 
     with pytest.raises(ConfigError, match="needs autocast"):
         tiny_trainer(tmp_path / "no", "--dtype", "bfloat16", "--mixed_precision", "no")
+
+
+def test_critic_warmup_leaves_the_policy_bit_identical(tmp_path):
+    trainer = tiny_trainer(tmp_path / "run", "--total_steps", "2", "--critic_warmup_steps", "2")
+    hydra = trainer.hydra
+    critic = {name for name, _ in hydra.named_parameters() if name.startswith("value_head.")}
+    before = {name: p.detach().clone() for name, p in hydra.named_parameters()}
+    history = trainer.train()
+    assert [row["ppo/critic_warmup"] for row in history if "ppo/critic_warmup" in row] == [1.0, 1.0]
+    policy = [name for name, p in hydra.named_parameters() if p.requires_grad and name not in critic]
+    assert policy  # the top layers train in this config
+    for name in policy:
+        assert torch.equal(dict(hydra.named_parameters())[name], before[name]), name
+    assert any(not torch.equal(p, before[name]) for name, p in hydra.named_parameters() if name in critic)
+    # After the warm-up the policy moves.
+    trainer.config.train.total_steps = 3
+    trainer.train()
+    assert any(not torch.equal(dict(hydra.named_parameters())[n], before[n]) for n in policy)

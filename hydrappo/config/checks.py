@@ -107,6 +107,7 @@ RANGES: dict[str, Range] = {
     "cliprange_value": POSITIVE,
     "dual_clip": Range(1, low_open=True, fix="use e.g. 3.0, or null to switch dual clipping off"),
     "vf_coef": NOT_NEGATIVE,
+    "critic_warmup_steps": NOT_NEGATIVE,
     "ent_coef": FINITE,
     "init_kl_coef": NOT_NEGATIVE,
     "kl_target": POSITIVE,
@@ -370,6 +371,10 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
                      f"other, but generation.samples_per_prompt is {group}",
                      "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
+    if ppo.critic_warmup_steps > 0 and ppo.advantage_estimator != "gae":
+        problems.add("ppo.critic_warmup_steps", ppo.critic_warmup_steps, f"warms up a value head, and "
+                     f"ppo.advantage_estimator={ppo.advantage_estimator} has none",
+                     "use critic_warmup_steps: 0, or advantage_estimator: gae")  # fmt: skip
     if gen.min_new_tokens > gen.max_new_tokens >= 1:
         problems.add("generation.min_new_tokens", gen.min_new_tokens, f"must be <= generation.max_new_tokens "
                      f"({gen.max_new_tokens})", f"use at most {gen.max_new_tokens}")  # fmt: skip

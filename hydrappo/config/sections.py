@@ -148,6 +148,7 @@ class PPOArgs:
     )
     cliprange_value: float = field(default=0.2, metadata={"help": "Value clipping around the old values."})
     dual_clip: float | None = field(default=None, metadata={"help": "Dual-clip constant c > 1 (Ye et al. 2020); off by default."})
+    critic_warmup_steps: int = field(default=0, metadata={"help": "The first N steps train the value head only, on fresh rollouts: the policy does not move (its weights stay bit-identical). Counted by the step, so a resumed run continues the warm-up. Needs a value head (advantage_estimator: gae)."})
     vf_coef: float = field(default=0.1, metadata={"help": "Value loss weight (trlX: 1.0, TRL: 0.1; 0.1 since the critic shares no weights with the policy's layers but a scaled loss keeps updates tame)."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus weight."})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": "token-mean | seq-mean-token-mean | seq-mean-token-sum."})

@@ -299,6 +299,8 @@ class PPOTrainer:
         if weights is None:  # this process holds the whole batch
             weights = aggregation_weights(experience.action_mask, ppo.loss_agg_mode).cpu()
         first, share = dist.rank * len(experience), len(experience)
+        warmup = harness.step < ppo.critic_warmup_steps
+        critic = {id(p) for p in self.hydra.value_head.parameters()} if warmup else set()
         for _ in range(ppo.ppo_epochs):
             for rows in minibatch_plan(len(weights), ppo.mini_batch_size, self.shuffle_generator):
                 denominator = float(weights[rows].sum().clamp(min=1))
@@ -313,6 +315,9 @@ class PPOTrainer:
                             break
                         harness.backward(loss)
                         meter.add(stats, float(micro.action_mask.sum()))
+                if warmup:  # the critic warms up: only the value head's gradients reach the optimizer
+                    for param in self.hydra.parameters():
+                        param.grad = None if id(param) not in critic else param.grad
                 grad_norm = harness.optimizer_step(loss_is_finite)
                 if grad_norm is not None:
                     meter.grad_norms.append(grad_norm)
@@ -321,6 +326,7 @@ class PPOTrainer:
         return {
             **meter.means(dist, minibatches, "ppo/"),
             "ppo/updates": updates,
+            "ppo/critic_warmup": float(warmup),
             "ppo/nonfinite_skipped_total": harness.nonfinite_total,
             **harness.optimizer_stats("ppo/"),
             "time/update": time.perf_counter() - start,
