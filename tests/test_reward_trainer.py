@@ -324,3 +324,36 @@ def test_pooling_option_is_checked(tmp_path):
 
     with pytest.raises(ConfigError, match="train.pooling.*last, mean"):
         reward_config(tmp_path, pooling="max")
+
+
+def test_value_head_from_the_reward_head_is_its_linear_map():
+    from hydrappo.model.heads import RewardHead, ValueHead
+
+    head = RewardHead(3)
+    with torch.no_grad():
+        head.score.weight.copy_(torch.tensor([[1.0, -2.0, 0.5]]))
+        head.score.bias.fill_(0.25)
+    value = ValueHead(3)
+    value.init_from_reward_head(head)
+    # V(h) = w.h + b: 1*2 - 2*(-1) + 0.5*4 + 0.25 = 6.25 and 1*(-3) - 2*0 + 0.5*(-2) + 0.25 = -3.75
+    hidden = torch.tensor([[2.0, -1.0, 4.0], [-3.0, 0.0, -2.0]])
+    assert value(hidden).tolist() == [6.25, -3.75]
+    assert value.mlp[0].weight.tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 1], [-1, 0, 0], [0, -1, 0], [0, 0, -1]]
+    assert value.mlp[2].weight.tolist() == [[1.0, -2.0, 0.5, -1.0, 2.0, -0.5]] and value.mlp[2].bias.item() == 0.25
+    with pytest.raises(ValueError, match="expansion 2"):
+        ValueHead(3, expansion=1).init_from_reward_head(head)
+
+
+def test_ppo_value_head_starts_from_the_reward_head(trained, tmp_path):
+    tmp, trainer, _ = trained
+    from hydrappo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.value_head_init='reward_head'.*reward_branch_path"):
+        parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "x"), "--value_head_init", "reward_head"])
+    config = parse_config(TINY / "config.yaml", [
+        "--output_dir", str(tmp_path / "ppo"), "--no_progress_bar", "--reward_branch_path", str(tmp / "reward"),
+        "--value_head_init", "reward_head", "--num_layers_unfrozen", "2",
+    ])
+    ppo = PPOTrainer(config, config_dir=TINY)
+    hidden = torch.randn(4, ppo.hydra.value_head.hidden_size)
+    torch.testing.assert_close(ppo.hydra.value_head(hidden), ppo.hydra.reward_branch.head(hidden), atol=1e-5, rtol=0)

@@ -23,6 +23,7 @@ from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from ..algo.scores import SCORE_NORMALIZATIONS
+from ..model.heads import VALUE_HEAD_INITS
 from ..model.hydra import REWARD_POOLINGS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
@@ -156,6 +157,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "advantage_estimator": ADVANTAGE_ESTIMATORS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "pooling": REWARD_POOLINGS,
+    "value_head_init": VALUE_HEAD_INITS,
 }
 
 # Options naming a column or a split: an empty name can only be a mistake.
@@ -371,6 +373,10 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
                      f"other, but generation.samples_per_prompt is {group}",
                      "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
+    if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.advantage_estimator == "gae"):
+        problems.add("model.value_head_init", "reward_head", "copies the reward head into the value head, so it needs "
+                     "model.reward_branch_path and ppo.advantage_estimator: gae",
+                     "set model.reward_branch_path, or use value_head_init: random")  # fmt: skip
     if ppo.critic_warmup_steps > 0 and ppo.advantage_estimator != "gae":
         problems.add("ppo.critic_warmup_steps", ppo.critic_warmup_steps, f"warms up a value head, and "
                      f"ppo.advantage_estimator={ppo.advantage_estimator} has none",

@@ -96,6 +96,7 @@ class ModelConfig:
     reward_branch_path: str | None = field(
         default=None, metadata={"help": "A hydrappo reward checkpoint to load into the trunk's reward slot."}
     )
+    value_head_init: str = field(default="random", metadata={"help": "PPO's value head at step 0: random, or reward_head (needs model.reward_branch_path): V(h) = w.h + b exactly, the reward head's linear map, read at the policy's final hidden state (see ValueHead.init_from_reward_head)."})
 
 
 @dataclass

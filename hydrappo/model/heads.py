@@ -6,6 +6,9 @@ import torch
 from torch import nn
 
 
+VALUE_HEAD_INITS = ("random", "reward_head")
+
+
 class ValueHead(nn.Module):
     """The critic: MLP hidden -> 2*hidden -> 1 with ReLU.
 
@@ -25,6 +28,29 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.mlp(hidden.float()).squeeze(-1)
+
+    @torch.no_grad()
+    def init_from_reward_head(self, head: "RewardHead") -> None:
+        """Make V(h) = w.h + b exactly, with w, b the reward head's Linear(h, 1).
+
+        What is copied: the first layer becomes [I; -I] with zero bias, so its 2h outputs
+        after ReLU are (relu(h), relu(-h)); the last layer becomes [w, -w] with the reward
+        head's bias b, so V(h) = w.relu(h) - w.relu(-h) + b = w.h + b. Needs expansion 2.
+        The value head reads the POLICY's final hidden state, the reward head the reward
+        branch's: V equals the reward score (before any normalisation) only where the two
+        hidden states are equal, i.e. while the policy's top layers still equal the branch's
+        (a branch trained from the same trunk moves its layers, so in general V starts as
+        the reward head's linear map on the policy's features, not as the reward itself)."""
+        first, last = self.mlp[0], self.mlp[2]
+        h = self.hidden_size
+        if first.out_features != 2 * h or head.score.in_features != h:
+            raise ValueError("value_head_init=reward_head needs a value head of expansion 2 on the reward head's hidden size.")
+        eye = torch.eye(h, dtype=first.weight.dtype, device=first.weight.device)
+        first.weight.copy_(torch.cat([eye, -eye]))
+        first.bias.zero_()
+        w = head.score.weight.to(last.weight)
+        last.weight.copy_(torch.cat([w, -w], dim=1))
+        last.bias.copy_(head.score.bias.to(last.bias))
 
 
 class RewardHead(nn.Module):

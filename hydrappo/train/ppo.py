@@ -120,6 +120,8 @@ class PPOTrainer:
         if config.model.reward_branch_path:
             branch = load_reward_branch(hydra, config.model.reward_branch_path)
             hydra.attach_reward_branch(branch)
+            if config.model.value_head_init == "reward_head":  # a resumed run then loads its own value head
+                hydra.value_head.init_from_reward_head(branch.head)
             # score_normalization 'ref' without explicit statistics: the reward checkpoint's.
             apply_reference_stats(config.reward, branch)
 
