@@ -31,6 +31,8 @@ VARIANTS = {
              "--loss_agg_mode", "seq-mean-token-sum"],  # fmt: skip
     # Token returns whitened over the whole batch.
     "reinforce_pp": ["--advantage_estimator", "reinforce_pp", "--loss_agg_mode", "seq-mean-token-mean"],
+    # Only the value head trains; with weight decay, a policy weight given a zero gradient would move.
+    "critic_warmup": ["--critic_warmup_steps", "1", "--weight_decay", "0.1"],
 }
 
 

@@ -138,6 +138,11 @@ def test_a_ppo_step_on_two_processes_equals_one_process_on_the_whole_batch(tmp_p
         assert state_two["kl_controller"]["value"] == pytest.approx(state_one["kl_controller"]["value"], rel=1e-6)
         assert state_two["score_moments"]["count"] == state_one["score_moments"]["count"] == 8
         assert state_two["score_moments"]["mean"] == pytest.approx(state_one["score_moments"]["mean"], rel=1e-6)
+    # During the critic's warm-up the policy (every weight but the value head's) stays exactly as
+    # on 1 process, where the optimizer skips it: no zero-gradient step with weight decay.
+    one, two = (weights(tmp_path / k / "critic_warmup", 1) for k in ("one", "two"))
+    policy = [name for name in one if not name.startswith("value_head.")]
+    assert policy and all(torch.equal(one[name], two[name]) for name in policy)
 
 
 SMALL_RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",

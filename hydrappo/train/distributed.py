@@ -249,18 +249,17 @@ class ProcessGroup:
 
     def reduce_gradients(self, params: list[torch.nn.Parameter], finite: bool) -> bool:
         """Sum the gradients of `params` over the processes (a missing gradient counts as 0), in
-        float32 buckets; returns whether EVERY process's loss was finite (the flag rides in the
-        last bucket). The losses are already divided by the global count, hence a sum."""
+        float32 buckets; returns whether EVERY process's loss was finite. The losses are already
+        divided by the global count, hence a sum. A parameter without a gradient on EVERY process
+        keeps none, as on one process (the optimizer then skips it, e.g. the policy while the
+        critic warms up). The finite flag and which processes hold a gradient of each parameter
+        ride in the first bucket."""
         if not self.enabled:
             return finite
         import torch.distributed as dist
 
-        if not params:
-            flag = torch.tensor([0.0 if finite else 1.0])
-            with _collective("summing the gradients"):
-                dist.all_reduce(flag)
-            return flag.item() == 0
-        device = params[0].device
+        device = params[0].device if params else torch.device("cpu")
+        flags = torch.tensor([0.0 if finite else 1.0] + [float(p.grad is not None) for p in params], device=device)
         buckets, bucket, size = [], [], 0
         for param in params:
             if bucket and size + param.numel() > BUCKET_ELEMENTS:
@@ -269,26 +268,28 @@ class ProcessGroup:
             bucket.append(param)
             size += param.numel()
         buckets.append(bucket)
-        all_finite = True
         for index, bucket in enumerate(buckets):
             parts = [p.grad.detach().reshape(-1).float() if p.grad is not None else torch.zeros(p.numel(), device=device)
                      for p in bucket]  # fmt: skip
-            last = index == len(buckets) - 1
-            if last:
-                parts.append(torch.tensor([0.0 if finite else 1.0], device=device))
+            if index == 0:
+                parts.insert(0, flags)
             flat = torch.cat(parts)
             with _collective("summing the gradients"):
                 dist.all_reduce(flat)
-            if last:
-                all_finite = flat[-1].item() == 0
+            if index == 0:  # per parameter: how many processes hold a gradient
+                all_finite = flat[0].item() == 0
+                held = iter(flat[1 : len(flags)].tolist())
+                flat = flat[len(flags) :]
             offset = 0
             for param in bucket:
                 values = flat[offset : offset + param.numel()].view_as(param)
+                offset += param.numel()
+                if next(held) == 0:
+                    continue  # no process computed one
                 if param.grad is None:
                     param.grad = values.to(param.dtype).clone()
                 else:
                     param.grad.copy_(values)
-                offset += param.numel()
         return all_finite
 
 
