@@ -408,7 +408,7 @@ class HydraModel(nn.Module):
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, branch.layers, branch.norm)
-        if getattr(branch, "pooling", "last") == "mean":
+        if branch.pooling == "mean":
             if response_start is None:
                 raise ValueError("mean pooling needs response_start, the column where the responses begin.")
             weights = attention_mask.to(hidden.dtype).clone()

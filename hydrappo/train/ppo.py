@@ -303,6 +303,7 @@ class PPOTrainer:
         first, share = dist.rank * len(experience), len(experience)
         warmup = harness.step < ppo.critic_warmup_steps
         critic = {id(p) for p in self.hydra.value_head.parameters()} if warmup else set()
+        held_still = [p for p in self.hydra.trainable_parameters() if id(p) not in critic] if warmup else []
         for _ in range(ppo.ppo_epochs):
             for rows in minibatch_plan(len(weights), ppo.mini_batch_size, self.shuffle_generator):
                 denominator = float(weights[rows].sum().clamp(min=1))
@@ -317,9 +318,8 @@ class PPOTrainer:
                             break
                         harness.backward(loss)
                         meter.add(stats, float(micro.action_mask.sum()))
-                if warmup:  # the critic warms up: only the value head's gradients reach the optimizer
-                    for param in self.hydra.parameters():
-                        param.grad = None if id(param) not in critic else param.grad
+                for param in held_still:  # the critic warms up: only the value head's gradients reach the optimizer
+                    param.grad = None
                 grad_norm = harness.optimizer_step(loss_is_finite)
                 if grad_norm is not None:
                     meter.grad_norms.append(grad_norm)
