@@ -164,8 +164,8 @@ def checkpoint_problems(folder: str | Path, for_resume: bool = True) -> list[str
 
 
 def _damaged(folder: Path, problems: list[str], what: str = "checkpoint") -> CheckpointError:
-    others = [p for p in reversed(checkpoint_dirs(folder.parent)) if p != folder and not checkpoint_problems(p)]
-    hint = (f"The newest complete checkpoint of that run is {others[0]}: use it." if others
+    newest = latest_complete_checkpoint(folder.parent)  # never `folder`: its problems stand for resume too
+    hint = (f"The newest complete checkpoint of that run is {newest}: use it." if newest
             else f"No complete checkpoint is left in {folder.parent}.")  # fmt: skip
     return CheckpointError(f"{what} {folder} is damaged: {'; '.join(problems)}. {hint}")
 

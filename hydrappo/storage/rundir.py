@@ -17,6 +17,7 @@ from pathlib import Path
 from ..config import writable_folder_problem
 from ..errors import UsageError
 from .atomic import rename_to_sibling
+from .checkpoint import resolve_resume
 
 logger = logging.getLogger("hydrappo")
 
@@ -95,8 +96,6 @@ def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, wri
     find the checkpoint `--resume` names (damaged newer ones set aside). Returns the
     checkpoint to resume from, or None. Under a launcher every process checks the same, and
     only process 0 (`writer`) renames anything."""
-    from .checkpoint import resolve_resume
-
     claim_output_dir(output_dir, resume=resume_arg, overwrite=overwrite, move=writer)
     return resolve_resume(resume_arg, output_dir, set_aside=writer) if resume_arg else None
 
