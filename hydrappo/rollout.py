@@ -25,6 +25,9 @@ class Responses:
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]  # each includes its stop token (EOS or stop id), if any
     ended: list[bool]  # stopped by EOS, a stop token id or a stop string (not by length)
+    # Per row, the frozen bottom's output for its prompt and response tokens (L_p + L_r, H),
+    # recorded while sampling (generate_responses(record_split=True)); else None.
+    split_hidden: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -161,33 +164,70 @@ def first_stop(tokens: list[int], stop_ids: set[int], stop_strings: list[str], t
 
 @torch.no_grad()
 def generate_responses(
-    hydra: HydraModel, tokenizer, prompts: list[list[int]], args: GenerationArgs, synced: bool = False
+    hydra: HydraModel, tokenizer, prompts: list[list[int]], args: GenerationArgs, synced: bool = False,
+    record_split: bool = False,
 ) -> Responses:
     """Sample one response per prompt with the policy, in chunks of `generation_batch_size`.
     `synced`: the trunk is sharded over processes (FSDP), so every process runs every token
-    step until all are done (transformers' synced_gpus), each layer's gather meeting the others'."""
+    step until all are done (transformers' synced_gpus), each layer's gather meeting the others'.
+    `record_split`: keep the frozen bottom's output for every prompt and response token, which
+    sampling computes anyway (see record_split_hidden), so the experience pass can skip it."""
     config = generation_config(args, tokenizer)
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
     device = hydra.device
-    responses, ended = [], []
+    responses, ended, split_rows = [], [], []
     for start in range(0, len(prompts), args.generation_batch_size):
         chunk = prompts[start : start + args.generation_batch_size]
         input_ids, attention_mask = left_pad(chunk, tokenizer.pad_token_id)
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         criteria = StoppingCriteriaList()
         if args.stop_strings:
             criteria.append(StopOnStrings(args.stop_strings, tokenizer, input_ids.shape[1]))
-        sequences = hydra.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            generation_config=config,
-            stopping_criteria=criteria,
-            synced_gpus=synced,
-        )
-        for row in sequences[:, input_ids.shape[1] :].tolist():
+        with hydra.recording_split() if record_split else nullcontext() as steps:
+            out = hydra.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                stopping_criteria=criteria, synced_gpus=synced, return_dict_in_generate=True,
+            )  # fmt: skip
+        width = input_ids.shape[1]
+        rows = []
+        for row in out.sequences[:, width:].tolist():
             length, stopped = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
-            responses.append(row[:length])
+            rows.append(row[:length])
             ended.append(stopped)
-    return Responses(prompt_ids=[list(p) for p in prompts], response_ids=responses, ended=ended)
+        responses.extend(rows)
+        if record_split:
+            split_rows.extend(record_split_hidden(hydra, steps, out, attention_mask, [len(p) for p in chunk], rows))
+    return Responses(
+        prompt_ids=[list(p) for p in prompts], response_ids=responses, ended=ended,
+        split_hidden=split_rows if record_split else None,
+    )  # fmt: skip
+
+
+def record_split_hidden(hydra: HydraModel, steps, out, prompt_mask, prompt_lengths, rows) -> list[torch.Tensor]:
+    """Each row's split hidden states (prompt and response tokens, H) from the decoder passes
+    of one `generate` call (`steps`: the left-padded prompts, then one token per row per
+    step). The last sampled token was never fed back: where a row needs it, one more
+    bottom-only pass over the cache generate left computes it."""
+    recorded = torch.cat(steps, dim=1)  # (B, P + generated - 1, H)
+    width, generated = prompt_mask.shape[1], out.sequences.shape[1] - prompt_mask.shape[1]
+    if generated and any(len(row) == generated for row in rows):
+        mask = torch.cat([prompt_mask, torch.ones_like(out.sequences[:, width:])], dim=1)
+        last = hydra.split_of_next_token(out.sequences[:, -1:], mask, out.past_key_values)
+        recorded = torch.cat([recorded, last], dim=1)
+    return [
+        recorded[i, width - length : width + len(row)].clone() for i, (length, row) in enumerate(zip(prompt_lengths, rows))
+    ]
+
+
+def pack_split_hidden(split_rows: list[torch.Tensor], prompt_lengths: list[int], prompt_width: int, width: int):
+    """Per-row split hidden states laid out as pack_sequences lays out the tokens (B, width, H):
+    prompts right-aligned to `prompt_width`, responses after them. Padding holds zeros (any
+    finite value does: attention never reads a padded position)."""
+    first = split_rows[0]
+    packed = first.new_zeros(len(split_rows), width, first.shape[-1])
+    for i, (states, length) in enumerate(zip(split_rows, prompt_lengths)):
+        packed[i, prompt_width - length : prompt_width - length + states.shape[0]] = states
+    return packed
 
 
 def pack_sequences(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_token_id: int):
@@ -236,11 +276,14 @@ def evaluate_sequences(
     chunk_size: int = 16,
     autocast=None,
     with_reference: bool = True,
+    split_hidden: torch.Tensor | None = None,
 ) -> HydraOutput:
     """forward_hydra over the batch in chunks: response-aligned log-probs, reference
     log-probs, values and entropy, the split hidden state (kept for the PPO epochs), plus
     reward-branch scores when a branch is attached. The prompt's log-probs are never computed,
-    and without `with_reference` (a KL coefficient of 0) the reference branch never runs."""
+    and without `with_reference` (a KL coefficient of 0) the reference branch never runs.
+    With `split_hidden` (pack_split_hidden of states recorded while sampling) the frozen
+    bottom does not run again: only the branches do."""
     device = hydra.device
     names = ("logprobs", "ref_logprobs", "values", "entropy", "split_hidden", "scores")
     parts: dict[str, list] = {name: [] for name in names}
@@ -251,10 +294,17 @@ def evaluate_sequences(
             out = hydra.forward_hydra(
                 ids, mask, return_entropy=True, return_reference=with_reference, temperature=temperature,
                 logprobs_from=prompt_width - 1,
+                split_hidden=split_hidden[start : start + chunk_size] if split_hidden is not None else None,
             )
         out = response_part(out, prompt_width)
         for name in names:
             parts[name].append(getattr(out, name))
-    return HydraOutput(**{
-        name: (torch.cat(values) if values and values[0] is not None else None) for name, values in parts.items()
-    })  # fmt: skip
+    if split_hidden is not None:
+        parts["split_hidden"] = [split_hidden]  # already whole: no concatenated copy
+    return HydraOutput(**{name: _joined(values) for name, values in parts.items()})
+
+
+def _joined(chunks: list):
+    if not chunks or chunks[0] is None:
+        return None
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)

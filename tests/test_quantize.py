@@ -276,3 +276,19 @@ def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unqua
             torch.testing.assert_close(scores, expected, atol=1e-4, rtol=1e-4)
         else:  # the same branch on the original weights: close, not equal
             assert (scores - expected).abs().max() < 0.5 * expected.std() and not torch.equal(scores, expected)
+
+
+@pytest.mark.parametrize("mode", ["int8", "4bit"])
+def test_experience_from_states_recorded_on_a_quantized_trunk(mode):
+    """Sampling runs the same quantized bottom as the experience pass; the recorded states give
+    that pass's outputs up to the kernels' batch-shape dependence (LLM.int8 picks its outlier
+    columns per batch). PPO's ratio is unaffected either way: the update replays the same
+    recorded states (forward_top)."""
+    from test_reuse_trunk import both_passes, prompts_of
+    from tiny import tiny_tokenizer
+
+    hydra = HydraModel(tiny_model("llama", num_layers=4), 2)
+    quantize_frozen_trunk(hydra, mode)
+    _, _, mask, again, reused = both_passes(hydra, tiny_tokenizer(), prompts_of([3, 7, 5, 2]), stop_token_ids=[5, 6])
+    for name in ("logprobs", "ref_logprobs", "values"):
+        torch.testing.assert_close(getattr(reused, name), getattr(again, name), atol=2e-3, rtol=0, msg=name)

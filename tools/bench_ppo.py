@@ -57,7 +57,8 @@ from hydrappo import HydraModel
 from hydrappo.model.arch import locate, logits_transform, output_embeddings
 from hydrappo.config import GenerationArgs, PPOArgs
 from hydrappo.data import left_pad
-from hydrappo.model.hydra import disable_dropout, last_token_index, position_ids_from_mask
+from hydrappo.model.hydra import disable_dropout
+from hydrappo.model.split import last_token_index, position_ids_from_mask
 from hydrappo.model.logprobs import token_logprobs
 from hydrappo.planner.counts import unique_bytes
 from hydrappo.algo.advantages import gae
@@ -65,7 +66,9 @@ from hydrappo.algo.losses import ppo_loss
 from hydrappo.algo.masked import whiten
 from hydrappo.algo.scores import shape_rewards
 from hydrappo.planner.presets import PRESETS, preset_config
-from hydrappo.rollout import Experience, evaluate_sequences, generate_responses, generation_config, pack_sequences
+from hydrappo.rollout import (
+    Experience, evaluate_sequences, generate_responses, generation_config, pack_sequences, pack_split_hidden,
+)
 
 MIB = 2**20
 PPO = PPOArgs()  # the library's defaults: clip ranges, vf_coef, KL coefficient, GAE, AdamW
@@ -86,6 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--memory-iterations", type=int, default=1, help="PPO iterations per memory child")
     parser.add_argument("--skip-memory", action="store_true", help="no peak-memory child processes")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    parser.add_argument(
+        "--compare-reuse", action="store_true",
+        help="instead of the classic comparison: hydrappo's experience pass on the split hidden states recorded "
+             "while sampling (generation.reuse_trunk_pass, the default) against the whole trunk again",
+    )
     parser.add_argument(
         "--lora-rank", type=int, default=0,
         help="instead of the classic comparison: full top-N training against LoRA of this rank on the top N "
@@ -227,7 +235,8 @@ class HydraLayout(Layout):
 
     name = "hydrappo"
 
-    def __init__(self, base_model, args, lora=None, lora_layers: str = "top", reward_branch: bool = True):
+    def __init__(self, base_model, args, lora=None, lora_layers: str = "top", reward_branch: bool = True,
+                 reuse_trunk: bool = True):  # fmt: skip
         super().__init__(args)
         self.hydra = HydraModel(
             base_model, num_layers_unfrozen=args.num_layers_unfrozen, lora=lora, lora_layers=lora_layers
@@ -239,15 +248,23 @@ class HydraLayout(Layout):
         self.prompts = make_prompts(args, base_model.config.vocab_size)
         self.params = self.hydra.trainable_parameters()
         self.optimizer = make_optimizer(self.params)
+        # As PPOTrainer does: sampling records the frozen bottom's outputs for the experience pass.
+        self.records_split = reuse_trunk and self.hydra.has_frozen_split
 
     def modules(self):
         return [self.hydra]
+
+    def rollout(self):
+        return generate_responses(self.hydra, self.tokenizer, self.prompts, self.gen_args, record_split=self.records_split)
 
     def make_experience(self, responses) -> Experience:
         ids, mask, action_mask, prompt_width = pack_sequences(
             responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
         )
-        ev = evaluate_sequences(self.hydra, ids, mask, prompt_width, chunk_size=self.args.batch)
+        split = None
+        if responses.split_hidden is not None:
+            split = pack_split_hidden(responses.split_hidden, [len(p) for p in responses.prompt_ids], prompt_width, ids.shape[1])
+        ev = evaluate_sequences(self.hydra, ids, mask, prompt_width, chunk_size=self.args.batch, split_hidden=split)
         # Without a reward branch (the LoRA comparison), a fixed score: the same work for every layout.
         scores = ev.scores if ev.scores is not None else torch.linspace(-1, 1, ids.shape[0])
         rewards, advantages, returns = advantages_of(scores, ev.logprobs, ev.ref_logprobs, ev.values, action_mask)
@@ -546,6 +563,26 @@ def bench_lora(args) -> None:
               f"{t['total'] / times[full_name]['total']:8.3f}")
 
 
+def bench_reuse(args) -> None:
+    """Issue 15's comparison: one PPO iteration with the experience pass on the split hidden
+    states recorded while sampling against the whole trunk again, identical copies of the
+    base model, interleaved in this process."""
+    base = build_base_model(args)
+    layouts = {
+        "whole trunk again": HydraLayout(copy.deepcopy(base), args, reuse_trunk=False),
+        "recorded while sampling": HydraLayout(copy.deepcopy(base), args, reuse_trunk=True),
+    }
+    times = interleaved_medians({name: layout.iteration for name, layout in layouts.items()}, args.repeats)
+    old, new = times["whole trunk again"], times["recorded while sampling"]
+    print(f"\nexperience pass: one PPO iteration (median of {args.repeats}, interleaved, one process; reward branch)")
+    print(f"{'':<26s} {'generate':>9s} {'experience':>11s} {'update':>8s} {'total':>8s}")
+    for name, t in times.items():
+        print(f"{name:<26s} {t['generate']:8.2f}s {t['experience']:10.2f}s {t['update']:7.2f}s {t['total']:7.2f}s")
+    print(f"{'ratio (recorded / again)':<26s} " + " ".join(
+        f"{new[k] / old[k]:{w}.3f} " for k, w in (("generate", 8), ("experience", 10), ("update", 7), ("total", 7))
+    ))  # fmt: skip
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     configure(args)
@@ -559,6 +596,9 @@ def main(argv=None) -> None:
 
     if args.lora_rank:
         bench_lora(args)
+        return
+    if args.compare_reuse:
+        bench_reuse(args)
         return
     peaks = None if args.skip_memory else measure_peak_memory(args)
     base = build_base_model(args)

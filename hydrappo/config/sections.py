@@ -114,6 +114,13 @@ class GenerationArgs:
         metadata={"help": "G: responses sampled for each prompt (consecutive rows of a batch; the group of a group "
                           "baseline). ppo.batch_size counts responses and must be divisible by G."},
     )
+    reuse_trunk_pass: bool = field(
+        default=True,
+        metadata={"help": "Keep the frozen bottom layers' outputs that sampling computes, so PPO's experience pass "
+                          "runs only the top branches (policy, reference, value head, reward branch). Off: the "
+                          "experience pass runs the whole trunk again. Without a frozen split (num_layers_unfrozen "
+                          "-1, LoRA on all layers) or with train.fsdp_trunk the whole pass runs either way."},
+    )
 
 
 @dataclass

@@ -8,7 +8,7 @@ third set of top layers with a scalar head.
 How the branches run without per-architecture code: every pass goes through the
 model's OWN decoder forward (its embeddings, causal/sliding-window masks, rotary
 embeddings, per-layer attention types and final norm). For a branch pass the decoder
-layer list is edited for the duration of the call: bottom layers become `_SkipLayer`s
+layer list is edited for the duration of the call: bottom layers become `SkipLayer`s (split.py)
 that cost nothing and hand the cached split hidden state to the first top layer, and
 the top slots hold the branch's layers. Only the lm_head (run in chunks, see
 logprobs.py) and the model's logit post-processing are applied outside the model,
@@ -27,6 +27,7 @@ from torch import nn
 from .arch import UnsupportedModelError, heads_are_tied, locate, logits_transform, output_embeddings, set_path
 from .heads import RewardHead, ValueHead
 from .logprobs import token_logprobs
+from .split import SkipLayer, StopTrunk, last_token_index, position_ids_from_mask, split_hook
 
 
 @dataclass
@@ -43,17 +44,6 @@ class HydraOutput:
     scores: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     ref_logits: torch.Tensor | None = None
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions count real tokens only, so a left-padded row is numbered as if unpadded."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last non-padding token of each row (works with left and right padding)."""
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    return (attention_mask.bool() * (positions + 1)).argmax(-1)
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -74,40 +64,6 @@ def _frozen_copy(module: nn.Module) -> nn.Module:
     clone = copy.deepcopy(module)
     clone.requires_grad_(False)
     return clone
-
-
-class LayerStandIn(nn.Module):
-    """Takes a decoder layer's place in the layer list for one pass. Attribute reads fall
-    through to the real layer, because decoder loops read things such as
-    `layer.attention_type` to pick each layer's mask."""
-
-    def __init__(self, layer: nn.Module):
-        super().__init__()
-        object.__setattr__(self, "_real_layer", layer)
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(object.__getattribute__(self, "_real_layer"), name)
-
-
-class _SkipLayer(LayerStandIn):
-    """Stands in for a bottom decoder layer during a branch pass: computes nothing.
-    The last one returns the cached split hidden state instead of its input."""
-
-    def __init__(self, layer: nn.Module, output: torch.Tensor | None, tuple_len: int):
-        super().__init__(layer)
-        object.__setattr__(self, "_output", output)
-        self._tuple_len = tuple_len
-
-    def forward(self, *args, **kwargs):
-        hidden = self._output
-        if hidden is None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-        if self._tuple_len:
-            return (hidden,) + (None,) * (self._tuple_len - 1)
-        return hidden
 
 
 REWARD_POOLINGS = ("last", "mean")
@@ -331,9 +287,12 @@ class HydraModel(nn.Module):
         return_reference: bool = True,
         temperature: float = 1.0,
         logprobs_from: int = 0,
+        split_hidden: torch.Tensor | None = None,
     ) -> HydraOutput:
         """Policy log-probs, reference log-probs, values and (with a reward branch) scores,
-        from ONE pass of the embeddings and the bottom layers.
+        from ONE pass of the embeddings and the bottom layers, or from none: `split_hidden`,
+        the bottom's output for these very tokens (recorded while sampling, see
+        `recording_split`), lets only the branches run.
 
         `logprobs_from=k` computes log-probs (and entropy) only for the tokens
         `input_ids[:, k+1:]`, e.g. the response of a batch whose prompts fill the first
@@ -343,7 +302,10 @@ class HydraModel(nn.Module):
         (the response, with the packing above)."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
-        hidden, split_hidden = self._trunk_and_policy(input_ids, attention_mask, position_ids)
+        if split_hidden is None or self.full_model:
+            hidden, split_hidden = self._trunk_and_policy(input_ids, attention_mask, position_ids)
+        else:
+            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, layers=None, norm=None)
         out = self._policy_outputs(
             hidden, input_ids, attention_mask, return_entropy, return_logits, temperature, logprobs_from
         )
@@ -425,6 +387,44 @@ class HydraModel(nn.Module):
             raise UnsupportedModelError("with the whole model training there is no frozen split.")
         return self._trunk_and_policy(input_ids, attention_mask, position_ids_from_mask(attention_mask), stop=True)[1]
 
+    @property
+    def has_frozen_split(self) -> bool:
+        """Whether frozen layers run below the split, so their output can be recorded and reused."""
+        return not self.full_model and self.split_index > 0
+
+    @contextmanager
+    def recording_split(self):
+        """Within it, every pass of the decoder (each step of `generate`: the prompt, then
+        one token per row) appends its split hidden state (B, T, H) to the yielded list."""
+        steps: list[torch.Tensor] = []
+        handle = split_hook(self.arch.layers, self.split_index, steps.append)
+        try:
+            yield steps
+        finally:
+            handle.remove()
+
+    @torch.no_grad()
+    def split_of_next_token(self, tokens, attention_mask, past_key_values) -> torch.Tensor:
+        """The split hidden state (B, 1, H) of one more token per row after a cached prefix
+        (what `generate` leaves): the bottom layers only. `attention_mask` covers the prefix
+        and `tokens` (B, 1)."""
+        captured = []
+
+        def receive(hidden):
+            captured.append(hidden)
+            raise StopTrunk
+
+        position_ids = attention_mask.long().sum(-1, keepdim=True) - 1
+        handle = split_hook(self.arch.layers, self.split_index, receive)
+        try:
+            self.model(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=past_key_values, use_cache=True)  # fmt: skip
+        except StopTrunk:
+            pass
+        finally:
+            handle.remove()
+        return captured[0]
+
     def generate(self, *args, **kwargs):
         """Sample from the policy with transformers' `generate` (KV cache and all)."""
         return self.model.generate(*args, **kwargs)
@@ -478,24 +478,15 @@ class HydraModel(nn.Module):
             return self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids), None
         captured = {}
 
-        def capture_input(module, args, kwargs):
-            captured["hidden"] = (args[0] if args else kwargs["hidden_states"]).detach()
+        def receive(hidden):
+            captured["hidden"] = hidden
             if stop:
-                raise _StopTrunk
+                raise StopTrunk
 
-        def capture_output(module, args, output):
-            captured["hidden"] = (output[0] if isinstance(output, tuple) else output).detach()
-            if stop:
-                raise _StopTrunk
-
-        layers = self.arch.layers
-        if self.num_layers_unfrozen > 0:
-            handle = layers[self.split_index].register_forward_pre_hook(capture_input, with_kwargs=True)
-        else:
-            handle = layers[-1].register_forward_hook(capture_output)
+        handle = split_hook(self.arch.layers, self.split_index, receive)
         try:
             hidden = self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
-        except _StopTrunk:
+        except StopTrunk:
             hidden = None
         finally:
             handle.remove()
@@ -526,7 +517,7 @@ class HydraModel(nn.Module):
         try:
             for index in range(self.split_index):
                 inject = split_hidden if index == self.split_index - 1 else None
-                layer_list[index] = _SkipLayer(original_layers[index], inject, self._layer_tuple_len)
+                layer_list[index] = SkipLayer(original_layers[index], inject, self._layer_tuple_len)
             if layers is not None:
                 for offset, layer in enumerate(layers):
                     layer_list[self.split_index + offset] = layer
@@ -574,10 +565,6 @@ class HydraModel(nn.Module):
                 f"{type(self.model).__name__} carries state between decoder layers besides the hidden states, "
                 "so its trunk cannot be split and replayed from the top layers."
             )
-
-
-class _StopTrunk(Exception):
-    """Raised from a hook to end a decoder pass once the split hidden state is captured."""
 
 
 def _default_mask(input_ids, attention_mask):

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..model.arch import locate
 from ..model.heads import ValueHead
-from ..model.hydra import LayerStandIn, position_ids_from_mask
+from ..model.split import LayerStandIn, position_ids_from_mask
 from .counts import meta_model
 
 

@@ -187,7 +187,11 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     logits_update = _chunk_elements(micro * R, v) * 4 * (CHUNK_COPIES_EVAL if s.entropy_in_update else CHUNK_COPIES_UPDATE)
     generate_workspace = _layer_workspace(counts, gen, s.prompt_length, w) + gen * v * 4 + dequantized
     split_cache = s.batch_size * T * h * w
-    cat_copy = split_cache if s.batch_size > gen else 0  # torch.cat of the evaluation chunks
+    # generation.reuse_trunk_pass: sampling keeps every rollout's split hidden state; the
+    # last chunk's steps are concatenated before its rows are cut out (x2 of one chunk).
+    recorded = split_cache + 2 * gen * T * h * w if not full else 0
+    # Packing the recorded states (or, without a frozen split, torch.cat of the evaluation chunks).
+    cat_copy = split_cache if s.batch_size > gen or not full else 0
 
     # ---------------------------------------------------------------- hydrappo
     untied_head = counts.lm_head_size if train_head and counts.lm_head == 0 and not full else 0
@@ -224,8 +228,10 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
                   + _optimizer_bytes(trainable_fp32, s.optimizer, 4), "static", s.optimizer),
         Component("KV cache", kv_cache(gen), "generate", f"{gen} sequences x {T} tokens, all {L} layers"),
         Component("generation workspace", generate_workspace, "generate", "prefill MLP intermediates, next-token logits"),
+        Component("recorded split states", recorded, "generate",
+                  f"{s.batch_size} rollouts, kept for the experience pass" if recorded else "none (no frozen split)"),
         Component("split-hidden cache", split_cache + cat_copy, "evaluate",
-                  f"{s.batch_size} rollouts" + (" (x2 while concatenated)" if cat_copy else "")),
+                  f"{s.batch_size} rollouts" + (" (x2 while packed)" if cat_copy else "")),
         Component("evaluation workspace", _layer_workspace(counts, gen, T, w) + 3 * gen * T * h * w + logits_eval + dequantized,
                   "evaluate", "one hydra pass, log-prob chunks with entropy"),
         Component("split-hidden cache", split_cache, "update", "kept for the PPO epochs"),

@@ -36,7 +36,8 @@ from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
 from ..model import HydraModel
 from ..rewards import build_reward_source
 from ..rollout import (
-    Experience, Responses, evaluate_sequences, generate_responses, minibatch_plan, pack_sequences, response_part,
+    Experience, Responses, evaluate_sequences, generate_responses, minibatch_plan, pack_sequences, pack_split_hidden,
+    response_part,
 )
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
@@ -137,6 +138,9 @@ class PPOTrainer:
         self.kl_controller = build_kl_controller(ppo.kl_controller, ppo.init_kl_coef, ppo.kl_target, ppo.kl_horizon)
         self.score_moments = RunningMoments()
         self.shuffle_generator = torch.Generator().manual_seed(train.seed)
+        # Sampling runs the frozen bottom over every token; keep its outputs for the experience
+        # pass. A sharded trunk generates in lockstep with padding steps, so it runs the pass again.
+        self.records_split = config.generation.reuse_trunk_pass and hydra.has_frozen_split and not self.harness.trunk_sharded
 
     @property
     def trained_module(self) -> HydraModel:
@@ -193,9 +197,13 @@ class PPOTrainer:
             input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
                 responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
             )
+            split = None
+            if responses.split_hidden is not None:  # the bottom's outputs recorded while sampling
+                split = pack_split_hidden(responses.split_hidden, [len(p) for p in prompt_ids], prompt_width, input_ids.shape[1])
+                responses.split_hidden = None
             kl_coef = self.kl_controller.value
             # With a KL coefficient of 0 the reference branch never runs.
-            evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0)
+            evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0, split_hidden=split)
         with dist.phase("scoring responses"):
             response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
             raw_scores = self.score(prompt_texts, response_texts, evaluation.scores)
@@ -263,16 +271,20 @@ class PPOTrainer:
         """One sampled response per prompt from the policy."""
         with self.harness.autocast():
             return generate_responses(
-                self.hydra, self.tokenizer, prompt_ids, self.config.generation, synced=self.harness.trunk_sharded
+                self.hydra, self.tokenizer, prompt_ids, self.config.generation, synced=self.harness.trunk_sharded,
+                record_split=self.records_split,
             )
 
-    def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, with_reference=True):
+    def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, with_reference=True,
+                 split_hidden=None):  # fmt: skip
         """Log-probs, reference log-probs, values, entropy, split hidden state [and reward-branch
-        scores] of the packed rollouts, from one hydra pass per chunk."""
+        scores] of the packed rollouts, from one hydra pass per chunk (of the branches alone
+        when sampling recorded the `split_hidden`)."""
         generation = self.config.generation
         return evaluate_sequences(
             self.hydra, input_ids, attention_mask, prompt_width, temperature=generation.temperature,
             chunk_size=generation.generation_batch_size, autocast=self.harness.autocast, with_reference=with_reference,
+            split_hidden=split_hidden,
         )
 
     def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores) -> torch.Tensor:

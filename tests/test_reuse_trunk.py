@@ -1,0 +1,153 @@
+"""The experience pass on split hidden states recorded while sampling (generation.reuse_trunk_pass)
+equals today's whole-trunk pass: log-probs, reference log-probs, values, entropy and reward
+scores within float32 noise, on every architecture family, with padding, stops and chunks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiny import FAMILIES, VOCAB, tiny_model, tiny_tokenizer
+
+from hydrappo import HydraModel
+from hydrappo.config import GenerationArgs
+from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences, pack_split_hidden
+
+ATOL = 1e-5
+
+
+def prompts_of(lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def sample(hydra, tokenizer, prompts, record, **generation):
+    args = GenerationArgs(**{"max_new_tokens": 9, "generation_batch_size": 3, "temperature": 1.0, **generation})
+    torch.manual_seed(1)
+    return generate_responses(hydra, tokenizer, prompts, args, record_split=record)
+
+
+def both_passes(hydra, tokenizer, prompts, **generation):
+    """The responses (recorded while sampling) and the two experience passes over them."""
+    recorded = sample(hydra, tokenizer, prompts, True, **generation)
+    ids, mask, _, width = pack_sequences(recorded.prompt_ids, recorded.response_ids, tokenizer.pad_token_id)
+    split = pack_split_hidden(recorded.split_hidden, [len(p) for p in prompts], width, ids.shape[1])
+    again = evaluate_sequences(hydra, ids, mask, width, chunk_size=4)
+    reused = evaluate_sequences(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
+    return recorded, ids, mask, again, reused
+
+
+def assert_same_experience(again, reused, mask):
+    for name in ("logprobs", "ref_logprobs", "values", "entropy", "scores"):
+        a, b = getattr(again, name), getattr(reused, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(b, a, atol=ATOL, rtol=0, msg=name)
+    real = mask.bool()
+    torch.testing.assert_close(reused.split_hidden[real], again.split_hidden[real], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_recorded_split_gives_the_whole_pass_outputs(family):
+    tokenizer = tiny_tokenizer()
+    hydra = HydraModel(tiny_model(family), 2)
+    branch = hydra.new_reward_branch()
+    hydra.attach_reward_branch(branch)
+    # Prompts of different lengths in chunks of 3 (each chunk left-padded to its own width),
+    # EOS allowed: rows stop at different lengths, some at the limit.
+    prompts = prompts_of([3, 7, 5, 2, 6, 4, 8])
+    recorded, ids, mask, again, reused = both_passes(hydra, tokenizer, prompts, stop_token_ids=[5, 6, 7, 8, 9, 10])
+    lengths = [len(r) for r in recorded.response_ids]
+    assert min(lengths) < 9 and max(lengths) == 9, lengths  # both kinds of rows are covered
+    assert_same_experience(again, reused, mask)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+@pytest.mark.parametrize("num_layers_unfrozen", [0, 1, 3])
+def test_split_positions_and_pooling(num_layers_unfrozen, pooling):
+    tokenizer = tiny_tokenizer()
+    hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen)
+    if num_layers_unfrozen:
+        branch = hydra.new_reward_branch()
+        branch.pooling = pooling
+        hydra.attach_reward_branch(branch)
+    prompts = prompts_of([4, 9, 1, 6, 3], seed=2)
+    _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, stop_token_ids=[11, 12, 13], max_new_tokens=7)
+    assert_same_experience(again, reused, mask)
+
+
+def test_recording_does_not_change_what_is_sampled():
+    tokenizer = tiny_tokenizer()
+    hydra = HydraModel(tiny_model("qwen2"), 2)
+    prompts = prompts_of([5, 2, 7, 3])
+    plain = sample(hydra, tokenizer, prompts, False, stop_token_ids=[5, 6, 7])
+    recorded = sample(hydra, tokenizer, prompts, True, stop_token_ids=[5, 6, 7])
+    assert plain.split_hidden is None
+    assert recorded.response_ids == plain.response_ids and recorded.ended == plain.ended
+    for states, prompt, response in zip(recorded.split_hidden, prompts, recorded.response_ids):
+        assert states.shape == (len(prompt) + len(response), hydra.arch.hidden_size)
+
+
+def test_a_response_of_one_token_and_all_rows_at_the_limit():
+    """min_new_tokens = max_new_tokens: every row needs the extra pass for its last token."""
+    tokenizer = tiny_tokenizer()
+    hydra = HydraModel(tiny_model("llama"), 2)
+    for new_tokens in (1, 5):
+        prompts = prompts_of([3, 6, 2])
+        recorded, _, mask, again, reused = both_passes(
+            hydra, tokenizer, prompts, max_new_tokens=new_tokens, min_new_tokens=new_tokens
+        )
+        assert all(len(r) == new_tokens for r in recorded.response_ids)
+        assert_same_experience(again, reused, mask)
+
+
+def test_trainer_records_only_where_a_frozen_split_exists(tmp_path):
+    from hydrappo.config import parse_config
+    from hydrappo.train.ppo import PPOTrainer
+
+    def trainer(*extra):
+        config = parse_config("examples/tiny/config.yaml", ["--output_dir", str(tmp_path / str(len(extra))),
+                              "--no_progress_bar", *extra])  # fmt: skip
+        return PPOTrainer(config, config_dir="examples/tiny")
+
+    assert trainer().records_split
+    assert not trainer("--reuse_trunk_pass", "false").records_split
+    assert not trainer("--num_layers_unfrozen", "-1").records_split
+
+
+def test_one_ppo_step_is_the_same_with_and_without_reuse(tmp_path):
+    """A whole step: rollouts identical, every logged scalar and the updated weights equal
+    within float32 noise (clip fractions are counts: a token at the clipping edge may flip)."""
+    from hydrappo.config import parse_config
+    from hydrappo.train.ppo import PPOTrainer
+
+    results = []
+    for reuse in ("true", "false"):
+        config = parse_config("examples/tiny/config.yaml", ["--output_dir", str(tmp_path / reuse), "--no_progress_bar",
+                              "--reuse_trunk_pass", reuse, "--total_steps", "1", "--save_every", "0"])  # fmt: skip
+        trainer = PPOTrainer(config, config_dir="examples/tiny")
+        stats, samples = trainer.train_step()
+        weights = [p.detach().clone() for p in trainer.hydra.trainable_parameters()]
+        results.append((stats, samples, weights))
+    (stats_a, samples_a, weights_a), (stats_b, samples_b, weights_b) = results
+    assert [s["response"] for s in samples_a] == [s["response"] for s in samples_b]
+    for key, value in stats_a.items():
+        if key.startswith("time/") or key.endswith("clipfrac"):
+            continue
+        assert value == pytest.approx(stats_b[key], abs=1e-4, rel=1e-4), key
+    # 16 AdamW steps of lr 3e-3 (examples/tiny): Adam divides by the gradient's scale, so float
+    # noise in a near-zero gradient moves a weight by up to ~lr; a real difference moves many.
+    for a, b in zip(weights_a, weights_b):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_lora_on_the_top_layers_records_the_untouched_bottom():
+    from peft import LoraConfig
+
+    tokenizer = tiny_tokenizer()
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    hydra = HydraModel(tiny_model("llama"), 2, lora=lora)
+    assert hydra.has_frozen_split
+    _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts_of([3, 7, 5, 2]), stop_token_ids=[5, 6, 7])
+    assert_same_experience(again, reused, mask)
+    assert not HydraModel(tiny_model("llama"), 2, lora=lora, lora_layers="all").has_frozen_split
