@@ -16,6 +16,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from .config import GenerationArgs
 from .data import left_pad
 from .model import HydraModel, HydraOutput
+from .model.split import position_ids_from_mask
 
 
 @dataclass
@@ -165,13 +166,15 @@ def first_stop(tokens: list[int], stop_ids: set[int], stop_strings: list[str], t
 @torch.no_grad()
 def generate_responses(
     hydra: HydraModel, tokenizer, prompts: list[list[int]], args: GenerationArgs, synced: bool = False,
-    record_split: bool = False,
+    record_split: bool = False, share: bool | None = None,
 ) -> Responses:
     """Sample one response per prompt with the policy, in chunks of `generation_batch_size`.
     `synced`: the trunk is sharded over processes (FSDP), so every process runs every token
     step until all are done (transformers' synced_gpus), each layer's gather meeting the others'.
     `record_split`: keep the frozen bottom's output for every prompt and response token, which
-    sampling computes anyway (see record_split_hidden), so the experience pass can skip it."""
+    sampling computes anyway (see record_split_hidden), so the experience pass can skip it.
+    `share` (default: args.share_prompt_prefill): identical consecutive prompts are prefilled once."""
+    share = args.share_prompt_prefill if share is None else share
     config = generation_config(args, tokenizer)
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
     device = hydra.device
@@ -183,11 +186,17 @@ def generate_responses(
         criteria = StoppingCriteriaList()
         if args.stop_strings:
             criteria.append(StopOnStrings(args.stop_strings, tokenizer, input_ids.shape[1]))
+        # G samples of one prompt sit in consecutive rows: run each distinct prompt once (all
+        # but its last token) and hand generate the cache, repeated for its rows.
+        shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share and not synced else None
         with hydra.recording_split() if record_split else nullcontext() as steps:
             out = hydra.generate(
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
                 stopping_criteria=criteria, synced_gpus=synced, return_dict_in_generate=True,
+                past_key_values=shared.cache if shared else None,
             )  # fmt: skip
+        if shared and record_split:
+            steps.insert(0, shared.split_hidden)
         width = input_ids.shape[1]
         rows = []
         for row in out.sequences[:, width:].tolist():
@@ -201,6 +210,31 @@ def generate_responses(
         prompt_ids=[list(p) for p in prompts], response_ids=responses, ended=ended,
         split_hidden=split_rows if record_split else None,
     )  # fmt: skip
+
+
+@dataclass
+class SharedPrefill:
+    cache: object  # transformers Cache over all but the last prompt column, one row per chunk row
+    split_hidden: torch.Tensor | None  # (rows, P - 1, H) when recording
+
+
+def shared_prefill(hydra: HydraModel, chunk, input_ids, attention_mask, record_split: bool) -> SharedPrefill | None:
+    """The prompts' KV cache (all columns but the last) computed once per distinct prompt of
+    a run of identical consecutive rows, then repeated for every row: with G samples per
+    prompt, 1/G of the prefill. None when no two consecutive prompts are equal or a prompt
+    has one column (nothing to share)."""
+    firsts = [i for i in range(len(chunk)) if i == 0 or chunk[i] != chunk[i - 1]]
+    if len(firsts) == len(chunk) or input_ids.shape[1] < 2:
+        return None
+    rows = torch.tensor(firsts + [len(chunk)])
+    repeat = torch.repeat_interleave(torch.arange(len(firsts)), rows[1:] - rows[:-1]).to(input_ids.device)
+    unique_ids, unique_mask = input_ids[firsts, :-1], attention_mask[firsts, :-1]
+    with hydra.recording_split() if record_split else nullcontext() as steps:
+        out = hydra.model(input_ids=unique_ids, attention_mask=unique_mask, position_ids=position_ids_from_mask(unique_mask),
+                          use_cache=True, logits_to_keep=1)  # fmt: skip
+    cache = out.past_key_values
+    cache.batch_select_indices(repeat)
+    return SharedPrefill(cache=cache, split_hidden=steps[0][repeat] if record_split else None)
 
 
 def record_split_hidden(hydra: HydraModel, steps, out, prompt_mask, prompt_lengths, rows) -> list[torch.Tensor]:

@@ -151,3 +151,40 @@ def test_lora_on_the_top_layers_records_the_untouched_bottom():
     _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts_of([3, 7, 5, 2]), stop_token_ids=[5, 6, 7])
     assert_same_experience(again, reused, mask)
     assert not HydraModel(tiny_model("llama"), 2, lora=lora, lora_layers="all").has_frozen_split
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gpt2"])
+def test_groups_share_one_prefill(family):
+    """G = 3 samples per prompt, chunks of 4 rows (a group split over two chunks): the shared
+    prefill samples what a prefill per row samples, and its recorded states still give the
+    whole pass's outputs."""
+    tokenizer = tiny_tokenizer()
+    hydra = HydraModel(tiny_model(family), 2)
+    hydra.attach_reward_branch(hydra.new_reward_branch())
+    prompts = [p for p in prompts_of([3, 7, 1, 5]) for _ in range(3)]
+    per_row = sample(hydra, tokenizer, prompts, False, share_prompt_prefill=False, generation_batch_size=4, stop_token_ids=[5, 6])
+    shared = sample(hydra, tokenizer, prompts, False, share_prompt_prefill=True, generation_batch_size=4, stop_token_ids=[5, 6])
+    assert shared.response_ids == per_row.response_ids
+    _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, generation_batch_size=4, stop_token_ids=[5, 6])
+    assert_same_experience(again, reused, mask)
+
+
+def test_shared_prefill_runs_each_distinct_prompt_once():
+    from hydrappo.rollout import shared_prefill
+    from hydrappo.data import left_pad
+
+    hydra = HydraModel(tiny_model("llama"), 2)
+    chunk = [[5, 6, 7], [5, 6, 7], [8, 9], [8, 9], [8, 9], [5, 6, 7]]
+    ids, mask = left_pad(chunk, 0)
+    seen = []
+    handle = hydra.arch.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))
+    try:
+        shared = shared_prefill(hydra, chunk, ids, mask, record_split=True)
+    finally:
+        handle.remove()
+    assert seen == [3]  # runs of equal rows: [5 6 7] x2, [8 9] x3, [5 6 7] x1
+    assert shared.cache.get_seq_length() == ids.shape[1] - 1
+    assert shared.split_hidden.shape[:2] == (6, ids.shape[1] - 1)
+    torch.testing.assert_close(shared.split_hidden[0], shared.split_hidden[1])
+    torch.testing.assert_close(shared.split_hidden[0], shared.split_hidden[5])
+    assert shared_prefill(hydra, [[5, 6], [7, 8]], *left_pad([[5, 6], [7, 8]], 0), record_split=False) is None

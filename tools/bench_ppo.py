@@ -82,6 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-layers-unfrozen", type=int, default=2, help="hydrappo's N")
     parser.add_argument("--batch", type=int, default=8, help="prompts per PPO iteration")
     parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--samples-per-prompt", type=int, default=1, help="G: each prompt in G consecutive rows of the batch")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--ppo-epochs", type=int, default=4)
     parser.add_argument("--mini-batch", type=int, default=4)
@@ -91,8 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument(
         "--compare-reuse", action="store_true",
-        help="instead of the classic comparison: hydrappo's experience pass on the split hidden states recorded "
-             "while sampling (generation.reuse_trunk_pass, the default) against the whole trunk again",
+        help="instead of the classic comparison: hydrappo with the experience pass on the split hidden states "
+             "recorded while sampling and one prefill per distinct prompt (generation.reuse_trunk_pass and "
+             "share_prompt_prefill, the defaults) against both off (the whole trunk again, a prefill per row)",
     )
     parser.add_argument(
         "--lora-rank", type=int, default=0,
@@ -145,8 +147,11 @@ def bench_tokenizer(model) -> BenchTokenizer:
 
 
 def make_prompts(args, vocab_size: int) -> list[list[int]]:
+    """`batch` rows: batch / G distinct random prompts, each in G consecutive rows."""
     generator = torch.Generator().manual_seed(1)
-    return torch.randint(3, vocab_size, (args.batch, args.prompt_len), generator=generator).tolist()
+    group = args.samples_per_prompt
+    distinct = torch.randint(3, vocab_size, (args.batch // group, args.prompt_len), generator=generator).tolist()
+    return [prompt for prompt in distinct for _ in range(group)]
 
 
 def generation_args(args) -> GenerationArgs:
@@ -248,8 +253,10 @@ class HydraLayout(Layout):
         self.prompts = make_prompts(args, base_model.config.vocab_size)
         self.params = self.hydra.trainable_parameters()
         self.optimizer = make_optimizer(self.params)
-        # As PPOTrainer does: sampling records the frozen bottom's outputs for the experience pass.
+        # As PPOTrainer does: sampling records the frozen bottom's outputs for the experience pass,
+        # and G samples of a prompt share its prefill. reuse_trunk=False: neither (the code before).
         self.records_split = reuse_trunk and self.hydra.has_frozen_split
+        self.gen_args.share_prompt_prefill = reuse_trunk
 
     def modules(self):
         return [self.hydra]
@@ -564,21 +571,21 @@ def bench_lora(args) -> None:
 
 
 def bench_reuse(args) -> None:
-    """Issue 15's comparison: one PPO iteration with the experience pass on the split hidden
-    states recorded while sampling against the whole trunk again, identical copies of the
-    base model, interleaved in this process."""
+    """One PPO iteration after issue 15 (the experience pass on the split hidden states recorded
+    while sampling, one prefill per distinct prompt) against before it (the whole trunk again,
+    a prefill per row), on identical copies of the base model, interleaved in this process."""
     base = build_base_model(args)
     layouts = {
-        "whole trunk again": HydraLayout(copy.deepcopy(base), args, reuse_trunk=False),
-        "recorded while sampling": HydraLayout(copy.deepcopy(base), args, reuse_trunk=True),
+        "before": HydraLayout(copy.deepcopy(base), args, reuse_trunk=False),
+        "after": HydraLayout(copy.deepcopy(base), args, reuse_trunk=True),
     }
     times = interleaved_medians({name: layout.iteration for name, layout in layouts.items()}, args.repeats)
-    old, new = times["whole trunk again"], times["recorded while sampling"]
+    old, new = times["before"], times["after"]
     print(f"\nexperience pass: one PPO iteration (median of {args.repeats}, interleaved, one process; reward branch)")
     print(f"{'':<26s} {'generate':>9s} {'experience':>11s} {'update':>8s} {'total':>8s}")
     for name, t in times.items():
         print(f"{name:<26s} {t['generate']:8.2f}s {t['experience']:10.2f}s {t['update']:7.2f}s {t['total']:7.2f}s")
-    print(f"{'ratio (recorded / again)':<26s} " + " ".join(
+    print(f"{'ratio (after / before)':<26s} " + " ".join(
         f"{new[k] / old[k]:{w}.3f} " for k, w in (("generate", 8), ("experience", 10), ("update", 7), ("total", 7))
     ))  # fmt: skip
 

@@ -114,6 +114,11 @@ class GenerationArgs:
         metadata={"help": "G: responses sampled for each prompt (consecutive rows of a batch; the group of a group "
                           "baseline). ppo.batch_size counts responses and must be divisible by G."},
     )
+    share_prompt_prefill: bool = field(
+        default=True,
+        metadata={"help": "With samples_per_prompt G > 1, run each prompt through the model once and give its G "
+                          "samples copies of its KV cache (1/G of the prefill). Off: every row is prefilled."},
+    )
     reuse_trunk_pass: bool = field(
         default=True,
         metadata={"help": "Keep the frozen bottom layers' outputs that sampling computes, so PPO's experience pass "
