@@ -250,3 +250,29 @@ def test_critic_warmup_leaves_the_policy_bit_identical(tmp_path):
     trainer.config.train.total_steps = 3
     trainer.train()
     assert any(not torch.equal(dict(hydra.named_parameters())[n], before[n]) for n in policy)
+
+
+def test_a_run_killed_during_the_critic_warmup_resumes_exactly(tmp_path, monkeypatch):
+    """The warm-up is counted by the step, which the checkpoint holds: a run killed in step 2
+    of a 3-step warm-up resumes into the warm-up and ends with the uninterrupted run's weights."""
+    small = ["--total_steps", "4", "--save_every", "1", "--batch_size", "8", "--mini_batch_size", "4",
+             "--critic_warmup_steps", "3", "--lr_scheduler", "linear"]  # fmt: skip
+    straight = tiny_trainer(tmp_path / "straight", *small)
+    history = straight.train()
+    assert [row.get("ppo/critic_warmup", 0.0) for row in history] == [1.0, 1.0, 1.0, 0.0]
+
+    interrupted = tiny_trainer(tmp_path / "resumed", *small)
+    real_save = interrupted.harness.save
+
+    def save_then_die(loop):
+        real_save(loop)
+        monkeypatch.setattr(interrupted, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
+
+    monkeypatch.setattr(interrupted.harness, "save", save_then_die)
+    with pytest.raises(Killed):
+        interrupted.train()
+    resumed = tiny_trainer(tmp_path / "resumed", *small)
+    history = resumed.train(resume=True)
+    assert [(row["step"], row.get("ppo/critic_warmup", 0.0)) for row in history] == [(2, 1.0), (3, 1.0), (4, 0.0)]
+    for (name, a), (_, b) in zip(straight.hydra.named_parameters(), resumed.hydra.named_parameters()):
+        assert torch.equal(a, b), name
