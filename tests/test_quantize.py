@@ -27,6 +27,7 @@ from hydrappo.storage.reward_branch import base_model_identity
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.sft import SFTTrainer
 from test_sft import write_sft_config
+from test_trainer import Killed, kill_after_next_save
 from tiny import tiny_model
 
 bnb = pytest.importorskip("bitsandbytes", reason="pip install 'hydrappo[quant]' (the README's test command does)")
@@ -121,10 +122,6 @@ def _tiny_trainer(output_dir, *overrides):
     return PPOTrainer(config, config_dir=TINY)
 
 
-class Killed(Exception):
-    pass
-
-
 def test_int8_trunk_with_8bit_adamw_resumes_exactly(tmp_path, monkeypatch):
     small = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
              "--ppo_epochs", "2", "--trunk_quantization", "int8", "--optimizer", "adamw8bit"]  # fmt: skip
@@ -135,13 +132,7 @@ def test_int8_trunk_with_8bit_adamw_resumes_exactly(tmp_path, monkeypatch):
     assert any(values["state1"].dtype == torch.uint8 for values in moments)  # 8-bit state, not float32
 
     interrupted = _tiny_trainer(tmp_path / "resumed", *small)
-    real_save = interrupted.harness.save
-
-    def save_then_die_during_step_3(loop):
-        real_save(loop)
-        monkeypatch.setattr(interrupted, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
-
-    monkeypatch.setattr(interrupted.harness, "save", save_then_die_during_step_3)
+    kill_after_next_save(interrupted, monkeypatch)
     with pytest.raises(Killed):
         interrupted.train()
     resumed = _tiny_trainer(tmp_path / "resumed", *small)

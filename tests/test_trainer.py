@@ -59,6 +59,17 @@ class Killed(Exception):
     pass
 
 
+def kill_after_next_save(trainer, monkeypatch) -> None:
+    """Make `trainer` die in the update of the step after its next checkpoint is written."""
+    real_save = trainer.harness.save
+
+    def save_then_die(loop):
+        real_save(loop)
+        monkeypatch.setattr(trainer, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
+
+    monkeypatch.setattr(trainer.harness, "save", save_then_die)
+
+
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, monkeypatch):
     small = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
              "--gradient_accumulation_steps", "2", "--lr_scheduler", "cosine", "--warmup_steps", "2",
@@ -68,13 +79,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, monkey
 
     # Killed during step 3, after checkpoint-2 and step 3's metrics line were written.
     interrupted = tiny_trainer(tmp_path / "resumed", *small)
-    real_save = interrupted.harness.save
-
-    def save_then_die_during_step_3(loop):
-        real_save(loop)
-        monkeypatch.setattr(interrupted, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
-
-    monkeypatch.setattr(interrupted.harness, "save", save_then_die_during_step_3)
+    kill_after_next_save(interrupted, monkeypatch)
     with pytest.raises(Killed):
         interrupted.train()
     with (tmp_path / "resumed" / "metrics.jsonl").open("a") as handle:
@@ -262,13 +267,7 @@ def test_a_run_killed_during_the_critic_warmup_resumes_exactly(tmp_path, monkeyp
     assert [row.get("ppo/critic_warmup", 0.0) for row in history] == [1.0, 1.0, 1.0, 0.0]
 
     interrupted = tiny_trainer(tmp_path / "resumed", *small)
-    real_save = interrupted.harness.save
-
-    def save_then_die(loop):
-        real_save(loop)
-        monkeypatch.setattr(interrupted, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
-
-    monkeypatch.setattr(interrupted.harness, "save", save_then_die)
+    kill_after_next_save(interrupted, monkeypatch)
     with pytest.raises(Killed):
         interrupted.train()
     resumed = tiny_trainer(tmp_path / "resumed", *small)
