@@ -176,6 +176,7 @@ def generate_responses(
     `share` (default: args.share_prompt_prefill): identical consecutive prompts are prefilled once."""
     share = args.share_prompt_prefill if share is None else share
     config = generation_config(args, tokenizer)
+    config.return_dict_in_generate = True  # the cache it leaves serves record_split_hidden
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
     device = hydra.device
     responses, ended, split_rows = [], [], []
@@ -192,8 +193,7 @@ def generate_responses(
         with hydra.recording_split() if record_split else nullcontext() as steps:
             out = hydra.generate(
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                stopping_criteria=criteria, synced_gpus=synced, return_dict_in_generate=True,
-                past_key_values=shared.cache if shared else None,
+                stopping_criteria=criteria, synced_gpus=synced, past_key_values=shared.cache if shared else None,
             )  # fmt: skip
         if shared and record_split:
             steps.insert(0, shared.split_hidden)
