@@ -240,11 +240,14 @@ def shared_prefill(hydra: HydraModel, chunk, input_ids, attention_mask, record_s
 def record_split_hidden(hydra: HydraModel, steps, out, prompt_mask, prompt_lengths, rows) -> list[torch.Tensor]:
     """Each row's split hidden states (prompt and response tokens, H) from the decoder passes
     of one `generate` call (`steps`: the left-padded prompts, then one token per row per
-    step). The last sampled token was never fed back: where a row needs it, one more
-    bottom-only pass over the cache generate left computes it."""
+    step). The last sampled token was never fed back. Only a reward branch reads its state
+    (the score at the last token, or the mean over the response); the policy's outputs at
+    that position predict padding and are masked. So with a reward branch attached, and a
+    row that needs it, one more bottom-only pass over the cache generate left computes it;
+    otherwise such a row's last state is left out (packed as zeros)."""
     recorded = torch.cat(steps, dim=1)  # (B, P + generated - 1, H)
     width, generated = prompt_mask.shape[1], out.sequences.shape[1] - prompt_mask.shape[1]
-    if generated and any(len(row) == generated for row in rows):
+    if generated and hydra.reward_branch is not None and any(len(row) == generated for row in rows):
         mask = torch.cat([prompt_mask, torch.ones_like(out.sequences[:, width:])], dim=1)
         last = hydra.split_of_next_token(out.sequences[:, -1:], mask, out.past_key_values)
         recorded = torch.cat([recorded, last], dim=1)

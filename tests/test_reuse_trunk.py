@@ -11,6 +11,7 @@ from tiny import FAMILIES, VOCAB, tiny_model, tiny_tokenizer
 
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
+from hydrappo.model.split import last_token_index
 from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences, pack_split_hidden
 
 ATOL = 1e-5
@@ -38,12 +39,24 @@ def both_passes(hydra, tokenizer, prompts, **generation):
 
 
 def assert_same_experience(again, reused, mask):
+    """Equal everywhere with a reward branch. Without one, the last sampled token's state is
+    not recorded (nothing reads it), so the comparison covers what PPO reads: every response
+    token's log-prob, reference log-prob and entropy, the value before each response token,
+    and the split states of all real tokens but the last."""
+    strict = again.scores is not None
+    width = again.logprobs.shape[1]
+    lengths = (mask[:, -width:].sum(-1)).tolist() if not strict else None
+    used = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None] if not strict else torch.ones_like(again.logprobs, dtype=torch.bool)
     for name in ("logprobs", "ref_logprobs", "values", "entropy", "scores"):
         a, b = getattr(again, name), getattr(reused, name)
         assert (a is None) == (b is None), name
         if a is not None:
+            if name != "scores":
+                a, b = a[used], b[used]
             torch.testing.assert_close(b, a, atol=ATOL, rtol=0, msg=name)
-    real = mask.bool()
+    real = mask.bool().clone()
+    if not strict:
+        real[torch.arange(len(real)), last_token_index(mask)] = False
     torch.testing.assert_close(reused.split_hidden[real], again.split_hidden[real], atol=ATOL, rtol=0)
 
 
@@ -79,6 +92,7 @@ def test_split_positions_and_pooling(num_layers_unfrozen, pooling):
 def test_recording_does_not_change_what_is_sampled():
     tokenizer = tiny_tokenizer()
     hydra = HydraModel(tiny_model("qwen2"), 2)
+    hydra.attach_reward_branch(hydra.new_reward_branch())  # every token's state recorded
     prompts = prompts_of([5, 2, 7, 3])
     plain = sample(hydra, tokenizer, prompts, False, stop_token_ids=[5, 6, 7])
     recorded = sample(hydra, tokenizer, prompts, True, stop_token_ids=[5, 6, 7])
@@ -188,3 +202,18 @@ def test_shared_prefill_runs_each_distinct_prompt_once():
     torch.testing.assert_close(shared.split_hidden[0], shared.split_hidden[1])
     torch.testing.assert_close(shared.split_hidden[0], shared.split_hidden[5])
     assert shared_prefill(hydra, [[5, 6], [7, 8]], *left_pad([[5, 6], [7, 8]], 0), record_split=False) is None
+
+
+def test_the_last_token_pass_runs_only_for_a_reward_branch(monkeypatch):
+    tokenizer = tiny_tokenizer()
+    hydra = HydraModel(tiny_model("llama"), 2)
+    calls = []
+    real = hydra.split_of_next_token
+    monkeypatch.setattr(hydra, "split_of_next_token", lambda *args: calls.append(1) or real(*args))
+    prompts = prompts_of([3, 6, 2])
+    both_passes(hydra, tokenizer, prompts, max_new_tokens=4, min_new_tokens=4, generation_batch_size=3)
+    assert calls == []
+    hydra.attach_reward_branch(hydra.new_reward_branch())
+    _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, max_new_tokens=4, min_new_tokens=4, generation_batch_size=3)
+    assert calls == [1]
+    assert_same_experience(again, reused, mask)
