@@ -167,7 +167,7 @@ def test_lora_on_the_top_layers_records_the_untouched_bottom():
     assert not HydraModel(tiny_model("llama"), 2, lora=lora, lora_layers="all").has_frozen_split
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_groups_share_one_prefill(family):
     """G = 3 samples per prompt, chunks of 4 rows (a group split over two chunks): the shared
     prefill samples what a prefill per row samples, and its recorded states still give the

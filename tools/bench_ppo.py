@@ -97,6 +97,11 @@ def parse_args(argv=None) -> argparse.Namespace:
              "share_prompt_prefill, the defaults) against both off (the whole trunk again, a prefill per row)",
     )
     parser.add_argument(
+        "--no-reward-branch", action="store_true",
+        help="with --compare-reuse: score with a fixed function instead of a reward branch, as the main job's "
+             "reward function does (the last sampled token's state is then never needed)",
+    )
+    parser.add_argument(
         "--lora-rank", type=int, default=0,
         help="instead of the classic comparison: full top-N training against LoRA of this rank on the top N "
              "layers and on all layers (bytes and time per PPO iteration)",
@@ -576,12 +581,13 @@ def bench_reuse(args) -> None:
     a prefill per row), on identical copies of the base model, interleaved in this process."""
     base = build_base_model(args)
     layouts = {
-        "before": HydraLayout(copy.deepcopy(base), args, reuse_trunk=False),
-        "after": HydraLayout(copy.deepcopy(base), args, reuse_trunk=True),
+        "before": HydraLayout(copy.deepcopy(base), args, reuse_trunk=False, reward_branch=not args.no_reward_branch),
+        "after": HydraLayout(copy.deepcopy(base), args, reuse_trunk=True, reward_branch=not args.no_reward_branch),
     }
     times = interleaved_medians({name: layout.iteration for name, layout in layouts.items()}, args.repeats)
     old, new = times["before"], times["after"]
-    print(f"\nexperience pass: one PPO iteration (median of {args.repeats}, interleaved, one process; reward branch)")
+    scoring = "a fixed score, no reward branch" if args.no_reward_branch else "reward branch"
+    print(f"\nexperience pass: one PPO iteration (median of {args.repeats}, interleaved, one process; {scoring})")
     print(f"{'':<26s} {'generate':>9s} {'experience':>11s} {'update':>8s} {'total':>8s}")
     for name, t in times.items():
         print(f"{name:<26s} {t['generate']:8.2f}s {t['experience']:10.2f}s {t['update']:7.2f}s {t['total']:7.2f}s")
