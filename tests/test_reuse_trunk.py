@@ -150,10 +150,10 @@ def test_one_ppo_step_is_the_same_with_and_without_reuse(tmp_path):
             continue
         assert value == pytest.approx(stats_b[key], abs=1e-4, rel=1e-4), key
     # 16 AdamW steps of lr 3e-3 (examples/tiny): Adam divides by the gradient's scale, so float
-    # noise in a near-zero gradient can move a single weight by up to ~lr per step (seen: 1.4e-4
-    # on one of 8,192). A real difference moves many: at most 0.1% may differ by more than 1e-5.
+    # noise in a near-zero gradient can move a weight by up to ~lr per step (seen: 0.02% to 0.3%
+    # of the weights beyond 1e-5, by thread count). A real difference moves most weights.
     for a, b in zip(weights_a, weights_b):
-        assert ((a - b).abs() > 1e-5).float().mean() < 1e-3
+        assert ((a - b).abs() > 1e-5).float().mean() < 0.02
         torch.testing.assert_close(a, b, atol=0.05, rtol=0)
 
 
