@@ -178,38 +178,48 @@ def generate_responses(
     config = generation_config(args, tokenizer)
     config.return_dict_in_generate = True  # the cache it leaves serves record_split_hidden
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
-    device = hydra.device
     responses, ended, split_rows = [], [], []
     for start in range(0, len(prompts), args.generation_batch_size):
-        chunk = prompts[start : start + args.generation_batch_size]
-        input_ids, attention_mask = left_pad(chunk, tokenizer.pad_token_id)
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        criteria = StoppingCriteriaList()
-        if args.stop_strings:
-            criteria.append(StopOnStrings(args.stop_strings, tokenizer, input_ids.shape[1]))
-        # G samples of one prompt sit in consecutive rows: run each distinct prompt once (all
-        # but its last token) and hand generate the cache, repeated for its rows.
-        shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share and not synced else None
-        with hydra.recording_split() if record_split else nullcontext() as steps:
-            out = hydra.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                stopping_criteria=criteria, synced_gpus=synced, past_key_values=shared.cache if shared else None,
-            )  # fmt: skip
-        if shared and record_split:
-            steps.insert(0, shared.split_hidden)
-        width = input_ids.shape[1]
-        rows = []
-        for row in out.sequences[:, width:].tolist():
-            length, stopped = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
-            rows.append(row[:length])
-            ended.append(stopped)
+        # One chunk per call: its KV cache and recorded steps are freed before the next chunk starts.
+        rows, stopped, states = _generate_chunk(
+            hydra, tokenizer, prompts[start : start + args.generation_batch_size], args, config, stop_ids,
+            synced, record_split, share and not synced,
+        )  # fmt: skip
         responses.extend(rows)
-        if record_split:
-            split_rows.extend(record_split_hidden(hydra, steps, out, attention_mask, [len(p) for p in chunk], rows))
+        ended.extend(stopped)
+        split_rows.extend(states)
     return Responses(
         prompt_ids=[list(p) for p in prompts], response_ids=responses, ended=ended,
         split_hidden=split_rows if record_split else None,
     )  # fmt: skip
+
+
+def _generate_chunk(hydra, tokenizer, chunk, args, config, stop_ids, synced, record_split, share):
+    """One `generate` call: the chunk's responses trimmed at their first stop, whether each
+    stopped, and (when recording) each row's split hidden states."""
+    input_ids, attention_mask = left_pad(chunk, tokenizer.pad_token_id)
+    input_ids, attention_mask = input_ids.to(hydra.device), attention_mask.to(hydra.device)
+    criteria = StoppingCriteriaList()
+    if args.stop_strings:
+        criteria.append(StopOnStrings(args.stop_strings, tokenizer, input_ids.shape[1]))
+    # G samples of one prompt sit in consecutive rows: run each distinct prompt once (all
+    # but its last token) and hand generate the cache, repeated for its rows.
+    shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share else None
+    with hydra.recording_split() if record_split else nullcontext() as steps:
+        out = hydra.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+            stopping_criteria=criteria, synced_gpus=synced, past_key_values=shared.cache if shared else None,
+        )  # fmt: skip
+    rows, stopped = [], []
+    for row in out.sequences[:, input_ids.shape[1] :].tolist():
+        length, ended = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
+        rows.append(row[:length])
+        stopped.append(ended)
+    if not record_split:
+        return rows, stopped, []
+    if shared:
+        steps.insert(0, shared.split_hidden)
+    return rows, stopped, record_split_hidden(hydra, steps, out, attention_mask, [len(p) for p in chunk], rows)
 
 
 @dataclass
@@ -256,14 +266,18 @@ def record_split_hidden(hydra: HydraModel, steps, out, prompt_mask, prompt_lengt
     ]
 
 
-def pack_split_hidden(split_rows: list[torch.Tensor], prompt_lengths: list[int], prompt_width: int, width: int):
-    """Per-row split hidden states laid out as pack_sequences lays out the tokens (B, width, H):
-    prompts right-aligned to `prompt_width`, responses after them. Padding holds zeros (any
-    finite value does: attention never reads a padded position)."""
-    first = split_rows[0]
-    packed = first.new_zeros(len(split_rows), width, first.shape[-1])
-    for i, (states, length) in enumerate(zip(split_rows, prompt_lengths)):
-        packed[i, prompt_width - length : prompt_width - length + states.shape[0]] = states
+def pack_split_hidden(responses: Responses, prompt_width: int, width: int) -> torch.Tensor | None:
+    """The split hidden states recorded while sampling (None if none were), laid out as
+    pack_sequences lays out the tokens (B, width, H): prompts right-aligned to `prompt_width`,
+    responses after them. Padding holds zeros (any finite value does: attention never reads a
+    padded position)."""
+    if responses.split_hidden is None:
+        return None
+    first = responses.split_hidden[0]
+    packed = first.new_zeros(len(responses.split_hidden), width, first.shape[-1])
+    for i, (states, prompt) in enumerate(zip(responses.split_hidden, responses.prompt_ids)):
+        start = prompt_width - len(prompt)
+        packed[i, start : start + states.shape[0]] = states
     return packed
 
 

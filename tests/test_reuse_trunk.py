@@ -32,7 +32,7 @@ def both_passes(hydra, tokenizer, prompts, **generation):
     """The responses (recorded while sampling) and the two experience passes over them."""
     recorded = sample(hydra, tokenizer, prompts, True, **generation)
     ids, mask, _, width = pack_sequences(recorded.prompt_ids, recorded.response_ids, tokenizer.pad_token_id)
-    split = pack_split_hidden(recorded.split_hidden, [len(p) for p in prompts], width, ids.shape[1])
+    split = pack_split_hidden(recorded, width, ids.shape[1])
     again = evaluate_sequences(hydra, ids, mask, width, chunk_size=4)
     reused = evaluate_sequences(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
     return recorded, ids, mask, again, reused

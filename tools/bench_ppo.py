@@ -273,9 +273,7 @@ class HydraLayout(Layout):
         ids, mask, action_mask, prompt_width = pack_sequences(
             responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
         )
-        split = None
-        if responses.split_hidden is not None:
-            split = pack_split_hidden(responses.split_hidden, [len(p) for p in responses.prompt_ids], prompt_width, ids.shape[1])
+        split = pack_split_hidden(responses, prompt_width, ids.shape[1])
         ev = evaluate_sequences(self.hydra, ids, mask, prompt_width, chunk_size=self.args.batch, split_hidden=split)
         # Without a reward branch (the LoRA comparison), a fixed score: the same work for every layout.
         scores = ev.scores if ev.scores is not None else torch.linspace(-1, 1, ids.shape[0])

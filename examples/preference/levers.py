@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from hydrappo.config import RewardConfig, parse_config
+from hydrappo.data import split_by_prompt
 from hydrappo.train.reward import RewardTrainer
 
 HERE = Path(__file__).resolve().parent
@@ -66,8 +67,6 @@ def accuracy(chosen: torch.Tensor, rejected: torch.Tensor) -> float:
 
 def held_out_index(trainer: RewardTrainer, rows: list[dict]) -> list[int]:
     """The indices of the rows that the trainer held out, in its order."""
-    from hydrappo.data import split_by_prompt
-
     data, train = trainer.config.data, trainer.config.train
     return split_by_prompt([row["prompt"] for row in rows], data.eval_fraction, train.seed)[1]
 

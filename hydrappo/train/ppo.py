@@ -197,10 +197,8 @@ class PPOTrainer:
             input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
                 responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
             )
-            split = None
-            if responses.split_hidden is not None:  # the bottom's outputs recorded while sampling
-                split = pack_split_hidden(responses.split_hidden, [len(p) for p in prompt_ids], prompt_width, input_ids.shape[1])
-                responses.split_hidden = None
+            split = pack_split_hidden(responses, prompt_width, input_ids.shape[1])  # recorded while sampling, or None
+            responses.split_hidden = None  # the per-row copies: packed now
             kl_coef = self.kl_controller.value
             # With a KL coefficient of 0 the reference branch never runs.
             evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0, split_hidden=split)
