@@ -168,10 +168,17 @@ class PPOArgs:
     whiten_advantages: bool = field(
         default=True, metadata={"help": "Normalise GAE advantages over the batch (masked). REINFORCE++ always does; group estimators never."}
     )
-    kl_controller: str = field(default="adaptive", metadata={"help": "adaptive (Ziegler et al.) | fixed."})
+    kl_controller: str = field(
+        default="adaptive",
+        metadata={"help": "adaptive (Ziegler et al.: moves beta by at most 0.2 x batch_size / kl_horizon a step) | pi "
+                          "(proportional-integral on log beta, gains per step: holds kl_target within tens of steps; "
+                          "docs/kl-control.md) | fixed."},
+    )
     init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient beta (trlX: 0.05; TRL: 0.2)."})
-    kl_target: float = field(default=6.0, metadata={"help": "Adaptive controller's target KL (nats per sequence)."})
+    kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive and pi controllers (nats per sequence)."})
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive controller's horizon (in rollouts)."})
+    kl_pi_kp: float = field(default=0.5, metadata={"help": "pi controller: proportional gain on log(KL / kl_target), clipped to [-1, 1]."})
+    kl_pi_ki: float = field(default=0.2, metadata={"help": "pi controller: integral gain per step (1 / ki is roughly its horizon in steps)."})
     kl_estimator: str = field(default="k1", metadata={"help": "k1 | k2 | k3 | abs: per-token KL estimate."})
     kl_penalty: str = field(default="reward", metadata={"help": "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."})
     max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row."})

@@ -135,7 +135,9 @@ class PPOTrainer:
 
         updates_per_step = ppo.ppo_epochs * (ppo.batch_size // ppo.mini_batch_size)
         self.harness.setup_optimizer(hydra.trainable_parameters(), ppo, train.total_steps * updates_per_step)
-        self.kl_controller = build_kl_controller(ppo.kl_controller, ppo.init_kl_coef, ppo.kl_target, ppo.kl_horizon)
+        self.kl_controller = build_kl_controller(
+            ppo.kl_controller, ppo.init_kl_coef, ppo.kl_target, ppo.kl_horizon, kp=ppo.kl_pi_kp, ki=ppo.kl_pi_ki
+        )
         self.score_moments = RunningMoments()
         self.shuffle_generator = torch.Generator().manual_seed(train.seed)
         # Sampling runs the frozen bottom over every token; keep its outputs for the experience
