@@ -27,6 +27,7 @@ import time
 import torch
 
 from ..algo.advantages import estimate_advantages
+from ..algo.degeneration import degeneration_flags
 from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_of_parts, explained_variance_parts, masked_mean, masked_sum
@@ -215,6 +216,7 @@ class PPOTrainer:
             gather(t) for t in (action_mask, evaluation.logprobs, evaluation.ref_logprobs, evaluation.values, evaluation.entropy)
         )
         all_raw_scores, ended = gather(raw_scores), gather(torch.tensor(responses.ended, dtype=torch.float32)).bool()
+        degenerate = gather(torch.tensor(degeneration_flags(responses.response_ids, responses.ended), dtype=torch.float32))
         prompt_lengths = gather(torch.tensor([float(len(p)) for p in prompt_ids]))
         scores = normalize_scores(
             all_raw_scores, reward_cfg.score_normalization, moments=self.score_moments,
@@ -248,6 +250,7 @@ class PPOTrainer:
             "env/reward_std": all_raw_scores.std().item() if len(all_raw_scores) > 1 else 0.0,
             "env/score_used_mean": scores.mean().item(),
             "env/missing_eos_frac": 1.0 - ended.float().mean().item(),
+            "env/degenerate_frac": degenerate.mean().item(),  # a looping tail (algo/degeneration.py)
             **group_statistics(all_raw_scores, group),
             "objective/kl_coef": kl_coef,
             "objective/entropy": masked_mean(entropy, whole_mask).item(),
