@@ -119,6 +119,8 @@ RANGES: dict[str, Range] = {
     # reward
     "cliprange_reward": POSITIVE,
     "missing_eos_penalty": FINITE,
+    "overlong_buffer": NOT_NEGATIVE,
+    "overlong_penalty": NOT_NEGATIVE,
     "score_ref_mean": FINITE,
     "score_ref_std": POSITIVE,
     "timeout_s": Range(0, low_open=True, fix="use the seconds one call may take, e.g. 60, or null for no limit"),
@@ -399,6 +401,10 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         if ppo.kl_controller != user and value != _default(PPOArgs, name) and not reported:
             problems.add(f"ppo.{name}", value, f"only steers the {user} KL controller, and ppo.kl_controller is "
                          f"{ppo.kl_controller!r}", f"set kl_controller: {user}, or remove {name}")  # fmt: skip
+    if reward.overlong_buffer > gen.max_new_tokens >= 1:
+        problems.add("reward.overlong_buffer", reward.overlong_buffer, f"must be <= generation.max_new_tokens "
+                     f"({gen.max_new_tokens}): the penalty starts that many tokens before the limit",
+                     f"use e.g. {max(1, gen.max_new_tokens // 4)}")  # fmt: skip
     if ppo.kl_controller == "pi" and ppo.init_kl_coef == 0:
         problems.add("ppo.init_kl_coef", 0, "cannot start the pi KL controller, which scales beta by factors (0 stays 0)",
                      "use e.g. 0.05, or kl_controller: fixed for no KL term")  # fmt: skip

@@ -31,7 +31,9 @@ from ..algo.degeneration import degeneration_flags
 from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_of_parts, explained_variance_parts, masked_mean, masked_sum
-from ..algo.scores import RunningMoments, group_statistics, normalize_scores, shape_rewards
+from ..algo.scores import (
+    RunningMoments, group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards,
+)
 from ..config import Config, ConfigError
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
 from ..model import HydraModel
@@ -222,6 +224,10 @@ class PPOTrainer:
             all_raw_scores, reward_cfg.score_normalization, moments=self.score_moments,
             ref_mean=reward_cfg.score_ref_mean, ref_std=reward_cfg.score_ref_std,
         )
+        # DAPO's soft overlong penalty (0 with reward.overlong_buffer 0): the accuracy logged stays the raw score's.
+        length_penalty = overlong_penalty(whole_mask.sum(-1), self.config.generation.max_new_tokens,
+                                          reward_cfg.overlong_buffer, reward_cfg.overlong_penalty)  # fmt: skip
+        scores = scores + length_penalty.to(scores)
         rewards, reward_stats = shape_rewards(
             scores.to(self.device), logprobs, ref_logprobs, whole_mask, kl_coef,
             kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
@@ -233,17 +239,19 @@ class PPOTrainer:
             ppo.advantage_estimator, rewards, values, whole_mask, group_size=group, gamma=ppo.gamma,
             lam=ppo.lam, whiten_advantages=ppo.whiten_advantages,
         )
+        # DAPO's overlong filtering: truncated responses add nothing to the loss.
+        loss_mask = overlong_filter(whole_mask, ended) if ppo.mask_truncated else whole_mask
         rows, width = slice(dist.rank * len(indices), (dist.rank + 1) * len(indices)), action_mask.shape[1]
 
         def mine(tensor):
             return tensor[rows, :width] if tensor is not None else None
 
         experience = Experience(
-            input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), action_mask=action_mask,
+            input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), action_mask=mine(loss_mask),
             split_hidden=evaluation.split_hidden, logprobs=evaluation.logprobs, ref_logprobs=evaluation.ref_logprobs,
             values=evaluation.values, rewards=mine(rewards), advantages=mine(advantages), returns=mine(returns),
             prompt_width=prompt_width,
-            batch_weights=aggregation_weights(whole_mask, ppo.loss_agg_mode).cpu() if dist.enabled else None,
+            batch_weights=aggregation_weights(loss_mask, ppo.loss_agg_mode).cpu() if dist.enabled else None,
         )
         stats = {
             "env/reward_mean": all_raw_scores.mean().item(),
@@ -251,6 +259,7 @@ class PPOTrainer:
             "env/score_used_mean": scores.mean().item(),
             "env/missing_eos_frac": 1.0 - ended.float().mean().item(),
             "env/degenerate_frac": degenerate.mean().item(),  # a looping tail (algo/degeneration.py)
+            "env/overlong_penalty_mean": length_penalty.mean().item(),
             **group_statistics(all_raw_scores, group),
             "objective/kl_coef": kl_coef,
             "objective/entropy": masked_mean(entropy, whole_mask).item(),

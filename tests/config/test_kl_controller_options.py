@@ -27,3 +27,8 @@ def test_options_of_another_controller_are_refused(overrides, words):
 def test_the_pi_controller_with_its_gains_is_accepted():
     config = parse_config(None, [*BASE, "--kl_controller", "pi", "--kl_target", "4", "--kl_pi_kp", "0.3", "--kl_pi_ki", "0.1"])
     assert (config.ppo.kl_controller, config.ppo.kl_target, config.ppo.kl_pi_kp, config.ppo.kl_pi_ki) == ("pi", 4.0, 0.3, 0.1)
+
+
+def test_overlong_buffer_longer_than_the_token_limit_is_refused():
+    with pytest.raises(ConfigError, match=r"reward.overlong_buffer=40.*max_new_tokens \(32\)"):
+        parse_config(None, [*BASE, "--max_new_tokens", "32", "--overlong_buffer", "40"])
