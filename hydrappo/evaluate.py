@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .algo.degeneration import degeneration_flags
 from .config import Config, GenerationArgs, ModelConfig, Problems, RewardArgs, check_reward_fn, looks_like_a_path
 from .config.paths import looks_like_a_name, writable_folder_problem
 from .data import PromptSet, load_prompt_texts, tokenize_prompts
@@ -52,8 +53,9 @@ def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: Generat
         samples = [p + r for p, r in zip(prompts.texts, texts)]
         scores = [float(s) for s in reward_source(samples, prompts.texts, texts)]
     return [
-        {"prompt": p, "response": r, "score": s, "ended": e}
-        for p, r, s, e in zip(prompts.texts, texts, scores, responses.ended)
+        {"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
+        for p, r, s, e, d in zip(prompts.texts, texts, scores, responses.ended,
+                                 degeneration_flags(responses.response_ids, responses.ended))
     ]
 
 

@@ -3,7 +3,10 @@
 RLHF keeps the policy near the reference policy with a penalty beta * KL(pi || pi_ref).
 Only the sampled tokens' log-probs are available, so KL is estimated per token from
 `logr = log pi_ref(x) - log pi(x)` with x ~ pi (Schulman, "Approximating KL divergence",
-2020). beta is either fixed or adapted to hit a target KL (Ziegler et al. 2019).
+2020). beta is either fixed, adapted to hit a target KL by Ziegler et al.'s (2019) rule, or
+steered to the target by a proportional-integral controller on log(beta) (after Stooke,
+Achiam and Abbeel 2020, "Responsive Safety in Reinforcement Learning by PID Lagrangian
+Methods"), whose gains are per step, so that it holds its target within a run of tens of steps.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
-KL_CONTROLLERS = ("adaptive", "fixed")
+KL_CONTROLLERS = ("adaptive", "fixed", "pi")
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
@@ -108,6 +111,73 @@ class AdaptiveKLController(_KLController):
         return f"AdaptiveKLController(value={self.value}, target={self.target}, horizon={self.horizon})"
 
 
+class PIKLController(_KLController):
+    """Proportional-integral control of log(beta) towards a target KL, one update per step.
+
+    Ziegler's rule moves beta by at most ``0.2 * n_steps / horizon`` per update, so with a
+    horizon in rollouts that dwarfs a short run the target is never reached. Here the gains
+    are per step. After a step whose sequences have mean KL ``current_kl`` (nats):
+
+        e_t = clip(log(current_kl / target), -error_clip, error_clip)   (-error_clip if KL <= 0)
+        I_t = I_{t-1} + e_t                                              (I_0 = 0)
+        beta_{t+1} = beta_0 * exp(kp * e_t + ki * I_t)
+
+    This is the PI form of Stooke, Achiam and Abbeel (2020, eq. 8: lambda = Kp e + Ki I) with
+    the Lagrange multiplier replaced by log(beta), so beta stays positive without a
+    projection and the error is a ratio, matching the roughly multiplicative response of KL to
+    beta. With an immediate response KL = c / beta and kp = 0, the log-error shrinks by a
+    factor (1 - ki) a step: 1 / ki is the horizon in steps. The clip bounds how far one noisy
+    batch (or the first steps, where KL = 0) can move beta: at most by exp(kp + ki) a step
+    from the integral's change plus the proportional term's swing.
+    """
+
+    kind = "pi"
+
+    def __init__(self, init_kl_coef: float, target: float, kp: float = 0.5, ki: float = 0.2, error_clip: float = 1.0):
+        self.init = _finite_float("init_kl_coef", init_kl_coef)
+        self.target = _finite_float("kl target", target)
+        self.kp = _finite_float("kl_pi_kp", kp)
+        self.ki = _finite_float("kl_pi_ki", ki)
+        self.error_clip = _finite_float("error_clip", error_clip)
+        if self.init <= 0:
+            raise ValueError(f"the PI KL controller steers log(beta), so init_kl_coef must be > 0, got {self.init}")
+        if self.target <= 0:
+            raise ValueError(f"the PI KL controller's target must be > 0, got {self.target}")
+        if self.kp < 0 or self.ki < 0 or self.error_clip <= 0:
+            raise ValueError(
+                f"the PI KL controller needs kp >= 0, ki >= 0 and error_clip > 0, got {self.kp}, {self.ki}, {self.error_clip}"
+            )
+        self.integral = 0.0
+        self.value = self.init
+
+    def error(self, current_kl: float) -> float:
+        """The clipped log-ratio of the measured KL to the target."""
+        if current_kl <= 0:
+            return -self.error_clip
+        return min(max(math.log(current_kl / self.target), -self.error_clip), self.error_clip)
+
+    def update(self, current_kl: float, n_steps: int = 1) -> None:
+        """One step's update (``n_steps``, the rollouts of the step, is accepted for the common
+        interface and not used: the gains are per step)."""
+        current_kl = _finite_float("current_kl", current_kl)
+        error = self.error(current_kl)
+        self.integral += error
+        self.value = self.init * math.exp(self.kp * error + self.ki * self.integral)
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "value": self.value, "init": self.init, "integral": self.integral,
+                "target": self.target, "kp": self.kp, "ki": self.ki, "error_clip": self.error_clip}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_kind(state)
+        for key in ("value", "init", "integral", "target", "kp", "ki", "error_clip"):
+            setattr(self, key, float(state[key]))
+
+    def __repr__(self) -> str:
+        return (f"PIKLController(value={self.value}, target={self.target}, kp={self.kp}, ki={self.ki}, "
+                f"integral={self.integral})")  # fmt: skip
+
+
 class FixedKLController(_KLController):
     """A constant KL coefficient (InstructGPT, Ouyang et al. 2022, uses a fixed beta)."""
 
@@ -133,9 +203,15 @@ class FixedKLController(_KLController):
 
 
 def build_kl_controller(
-    kind: str, init_kl_coef: float, target: float | None = None, horizon: float | None = None
-) -> AdaptiveKLController | FixedKLController:
-    """``"adaptive"`` -> AdaptiveKLController (needs target and horizon); ``"fixed"`` -> FixedKLController."""
+    kind: str, init_kl_coef: float, target: float | None = None, horizon: float | None = None,
+    kp: float = 0.5, ki: float = 0.2,
+) -> AdaptiveKLController | PIKLController | FixedKLController:
+    """``"adaptive"`` -> AdaptiveKLController (needs target and horizon); ``"pi"`` ->
+    PIKLController (needs target; gains kp, ki); ``"fixed"`` -> FixedKLController."""
+    if kind == "pi":
+        if target is None:
+            raise ValueError("the PI KL controller needs a target")
+        return PIKLController(init_kl_coef, target, kp=kp, ki=ki)
     if kind == "adaptive":
         if target is None or horizon is None:
             raise ValueError("the adaptive KL controller needs both a target and a horizon")

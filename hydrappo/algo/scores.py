@@ -185,6 +185,33 @@ def shape_rewards(
     return rewards, to_floats(stats)
 
 
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, "DAPO", eq. 13), added to the score:
+
+        R(y) = 0                                  if |y| <= L_max - L_cache
+             = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
+             = -1                                 if |y| > L_max
+
+    times ``factor``: 0 up to ``buffer`` (L_cache) tokens before the limit, then falling
+    linearly to -factor at ``max_length`` (L_max, generation.max_new_tokens), so a response
+    that runs to the limit loses what it gained by rambling, gradually rather than at a cliff.
+    ``lengths`` (B,) are response lengths in tokens. ``buffer = 0`` means no penalty."""
+    if buffer < 0 or buffer > max_length:
+        raise ValueError(f"the overlong buffer must be in [0, max_length={max_length}], got {buffer}")
+    lengths = lengths.to(torch.float64 if lengths.dtype == torch.float64 else torch.float32)
+    if buffer == 0:
+        return torch.zeros_like(lengths)
+    start = max_length - buffer
+    return factor * ((start - lengths) / buffer).clamp(min=-1.0, max=0.0)
+
+
+def overlong_filter(action_mask: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filtering (Yu et al. 2025, section 3.3): the loss mask without the tokens
+    of truncated responses (``ended`` False: cut by the length limit), so that an answer whose
+    reward the limit decided teaches nothing either way. (B, R) mask, (B,) bool."""
+    return action_mask * ended.to(device=action_mask.device, dtype=action_mask.dtype)[:, None]
+
+
 def score_statistics(scores: torch.Tensor) -> tuple[float, float]:
     """(mean, unbiased std) of a set of scores, e.g. a reward model's on reference-policy
     samples, to normalise with (``normalize_scores(..., "ref")``); the std must be positive."""

@@ -113,10 +113,14 @@ RANGES: dict[str, Range] = {
     "init_kl_coef": NOT_NEGATIVE,
     "kl_target": POSITIVE,
     "kl_horizon": AT_LEAST_1,
+    "kl_pi_kp": NOT_NEGATIVE,
+    "kl_pi_ki": NOT_NEGATIVE,
     "max_nonfinite_steps": AT_LEAST_1,
     # reward
     "cliprange_reward": POSITIVE,
     "missing_eos_penalty": FINITE,
+    "overlong_buffer": NOT_NEGATIVE,
+    "overlong_penalty": NOT_NEGATIVE,
     "score_ref_mean": FINITE,
     "score_ref_std": POSITIVE,
     "timeout_s": Range(0, low_open=True, fix="use the seconds one call may take, e.g. 60, or null for no limit"),
@@ -391,6 +395,19 @@ def _check_ppo(config: Config, problems: Problems) -> None:
                 problems.add(f"ppo.{name}", value, "only steers the adaptive KL controller, and ppo.kl_controller is "
                              "'fixed' (the coefficient stays init_kl_coef)",
                              f"set kl_controller: adaptive, or remove {name}")  # fmt: skip
+    for name, user in {"kl_horizon": "adaptive", "kl_pi_kp": "pi", "kl_pi_ki": "pi"}.items():
+        value = getattr(ppo, name)
+        reported = name == "kl_horizon" and ppo.kl_controller == "fixed"  # above
+        if ppo.kl_controller != user and value != _default(PPOArgs, name) and not reported:
+            problems.add(f"ppo.{name}", value, f"only steers the {user} KL controller, and ppo.kl_controller is "
+                         f"{ppo.kl_controller!r}", f"set kl_controller: {user}, or remove {name}")  # fmt: skip
+    if reward.overlong_buffer > gen.max_new_tokens >= 1:
+        problems.add("reward.overlong_buffer", reward.overlong_buffer, f"must be <= generation.max_new_tokens "
+                     f"({gen.max_new_tokens}): the penalty starts that many tokens before the limit",
+                     f"use e.g. {max(1, gen.max_new_tokens // 4)}")  # fmt: skip
+    if ppo.kl_controller == "pi" and ppo.init_kl_coef == 0:
+        problems.add("ppo.init_kl_coef", 0, "cannot start the pi KL controller, which scales beta by factors (0 stays 0)",
+                     "use e.g. 0.05, or kl_controller: fixed for no KL term")  # fmt: skip
     sources = [bool(reward.reward_fn), bool(reward.reward_model), reward.use_reward_branch]
     if sum(sources) != 1:
         given = [n for n, s in zip(("reward_fn", "reward_model", "use_reward_branch"), sources) if s]

@@ -168,12 +168,24 @@ class PPOArgs:
     whiten_advantages: bool = field(
         default=True, metadata={"help": "Normalise GAE advantages over the batch (masked). REINFORCE++ always does; group estimators never."}
     )
-    kl_controller: str = field(default="adaptive", metadata={"help": "adaptive (Ziegler et al.) | fixed."})
+    kl_controller: str = field(
+        default="adaptive",
+        metadata={"help": "adaptive (Ziegler et al.: moves beta by at most 0.2 x batch_size / kl_horizon a step) | pi "
+                          "(proportional-integral on log beta, gains per step: holds kl_target within tens of steps; "
+                          "docs/kl-control.md) | fixed."},
+    )
     init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient beta (trlX: 0.05; TRL: 0.2)."})
-    kl_target: float = field(default=6.0, metadata={"help": "Adaptive controller's target KL (nats per sequence)."})
+    kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive and pi controllers (nats per sequence)."})
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive controller's horizon (in rollouts)."})
+    kl_pi_kp: float = field(default=0.5, metadata={"help": "pi controller: proportional gain on log(KL / kl_target), clipped to [-1, 1]."})
+    kl_pi_ki: float = field(default=0.2, metadata={"help": "pi controller: integral gain per step (1 / ki is roughly its horizon in steps)."})
     kl_estimator: str = field(default="k1", metadata={"help": "k1 | k2 | k3 | abs: per-token KL estimate."})
     kl_penalty: str = field(default="reward", metadata={"help": "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."})
+    mask_truncated: bool = field(
+        default=False,
+        metadata={"help": "DAPO's overlong filtering: responses cut by generation.max_new_tokens (no EOS) add nothing to "
+                          "the loss; they still count in their group's baseline."},
+    )
     max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row."})
 
     @property
@@ -192,6 +204,12 @@ class RewardArgs:
     use_reward_branch: bool = field(default=False, metadata={"help": "Score with the hydra reward branch (model.reward_branch_path)."})
     cliprange_reward: float | None = field(default=10.0, metadata={"help": "Clip scores to [-c, c] (None: off)."})
     missing_eos_penalty: float | None = field(default=None, metadata={"help": "Score given to responses that never emit EOS (None: off)."})
+    overlong_buffer: int = field(
+        default=0,
+        metadata={"help": "DAPO's soft overlong penalty: over the last N tokens before generation.max_new_tokens the score "
+                          "falls linearly, to -overlong_penalty at the limit (0: off)."},
+    )
+    overlong_penalty: float = field(default=1.0, metadata={"help": "The soft overlong penalty at the token limit (with overlong_buffer > 0)."})
     score_normalization: str = field(default="none", metadata={"help": "none | running | ref."})
     score_ref_mean: float | None = field(default=None, metadata={"help": "Mean for score_normalization=ref."})
     score_ref_std: float | None = field(default=None, metadata={"help": "Std for score_normalization=ref."})

@@ -27,10 +27,13 @@ import time
 import torch
 
 from ..algo.advantages import estimate_advantages
+from ..algo.degeneration import degeneration_flags
 from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_of_parts, explained_variance_parts, masked_mean, masked_sum
-from ..algo.scores import RunningMoments, group_statistics, normalize_scores, shape_rewards
+from ..algo.scores import (
+    RunningMoments, group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards,
+)
 from ..config import Config, ConfigError
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
 from ..model import HydraModel
@@ -135,7 +138,9 @@ class PPOTrainer:
 
         updates_per_step = ppo.ppo_epochs * (ppo.batch_size // ppo.mini_batch_size)
         self.harness.setup_optimizer(hydra.trainable_parameters(), ppo, train.total_steps * updates_per_step)
-        self.kl_controller = build_kl_controller(ppo.kl_controller, ppo.init_kl_coef, ppo.kl_target, ppo.kl_horizon)
+        self.kl_controller = build_kl_controller(
+            ppo.kl_controller, ppo.init_kl_coef, ppo.kl_target, ppo.kl_horizon, kp=ppo.kl_pi_kp, ki=ppo.kl_pi_ki
+        )
         self.score_moments = RunningMoments()
         self.shuffle_generator = torch.Generator().manual_seed(train.seed)
         # Sampling runs the frozen bottom over every token; keep its outputs for the experience
@@ -213,11 +218,16 @@ class PPOTrainer:
             gather(t) for t in (action_mask, evaluation.logprobs, evaluation.ref_logprobs, evaluation.values, evaluation.entropy)
         )
         all_raw_scores, ended = gather(raw_scores), gather(torch.tensor(responses.ended, dtype=torch.float32)).bool()
+        degenerate = gather(torch.tensor(degeneration_flags(responses.response_ids, responses.ended), dtype=torch.float32))
         prompt_lengths = gather(torch.tensor([float(len(p)) for p in prompt_ids]))
         scores = normalize_scores(
             all_raw_scores, reward_cfg.score_normalization, moments=self.score_moments,
             ref_mean=reward_cfg.score_ref_mean, ref_std=reward_cfg.score_ref_std,
         )
+        # DAPO's soft overlong penalty (0 with reward.overlong_buffer 0): the accuracy logged stays the raw score's.
+        length_penalty = overlong_penalty(whole_mask.sum(-1), self.config.generation.max_new_tokens,
+                                          reward_cfg.overlong_buffer, reward_cfg.overlong_penalty)  # fmt: skip
+        scores = scores + length_penalty.to(scores)
         rewards, reward_stats = shape_rewards(
             scores.to(self.device), logprobs, ref_logprobs, whole_mask, kl_coef,
             kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
@@ -229,23 +239,27 @@ class PPOTrainer:
             ppo.advantage_estimator, rewards, values, whole_mask, group_size=group, gamma=ppo.gamma,
             lam=ppo.lam, whiten_advantages=ppo.whiten_advantages,
         )
+        # DAPO's overlong filtering: truncated responses add nothing to the loss.
+        loss_mask = overlong_filter(whole_mask, ended) if ppo.mask_truncated else whole_mask
         rows, width = slice(dist.rank * len(indices), (dist.rank + 1) * len(indices)), action_mask.shape[1]
 
         def mine(tensor):
             return tensor[rows, :width] if tensor is not None else None
 
         experience = Experience(
-            input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), action_mask=action_mask,
+            input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), action_mask=mine(loss_mask),
             split_hidden=evaluation.split_hidden, logprobs=evaluation.logprobs, ref_logprobs=evaluation.ref_logprobs,
             values=evaluation.values, rewards=mine(rewards), advantages=mine(advantages), returns=mine(returns),
             prompt_width=prompt_width,
-            batch_weights=aggregation_weights(whole_mask, ppo.loss_agg_mode).cpu() if dist.enabled else None,
+            batch_weights=aggregation_weights(loss_mask, ppo.loss_agg_mode).cpu() if dist.enabled else None,
         )
         stats = {
             "env/reward_mean": all_raw_scores.mean().item(),
             "env/reward_std": all_raw_scores.std().item() if len(all_raw_scores) > 1 else 0.0,
             "env/score_used_mean": scores.mean().item(),
             "env/missing_eos_frac": 1.0 - ended.float().mean().item(),
+            "env/degenerate_frac": degenerate.mean().item(),  # a looping tail (algo/degeneration.py)
+            "env/overlong_penalty_mean": length_penalty.mean().item(),
             **group_statistics(all_raw_scores, group),
             "objective/kl_coef": kl_coef,
             "objective/entropy": masked_mean(entropy, whole_mask).item(),
