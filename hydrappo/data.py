@@ -138,11 +138,12 @@ def _load_datasets(source: str, split: str, subset: str | None, setting: str) ->
 
 def read_table(source: str | Path, columns: list[str], optional: list[str] = (), *, setting: str = "data.train_file",
                split: str = "train", subset: str | None = None, allow_text: bool = False,
-               nonempty: bool = False) -> dict:  # fmt: skip
+               nonempty: bool = False, others: bool = False) -> dict:  # fmt: skip
     """{column: list of values} of `source` (see the module docstring). `columns` must be
     present in every file and hold text (non-blank text with `nonempty`); an `optional`
     column missing anywhere maps to None. With `allow_text`, .txt files count too: each
-    line is a row of the first column."""
+    line is a row of the first column. With `others`, every other column comes too, as
+    it is (rows of a file without it hold None)."""
     from datasets import load_dataset
 
     source = str(source)
@@ -166,7 +167,7 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
                 dataset = dataset.rename_column("text", columns[0]) if columns[0] != "text" else dataset
             loaded.append((str(file), dataset))
     try:
-        return _columns(loaded, source, columns, optional, setting, nonempty)
+        return _columns(loaded, source, columns, optional, setting, nonempty, others)
     except DataError:
         raise
     except Exception as error:  # pyarrow and datasets raise many types while decoding columns
@@ -174,9 +175,18 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
         raise DataError(f"{setting}: {source!r} could not be read: {type(cause).__name__}: {str(cause)[:300]}.") from None
 
 
-def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool) -> dict:
+def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool, others: bool = False) -> dict:
     table = {name: [] for name in (*columns, *optional)}
+    extra: dict[str, list] = {}
+    rows = 0
     for where, dataset in loaded:
+        if others:
+            for name in dataset.column_names:
+                if name not in table and name not in extra:
+                    extra[name] = [None] * rows
+            for name, values in extra.items():
+                values.extend(dataset[name] if name in dataset.column_names else [None] * len(dataset))
+            rows += len(dataset)
         unit = "line" if where.endswith(".txt") else "row"
         missing = [c for c in columns if c not in dataset.column_names]
         if missing:
@@ -199,12 +209,23 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
                 table[name] = None
     if not table[columns[0]]:
         raise DataError(f"{setting}: {source!r} holds no rows: the data is empty.")
+    table.update(extra)
     return table
 
 
 def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", subset: str | None = None) -> list[str]:
     """All prompts of `path` (see `read_table`); for .txt files each line is a prompt."""
     return read_table(path, [column], setting="data.prompts", split=split, subset=subset, allow_text=True, nonempty=True)[column]
+
+
+def load_prompt_table(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,
+                      setting: str = "data.prompts") -> tuple[list[str], dict[str, list]]:  # fmt: skip
+    """(prompts, {other column: values, row-aligned}) of `path`: the other columns go to the
+    reward functions as keyword arguments."""
+    table = read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True,
+                       others=True)  # fmt: skip
+    texts = table.pop(column)
+    return texts, table
 
 
 # --------------------------------------------------------------------------- formatting and tokenizing

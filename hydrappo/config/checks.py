@@ -408,14 +408,23 @@ def _check_ppo(config: Config, problems: Problems) -> None:
     if ppo.kl_controller == "pi" and ppo.init_kl_coef == 0:
         problems.add("ppo.init_kl_coef", 0, "cannot start the pi KL controller, which scales beta by factors (0 stays 0)",
                      "use e.g. 0.05, or kl_controller: fixed for no KL term")  # fmt: skip
-    sources = [bool(reward.reward_fn), bool(reward.reward_model), reward.use_reward_branch]
-    if sum(sources) != 1:
-        given = [n for n, s in zip(("reward_fn", "reward_model", "use_reward_branch"), sources) if s]
+    specs = reward.function_specs
+    sources = len(specs) + bool(reward.reward_model) + bool(reward.use_reward_branch)
+    if not sources:
         problems.note(
-            f"reward: {'no reward source is set' if not given else 'several reward sources are set: ' + ', '.join(given)}. "
-            "Set exactly one: reward_fn ('module:function' or 'file.py:function'), reward_model (a "
-            "sequence-classification model directory) or use_reward_branch: true."
+            "reward: no reward source is set. Set reward_fn ('module:function' or 'file.py:function', or a list of "
+            "them), reward_model (a sequence-classification model directory) or use_reward_branch: true; several "
+            "combine as a weighted sum (reward_weights)."
         )
+    if reward.reward_weights is not None:
+        order = "each reward_fn, then reward_model, then the reward branch"
+        if len(reward.reward_weights) != sources:
+            problems.add("reward.reward_weights", list(reward.reward_weights), f"has {len(reward.reward_weights)} "
+                         f"weight(s) for {sources} reward source(s) ({order})",
+                         f"give {sources} weight(s), one per source in that order, or remove reward_weights (1 each)")  # fmt: skip
+        elif not all(math.isfinite(w) for w in reward.reward_weights):
+            problems.add("reward.reward_weights", list(reward.reward_weights), "must be finite numbers",
+                         "use finite weights")  # fmt: skip
     if reward.use_reward_branch and not config.model.reward_branch_path:
         problems.add("reward.use_reward_branch", True, "needs model.reward_branch_path (a `hydrappo reward` checkpoint)",
                      "set model.reward_branch_path to the reward run's output_dir or one of its checkpoints")  # fmt: skip
@@ -424,6 +433,10 @@ def _check_ppo(config: Config, problems: Problems) -> None:
                      "remove timeout_s")  # fmt: skip
     if reward.score_normalization == "ref":
         explicit = reward.score_ref_mean is not None and reward.score_ref_std is not None
+        if not explicit and reward.use_reward_branch and sources > 1:
+            problems.add("reward.score_normalization", "ref", "without score_ref_mean/score_ref_std takes the reward "
+                         "branch's own statistics, which do not describe a weighted sum of several reward sources",
+                         "set score_ref_mean and score_ref_std for the sum, or use score_normalization: running")  # fmt: skip
         if not explicit and not reward.use_reward_branch:
             problems.add("reward.score_normalization", "ref", "needs reward.score_ref_mean and reward.score_ref_std (or a "
                          "reward branch whose checkpoint holds them)",

@@ -37,6 +37,10 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
     return flat
 
 
+# Text options that also take a YAML list (on the command line: comma-separated).
+TEXT_LISTS = {"reward_fn"}
+
+
 def _typed_defaults(parser, values: dict, source: str) -> dict:
     """Convert YAML values with the parser's own type for each option, so that a file
     and the command line accept the same spellings (YAML reads `3e-6` as a string)."""
@@ -53,6 +57,10 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
         is_list = action.nargs in ("+", "*")
         try:
             if value is None or convert is None:
+                typed[key] = value
+            elif key in TEXT_LISTS and isinstance(value, list):  # several values of a text option
+                if not all(isinstance(v, str) for v in value):
+                    raise ValueError(value)
                 typed[key] = value
             elif is_list:
                 if not isinstance(value, list):

@@ -68,7 +68,8 @@ def check_paths(config, problems) -> None:
         if value and not Path(value).expanduser().exists():
             _missing(problems, label, value, what)
     if reward is not None and reward.reward_fn:
-        check_reward_fn(reward.reward_fn, problems)
+        for spec in reward.function_specs:
+            check_reward_fn(spec, problems)
     data = config.data
     for name in ("prompts", "train_file", "eval_file", "stats_file"):
         value = getattr(data, name, None)

@@ -197,7 +197,15 @@ class PPOArgs:
 @dataclass
 class RewardArgs:
     reward_fn: str | None = field(
-        default=None, metadata={"help": "'module:function' or 'path/to/file.py:function', called as fn(samples, prompts, outputs)."}
+        default=None,
+        metadata={"help": "'module:function' or 'path/to/file.py:function', or several (a YAML list; on the command line "
+                          "comma-separated), called as trlX's fn(samples, prompts, outputs, **columns) or TRL's "
+                          "fn(prompts, completions, **columns), decided by the first parameter's name."},
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "One weight per reward source (each reward_fn, then reward_model, then the reward branch); the "
+                          "score is the weighted sum (None: 1 each)."},
     )
     reward_model: str | None = field(default=None, metadata={"help": "A sequence-classification model directory scoring prompt+response."})
     reward_model_label: int = field(default=-1, metadata={"help": "Logit index used as the score (-1: the last one)."})
@@ -217,6 +225,15 @@ class RewardArgs:
         default=None,
         metadata={"help": "Seconds one call of reward_fn may take before the run stops with an error naming it (None: no limit)."},
     )
+
+    @property
+    def function_specs(self) -> list[str]:
+        """reward_fn as a list: a YAML list, or text of comma-separated specs."""
+        value = self.reward_fn
+        if not value:
+            return []
+        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+        return [str(item).strip() for item in items if str(item).strip()]
 
 
 @dataclass
@@ -399,9 +416,14 @@ class _Sections:
             if part is not None and hasattr(part, name):
                 setattr(part, name, resolve_path(getattr(part, name), Path(base_dir)))
         reward = getattr(self, "reward", None)
-        if reward is not None and reward.reward_fn and ".py:" in reward.reward_fn:
-            file, _, function = reward.reward_fn.rpartition(":")
-            reward.reward_fn = f"{resolve_path(file, Path(base_dir))}:{function}"
+        if reward is not None and reward.reward_fn:
+            specs = []
+            for spec in reward.function_specs:
+                if ".py:" in spec:
+                    file, _, function = spec.rpartition(":")
+                    spec = f"{resolve_path(file, Path(base_dir))}:{function}"
+                specs.append(spec)
+            reward.reward_fn = specs if isinstance(reward.reward_fn, (list, tuple)) else ",".join(specs)
 
 
 _MODEL_PATHS = ("model.name_or_path", "model.tokenizer_name_or_path", "model.reward_branch_path", "lora.lora_init_adapter")

@@ -309,13 +309,16 @@ class Harness:
 
 
 def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
-            value_head: bool = True):  # fmt: skip
+            value_head: bool = True, before_model=None):  # fmt: skip
     """What every trainer does first, in this order (a random-init model depends on the seed):
-    anchor the config's relative paths at `config_dir` and check it, seed, pick the device and
-    precision, and build the hydra the config names unless one is given.
+    anchor the config's relative paths at `config_dir` and check it, run `before_model()` (the
+    loop's checks of its data and reward functions, which must fail before a model loads),
+    seed, pick the device and precision, and build the hydra the config names unless one is given.
     Returns (harness, hydra, tokenizer)."""
     config.resolve_paths(config_dir)
     validate(config)
+    if before_model is not None:
+        before_model()
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
         # Whole in CPU memory first; each process then keeps its shards of the frozen layers.

@@ -35,9 +35,9 @@ from ..algo.scores import (
     RunningMoments, group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards,
 )
 from ..config import Config, ConfigError
-from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
+from ..data import PromptSampler, load_prompt_table, tokenize_prompts
 from ..model import HydraModel
-from ..rewards import build_reward_source
+from ..rewards import build_reward_source, reward_functions
 from ..rollout import (
     Experience, Responses, evaluate_sequences, generate_responses, minibatch_plan, pack_sequences, pack_split_hidden,
     response_part,
@@ -113,7 +113,7 @@ class PPOTrainer:
         self.critic = ppo.uses_critic
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=ppo.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora, value_head=self.critic,
+            tokenizer=tokenizer, lora=config.lora, value_head=self.critic, before_model=self._read_inputs,
         )
         if not self.critic:
             hydra.value_head = None  # critic-free: no value head in the optimizer or the checkpoints
@@ -129,10 +129,9 @@ class PPOTrainer:
             # score_normalization 'ref' without explicit statistics: the reward checkpoint's.
             apply_reference_stats(config.reward, branch)
 
-        self.reward_source = build_reward_source(config.reward, device=str(self.device))
+        self.reward_source = build_reward_source(config.reward, device=str(self.device), functions=self._functions)
         data = config.data
-        texts = load_prompt_texts(data.prompts, data.prompt_column, data.split, data.subset)
-        self.prompts = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
+        self.prompts = tokenize_prompts(self._texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
         self._check_process_count()
 
@@ -146,6 +145,13 @@ class PPOTrainer:
         # Sampling runs the frozen bottom over every token; keep its outputs for the experience
         # pass. A sharded trunk generates in lockstep with padding steps, so it runs the pass again.
         self.records_split = config.generation.reuse_trunk_pass and hydra.has_frozen_split and not self.harness.trunk_sharded
+
+    def _read_inputs(self) -> None:
+        """The prompt table (the prompts and every other column, which go to the reward
+        functions) and the reward functions, checked against those columns: before any model loads."""
+        data = self.config.data
+        self._texts, self.columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
+        self._functions = reward_functions(self.config.reward, columns=list(self.columns))
 
     @property
     def trained_module(self) -> HydraModel:
@@ -209,7 +215,8 @@ class PPOTrainer:
             evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0, split_hidden=split)
         with dist.phase("scoring responses"):
             response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
-            raw_scores = self.score(prompt_texts, response_texts, evaluation.scores)
+            columns = {name: [values[i] for i in indices] for name, values in self.columns.items()}
+            raw_scores = self.score(prompt_texts, response_texts, evaluation.scores, columns, responses.response_ids)
         action_mask = action_mask.to(self.device)
         # What shapes the loss is computed over the WHOLE batch (every process's rows, gathered),
         # the same on every process; each keeps its own rows of the result.
@@ -256,6 +263,8 @@ class PPOTrainer:
         stats = {
             "env/reward_mean": all_raw_scores.mean().item(),
             "env/reward_std": all_raw_scores.std().item() if len(all_raw_scores) > 1 else 0.0,
+            # each source's unweighted mean (env/reward/<function name> | reward_model | reward_branch)
+            **{f"env/reward/{name}": gather(part).mean().item() for name, part in self.reward_source.last.items()},
             "env/score_used_mean": scores.mean().item(),
             "env/missing_eos_frac": 1.0 - ended.float().mean().item(),
             "env/degenerate_frac": degenerate.mean().item(),  # a looping tail (algo/degeneration.py)
@@ -299,17 +308,17 @@ class PPOTrainer:
             split_hidden=split_hidden,
         )
 
-    def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores) -> torch.Tensor:
-        if self.reward_source is None:
-            if branch_scores is None:
-                raise TrainingError("reward.use_reward_branch is set but no reward branch is attached.")
-            scores = branch_scores.float().cpu()
-        else:
-            samples = [p + r for p, r in zip(prompt_texts, response_texts)]
-            step = self.harness.step + 1  # named in the error of a reward source that fails
-            scores = torch.as_tensor(self.reward_source(samples, prompt_texts, response_texts, step=step), dtype=torch.float32)
+    def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores, columns=None,
+              completion_ids=None) -> torch.Tensor:  # fmt: skip
+        """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources)."""
+        samples = [p + r for p, r in zip(prompt_texts, response_texts)]
+        step = self.harness.step + 1  # named in the error of a reward source that fails
+        scores = torch.as_tensor(self.reward_source(
+            samples, prompt_texts, response_texts, step=step, columns=columns, completion_ids=completion_ids,
+            branch_scores=branch_scores,
+        ), dtype=torch.float32)  # fmt: skip
         if not torch.isfinite(scores).all():
-            raise TrainingError(f"the reward source returned non-finite scores: {scores.tolist()}")
+            raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
         return scores
 
     # ------------------------------------------------------------------ the update
