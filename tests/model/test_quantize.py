@@ -21,12 +21,10 @@ from hydrappo.planner.counts import count_parameters
 from hydrappo.planner.plan import format_largest, plan_memory, quantized_bytes, quantized_trunk
 from hydrappo.planner.presets import preset_config
 from hydrappo.planner.settings import TrainingSettings
-from hydrappo.storage.checkpoint import CheckpointError, checkpoint_dirs
 from hydrappo.storage.export import export_checkpoint
 from hydrappo.storage.reward_branch import base_model_identity
-from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.sft import SFTTrainer
-from runs import Killed, kill_after_next_save, write_sft_config
+from runs import tiny_trainer, write_sft_config
 from tiny import tiny_model
 
 bnb = pytest.importorskip("bitsandbytes", reason="pip install 'hydrappo[quant]' (the README's test command does)")
@@ -116,39 +114,9 @@ def test_what_stays_unquantized_and_what_is_refused():
             validate(cfg)
 
 
-def _tiny_trainer(output_dir, *overrides):
-    config = parse_config(TINY / "config.yaml", ["--output_dir", str(output_dir), "--no_progress_bar", *overrides])
-    return PPOTrainer(config, config_dir=TINY)
-
-
-def test_int8_trunk_with_8bit_adamw_resumes_exactly(tmp_path, monkeypatch):
-    small = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
-             "--ppo_epochs", "2", "--trunk_quantization", "int8", "--optimizer", "adamw8bit"]  # fmt: skip
-    straight = _tiny_trainer(tmp_path / "straight", *small)
-    straight.train()
-    state = torch.load(checkpoint_dirs(tmp_path / "straight")[-1] / "training_state.pt", weights_only=True)
-    moments = [values["__bnb_optimizer_quant_state__"] for values in state["optimizer"]["state"].values()]
-    assert any(values["state1"].dtype == torch.uint8 for values in moments)  # 8-bit state, not float32
-
-    interrupted = _tiny_trainer(tmp_path / "resumed", *small)
-    kill_after_next_save(interrupted, monkeypatch)
-    with pytest.raises(Killed):
-        interrupted.train()
-    resumed = _tiny_trainer(tmp_path / "resumed", *small)
-    assert [row["step"] for row in resumed.train(resume=True)] == [3, 4]
-    pairs = list(zip(straight.hydra.named_parameters(), resumed.hydra.named_parameters()))
-    assert pairs
-    for (name, a), (_, b) in pairs:
-        assert torch.equal(a, b), name
-
-    switched = _tiny_trainer(tmp_path / "resumed", *small[:-2], "--total_steps", "6")  # optimizer: adamw
-    with pytest.raises(CheckpointError, match="written by adamw8bit"):
-        switched.train(resume=True)
-
-
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mode, tmp_path, capfd):
-    trainer = _tiny_trainer(tmp_path / "run", "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4",
+    trainer = tiny_trainer(tmp_path / "run", "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4",
                             "--ppo_epochs", "1", "--learning_rate", "0.05", "--trunk_quantization", mode)  # fmt: skip
     trainer.train()
     out = export_checkpoint(tmp_path / "run", tmp_path / "policy")
@@ -157,7 +125,7 @@ def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mod
     assert all(t.dtype == torch.float32 for t in written.values())
 
     # The bottom is the original model's (the tiny example is random-init from train.seed) ...
-    reference = _tiny_trainer(tmp_path / "unquantized", "--total_steps", "1")
+    reference = tiny_trainer(tmp_path / "unquantized", "--total_steps", "1")
     original = dict(reference.hydra.model.named_parameters())
     for name in ("model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"):
         assert torch.equal(written[name], original[name]), name

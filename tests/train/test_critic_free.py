@@ -195,28 +195,6 @@ def test_a_kl_coefficient_of_zero_never_runs_the_reference_branch(tmp_path, monk
         with_kl.train()
 
 
-def test_a_run_with_groups_resumes_exactly(tmp_path, monkeypatch):
-    options = ["--advantage_estimator", "rloo", "--total_steps", "4", "--save_every", "2", "--batch_size", "16",
-               "--mini_batch_size", "8", "--kl_penalty", "loss", "--init_kl_coef", "0.02"]  # fmt: skip
-    straight = trainer(tmp_path / "straight", *options)
-    straight.train()
-    interrupted = trainer(tmp_path / "resumed", *options)
-    real_update = interrupted.ppo_update
-
-    def die_in_step_3(experience):
-        if interrupted.harness.step == 2:
-            raise KeyboardInterrupt
-        return real_update(experience)
-
-    monkeypatch.setattr(interrupted, "ppo_update", die_in_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        interrupted.train()
-    resumed = trainer(tmp_path / "resumed", *options)
-    assert [row["step"] for row in resumed.train(resume=True)] == [3, 4]
-    for (name, a), (_, b) in zip(straight.hydra.named_parameters(), resumed.hydra.named_parameters()):
-        assert torch.equal(a, b), name
-
-
 def test_group_settings_are_checked_before_anything_loads():
     with pytest.raises(ConfigError, match="set generation.samples_per_prompt >= 2"):
         parse_config(TINY / "config.yaml", ["--advantage_estimator", "grpo"])
