@@ -17,10 +17,9 @@ from hydrappo.algo.scores import group_statistics, shape_rewards
 from hydrappo.cli import main
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError, checkpoint_dirs
-from hydrappo.train.ppo import PPOTrainer
+from runs import VERIFIABLE, tiny_trainer
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
-VERIFIABLE = str(Path(__file__).resolve().parents[1] / "verifiable_reward.py") + ":first_word_is_good"
 ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
 
@@ -131,10 +130,7 @@ def test_sequence_level_ratios_are_gspo():
 
 # ---------------------------------------------------------------------------- the trainer
 def trainer(tmp_path, *overrides):
-    config = parse_config(TINY / "config.yaml", [
-        "--output_dir", str(tmp_path), "--no_progress_bar", "--reward_fn", VERIFIABLE, "--samples_per_prompt", "4",
-        "--save_every", "100", *overrides])  # fmt: skip
-    return PPOTrainer(config)
+    return tiny_trainer(tmp_path, "--reward_fn", VERIFIABLE, "--samples_per_prompt", "4", "--save_every", "100", *overrides)
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
