@@ -34,6 +34,7 @@ def train_steps(hydra, ids, mask, steps=3):
         optimizer.step()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("layers", ["top", "all"])
 def test_lora_reference_is_the_base_model_and_only_adapters_train(family, layers):
@@ -87,6 +88,7 @@ def test_merged_model_equals_the_lora_policy():
     torch.testing.assert_close(hydra.forward_hydra(ids, mask).logprobs, policy.logprobs, atol=0, rtol=0)
 
 
+@pytest.mark.slow
 def test_starting_adapter_is_the_reference_not_the_bare_base(tmp_path):
     # An "SFT" adapter with non-zero weights, saved in peft's format.
     torch.manual_seed(5)
@@ -132,6 +134,7 @@ def test_reward_branch_on_a_lora_hydra_starts_from_the_base_top_layers():
         torch.testing.assert_close(out.scores[i], branch.head(final_hidden), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_lora_ppo_run_saves_a_peft_adapter_that_loads_and_merges(tmp_path):
     from hydrappo.config import parse_config
     from hydrappo.train.ppo import PPOTrainer

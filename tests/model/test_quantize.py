@@ -44,6 +44,7 @@ def _ids(batch=3, length=12, vocab=96):
     return ids, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_quantized_trunk_passes_the_probe_and_keeps_the_top_in_full_precision(mode):
     original = HydraModel(tiny_model("llama", tie_word_embeddings=False), 2)
@@ -114,6 +115,7 @@ def test_what_stays_unquantized_and_what_is_refused():
             validate(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mode, tmp_path, capfd):
     trainer = tiny_trainer(tmp_path / "run", "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4",
@@ -146,6 +148,7 @@ def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mod
     assert drift < DRIFT[mode]  # the quantization's drift, the other way round
 
 
+@pytest.mark.slow
 def test_sft_on_a_quantized_trunk_writes_a_full_precision_model(tmp_path):
     config = parse_config(write_sft_config(tmp_path, epochs=1, optimizer="adamw8bit"), ["--trunk_quantization", "int8"],
                           SFTConfig)  # fmt: skip
@@ -162,6 +165,7 @@ def test_sft_on_a_quantized_trunk_writes_a_full_precision_model(tmp_path):
     assert torch.equal(saved["model.layers.3.mlp.up_proj.weight"], trained["model.layers.3.mlp.up_proj.weight"].detach())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_planned_quantized_bytes_are_what_bitsandbytes_stores(mode):
     hydra = HydraModel(tiny_model("llama", tie_word_embeddings=False, hidden_size=128, intermediate_size=256), 2,
@@ -179,6 +183,7 @@ def test_planned_quantized_bytes_are_what_bitsandbytes_stores(mode):
     assert quantized_bytes(1000, 10, 1, "int8") == 1040
 
 
+@pytest.mark.slow
 def test_largest_plans_meet_the_consumer_gpu_targets(capsys):
     """Full top-N (N=2) of Llama-3.1-8B within 16 GB with a 4-bit trunk and 8-bit AdamW (bf16, batch
     16, 256 + 256 tokens, reward branch), within 24 GB with an int8 trunk; a 3B model within 12 GB."""
@@ -206,6 +211,7 @@ def test_largest_plans_meet_the_consumer_gpu_targets(capsys):
     assert "invalid choice: 'int3'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unquantized(tmp_path):
     from hydrappo.config import ModelConfig
     from hydrappo.rollout import pack_sequences
@@ -236,6 +242,7 @@ def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unqua
             assert (scores - expected).abs().max() < 0.5 * expected.std() and not torch.equal(scores, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_experience_from_states_recorded_on_a_quantized_trunk(mode):
     """Sampling runs the same quantized bottom as the experience pass; the recorded states give

@@ -133,6 +133,7 @@ def trainer(tmp_path, *overrides):
     return tiny_trainer(tmp_path, "--reward_fn", VERIFIABLE, "--samples_per_prompt", "4", "--save_every", "100", *overrides)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_every_estimator_learns_the_verifiable_task(tmp_path, estimator):
     history = trainer(tmp_path, "--advantage_estimator", estimator, "--total_steps", "25", "--init_kl_coef", "0").train()

@@ -24,6 +24,7 @@ REQUIRED_SCALARS = [
 ]
 
 
+@pytest.mark.slow
 def test_tiny_example_learns_and_writes_logs_and_checkpoints(tmp_path):
     history = tiny_trainer(tmp_path).train()
     rewards = [row["env/reward_mean"] for row in history]
@@ -162,6 +163,7 @@ def test_cli_train_runs_the_tiny_example(tmp_path, capsys):
     assert (tmp_path / "checkpoint-2" / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_training(tmp_path):
     args = ["--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4", "--save_every", "100"]
     plain = tiny_trainer(tmp_path / "plain", *args)
@@ -189,6 +191,7 @@ def test_bf16_model_trains_float32_master_weights_under_autocast(tmp_path):
         tiny_trainer(tmp_path / "no", "--dtype", "bfloat16", "--mixed_precision", "no")
 
 
+@pytest.mark.slow
 def test_critic_warmup_leaves_the_policy_bit_identical(tmp_path):
     trainer = tiny_trainer(tmp_path / "run", "--total_steps", "2", "--critic_warmup_steps", "2")
     hydra = trainer.hydra
