@@ -16,6 +16,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from .config import GenerationArgs
 from .data import left_pad
 from .model import HydraModel, HydraOutput
+from .model.heads import widened
 from .model.split import position_ids_from_mask
 
 
@@ -304,7 +305,7 @@ def response_part(out: HydraOutput, prompt_width: int) -> HydraOutput:
     offset = prompt_width - 1
 
     def part(tensor, end=None):
-        return tensor[:, offset:end].float() if tensor is not None else None
+        return widened(tensor[:, offset:end]) if tensor is not None else None
 
     return HydraOutput(
         logprobs=part(out.logprobs),

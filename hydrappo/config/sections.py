@@ -30,7 +30,9 @@ OPTIMIZER_HELP = (
     "a quarter of AdamW's state; pip install 'hydrappo[quant]'). A run resumes with the optimizer it started with."
 )
 # Weight dtypes by name: the one table every command uses (aliases on the right).
-DTYPE_NAMES = {"float32": ("fp32",), "bfloat16": ("bf16",), "float16": ("fp16", "half")}
+# float64 is for exact comparisons (tests that check two ways of computing the same step agree);
+# everything on the training path that is "at least float32" keeps it.
+DTYPE_NAMES = {"float32": ("fp32",), "bfloat16": ("bf16",), "float16": ("fp16", "half"), "float64": ("fp64", "double")}
 
 
 class ConfigError(UsageError):
@@ -84,7 +86,7 @@ class ModelConfig:
     layers_path: str | None = field(default=None, metadata={"help": "Dotted path of the decoder layer list, for unusual models."})
     dtype: str = field(
         default="auto",
-        metadata={"help": "Weights dtype: auto (float32 on CPU, bfloat16 on GPUs that support it, else float32), float32, bfloat16, float16."},
+        metadata={"help": "Weights dtype: auto (float32 on CPU, bfloat16 on GPUs that support it, else float32), float32, bfloat16, float16, float64 (slow; for exact comparisons)."},
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute top-layer activations in backward."})
     trunk_quantization: str = field(

@@ -37,6 +37,7 @@ from ..algo.scores import (
 from ..config import Config, ConfigError
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
 from ..model import HydraModel
+from ..model.heads import widened
 from ..rewards import build_reward_source
 from ..rollout import (
     Experience, Responses, evaluate_sequences, generate_responses, minibatch_plan, pack_sequences, pack_split_hidden,
@@ -303,7 +304,7 @@ class PPOTrainer:
         if self.reward_source is None:
             if branch_scores is None:
                 raise TrainingError("reward.use_reward_branch is set but no reward branch is attached.")
-            scores = branch_scores.float().cpu()
+            scores = widened(branch_scores).cpu()
         else:
             samples = [p + r for p, r in zip(prompt_texts, response_texts)]
             step = self.harness.step + 1  # named in the error of a reward source that fails
