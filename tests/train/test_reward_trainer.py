@@ -3,7 +3,6 @@ rule, checkpoint round trip into HydraModel's reward slot, PPO on the learned re
 
 import json
 import math
-import random
 from pathlib import Path
 
 import pytest
@@ -22,47 +21,9 @@ from hydrappo.storage.reward_branch import load_reward_branch
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.rollout import pack_sequences
 from hydrappo.train.ppo import PPOTrainer
+from runs import reward_config, write_pairs
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
-NEUTRAL = [f"n{i}" for i in range(48)]
-GOOD = [f"g{i}" for i in range(8)]
-
-
-def write_pairs(path: Path, pairs_per_prompt: int = 3, seed: int = 0) -> None:
-    """Synthetic preferences over the tiny example's vocabulary: of two responses of the
-    same length, the one with (at least two) more "good" words g0..g7 is chosen."""
-    rng = random.Random(seed)
-    prompts = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
-
-    def response(good: int, length: int) -> str:
-        words = rng.choices(GOOD, k=good) + rng.choices(NEUTRAL, k=length - good)
-        rng.shuffle(words)
-        return " ".join(words)
-
-    with path.open("w") as handle:
-        for prompt in prompts:
-            for _ in range(pairs_per_prompt):
-                length = rng.randint(4, 8)
-                low = rng.randint(0, length - 2)
-                high = rng.randint(low + 2, length)
-                row = {"prompt": prompt, "chosen": response(high, length), "rejected": response(low, length)}
-                handle.write(json.dumps(row) + "\n")
-
-
-def reward_config(tmp: Path, **train) -> RewardConfig:
-    write_pairs(tmp / "pairs.jsonl")
-    options = {"output_dir": str(tmp / "reward"), "epochs": 2, "batch_size": 16, "learning_rate": 1e-3,
-               "warmup_steps": 5, "cache_split_hidden": True, "progress_bar": False, "seed": 0, **train}
-    text = yaml.safe_dump({
-        # The same random trunk as examples/tiny/config.yaml (random_init from seed 0).
-        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2},
-        "data": {"train_file": "pairs.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
-        "train": options,
-    })
-    (tmp / "reward.yaml").write_text(text)
-    return parse_config(tmp / "reward.yaml", [], config_cls=RewardConfig)
-
-
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reward")

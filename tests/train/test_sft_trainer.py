@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from transformers import AutoModelForCausalLM
 
 from hydrappo.cli import main as cli_main
@@ -17,25 +16,9 @@ from hydrappo.storage.models import load_model_and_tokenizer
 from hydrappo.algo.losses import response_nll
 from hydrappo.train.sft import SFTTrainer, save_model_dir
 from hydrappo.train.ppo import PPOTrainer
+from runs import write_sft_config
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
-
-
-def write_sft_config(tmp: Path, **train) -> Path:
-    """Responses map each prompt word n<k> to g<k mod 8>: learnable, and far from what a random model says."""
-    prompts = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
-    with (tmp / "sft.jsonl").open("w") as handle:
-        for prompt in prompts:
-            response = " ".join(f"g{int(word[1:]) % 8}" for word in prompt.split())
-            handle.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
-    options = {"output_dir": str(tmp / "sft"), "epochs": 3, "batch_size": 16, "learning_rate": 3e-3,
-               "cache_split_hidden": True, "progress_bar": False, **train}
-    (tmp / "sft.yaml").write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2, "train_lm_head": True},
-        "data": {"train_file": "sft.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
-        "train": options,
-    }))
-    return tmp / "sft.yaml"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 
 
 def test_response_nll_counts_only_response_tokens():

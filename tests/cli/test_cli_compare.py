@@ -5,7 +5,7 @@ from hydrappo.cli import main as cli_main
 from hydrappo.storage.export import export_checkpoint
 from hydrappo.train.ppo import PPOTrainer
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 
 
 def compare_main(argv):

@@ -13,9 +13,10 @@ from hydrappo.config import GenerationArgs
 from hydrappo.rollout import generate_responses, pack_sequences
 from hydrappo.train.harness import TrainingError
 from hydrappo.train.ppo import PPOTrainer
+from runs import Killed, kill_after_next_save
 from tiny import tiny_model, tiny_tokenizer
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 REQUIRED_SCALARS = [
     "env/reward_mean", "env/reward_std", "objective/kl", "objective/kl_coef", "objective/entropy",
     "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total", "ppo/policy/approxkl", "ppo/policy/clipfrac",
@@ -53,21 +54,6 @@ def test_tiny_example_learns_and_writes_logs_and_checkpoints(tmp_path):
     saved = load_file(str(kept[-1] / WEIGHTS_NAME))
     assert any(name.startswith("value_head.") for name in saved)
     assert not any(".layers.0." in name or "embed_tokens" in name for name in saved)
-
-
-class Killed(Exception):
-    pass
-
-
-def kill_after_next_save(trainer, monkeypatch) -> None:
-    """Make `trainer` die in the update of the step after its next checkpoint is written."""
-    real_save = trainer.harness.save
-
-    def save_then_die(loop):
-        real_save(loop)
-        monkeypatch.setattr(trainer, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
-
-    monkeypatch.setattr(trainer.harness, "save", save_then_die)
 
 
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, monkeypatch):

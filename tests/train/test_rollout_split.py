@@ -7,35 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny import FAMILIES, VOCAB, tiny_model, tiny_tokenizer
+from recorded import both_passes, prompts_of, sample
+from tiny import FAMILIES, tiny_model, tiny_tokenizer
 
 from hydrappo import HydraModel
-from hydrappo.config import GenerationArgs
 from hydrappo.model.split import last_token_index
-from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences, pack_split_hidden
 
 ATOL = 1e-5
-
-
-def prompts_of(lengths, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
-
-
-def sample(hydra, tokenizer, prompts, record, **generation):
-    args = GenerationArgs(**{"max_new_tokens": 9, "generation_batch_size": 3, "temperature": 1.0, **generation})
-    torch.manual_seed(1)
-    return generate_responses(hydra, tokenizer, prompts, args, record_split=record)
-
-
-def both_passes(hydra, tokenizer, prompts, **generation):
-    """The responses (recorded while sampling) and the two experience passes over them."""
-    recorded = sample(hydra, tokenizer, prompts, True, **generation)
-    ids, mask, _, width = pack_sequences(recorded.prompt_ids, recorded.response_ids, tokenizer.pad_token_id)
-    split = pack_split_hidden(recorded, width, ids.shape[1])
-    again = evaluate_sequences(hydra, ids, mask, width, chunk_size=4)
-    reused = evaluate_sequences(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
-    return recorded, ids, mask, again, reused
 
 
 def assert_same_experience(again, reused, mask):

@@ -22,10 +22,9 @@ from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
 from processes import check_ok, describe, launch
-from test_reward_trainer import reward_config
-from test_sft import write_sft_config
+from runs import reward_config, write_sft_config
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

@@ -1,5 +1,5 @@
 """The harness every stage shares: exact resume for the reward and SFT stages (PPO's is in
-test_trainer.py), periodic checkpoints, and checkpoints written before the stages shared it."""
+test_ppo_trainer.py), periodic checkpoints, and checkpoints written before the stages shared it."""
 
 import json
 import shutil
@@ -14,11 +14,10 @@ from hydrappo.storage.checkpoint import WEIGHTS_NAME, checkpoint_dirs
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
-from test_reward_trainer import reward_config
-from test_sft import write_sft_config
+from runs import reward_config, write_sft_config
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
-LEGACY = Path(__file__).resolve().parent / "fixtures" / "legacy"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
 
 
 class Killed(Exception):

@@ -11,7 +11,7 @@ from hydrappo.errors import UsageError
 from tiny import left_padded_batch, tiny_model
 
 ROWS = [list(range(5, 19)), [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def lora(**overrides):

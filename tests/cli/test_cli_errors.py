@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from hydrappo.cli import main
 from hydrappo.storage.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, checkpoint_dirs
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 CONFIG = str(TINY / "config.yaml")
 # One short PPO step per call: 8 rollouts of 4 tokens, one epoch.
 FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",
@@ -430,7 +430,7 @@ def test_resume_skips_a_damaged_latest_checkpoint_a_torn_metrics_line_and_an_orp
 def test_legacy_checkpoints_without_a_manifest_are_checked_by_what_they_hold(ws, capsys, caplog, tmp_path):
     from hydrappo.storage.checkpoint import checkpoint_problems
 
-    legacy = Path(__file__).resolve().parent / "fixtures" / "legacy"
+    legacy = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
     for name in ("ppo-checkpoint-2", "reward-checkpoint-3"):
         assert not (legacy / name / MANIFEST_NAME).exists() and checkpoint_problems(legacy / name) == []
     run = tmp_path / "old_run"
@@ -600,7 +600,7 @@ sys.exit(main(sys.argv[2:]))
 def test_kill_9_during_a_checkpoint_write_then_resume_ends_with_the_same_weights(ws, capsys, caplog, tmp_path):
     run, marker = tmp_path / "run", tmp_path / "writing"
     argv = ["train", CONFIG, "--output_dir", str(run), "--total_steps", "2", "--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(marker), *argv], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:

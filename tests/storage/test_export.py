@@ -25,7 +25,7 @@ from hydrappo.model.heads import ValueHead
 from hydrappo.train.ppo import PPOTrainer
 from tiny import tiny_model, tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny"
 
 

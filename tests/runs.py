@@ -1,0 +1,84 @@
+"""Small runs on the tiny example that several test modules share: a preference file and a
+reward-stage config, an SFT config, and a way to kill a PPO run right after a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import yaml
+
+from hydrappo.config import RewardConfig, parse_config
+
+TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+
+NEUTRAL = [f"n{i}" for i in range(48)]
+GOOD = [f"g{i}" for i in range(8)]
+
+
+def write_pairs(path: Path, pairs_per_prompt: int = 3, seed: int = 0) -> None:
+    """Synthetic preferences over the tiny example's vocabulary: of two responses of the
+    same length, the one with (at least two) more "good" words g0..g7 is chosen."""
+    rng = random.Random(seed)
+    prompts = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
+
+    def response(good: int, length: int) -> str:
+        words = rng.choices(GOOD, k=good) + rng.choices(NEUTRAL, k=length - good)
+        rng.shuffle(words)
+        return " ".join(words)
+
+    with path.open("w") as handle:
+        for prompt in prompts:
+            for _ in range(pairs_per_prompt):
+                length = rng.randint(4, 8)
+                low = rng.randint(0, length - 2)
+                high = rng.randint(low + 2, length)
+                row = {"prompt": prompt, "chosen": response(high, length), "rejected": response(low, length)}
+                handle.write(json.dumps(row) + "\n")
+
+
+def reward_config(tmp: Path, **train) -> RewardConfig:
+    write_pairs(tmp / "pairs.jsonl")
+    options = {"output_dir": str(tmp / "reward"), "epochs": 2, "batch_size": 16, "learning_rate": 1e-3,
+               "warmup_steps": 5, "cache_split_hidden": True, "progress_bar": False, "seed": 0, **train}
+    text = yaml.safe_dump({
+        # The same random trunk as examples/tiny/config.yaml (random_init from seed 0).
+        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2},
+        "data": {"train_file": "pairs.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
+        "train": options,
+    })
+    (tmp / "reward.yaml").write_text(text)
+    return parse_config(tmp / "reward.yaml", [], config_cls=RewardConfig)
+
+
+def write_sft_config(tmp: Path, **train) -> Path:
+    """Responses map each prompt word n<k> to g<k mod 8>: learnable, and far from what a random model says."""
+    prompts = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
+    with (tmp / "sft.jsonl").open("w") as handle:
+        for prompt in prompts:
+            response = " ".join(f"g{int(word[1:]) % 8}" for word in prompt.split())
+            handle.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+    options = {"output_dir": str(tmp / "sft"), "epochs": 3, "batch_size": 16, "learning_rate": 3e-3,
+               "cache_split_hidden": True, "progress_bar": False, **train}
+    (tmp / "sft.yaml").write_text(yaml.safe_dump({
+        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2, "train_lm_head": True},
+        "data": {"train_file": "sft.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
+        "train": options,
+    }))
+    return tmp / "sft.yaml"
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_after_next_save(trainer, monkeypatch) -> None:
+    """Make `trainer` die in the update of the step after its next checkpoint is written."""
+    real_save = trainer.harness.save
+
+    def save_then_die(loop):
+        real_save(loop)
+        monkeypatch.setattr(trainer, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
+
+    monkeypatch.setattr(trainer.harness, "save", save_then_die)
