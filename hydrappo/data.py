@@ -202,9 +202,11 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
     return table
 
 
-def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", subset: str | None = None) -> list[str]:
-    """All prompts of `path` (see `read_table`); for .txt files each line is a prompt."""
-    return read_table(path, [column], setting="data.prompts", split=split, subset=subset, allow_text=True, nonempty=True)[column]
+def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,
+                      setting: str = "data.prompts") -> list[str]:  # fmt: skip
+    """All prompts of `path` (see `read_table`); for .txt files each line is a prompt.
+    `setting` names the option in errors."""
+    return read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True)[column]
 
 
 # --------------------------------------------------------------------------- formatting and tokenizing
