@@ -181,7 +181,7 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
         missing = [c for c in columns if c not in dataset.column_names]
         if missing:
             raise DataError(
-                f"{where}: no column {', '.join(map(repr, missing))}; columns present: "
+                f"{setting}={source}: {where} has no column {', '.join(map(repr, missing))}; columns present: "
                 f"{', '.join(dataset.column_names) or '(none)'}. Set the data.*_column options to the right names."
             )
         for name in columns:
