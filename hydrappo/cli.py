@@ -29,6 +29,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import usercode
 from .errors import HydrappoError
 
 # ---------------------------------------------------------------------------- train, reward, sft
@@ -439,7 +440,11 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # the program does not wait for threads user code left (usercode)
+    return usercode.leave_threads_behind(_main(argv), end_process=argv is None)
+
+
+def _main(argv: list[str] | None) -> int:
     rank, world_size = _process()
     # Under a launcher only process 0 tells what it is doing; every process warns.
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -458,14 +463,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0 if argv else 2
     command = COMMANDS[argv[0]][0]
-    where = f" (process {rank} of {world_size})" if world_size > 1 else ""
-    prog = f"hydrappo {argv[0]}{where}"
+    prog = f"hydrappo {argv[0]}" + (f" (process {rank} of {world_size})" if world_size > 1 else "")
     try:
         return command(argv[1:])
-    except SystemExit as done:  # argparse: --help, or a usage error it has printed
+    except SystemExit as done:  # argparse's own (--help, a usage error it printed); any other is an error
+        last = traceback.extract_tb(done.__traceback__)[-1]
+        if Path(last.filename).name != "argparse.py":
+            return _fail(prog, f"sys.exit({done.code!r}) was called ({Path(last.filename).name}, line {last.lineno}).", 1, debug)
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
-    except HydrappoError as error:
-        # Raised on purpose, with a message that says what to fix: show just that.
+    except HydrappoError as error:  # raised on purpose, with a message that says what to fix: show just that
         return _fail(prog, str(error), error.exit_code, debug)
     except KeyboardInterrupt:
         return _fail(prog, "interrupted (Ctrl-C).", 130, debug)
