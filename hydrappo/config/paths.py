@@ -70,7 +70,7 @@ def check_paths(config, problems) -> None:
     if reward is not None and reward.reward_fn:
         check_reward_fn(reward.reward_fn, problems)
     data = config.data
-    for name in ("prompts", "train_file", "eval_file", "stats_file"):
+    for name in ("prompts", "eval_prompts", "train_file", "eval_file", "stats_file"):
         value = getattr(data, name, None)
         if value and not Path(value).expanduser().exists() and looks_like_a_path(value):
             _missing(problems, f"data.{name}", value, "file or folder")

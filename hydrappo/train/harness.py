@@ -19,10 +19,13 @@ the checkpoints, logs and progress bar, and a failure on one process stopping th
 A loop (PPO, reward, SFT) is an object with
     name, progress          the bar's label and {postfix label: stats key}
     trained_module          the module whose trainable parameters a checkpoint holds
-    train_step()            one step -> (stats, samples or None); the harness counts steps
+    train_step()            one step -> (stats, samples or None); the harness counts steps.
+                            samples: rows for TensorBoard's text tab, a list (tag "samples",
+                            every log_samples_every steps) or {tag: rows} (other tags always)
     state_dict(), load_state_dict(state)
                             its own state; tensors go to training_state.pt, the rest to JSON
-and optionally `before_training()` (stats logged at step 0 of a fresh run), `finish()`
+and optionally `before_training()` (stats, or (stats, samples), logged at step 0 of a fresh
+run), `finish()`
 (before the final checkpoint; returns extra scalars) and `write_extra(folder)` (more files
 in each checkpoint).
 """
@@ -221,9 +224,10 @@ class Harness:
         try:
             if self.step == 0 and hasattr(loop, "before_training"):
                 initial = loop.before_training()
+                initial, samples = initial if isinstance(initial, tuple) else (initial, None)
                 if initial:
                     with dist.phase("logging"):
-                        history.append(log.write(0, initial))
+                        history.append(log.write(0, initial, samples))
             while self.step < total_steps:
                 stats, samples = loop.train_step()
                 self.step += 1
@@ -367,8 +371,10 @@ class RunLog:
         if not self.writes:
             return record
         self.scalars(step, stats)
-        if samples and self.samples_every and step % self.samples_every == 0:
-            self.writer.add_text("samples", samples_markdown(samples[: self.num_samples]), step)
+        for tag, rows in (samples if isinstance(samples, dict) else {"samples": samples}).items():
+            periodic = tag == "samples"  # training samples every log_samples_every steps; evaluations' always
+            if rows and (not periodic or (self.samples_every and step % self.samples_every == 0)):
+                self.writer.add_text(tag, samples_markdown(rows[: self.num_samples]), step)
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         if step:

@@ -46,6 +46,7 @@ from ..rollout import (
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
+from .heldout import HeldOutEvaluation, evaluation_due
 
 
 EXPLAINED_VARIANCE_PARTS = ("val/_returns", "val/_returns_sq", "val/_residual", "val/_residual_sq")
@@ -135,6 +136,13 @@ class PPOTrainer:
         texts = load_prompt_texts(data.prompts, data.prompt_column, data.split, data.subset)
         self.prompts = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
+        self.held_out = None
+        if data.eval_prompts:
+            texts = load_prompt_texts(data.eval_prompts, data.prompt_column, data.eval_split, data.subset, setting="data.eval_prompts")
+            self.held_out = HeldOutEvaluation(
+                tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt),
+                tokenizer, batch_size=config.generation.generation_batch_size, greedy=train.eval_greedy, seed=train.seed,
+            )
         self._check_process_count()
 
         updates_per_step = ppo.ppo_epochs * (ppo.batch_size // ppo.mini_batch_size)
@@ -183,7 +191,36 @@ class PPOTrainer:
         self.hydra.eval()
         if "objective/kl" in stats:
             self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
+        step, train = self.harness.step + 1, self.config.train
+        if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
+            eval_stats, eval_samples = self.evaluate_held_out(step)
+            return {**stats, **eval_stats}, {"samples": samples, "eval_samples": eval_samples}
         return stats, samples
+
+    def before_training(self):
+        """The held-out baseline at step 0, before any update."""
+        return self.evaluate_held_out(0) if self.held_out is not None else None
+
+    def evaluate_held_out(self, step: int) -> tuple[dict, list[dict]]:
+        """eval/* statistics and rows of the policy's answers to the held-out prompts (train/heldout.py)."""
+        start = time.perf_counter()
+        self.hydra.eval()
+        stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, self.score_responses)
+        return {**stats, "time/eval": time.perf_counter() - start}, samples
+
+    def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
+        with self.harness.autocast():
+            return generate_responses(self.hydra, self.tokenizer, prompt_ids, self.config.generation, greedy=greedy)
+
+    def score_responses(self, prompt_texts: list[str], responses: Responses) -> tuple[torch.Tensor, None]:
+        """Scores of responses outside the experience pass (held-out evaluation), from the run's
+        reward source; a reward branch scores them in a hydra pass of their own."""
+        branch_scores = None
+        if self.reward_source is None:
+            ids, mask, _, width = pack_sequences(responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id)
+            branch_scores = self.evaluate(ids.to(self.device), mask.to(self.device), width, with_reference=False).scores
+        texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+        return self.score(prompt_texts, texts, branch_scores), None
 
     @torch.no_grad()
     def make_experience(self) -> tuple[Experience, dict, list[dict]]:

@@ -142,6 +142,7 @@ def test_a_batch_that_processes_cannot_share_is_a_clear_error(tmp_path, monkeypa
 
 
 # ---------------------------------------------------------------------------- 2 processes
+@pytest.mark.slow
 def test_a_ppo_step_on_two_processes_equals_one_process_on_the_whole_batch(tmp_path):
     """The same fixed responses (distributed_worker.fixed_generate): 2 processes x 4 responses and
     1 process x 8 end with the same weights and log the same statistics, for PPO with a critic
@@ -183,6 +184,7 @@ def straight(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp_path, straight, caplog):
     train = train_small
     killed = train(tmp_path / "resumed", worker="die-after-first-save")
@@ -207,6 +209,7 @@ def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp
     assert "written by a run of 2 processes and this run has 1" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_trunk_sharded_with_fsdp2_trains_like_a_whole_one(tmp_path):
     """Each process keeps half of the frozen layers (the bottom 2 and the reference's copies of
     the top 2: 4 layers of 36,992 parameters), generates in lockstep with the other, and the run
@@ -220,6 +223,7 @@ def test_a_trunk_sharded_with_fsdp2_trains_like_a_whole_one(tmp_path):
     assert_equal_weights(weights(tmp_path / "whole", 4), weights(tmp_path / "fsdp", 4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["reward", "sft"])
 def test_supervised_stages_on_two_processes_end_with_the_weights_of_one(tmp_path, stage):
     # 4 steps of 16 examples, 8 per process; the held-out evaluation is shared between them.
@@ -252,6 +256,7 @@ def test_supervised_stages_on_two_processes_end_with_the_weights_of_one(tmp_path
         assert_same_scalars(a, b, ignore)
 
 
+@pytest.mark.slow
 def test_a_reward_function_raising_on_one_process_stops_both_with_its_message(tmp_path):
     (tmp_path / "flaky.py").write_text(
         "import os\n\n\n"
@@ -272,6 +277,7 @@ def test_a_reward_function_raising_on_one_process_stops_both_with_its_message(tm
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_process_stops_both_after_the_same_step_with_its_checkpoint(tmp_path):
     """SIGTERM reaches process 1 alone, during step 2: at the end of that step the processes agree
     to stop, process 0 writes checkpoint-2, and both exit 143 naming it."""
@@ -294,6 +300,7 @@ def test_a_signal_to_one_process_stops_both_after_the_same_step_with_its_checkpo
     assert [row["step"] for row in metrics(out)] == [1, 2]
 
 
+@pytest.mark.slow
 def test_overwrite_output_dir_on_two_processes_moves_the_earlier_run_aside_once(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
