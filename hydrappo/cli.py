@@ -68,8 +68,9 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     config = parse_config(args.config, overrides, config_cls)
     from .storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
 
+    inputs = {name: getattr(getattr(config, name.split(".")[0], None), name.split(".")[1], None) for name in config.PATHS}
     resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
-                       writer=_process()[0] == 0)  # fmt: skip
+                       writer=_process()[0] == 0, inputs=inputs)  # fmt: skip
     return config, resume
 
 
@@ -176,7 +177,7 @@ def generate_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, generate, side_by_side_text, write_comparison
 
-    check_arguments(output=args.output)
+    check_arguments(output=args.output, inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts})
     columns = generate(args.checkpoint, args.prompts, args.prompt_column, args.reward_fn, args.limit,
                        args.max_new_tokens, args.temperature, args.no_base, args.seed,
                        trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
@@ -206,7 +207,7 @@ def compare_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, compare, side_by_side_text, write_comparison
 
-    check_arguments(output=args.output)
+    check_arguments(output=args.output, inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}})
     columns = compare(args.models, args.prompts, args.prompt_column, args.reward_fn, args.chat_template, args.limit,
                       args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed,
                       trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
@@ -311,9 +312,10 @@ def export_command(argv: list[str]) -> int:
         parse_shard_size(args.max_shard_size)
         if not is_device_name(args.device) or args.device == "auto":
             raise ExportError(f"--device={args.device!r} is not a device; use cpu, cuda or cuda:N.")
-        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
+        inputs = {"the checkpoint": checkpoint, "--base-model": args.base_model, "--tokenizer": args.tokenizer}
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
         for option, path in (("--value-head", args.value_head), ("--reward-branch", args.reward_branch)):
-            claim_output_path(path, overwrite=args.overwrite, option=option, folder=False)
+            claim_output_path(path, overwrite=args.overwrite, option=option, folder=False, inputs=inputs)
         out = export_checkpoint(
             checkpoint, args.out, base_model=args.base_model, tokenizer=args.tokenizer, dtype=args.dtype,
             max_shard_size=args.max_shard_size, value_head=args.value_head, reward_branch=args.reward_branch,
@@ -325,8 +327,9 @@ def export_command(argv: list[str]) -> int:
     elif command == "trlx":
         from .storage.trlx import convert_trlx
 
-        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
-        claim_output_path(args.write_base, overwrite=args.overwrite, option="--write-base")
+        inputs = {"the trlX checkpoint": args.source, "--config": args.config, "--base-model": args.base_model}
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
+        claim_output_path(args.write_base, overwrite=args.overwrite, option="--write-base", inputs=inputs)
         result = convert_trlx(
             args.source, args.out, config=args.config, write_base=args.write_base, base_model=args.base_model,
             num_layers_unfrozen=args.num_layers_unfrozen, tokenizer=args.tokenizer,
@@ -344,7 +347,7 @@ def export_command(argv: list[str]) -> int:
         directory, gguf_file = resolve_model_source(args.source, args.gguf_file)
         if gguf_file is None:
             raise ModelLoadError(f"{args.source!r} is a model directory without a .gguf file: nothing to convert.")
-        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs={"the GGUF source": directory})
         out = gguf_to_safetensors(directory, gguf_file, args.out)
         print(f"converted {Path(directory) / gguf_file} -> {out}")
     return 0

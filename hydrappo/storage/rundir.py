@@ -88,6 +88,32 @@ def release_output_dir(output_dir: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False) -> None:
+    """OutputDirError if the path a command writes (`out`, given as `option`) is, contains or
+    lies inside one of its `inputs` ({option name: path}; names that are no local path, such as
+    a Hub id, are skipped): checked before anything is moved aside or written. A `file` written
+    in place (a report) may lie inside an input folder; it must not be an input."""
+    if out is None:
+        return
+    target = Path(out).expanduser().resolve()
+    for name, value in inputs.items():
+        if not value or not Path(str(value)).expanduser().exists():
+            continue
+        source = Path(str(value)).expanduser().resolve()
+        if source == target:
+            how = "is"
+        elif target in source.parents:
+            how = "contains"
+        elif source in target.parents and not file:
+            how = "lies inside"
+        else:
+            continue
+        raise OutputDirError(
+            f"{option}={str(out)!r} {how} {name} ({source}), which this command reads: writing there would move "
+            "aside or overwrite its own input. Choose an output outside it."
+        )
+
+
 def earlier_run(output_dir: str | os.PathLike) -> list[str]:
     """The names in `output_dir` that belong to an earlier run (empty: none)."""
     root = Path(output_dir).expanduser()
@@ -152,20 +178,25 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
     return moved
 
 
-def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True):
+def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True, inputs: dict | None = None):
     """What a training command does before any model loads: claim `output_dir` for this run and
     find the checkpoint `--resume` names (damaged newer ones set aside). Returns the
     checkpoint to resume from, or None. Under a launcher every process checks the same, and
-    only process 0 (`writer`) renames anything."""
+    only process 0 (`writer`) renames anything. `inputs` ({option: path}): what the run reads,
+    which output_dir must not be, contain or lie inside."""
+    refuse_own_inputs(output_dir, inputs or {}, "train.output_dir")
     claim_output_dir(output_dir, resume=resume_arg, overwrite=overwrite, move=writer)
     return resolve_resume(resume_arg, output_dir, set_aside=writer) if resume_arg else None
 
 
-def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True) -> Path | None:
+def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True,
+                      inputs: dict | None = None) -> Path | None:  # fmt: skip
     """The same rule for a path a conversion writes (`export --out`, `--value-head FILE`): a
-    non-empty folder or an existing file is refused without `overwrite`, moved aside with it."""
+    non-empty folder or an existing file is refused without `overwrite`, moved aside with it;
+    one that is, contains or lies inside one of its `inputs` is refused either way."""
     if path is None:
         return None
+    refuse_own_inputs(path, inputs or {}, option)
     path = Path(path).expanduser().absolute()
     if folder and path.exists() and not path.is_dir():
         raise OutputDirError(f"{option} {path}: is a file, not a folder; choose a folder.")
