@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import usercode
 from .errors import HydrappoError
 
 
@@ -222,12 +223,14 @@ class FunctionReward:
         where = _where(f"reward function {self.spec!r}", step)
         kwargs = {"samples": list(samples), "prompts": list(prompts), "outputs": list(outputs)}
         try:
-            result = _call_with_timeout(self.fn, kwargs, self.timeout_s)
+            result = _call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
         except _TimedOut:
             raise RewardFunctionError(
                 f"{where} did not return within reward.timeout_s={self.timeout_s} s for {len(samples)} samples; make it "
                 f"faster or raise reward.timeout_s.{_sample(prompts, outputs, 0)}"
             ) from None
+        except usercode.UserCodeError:
+            raise
         except Exception as error:
             raise RewardFunctionError(
                 f"{where} raised {type(error).__name__}: {error}{_user_frame(error)}. It was called on {len(samples)} "

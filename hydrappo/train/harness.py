@@ -49,7 +49,7 @@ from ..storage.checkpoint import (
 )
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.models import build_hydra
-from ..storage.rundir import claim_output_dir
+from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
 from .optimizers import load_optimizer_state, make_optimizer
@@ -207,18 +207,22 @@ class Harness:
         A fresh start refuses an output_dir that holds an earlier run (storage/rundir.py);
         SIGINT/SIGTERM stop after the current step, with its checkpoint (train/interrupt.py)."""
         dist, run = self.dist, self.run_args
-        if resume or self.step == 0:  # (a second call of run() continues in memory)
-            with dist.phase("claiming the output folder"):
-                if dist.is_main:  # process 0 writes (and moves an earlier run aside)
-                    claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False))
-        if resume:
-            with dist.phase("loading the checkpoint to resume from"):
-                self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
-        with dist.phase("opening the logs"):
-            if dist.is_main:
-                self.output_dir.mkdir(parents=True, exist_ok=True)
-                remove_orphaned_temporaries(self.output_dir)  # of a run killed while writing a checkpoint
-            log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
+        try:  # process 0 holds the folder's run lock from its claim to the end of the run
+            if resume or self.step == 0:  # (a second call of run() continues in memory)
+                with dist.phase("claiming the output folder"):
+                    if dist.is_main:  # process 0 writes (and moves an earlier run aside)
+                        claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False))
+            if resume:
+                with dist.phase("loading the checkpoint to resume from"):
+                    self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
+            with dist.phase("opening the logs"):
+                if dist.is_main:
+                    self.output_dir.mkdir(parents=True, exist_ok=True)
+                    remove_orphaned_temporaries(self.output_dir)  # of a run killed while writing a checkpoint
+                log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
+        except BaseException:
+            release_output_dir(self.output_dir)
+            raise
         history = []
         stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}").install()
         try:
@@ -246,6 +250,7 @@ class Harness:
         finally:
             stop.uninstall()
             log.close()
+            release_output_dir(self.output_dir)
         return history
 
     # ------------------------------------------------------------------ checkpoints
