@@ -29,6 +29,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import usercode
 from .errors import HydrappoError
 
 # ---------------------------------------------------------------------------- train, reward, sft
@@ -67,8 +68,9 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     config = parse_config(args.config, overrides, config_cls)
     from .storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
 
+    inputs = {name: getattr(getattr(config, name.split(".")[0], None), name.split(".")[1], None) for name in config.PATHS}
     resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
-                       writer=_process()[0] == 0)  # fmt: skip
+                       writer=_process()[0] == 0, inputs=inputs)  # fmt: skip
     return config, resume
 
 
@@ -175,7 +177,7 @@ def generate_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, generate, side_by_side_text, write_comparison
 
-    check_arguments(output=args.output)
+    check_arguments(output=args.output, inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts})
     columns = generate(args.checkpoint, args.prompts, args.prompt_column, args.reward_fn, args.limit,
                        args.max_new_tokens, args.temperature, args.no_base, args.seed,
                        trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
@@ -205,7 +207,7 @@ def compare_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, compare, side_by_side_text, write_comparison
 
-    check_arguments(output=args.output)
+    check_arguments(output=args.output, inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}})
     columns = compare(args.models, args.prompts, args.prompt_column, args.reward_fn, args.chat_template, args.limit,
                       args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed,
                       trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
@@ -310,9 +312,10 @@ def export_command(argv: list[str]) -> int:
         parse_shard_size(args.max_shard_size)
         if not is_device_name(args.device) or args.device == "auto":
             raise ExportError(f"--device={args.device!r} is not a device; use cpu, cuda or cuda:N.")
-        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
+        inputs = {"the checkpoint": checkpoint, "--base-model": args.base_model, "--tokenizer": args.tokenizer}
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
         for option, path in (("--value-head", args.value_head), ("--reward-branch", args.reward_branch)):
-            claim_output_path(path, overwrite=args.overwrite, option=option, folder=False)
+            claim_output_path(path, overwrite=args.overwrite, option=option, folder=False, inputs=inputs)
         out = export_checkpoint(
             checkpoint, args.out, base_model=args.base_model, tokenizer=args.tokenizer, dtype=args.dtype,
             max_shard_size=args.max_shard_size, value_head=args.value_head, reward_branch=args.reward_branch,
@@ -324,8 +327,9 @@ def export_command(argv: list[str]) -> int:
     elif command == "trlx":
         from .storage.trlx import convert_trlx
 
-        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
-        claim_output_path(args.write_base, overwrite=args.overwrite, option="--write-base")
+        inputs = {"the trlX checkpoint": args.source, "--config": args.config, "--base-model": args.base_model}
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
+        claim_output_path(args.write_base, overwrite=args.overwrite, option="--write-base", inputs=inputs)
         result = convert_trlx(
             args.source, args.out, config=args.config, write_base=args.write_base, base_model=args.base_model,
             num_layers_unfrozen=args.num_layers_unfrozen, tokenizer=args.tokenizer,
@@ -343,7 +347,7 @@ def export_command(argv: list[str]) -> int:
         directory, gguf_file = resolve_model_source(args.source, args.gguf_file)
         if gguf_file is None:
             raise ModelLoadError(f"{args.source!r} is a model directory without a .gguf file: nothing to convert.")
-        claim_output_path(args.out, overwrite=args.overwrite, option="--out")
+        claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs={"the GGUF source": directory})
         out = gguf_to_safetensors(directory, gguf_file, args.out)
         print(f"converted {Path(directory) / gguf_file} -> {out}")
     return 0
@@ -439,7 +443,11 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # the program does not wait for threads user code left (usercode)
+    return usercode.leave_threads_behind(_main(argv), end_process=argv is None)
+
+
+def _main(argv: list[str] | None) -> int:
     rank, world_size = _process()
     # Under a launcher only process 0 tells what it is doing; every process warns.
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -458,14 +466,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0 if argv else 2
     command = COMMANDS[argv[0]][0]
-    where = f" (process {rank} of {world_size})" if world_size > 1 else ""
-    prog = f"hydrappo {argv[0]}{where}"
+    prog = f"hydrappo {argv[0]}" + (f" (process {rank} of {world_size})" if world_size > 1 else "")
     try:
         return command(argv[1:])
-    except SystemExit as done:  # argparse: --help, or a usage error it has printed
+    except SystemExit as done:  # argparse's own (--help, a usage error it printed); any other is an error
+        last = traceback.extract_tb(done.__traceback__)[-1]
+        if Path(last.filename).name != "argparse.py":
+            return _fail(prog, f"sys.exit({done.code!r}) was called ({Path(last.filename).name}, line {last.lineno}).", 1, debug)
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
-    except HydrappoError as error:
-        # Raised on purpose, with a message that says what to fix: show just that.
+    except HydrappoError as error:  # raised on purpose, with a message that says what to fix: show just that
         return _fail(prog, str(error), error.exit_code, debug)
     except KeyboardInterrupt:
         return _fail(prog, "interrupted (Ctrl-C).", 130, debug)

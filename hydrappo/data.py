@@ -191,7 +191,7 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
         missing = [c for c in columns if c not in dataset.column_names]
         if missing:
             raise DataError(
-                f"{where}: no column {', '.join(map(repr, missing))}; columns present: "
+                f"{setting}={source}: {where} has no column {', '.join(map(repr, missing))}; columns present: "
                 f"{', '.join(dataset.column_names) or '(none)'}. Set the data.*_column options to the right names."
             )
         for name in columns:
@@ -213,9 +213,11 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
     return table
 
 
-def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", subset: str | None = None) -> list[str]:
-    """All prompts of `path` (see `read_table`); for .txt files each line is a prompt."""
-    return read_table(path, [column], setting="data.prompts", split=split, subset=subset, allow_text=True, nonempty=True)[column]
+def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,
+                      setting: str = "data.prompts") -> list[str]:  # fmt: skip
+    """All prompts of `path` (see `read_table`); for .txt files each line is a prompt.
+    `setting` names the option in errors."""
+    return read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True)[column]
 
 
 def load_prompt_table(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,

@@ -34,6 +34,7 @@ from .storage.checkpoint import (
 )
 from .storage.export import load_checkpoint_hydra
 from .storage.models import build_hydra, load_model_and_tokenizer
+from .storage.rundir import refuse_own_inputs
 from .train.precision import pick_device
 
 logger = logging.getLogger("hydrappo")
@@ -146,8 +147,10 @@ def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperatur
 
 
 def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=None, temperature=None, output=None,
-                    max_prompt_length=None, models=()) -> None:  # fmt: skip
-    """The options of `generate` and `compare`, all checked before any model loads."""
+                    max_prompt_length=None, models=(), inputs=None) -> None:  # fmt: skip
+    """The options of `generate` and `compare`, all checked before any model loads; --output must
+    not be, contain or lie inside one of `inputs` ({option: path})."""
+    refuse_own_inputs(output, inputs or {}, "--output", file=True)
     problems = Problems()
     for option, value in (("--limit", limit), ("--max_new_tokens", max_new_tokens), ("--max_prompt_length", max_prompt_length)):
         if value is not None and value < 1:

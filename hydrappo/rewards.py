@@ -30,7 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import usercode
 from .errors import HydrappoError
+from .model.heads import widened
 
 
 class RewardError(HydrappoError, ValueError):
@@ -298,12 +300,14 @@ class FunctionReward:
                     raise ValueError(f"column {name!r} has {len(values)} values for {len(samples)} samples.")
                 kwargs[name] = list(values)
         try:
-            result = _call_with_timeout(self.fn, kwargs, self.timeout_s)
+            result = _call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
         except _TimedOut:
             raise RewardFunctionError(
                 f"{where} did not return within reward.timeout_s={self.timeout_s} s for {len(samples)} samples; make it "
                 f"faster or raise reward.timeout_s.{_sample(prompts, outputs, 0)}"
             ) from None
+        except usercode.UserCodeError:
+            raise
         except Exception as error:
             raise RewardFunctionError(
                 f"{where} raised {type(error).__name__}: {error}{_user_frame(error)}. It was called on {len(samples)} "
@@ -399,7 +403,11 @@ class BranchReward:
     def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, *, branch_scores=None, **_):
         if branch_scores is None:
             raise RewardFunctionError("reward.use_reward_branch is set but no reward branch is attached (model.reward_branch_path).")
-        return _to_scores(branch_scores.float().cpu(), len(samples), _where("the reward branch", step), prompts, outputs)
+        # float64 stays float64 (exact comparisons); _to_scores would make it float32
+        scores = widened(branch_scores.detach()).cpu()
+        if scores.shape != (len(samples),) or not torch.isfinite(scores).all():
+            raise RewardFunctionError(f"{_where('the reward branch', step)} gave scores {scores.tolist()} for {len(samples)} samples.")
+        return scores
 
 
 class RewardSources:
@@ -421,9 +429,9 @@ class RewardSources:
         self.last = {}
         total = None
         for name, weight, source in self.entries:
-            scores = torch.as_tensor(source(samples, prompts, outputs, step=step, **inputs), dtype=torch.float32)
+            scores = widened(torch.as_tensor(source(samples, prompts, outputs, step=step, **inputs)))
             self.last[name] = scores
-            total = weight * scores if total is None else total + weight * scores
+            total = scores if total is None and weight == 1.0 else weight * scores if total is None else total + weight * scores
         return total
 
 

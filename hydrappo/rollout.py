@@ -16,6 +16,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from .config import GenerationArgs
 from .data import left_pad
 from .model import HydraModel, HydraOutput
+from .model.heads import widened
 from .model.split import position_ids_from_mask
 
 
@@ -89,16 +90,16 @@ def minibatch_plan(batch_size: int, mini_batch_size: int, generator: torch.Gener
     return (order + strata * torch.arange(mini_batch_size)[:, None]).T.contiguous()
 
 
-def generation_config(args: GenerationArgs, tokenizer) -> GenerationConfig:
+def generation_config(args: GenerationArgs, tokenizer, greedy: bool = False) -> GenerationConfig:
     """Sampling settings for transformers' generate. Everything is explicit so that a
     model's own generation_config.json (SmolLM2 ships temperature 0.2, top_p 0.9) cannot
-    silently change the distribution PPO's log-probs are computed under."""
+    silently change the distribution PPO's log-probs are computed under. `greedy`: the most
+    likely token at each step (held-out evaluation), with the same stops and limits."""
     eos_ids = [tokenizer.eos_token_id, *args.stop_token_ids]
+    sampling = {} if greedy else {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     return GenerationConfig(
-        do_sample=True,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
+        do_sample=not greedy,
+        **sampling,
         max_new_tokens=args.max_new_tokens,
         min_new_tokens=args.min_new_tokens,
         eos_token_id=eos_ids,
@@ -166,16 +167,17 @@ def first_stop(tokens: list[int], stop_ids: set[int], stop_strings: list[str], t
 @torch.no_grad()
 def generate_responses(
     hydra: HydraModel, tokenizer, prompts: list[list[int]], args: GenerationArgs, synced: bool = False,
-    record_split: bool = False, share: bool | None = None,
+    record_split: bool = False, share: bool | None = None, greedy: bool = False,
 ) -> Responses:
     """Sample one response per prompt with the policy, in chunks of `generation_batch_size`.
     `synced`: the trunk is sharded over processes (FSDP), so every process runs every token
     step until all are done (transformers' synced_gpus), each layer's gather meeting the others'.
     `record_split`: keep the frozen bottom's output for every prompt and response token, which
     sampling computes anyway (see record_split_hidden), so the experience pass can skip it.
-    `share` (default: args.share_prompt_prefill): identical consecutive prompts are prefilled once."""
+    `share` (default: args.share_prompt_prefill): identical consecutive prompts are prefilled once.
+    `greedy`: greedy decoding instead of sampling (see generation_config)."""
     share = args.share_prompt_prefill if share is None else share
-    config = generation_config(args, tokenizer)
+    config = generation_config(args, tokenizer, greedy)
     config.return_dict_in_generate = True  # the cache it leaves serves record_split_hidden
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
     responses, ended, split_rows = [], [], []
@@ -304,7 +306,7 @@ def response_part(out: HydraOutput, prompt_width: int) -> HydraOutput:
     offset = prompt_width - 1
 
     def part(tensor, end=None):
-        return tensor[:, offset:end].float() if tensor is not None else None
+        return widened(tensor[:, offset:end]) if tensor is not None else None
 
     return HydraOutput(
         logprobs=part(out.logprobs),

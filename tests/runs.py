@@ -1,5 +1,6 @@
-"""Small runs on the tiny example that several test modules share: a preference file and a
-reward-stage config, an SFT config, and a way to kill a PPO run right after a checkpoint."""
+"""Small runs on the tiny example that several test modules share: a PPO trainer with
+overrides, a preference file and a reward-stage config, an SFT config, and the ways a test
+kills a run (right after a checkpoint, or in the middle of a step) before resuming it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,21 @@ from pathlib import Path
 
 import yaml
 
+import torch
+
 from hydrappo.config import RewardConfig, parse_config
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "examples" / "tiny"
+VERIFIABLE = str(ROOT / "tests" / "verifiable_reward.py") + ":first_word_is_good"
+
+
+def tiny_trainer(output_dir, *overrides):
+    """A PPOTrainer on examples/tiny/config.yaml writing into `output_dir`, with command-line overrides."""
+    from hydrappo.train.ppo import PPOTrainer
+
+    config = parse_config(TINY / "config.yaml", ["--output_dir", str(output_dir), "--no_progress_bar", *overrides])
+    return PPOTrainer(config, config_dir=TINY)
 
 NEUTRAL = [f"n{i}" for i in range(48)]
 GOOD = [f"g{i}" for i in range(8)]
@@ -82,3 +95,25 @@ def kill_after_next_save(trainer, monkeypatch) -> None:
         monkeypatch.setattr(trainer, "ppo_update", lambda experience: (_ for _ in ()).throw(Killed()))
 
     monkeypatch.setattr(trainer.harness, "save", save_then_die)
+
+
+def kill_during_step(trainer, monkeypatch, step: int) -> None:
+    """The process dies in the middle of `step`: after it consumed random numbers and moved
+    the weights in memory, before its metrics line or any checkpoint of it was written."""
+    real_step = trainer.train_step
+
+    def train_step():
+        result = real_step()
+        if trainer.harness.step + 1 == step:
+            raise Killed
+        return result
+
+    monkeypatch.setattr(trainer, "train_step", train_step)
+
+
+def same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    """Every parameter of `a` equals `b`'s, bit for bit."""
+    pairs = list(zip(a.named_parameters(), b.named_parameters()))
+    assert pairs
+    for (name, x), (_, y) in pairs:
+        assert torch.equal(x, y), name

@@ -59,6 +59,14 @@ def tiny_config(family: str, num_layers: int = LAYERS, vocab_size: int = VOCAB, 
 FAMILIES = ("gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2")
 
 
+def first_family_quick(families=FAMILIES):
+    """The families as parameters of a test whose every case takes seconds: the first runs in the
+    quick loop (`pytest -m "not slow"`), the others with the whole suite."""
+    import pytest
+
+    return [families[0], *(pytest.param(family, marks=pytest.mark.slow) for family in families[1:])]
+
+
 def tiny_model(family: str = "llama", seed: int = 0, **kwargs):
     torch.manual_seed(seed)
     config = tiny_config(family, **kwargs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .masked import bool_mask, check_same_shape, masked, whiten
+from .masked import bool_mask, check_same_shape, masked, whiten, widened
 
 
 def gae(
@@ -70,7 +70,7 @@ def grpo_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-6) ->
     with the unbiased standard deviation over the G samples of the same prompt (as the
     reference implementations do). A group whose rewards are all equal gets A = 0 (no signal,
     no nan). Returns (B,)."""
-    groups = _groups(scores.float(), group_size)
+    groups = _groups(widened(scores), group_size)
     centred = groups - groups.mean(-1, keepdim=True)
     return (centred / (groups.std(-1, keepdim=True) + eps)).reshape(-1)
 
@@ -80,7 +80,7 @@ def dr_grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     division by the group's standard deviation, which over-weights prompts that are nearly
     always or never solved: A_i = r_i - mean(r_group). Pair it with loss_agg_mode
     seq-mean-token-sum, their fix of the length bias. Returns (B,)."""
-    groups = _groups(scores.float(), group_size)
+    groups = _groups(widened(scores), group_size)
     return (groups - groups.mean(-1, keepdim=True)).reshape(-1)
 
 
@@ -91,7 +91,7 @@ def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
         A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) (r_i - mean(r_group)),
 
     an unbiased baseline (it does not depend on the sample itself). Returns (B,)."""
-    groups = _groups(scores.float(), group_size)
+    groups = _groups(widened(scores), group_size)
     return (group_size / (group_size - 1) * (groups - groups.mean(-1, keepdim=True))).reshape(-1)
 
 
@@ -112,7 +112,7 @@ def reinforce_pp_advantages(rewards: torch.Tensor, action_mask: torch.Tensor, ga
 
 def sequence_advantages(advantages: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
     """A per-sequence advantage (B,) on every real token of its response (B, R)."""
-    return masked(advantages[:, None].expand(action_mask.shape).to(torch.float32), action_mask)
+    return masked(advantages[:, None].expand(action_mask.shape), action_mask)
 
 
 def estimate_advantages(

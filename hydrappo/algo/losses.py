@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .kl import kl_estimate
-from .masked import bool_mask, check_same_shape, explained_variance, masked, masked_mean, masked_sum, to_floats
+from .masked import bool_mask, check_same_shape, explained_variance, masked, masked_mean, masked_sum, to_floats, widened
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -204,7 +204,7 @@ def preference_loss(
     per-pair margin of Touvron et al. (2023, Llama 2). Stats: ``accuracy`` (a tie counts half),
     ``margin`` (mean r_c - r_r), mean chosen and rejected scores. ``logsigmoid``, not
     ``log(sigmoid)``, so large gaps stay finite."""
-    chosen, rejected = chosen.float(), rejected.float()
+    chosen, rejected = widened(chosen), widened(rejected)
     gap = chosen - rejected
     target_gap = gap - margin.to(gap) if margin is not None else gap
     loss = -F.logsigmoid(target_gap).mean()

@@ -114,6 +114,11 @@ def check_same_shape(**tensors: torch.Tensor) -> None:
             )
 
 
+def widened(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in at least float32: bf16/fp16 (and integers) become float32, float64 stays."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 def to_floats(stats: dict) -> dict:
     """0-d tensors -> python floats with a single device sync."""
-    return dict(zip(stats, torch.stack([v.detach().float() for v in stats.values()]).tolist()))
+    return dict(zip(stats, torch.stack([widened(v.detach()) for v in stats.values()]).tolist()))

@@ -11,7 +11,7 @@ import math
 import torch
 
 from .kl import kl_estimate
-from .masked import bool_mask, check_same_shape, last_true_index, masked, masked_mean, to_floats
+from .masked import bool_mask, check_same_shape, last_true_index, masked, masked_mean, to_floats, widened
 
 SCORE_NORMALIZATIONS = ("none", "running", "ref")
 
@@ -231,7 +231,7 @@ def group_statistics(scores: torch.Tensor, group_size: int) -> dict:
     out), with G > 1; and ``env/solve_rate``, the mean score, when every score is 0 or 1 (a
     verifiable reward)."""
     stats = {}
-    scores = scores.detach().float().flatten()
+    scores = widened(scores.detach()).flatten()
     if group_size > 1:
         groups = scores.reshape(-1, group_size)
         stats["env/groups_all_equal_frac"] = (groups == groups[:, :1]).all(-1).float().mean().item()

@@ -142,7 +142,7 @@ RANGES: dict[str, Range] = {
     "epochs": NOT_NEGATIVE,
     "max_steps": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
     "eval_batch_size": AT_LEAST_1,
-    "eval_every": Range(0, fix="use N > 0, or 0 to evaluate at the end of each epoch only"),
+    "eval_every": Range(0, fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)"),
     "dist_timeout_s": Range(0, low_open=True, fix="use the seconds a process may wait for the others, e.g. 1800"),
 }
 
@@ -165,7 +165,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 # Options naming a column or a split: an empty name can only be a mistake.
-NAMES = ("prompt_column", "chosen_column", "rejected_column", "response_column", "stats_response_column", "split")
+NAMES = ("prompt_column", "chosen_column", "rejected_column", "response_column", "stats_response_column", "split", "eval_split")
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 _warned: set[str] = set()
@@ -446,6 +446,13 @@ def _check_ppo(config: Config, problems: Problems) -> None:
             if getattr(reward, name) is not None:
                 problems.add(f"reward.{name}", getattr(reward, name), "is only used with reward.score_normalization: ref "
                              f"(it is {reward.score_normalization!r})", f"set score_normalization: ref, or remove {name}")  # fmt: skip
+    if config.train.eval_every > 0 and not config.data.eval_prompts:
+        problems.add("train.eval_every", config.train.eval_every, "has nothing to evaluate without data.eval_prompts",
+                     "set data.eval_prompts to a held-out prompts file or datasets name, or remove eval_every")  # fmt: skip
+    if config.data.eval_prompts and config.train.fsdp_trunk:
+        problems.add("data.eval_prompts", config.data.eval_prompts, "is not supported with train.fsdp_trunk yet (a "
+                     "sharded trunk generates in lockstep, and the processes hold different numbers of held-out batches)",
+                     "evaluate the checkpoints afterwards with `hydrappo generate`, or train without fsdp_trunk")  # fmt: skip
     if config.data.prompts is None:
         problems.add("data.prompts", None, "is required", "name a jsonl/json/csv/parquet/txt file, a directory of them or a "
                      "datasets name")  # fmt: skip

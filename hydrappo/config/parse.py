@@ -15,6 +15,33 @@ from .checks import validate
 from .sections import Config, ConfigError, sections_of
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one YAML mapping; str() names it and both lines."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+
+
+def _mapping_without_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise DuplicateKeyError(f"key {key!r} is given twice (lines {seen[key]} and {line}); keep one of them")
+        seen[key] = line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def load_yaml(text: str):
+    """yaml.safe_load, except that a key given twice in one mapping is a yaml.YAMLError."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+
+
 def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
     if data is None:
         return {}
@@ -100,9 +127,11 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
             what = "is a folder, not a file" if path.is_dir() else "does not exist"
             raise ConfigError(f"config file {str(path)!r} {what}; give the path of a YAML config (see examples/).")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = load_yaml(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as error:
             raise ConfigError(f"config file {path}: not UTF-8 text ({error}); save it as UTF-8.") from None
+        except DuplicateKeyError as error:
+            raise ConfigError(f"config file {path}: {error}.") from None
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {path}: not valid YAML: {error}") from None
         defaults = _flatten_yaml(data, str(path), sections)

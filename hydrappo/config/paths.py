@@ -71,7 +71,7 @@ def check_paths(config, problems) -> None:
         for spec in reward.function_specs:
             check_reward_fn(spec, problems)
     data = config.data
-    for name in ("prompts", "train_file", "eval_file", "stats_file"):
+    for name in ("prompts", "eval_prompts", "train_file", "eval_file", "stats_file"):
         value = getattr(data, name, None)
         if value and not Path(value).expanduser().exists() and looks_like_a_path(value):
             _missing(problems, f"data.{name}", value, "file or folder")

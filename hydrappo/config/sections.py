@@ -30,7 +30,9 @@ OPTIMIZER_HELP = (
     "a quarter of AdamW's state; pip install 'hydrappo[quant]'). A run resumes with the optimizer it started with."
 )
 # Weight dtypes by name: the one table every command uses (aliases on the right).
-DTYPE_NAMES = {"float32": ("fp32",), "bfloat16": ("bf16",), "float16": ("fp16", "half")}
+# float64 is for exact comparisons (tests that check two ways of computing the same step agree);
+# everything on the training path that is "at least float32" keeps it.
+DTYPE_NAMES = {"float32": ("fp32",), "bfloat16": ("bf16",), "float16": ("fp16", "half"), "float64": ("fp64", "double")}
 
 
 class ConfigError(UsageError):
@@ -84,7 +86,7 @@ class ModelConfig:
     layers_path: str | None = field(default=None, metadata={"help": "Dotted path of the decoder layer list, for unusual models."})
     dtype: str = field(
         default="auto",
-        metadata={"help": "Weights dtype: auto (float32 on CPU, bfloat16 on GPUs that support it, else float32), float32, bfloat16, float16."},
+        metadata={"help": "Weights dtype: auto (float32 on CPU, bfloat16 on GPUs that support it, else float32), float32, bfloat16, float16, float64 (slow; for exact comparisons)."},
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute top-layer activations in backward."})
     trunk_quantization: str = field(
@@ -245,6 +247,13 @@ class DataArgs:
     max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts are truncated from the left, with a warning."})
     split: str = field(default="train", metadata={"help": "Split to read when data.prompts is a datasets name or a folder laid out as on the Hub."})
     subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
+    eval_prompts: str | None = field(
+        default=None,
+        metadata={"help": "Held-out prompts, in any form data.prompts takes (same prompt column): answered at step 0, "
+                          "every train.eval_every steps and at the last step, scored by the run's reward(s) and logged "
+                          "as eval/* (reward_mean, solve_rate for 0/1 scores, response_len_mean, ...)."},
+    )
+    eval_split: str = field(default="test", metadata={"help": "Split to read when data.eval_prompts is a datasets name or a folder laid out as on the Hub."})
 
 
 @dataclass
@@ -281,6 +290,8 @@ class TrainArgs(RunArgs):
                           "FSDP2. Each process loads the model into CPU memory and keeps 1/K of those layers' weights on "
                           "its device, gathering a layer while it runs (in generation: every bottom layer at every token)."},
     )
+    eval_every: int = field(default=0, metadata={"help": "With data.eval_prompts: evaluate every N steps (0: only at step 0 and at the last step)."})
+    eval_greedy: bool = field(default=True, metadata={"help": "Held-out answers by greedy decoding; false: sampled with the generation settings, from a seed of their own."})
     log_samples_every: int = field(default=10, metadata={"help": "Write prompt/response/score samples to TensorBoard every N steps."})
     num_log_samples: int = field(default=4, metadata={"help": "Samples per text summary."})
 
@@ -433,7 +444,7 @@ _MODEL_PATHS = ("model.name_or_path", "model.tokenizer_name_or_path", "model.rew
 class Config(_Sections):
     """`hydrappo train`: PPO."""
 
-    PATHS = (*_MODEL_PATHS, "reward.reward_model", "data.prompts")
+    PATHS = (*_MODEL_PATHS, "reward.reward_model", "data.prompts", "data.eval_prompts")
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationArgs = field(default_factory=GenerationArgs)
     ppo: PPOArgs = field(default_factory=PPOArgs)

@@ -9,10 +9,16 @@ from torch import nn
 VALUE_HEAD_INITS = ("random", "reward_head")
 
 
+def widened(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in at least float32: bf16/fp16 become float32, float64 stays float64."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 class ValueHead(nn.Module):
     """The critic: MLP hidden -> 2*hidden -> 1 with ReLU.
 
-    Kept in float32 whatever the trunk's dtype: value targets are returns of
+    Kept in at least float32 whatever the trunk's dtype (float64 with a float64
+    trunk, see HydraModel): value targets are returns of
     arbitrary scale and a bf16 regression head loses them (trlX and TRL do the same).
     """
 
@@ -27,7 +33,7 @@ class ValueHead(nn.Module):
         self.float()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.mlp(hidden.float()).squeeze(-1)
+        return self.mlp(hidden.to(self.mlp[0].weight.dtype)).squeeze(-1)
 
     @torch.no_grad()
     def init_from_reward_head(self, head: "RewardHead") -> None:
@@ -63,4 +69,4 @@ class RewardHead(nn.Module):
         self.float()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.score(hidden.float()).squeeze(-1)
+        return self.score(hidden.to(self.score.weight.dtype)).squeeze(-1)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .arch import UnsupportedModelError, heads_are_tied, locate, logits_transform, output_embeddings, set_path
-from .heads import RewardHead, ValueHead
+from .heads import RewardHead, ValueHead, widened
 from .logprobs import token_logprobs
 from .split import SkipLayer, StopTrunk, last_token_index, position_ids_from_mask, split_hook
 
@@ -189,7 +189,8 @@ class HydraModel(nn.Module):
 
         param = next(model.parameters())
         # A critic-free run (GRPO, RLOO, REINFORCE++) has no value head: nothing built, trained or saved.
-        self.value_head = ValueHead(self.arch.hidden_size).to(param.device) if value_head else None
+        head_dtype = torch.promote_types(param.dtype, torch.float32)  # float32, or float64 with a float64 trunk
+        self.value_head = ValueHead(self.arch.hidden_size).to(param.device, head_dtype) if value_head else None
         self.reward_branch: RewardBranch | None = None
         if verify:
             self._verify()
@@ -272,7 +273,8 @@ class HydraModel(nn.Module):
             layers = nn.ModuleList(copy.deepcopy(layer) for layer in self.ref_layers)
         original_norm = self.ref_norm if self.ref_norm is not None else (self.arch.final_norm if own_norm else None)
         norm = copy.deepcopy(original_norm) if original_norm is not None else None
-        branch = RewardBranch(layers, RewardHead(self.arch.hidden_size), norm).to(self.device)
+        head = RewardHead(self.arch.hidden_size).to(torch.promote_types(next(self.model.parameters()).dtype, torch.float32))
+        branch = RewardBranch(layers, head, norm).to(self.device)
         branch.requires_grad_(trainable)
         return branch
 
@@ -543,16 +545,17 @@ class HydraModel(nn.Module):
             lambda module, args, output: first_layer_output.setdefault("output", output)
         )
         try:
-            expected = self.model(input_ids=probe, attention_mask=mask, use_cache=False).logits.float()
+            expected = widened(self.model(input_ids=probe, attention_mask=mask, use_cache=False).logits)
         finally:
             handle.remove()
         output = first_layer_output.get("output")
         self._layer_tuple_len = len(output) if isinstance(output, tuple) else 0
 
         out = self.forward_hydra(probe, mask, return_logits=True)
-        tolerance = 1e-4 if expected.dtype == torch.float32 and out.logits.dtype == torch.float32 else 5e-2
+        wide = (torch.float32, torch.float64)
+        tolerance = 1e-4 if expected.dtype in wide and out.logits.dtype in wide else 5e-2
         scale = expected.abs().max().clamp(min=1.0)
-        if not torch.allclose(out.logits.float(), expected, atol=tolerance * scale, rtol=0):
+        if not torch.allclose(out.logits.to(expected.dtype), expected, atol=tolerance * scale, rtol=0):
             raise UnsupportedModelError(
                 f"hydrappo's policy logits differ from {type(self.model).__name__}'s own: the model post-processes "
                 "its logits in a way hydrappo does not know (see hydrappo/arch.py:logits_transform)."

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .heads import widened
+
 # Elements of one float32 logits chunk (2**25 = 128 MB).
 CHUNK_ELEMENTS = 2**25
 
@@ -24,7 +26,7 @@ def default_chunk_tokens(vocab_size: int) -> int:
 
 
 def _chunk_stats(hidden, labels, lm_head, transform, temperature, with_entropy):
-    logits = transform(lm_head(hidden)).float()
+    logits = widened(transform(lm_head(hidden)))
     if temperature != 1.0:
         logits = logits / temperature
     log_normaliser = torch.logsumexp(logits, dim=-1)

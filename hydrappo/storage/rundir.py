@@ -5,6 +5,13 @@ A training command that starts (not `--resume`) in an output_dir that already ho
 unless `--overwrite_output_dir` is given: then the earlier run is moved, whole, to a sibling
 folder `OUTPUT_DIR.previous-<time>`, never deleted. `hydrappo export --out` follows the same
 rule for the folder it writes.
+
+While a run trains, its process (process 0 under a launcher) holds an OS lock (flock) on
+`OUTPUT_DIR/.hydrappo.lock`, which names the holder (host, PID, start time): a second run
+started into the same folder, even at the same moment, is refused before it writes anything.
+The OS drops the lock when the process ends, however it ends, so the file a crashed run
+leaves behind never blocks `--resume`. (On file systems without flock support, e.g. some
+network mounts, locking is skipped with a warning.)
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
+import time
 from pathlib import Path
 
 from ..config import writable_folder_problem
@@ -28,6 +37,81 @@ _RUN_FILES = re.compile(
 
 class OutputDirError(UsageError):
     """An output folder cannot be used as asked; the message says what to do instead."""
+
+
+LOCK_NAME = ".hydrappo.lock"
+_HELD: dict[Path, int] = {}  # output folder -> descriptor of its locked file, in this process
+
+
+def lock_output_dir(output_dir: str | os.PathLike, option: str = "train.output_dir") -> None:
+    """Hold the run lock of `output_dir` (created if missing) until release_output_dir or the
+    end of this process; OutputDirError naming the holder if another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return
+    root = Path(output_dir).expanduser().absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK_NAME
+    held = _HELD.get(root)
+    if held is not None:
+        try:
+            if os.fstat(held).st_ino == path.stat().st_ino:
+                return  # this process holds it already (a second claim of the same run)
+        except OSError:
+            pass
+        release_output_dir(root)  # the folder was moved aside (and its lock with it): lock the new one
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
+        os.close(fd)
+        raise OutputDirError(
+            f"{option}={str(output_dir)!r} is in use by another run ({holder}); two runs in one folder would interleave "
+            "their metrics and replace each other's checkpoints. Wait for it to end (or stop it), or choose another "
+            "output_dir."
+        ) from None
+    except OSError as error:  # a file system without locks
+        logger.warning("%s: cannot lock %s (%s); make sure no other run writes into this folder.", option, path, error)
+        os.close(fd)
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, f"host {socket.gethostname()}, PID {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode())
+    _HELD[root] = fd
+
+
+def release_output_dir(output_dir: str | os.PathLike) -> None:
+    """Let go of the run lock of `output_dir` if this process holds it (the file stays)."""
+    fd = _HELD.pop(Path(output_dir).expanduser().absolute(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False) -> None:
+    """OutputDirError if the path a command writes (`out`, given as `option`) is, contains or
+    lies inside one of its `inputs` ({option name: path}; names that are no local path, such as
+    a Hub id, are skipped): checked before anything is moved aside or written. A `file` written
+    in place (a report) may lie inside an input folder; it must not be an input."""
+    if out is None:
+        return
+    target = Path(out).expanduser().resolve()
+    for name, value in inputs.items():
+        if not value or not Path(str(value)).expanduser().exists():
+            continue
+        source = Path(str(value)).expanduser().resolve()
+        if source == target:
+            how = "is"
+        elif target in source.parents:
+            how = "contains"
+        elif source in target.parents and not file:
+            how = "lies inside"
+        else:
+            continue
+        raise OutputDirError(
+            f"{option}={str(out)!r} {how} {name} ({source}), which this command reads: writing there would move "
+            "aside or overwrite its own input. Choose an output outside it."
+        )
 
 
 def earlier_run(output_dir: str | os.PathLike) -> list[str]:
@@ -67,6 +151,8 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
     problem = writable_folder_problem(output_dir)
     if problem:
         raise OutputDirError(f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder.")
+    if move:  # the writing process: the folder is this run's from here on
+        lock_output_dir(output_dir, option)
     if resume and resumes_in(resume, output_dir):
         if overwrite:
             raise OutputDirError(
@@ -87,24 +173,30 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
     if not move:
         return None
     moved = move_aside(output_dir)
+    lock_output_dir(output_dir, option)  # the lock file went with the earlier run: lock the new folder
     logger.warning("%s: the earlier run in %s was moved to %s", option, output_dir, moved)
     return moved
 
 
-def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True):
+def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True, inputs: dict | None = None):
     """What a training command does before any model loads: claim `output_dir` for this run and
     find the checkpoint `--resume` names (damaged newer ones set aside). Returns the
     checkpoint to resume from, or None. Under a launcher every process checks the same, and
-    only process 0 (`writer`) renames anything."""
+    only process 0 (`writer`) renames anything. `inputs` ({option: path}): what the run reads,
+    which output_dir must not be, contain or lie inside."""
+    refuse_own_inputs(output_dir, inputs or {}, "train.output_dir")
     claim_output_dir(output_dir, resume=resume_arg, overwrite=overwrite, move=writer)
     return resolve_resume(resume_arg, output_dir, set_aside=writer) if resume_arg else None
 
 
-def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True) -> Path | None:
+def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True,
+                      inputs: dict | None = None) -> Path | None:  # fmt: skip
     """The same rule for a path a conversion writes (`export --out`, `--value-head FILE`): a
-    non-empty folder or an existing file is refused without `overwrite`, moved aside with it."""
+    non-empty folder or an existing file is refused without `overwrite`, moved aside with it;
+    one that is, contains or lies inside one of its `inputs` is refused either way."""
     if path is None:
         return None
+    refuse_own_inputs(path, inputs or {}, option)
     path = Path(path).expanduser().absolute()
     if folder and path.exists() and not path.is_dir():
         raise OutputDirError(f"{option} {path}: is a file, not a folder; choose a folder.")

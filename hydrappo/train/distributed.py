@@ -249,7 +249,7 @@ class ProcessGroup:
 
     def reduce_gradients(self, params: list[torch.nn.Parameter], finite: bool) -> bool:
         """Sum the gradients of `params` over the processes (a missing gradient counts as 0), in
-        float32 buckets; returns whether EVERY process's loss was finite. The losses are already
+        float32 buckets (float64 for float64 weights); returns whether EVERY process's loss was finite. The losses are already
         divided by the global count, hence a sum. A parameter without a gradient on EVERY process
         keeps none, as on one process (the optimizer then skips it, e.g. the policy while the
         critic warms up). The finite flag and which processes hold a gradient of each parameter
@@ -259,7 +259,9 @@ class ProcessGroup:
         import torch.distributed as dist
 
         device = params[0].device if params else torch.device("cpu")
-        flags = torch.tensor([0.0 if finite else 1.0] + [float(p.grad is not None) for p in params], device=device)
+        # float32 buckets, float64 ones when the weights are float64 (exact comparisons).
+        dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+        flags = torch.tensor([0.0 if finite else 1.0] + [float(p.grad is not None) for p in params], device=device, dtype=dtype)
         buckets, bucket, size = [], [], 0
         for param in params:
             if bucket and size + param.numel() > BUCKET_ELEMENTS:
@@ -269,7 +271,7 @@ class ProcessGroup:
             size += param.numel()
         buckets.append(bucket)
         for index, bucket in enumerate(buckets):
-            parts = [p.grad.detach().reshape(-1).float() if p.grad is not None else torch.zeros(p.numel(), device=device)
+            parts = [p.grad.detach().reshape(-1).to(dtype) if p.grad is not None else torch.zeros(p.numel(), device=device, dtype=dtype)
                      for p in bucket]  # fmt: skip
             if index == 0:
                 parts.insert(0, flags)

@@ -19,10 +19,13 @@ the checkpoints, logs and progress bar, and a failure on one process stopping th
 A loop (PPO, reward, SFT) is an object with
     name, progress          the bar's label and {postfix label: stats key}
     trained_module          the module whose trainable parameters a checkpoint holds
-    train_step()            one step -> (stats, samples or None); the harness counts steps
+    train_step()            one step -> (stats, samples or None); the harness counts steps.
+                            samples: rows for TensorBoard's text tab, a list (tag "samples",
+                            every log_samples_every steps) or {tag: rows} (other tags always)
     state_dict(), load_state_dict(state)
                             its own state; tensors go to training_state.pt, the rest to JSON
-and optionally `before_training()` (stats logged at step 0 of a fresh run), `finish()`
+and optionally `before_training()` (stats, or (stats, samples), logged at step 0 of a fresh
+run), `finish()`
 (before the final checkpoint; returns extra scalars) and `write_extra(folder)` (more files
 in each checkpoint).
 """
@@ -46,7 +49,7 @@ from ..storage.checkpoint import (
 )
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.models import build_hydra
-from ..storage.rundir import claim_output_dir
+from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
 from .optimizers import load_optimizer_state, make_optimizer
@@ -204,26 +207,31 @@ class Harness:
         A fresh start refuses an output_dir that holds an earlier run (storage/rundir.py);
         SIGINT/SIGTERM stop after the current step, with its checkpoint (train/interrupt.py)."""
         dist, run = self.dist, self.run_args
-        if resume or self.step == 0:  # (a second call of run() continues in memory)
-            with dist.phase("claiming the output folder"):
-                if dist.is_main:  # process 0 writes (and moves an earlier run aside)
-                    claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False))
-        if resume:
-            with dist.phase("loading the checkpoint to resume from"):
-                self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
-        with dist.phase("opening the logs"):
-            if dist.is_main:
-                self.output_dir.mkdir(parents=True, exist_ok=True)
-                remove_orphaned_temporaries(self.output_dir)  # of a run killed while writing a checkpoint
-            log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
+        try:  # process 0 holds the folder's run lock from its claim to the end of the run
+            if resume or self.step == 0:  # (a second call of run() continues in memory)
+                with dist.phase("claiming the output folder"):
+                    if dist.is_main:  # process 0 writes (and moves an earlier run aside)
+                        claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False))
+            if resume:
+                with dist.phase("loading the checkpoint to resume from"):
+                    self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
+            with dist.phase("opening the logs"):
+                if dist.is_main:
+                    self.output_dir.mkdir(parents=True, exist_ok=True)
+                    remove_orphaned_temporaries(self.output_dir)  # of a run killed while writing a checkpoint
+                log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
+        except BaseException:
+            release_output_dir(self.output_dir)
+            raise
         history = []
         stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}").install()
         try:
             if self.step == 0 and hasattr(loop, "before_training"):
                 initial = loop.before_training()
+                initial, samples = initial if isinstance(initial, tuple) else (initial, None)
                 if initial:
                     with dist.phase("logging"):
-                        history.append(log.write(0, initial))
+                        history.append(log.write(0, initial, samples))
             while self.step < total_steps:
                 stats, samples = loop.train_step()
                 self.step += 1
@@ -242,6 +250,7 @@ class Harness:
         finally:
             stop.uninstall()
             log.close()
+            release_output_dir(self.output_dir)
         return history
 
     # ------------------------------------------------------------------ checkpoints
@@ -370,8 +379,10 @@ class RunLog:
         if not self.writes:
             return record
         self.scalars(step, stats)
-        if samples and self.samples_every and step % self.samples_every == 0:
-            self.writer.add_text("samples", samples_markdown(samples[: self.num_samples]), step)
+        for tag, rows in (samples if isinstance(samples, dict) else {"samples": samples}).items():
+            periodic = tag == "samples"  # training samples every log_samples_every steps; evaluations' always
+            if rows and (not periodic or (self.samples_every and step % self.samples_every == 0)):
+                self.writer.add_text(tag, samples_markdown(rows[: self.num_samples]), step)
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         if step:

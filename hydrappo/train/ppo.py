@@ -45,6 +45,7 @@ from ..rollout import (
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
+from .heldout import HeldOutEvaluation, evaluation_due
 
 
 EXPLAINED_VARIANCE_PARTS = ("val/_returns", "val/_returns_sq", "val/_residual", "val/_residual_sq")
@@ -133,6 +134,12 @@ class PPOTrainer:
         data = config.data
         self.prompts = tokenize_prompts(self._texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
+        self.held_out = None
+        if data.eval_prompts:
+            self.held_out = HeldOutEvaluation(
+                tokenize_prompts(self._eval_texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt),
+                tokenizer, batch_size=config.generation.generation_batch_size, greedy=train.eval_greedy, seed=train.seed,
+            )
         self._check_process_count()
 
         updates_per_step = ppo.ppo_epochs * (ppo.batch_size // ppo.mini_batch_size)
@@ -152,6 +159,13 @@ class PPOTrainer:
         data = self.config.data
         self._texts, self.columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
         self._functions = reward_functions(self.config.reward, columns=list(self.columns))
+        self._eval_texts, self.eval_columns = [], {}
+        if data.eval_prompts:
+            self._eval_texts, self.eval_columns = load_prompt_table(
+                data.eval_prompts, data.prompt_column, data.eval_split, data.subset, setting="data.eval_prompts"
+            )
+            for function in self._functions:
+                function.check_columns(self.eval_columns, setting="data.eval_prompts")
 
     @property
     def trained_module(self) -> HydraModel:
@@ -188,7 +202,39 @@ class PPOTrainer:
         self.hydra.eval()
         if "objective/kl" in stats:
             self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
+        step, train = self.harness.step + 1, self.config.train
+        if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
+            eval_stats, eval_samples = self.evaluate_held_out(step)
+            return {**stats, **eval_stats}, {"samples": samples, "eval_samples": eval_samples}
         return stats, samples
+
+    def before_training(self):
+        """The held-out baseline at step 0, before any update."""
+        return self.evaluate_held_out(0) if self.held_out is not None else None
+
+    def evaluate_held_out(self, step: int) -> tuple[dict, list[dict]]:
+        """eval/* statistics and rows of the policy's answers to the held-out prompts (train/heldout.py)."""
+        start = time.perf_counter()
+        self.hydra.eval()
+        stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, self.score_responses)
+        return {**stats, "time/eval": time.perf_counter() - start}, samples
+
+    def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
+        with self.harness.autocast():
+            return generate_responses(self.hydra, self.tokenizer, prompt_ids, self.config.generation, greedy=greedy)
+
+    def score_responses(self, rows: list[int], prompt_texts: list[str], responses: Responses) -> tuple[torch.Tensor, dict]:
+        """Scores of responses to held-out prompts `rows` outside the experience pass, from the
+        run's reward sources (with the held-out table's columns), and each source's own scores;
+        a reward branch scores them in a hydra pass of their own."""
+        branch_scores = None
+        if self.config.reward.use_reward_branch:
+            ids, mask, _, width = pack_sequences(responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id)
+            branch_scores = self.evaluate(ids.to(self.device), mask.to(self.device), width, with_reference=False).scores
+        texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+        columns = {name: [values[i] for i in rows] for name, values in self.eval_columns.items()}
+        scores = self.score(prompt_texts, texts, branch_scores, columns, responses.response_ids)
+        return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 
     @torch.no_grad()
     def make_experience(self) -> tuple[Experience, dict, list[dict]]:
@@ -313,10 +359,10 @@ class PPOTrainer:
         """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources)."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
         step = self.harness.step + 1  # named in the error of a reward source that fails
-        scores = torch.as_tensor(self.reward_source(
+        scores = self.reward_source(
             samples, prompt_texts, response_texts, step=step, columns=columns, completion_ids=completion_ids,
             branch_scores=branch_scores,
-        ), dtype=torch.float32)  # fmt: skip
+        )
         if not torch.isfinite(scores).all():
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
         return scores

@@ -12,6 +12,8 @@ from contextlib import nullcontext
 
 import torch
 
+from ..algo.masked import widened
+
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -59,7 +61,7 @@ class MixedPrecision:
             return 0.0
         if max_norm and max_norm > 0:
             return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        return float(torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm() for p in params])))
+        return float(torch.linalg.vector_norm(torch.stack([widened(p.grad.detach()).norm() for p in params])))
 
     def step(self, optimizer) -> None:
         self.scaler.step(optimizer)

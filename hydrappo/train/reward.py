@@ -118,7 +118,7 @@ class RewardTrainer(SupervisedStage):
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         split = self.split_cache(keys, input_ids, attention_mask)
         with self.harness.autocast():
-            return self.hydra.reward_scores(split, input_ids, attention_mask, self.branch, response_start=width).float()
+            return self.hydra.reward_scores(split, input_ids, attention_mask, self.branch, response_start=width)
 
     def _pair_scores(self, pairs: PreferencePairs, index: list[int], tag: str):
         """Chosen and rejected scores of pairs `index`, in ONE batch (2 x len(index) rows)."""

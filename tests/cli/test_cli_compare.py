@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import pytest
+
 from hydrappo.config import parse_config
 from hydrappo.cli import main as cli_main
 from hydrappo.storage.export import export_checkpoint
@@ -12,6 +14,7 @@ def compare_main(argv):
     return cli_main(["compare", *argv])
 
 
+@pytest.mark.slow
 def test_checkpoint_and_its_export_answer_alike_side_by_side(tmp_path, capsys):
     config = parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "run"), "--total_steps", "2",
                                                   "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"])

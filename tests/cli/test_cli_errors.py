@@ -318,6 +318,7 @@ def test_a_folder_with_an_earlier_run_is_refused(ws, kind, earlier, capsys, capl
     assert str(out) in err
 
 
+@pytest.mark.slow
 def test_overwrite_output_dir_moves_the_earlier_run_aside(ws, capsys, caplog, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(ws / "run", out)
@@ -331,6 +332,7 @@ def test_overwrite_output_dir_moves_the_earlier_run_aside(ws, capsys, caplog, tm
 
 
 # --------------------------------------------------------------------------- deeper errors, same reporting
+@pytest.mark.slow
 def test_deeper_data_and_model_errors(ws, capsys, caplog, tmp_path):
     base = ["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'rewards.py'}:good"]
     watch = [ws]
@@ -598,6 +600,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_then_resume_ends_with_the_same_weights(ws, capsys, caplog, tmp_path):
     run, marker = tmp_path / "run", tmp_path / "writing"
     argv = ["train", CONFIG, "--output_dir", str(run), "--total_steps", "2", "--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]

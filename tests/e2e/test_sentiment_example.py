@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_two_ppo_steps_on_smollm2_with_vader(tmp_path):
     from hydrappo.storage.models import cache_root
 

@@ -21,12 +21,10 @@ from hydrappo.planner.counts import count_parameters
 from hydrappo.planner.plan import format_largest, plan_memory, quantized_bytes, quantized_trunk
 from hydrappo.planner.presets import preset_config
 from hydrappo.planner.settings import TrainingSettings
-from hydrappo.storage.checkpoint import CheckpointError, checkpoint_dirs
 from hydrappo.storage.export import export_checkpoint
 from hydrappo.storage.reward_branch import base_model_identity
-from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.sft import SFTTrainer
-from runs import Killed, kill_after_next_save, write_sft_config
+from runs import tiny_trainer, write_sft_config
 from tiny import tiny_model
 
 bnb = pytest.importorskip("bitsandbytes", reason="pip install 'hydrappo[quant]' (the README's test command does)")
@@ -46,6 +44,7 @@ def _ids(batch=3, length=12, vocab=96):
     return ids, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_quantized_trunk_passes_the_probe_and_keeps_the_top_in_full_precision(mode):
     original = HydraModel(tiny_model("llama", tie_word_embeddings=False), 2)
@@ -116,39 +115,10 @@ def test_what_stays_unquantized_and_what_is_refused():
             validate(cfg)
 
 
-def _tiny_trainer(output_dir, *overrides):
-    config = parse_config(TINY / "config.yaml", ["--output_dir", str(output_dir), "--no_progress_bar", *overrides])
-    return PPOTrainer(config, config_dir=TINY)
-
-
-def test_int8_trunk_with_8bit_adamw_resumes_exactly(tmp_path, monkeypatch):
-    small = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
-             "--ppo_epochs", "2", "--trunk_quantization", "int8", "--optimizer", "adamw8bit"]  # fmt: skip
-    straight = _tiny_trainer(tmp_path / "straight", *small)
-    straight.train()
-    state = torch.load(checkpoint_dirs(tmp_path / "straight")[-1] / "training_state.pt", weights_only=True)
-    moments = [values["__bnb_optimizer_quant_state__"] for values in state["optimizer"]["state"].values()]
-    assert any(values["state1"].dtype == torch.uint8 for values in moments)  # 8-bit state, not float32
-
-    interrupted = _tiny_trainer(tmp_path / "resumed", *small)
-    kill_after_next_save(interrupted, monkeypatch)
-    with pytest.raises(Killed):
-        interrupted.train()
-    resumed = _tiny_trainer(tmp_path / "resumed", *small)
-    assert [row["step"] for row in resumed.train(resume=True)] == [3, 4]
-    pairs = list(zip(straight.hydra.named_parameters(), resumed.hydra.named_parameters()))
-    assert pairs
-    for (name, a), (_, b) in pairs:
-        assert torch.equal(a, b), name
-
-    switched = _tiny_trainer(tmp_path / "resumed", *small[:-2], "--total_steps", "6")  # optimizer: adamw
-    with pytest.raises(CheckpointError, match="written by adamw8bit"):
-        switched.train(resume=True)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mode, tmp_path, capfd):
-    trainer = _tiny_trainer(tmp_path / "run", "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4",
+    trainer = tiny_trainer(tmp_path / "run", "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4",
                             "--ppo_epochs", "1", "--learning_rate", "0.05", "--trunk_quantization", mode)  # fmt: skip
     trainer.train()
     out = export_checkpoint(tmp_path / "run", tmp_path / "policy")
@@ -157,7 +127,7 @@ def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mod
     assert all(t.dtype == torch.float32 for t in written.values())
 
     # The bottom is the original model's (the tiny example is random-init from train.seed) ...
-    reference = _tiny_trainer(tmp_path / "unquantized", "--total_steps", "1")
+    reference = tiny_trainer(tmp_path / "unquantized", "--total_steps", "1")
     original = dict(reference.hydra.model.named_parameters())
     for name in ("model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"):
         assert torch.equal(written[name], original[name]), name
@@ -178,6 +148,7 @@ def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mod
     assert drift < DRIFT[mode]  # the quantization's drift, the other way round
 
 
+@pytest.mark.slow
 def test_sft_on_a_quantized_trunk_writes_a_full_precision_model(tmp_path):
     config = parse_config(write_sft_config(tmp_path, epochs=1, optimizer="adamw8bit"), ["--trunk_quantization", "int8"],
                           SFTConfig)  # fmt: skip
@@ -194,6 +165,7 @@ def test_sft_on_a_quantized_trunk_writes_a_full_precision_model(tmp_path):
     assert torch.equal(saved["model.layers.3.mlp.up_proj.weight"], trained["model.layers.3.mlp.up_proj.weight"].detach())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_planned_quantized_bytes_are_what_bitsandbytes_stores(mode):
     hydra = HydraModel(tiny_model("llama", tie_word_embeddings=False, hidden_size=128, intermediate_size=256), 2,
@@ -211,6 +183,7 @@ def test_planned_quantized_bytes_are_what_bitsandbytes_stores(mode):
     assert quantized_bytes(1000, 10, 1, "int8") == 1040
 
 
+@pytest.mark.slow
 def test_largest_plans_meet_the_consumer_gpu_targets(capsys):
     """Full top-N (N=2) of Llama-3.1-8B within 16 GB with a 4-bit trunk and 8-bit AdamW (bf16, batch
     16, 256 + 256 tokens, reward branch), within 24 GB with an int8 trunk; a 3B model within 12 GB."""
@@ -238,6 +211,7 @@ def test_largest_plans_meet_the_consumer_gpu_targets(capsys):
     assert "invalid choice: 'int3'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unquantized(tmp_path):
     from hydrappo.config import ModelConfig
     from hydrappo.rollout import pack_sequences
@@ -268,6 +242,7 @@ def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unqua
             assert (scores - expected).abs().max() < 0.5 * expected.std() and not torch.equal(scores, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_experience_from_states_recorded_on_a_quantized_trunk(mode):
     """Sampling runs the same quantized bottom as the experience pass; the recorded states give

@@ -68,6 +68,7 @@ def ppo_run(tmp_path_factory):
     return trainer, out / "checkpoint-1"
 
 
+@pytest.mark.slow
 def test_ppo_checkpoint_exports_to_a_plain_model_with_the_policys_logits(ppo_run, tmp_path, capfd):
     trainer, checkpoint = ppo_run
     hydra = trainer.hydra
@@ -275,6 +276,7 @@ def test_not_a_trlx_checkpoint_is_exit_code_2(tmp_path, capsys):
     assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_help_of_every_entry_point(capsys):
     for argv in (["--help"], ["trlx", "--help"], ["gguf", "--help"]):
         assert export_main(argv) == 0  # the CLI turns argparse's exit into the exit code

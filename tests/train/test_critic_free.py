@@ -17,10 +17,9 @@ from hydrappo.algo.scores import group_statistics, shape_rewards
 from hydrappo.cli import main
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError, checkpoint_dirs
-from hydrappo.train.ppo import PPOTrainer
+from runs import VERIFIABLE, tiny_trainer
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
-VERIFIABLE = str(Path(__file__).resolve().parents[1] / "verifiable_reward.py") + ":first_word_is_good"
 ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
 
@@ -131,12 +130,10 @@ def test_sequence_level_ratios_are_gspo():
 
 # ---------------------------------------------------------------------------- the trainer
 def trainer(tmp_path, *overrides):
-    config = parse_config(TINY / "config.yaml", [
-        "--output_dir", str(tmp_path), "--no_progress_bar", "--reward_fn", VERIFIABLE, "--samples_per_prompt", "4",
-        "--save_every", "100", *overrides])  # fmt: skip
-    return PPOTrainer(config)
+    return tiny_trainer(tmp_path, "--reward_fn", VERIFIABLE, "--samples_per_prompt", "4", "--save_every", "100", *overrides)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_every_estimator_learns_the_verifiable_task(tmp_path, estimator):
     history = trainer(tmp_path, "--advantage_estimator", estimator, "--total_steps", "25", "--init_kl_coef", "0").train()
@@ -193,28 +190,6 @@ def test_a_kl_coefficient_of_zero_never_runs_the_reference_branch(tmp_path, monk
     monkeypatch.setattr(with_kl.hydra, "_reference_hidden", reference_called)
     with pytest.raises(AssertionError, match="reference branch ran"):
         with_kl.train()
-
-
-def test_a_run_with_groups_resumes_exactly(tmp_path, monkeypatch):
-    options = ["--advantage_estimator", "rloo", "--total_steps", "4", "--save_every", "2", "--batch_size", "16",
-               "--mini_batch_size", "8", "--kl_penalty", "loss", "--init_kl_coef", "0.02"]  # fmt: skip
-    straight = trainer(tmp_path / "straight", *options)
-    straight.train()
-    interrupted = trainer(tmp_path / "resumed", *options)
-    real_update = interrupted.ppo_update
-
-    def die_in_step_3(experience):
-        if interrupted.harness.step == 2:
-            raise KeyboardInterrupt
-        return real_update(experience)
-
-    monkeypatch.setattr(interrupted, "ppo_update", die_in_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        interrupted.train()
-    resumed = trainer(tmp_path / "resumed", *options)
-    assert [row["step"] for row in resumed.train(resume=True)] == [3, 4]
-    for (name, a), (_, b) in zip(straight.hydra.named_parameters(), resumed.hydra.named_parameters()):
-        assert torch.equal(a, b), name
 
 
 def test_group_settings_are_checked_before_anything_loads():

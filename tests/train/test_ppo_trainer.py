@@ -12,8 +12,7 @@ from hydrappo.config import ConfigError, parse_config
 from hydrappo.config import GenerationArgs
 from hydrappo.rollout import generate_responses, pack_sequences
 from hydrappo.train.harness import TrainingError
-from hydrappo.train.ppo import PPOTrainer
-from runs import Killed, kill_after_next_save
+from runs import tiny_trainer
 from tiny import tiny_model, tiny_tokenizer
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
@@ -25,11 +24,7 @@ REQUIRED_SCALARS = [
 ]
 
 
-def tiny_trainer(output_dir, *overrides):
-    config = parse_config(TINY / "config.yaml", ["--output_dir", str(output_dir), "--no_progress_bar", *overrides])
-    return PPOTrainer(config, config_dir=TINY)
-
-
+@pytest.mark.slow
 def test_tiny_example_learns_and_writes_logs_and_checkpoints(tmp_path):
     history = tiny_trainer(tmp_path).train()
     rewards = [row["env/reward_mean"] for row in history]
@@ -54,36 +49,6 @@ def test_tiny_example_learns_and_writes_logs_and_checkpoints(tmp_path):
     saved = load_file(str(kept[-1] / WEIGHTS_NAME))
     assert any(name.startswith("value_head.") for name in saved)
     assert not any(".layers.0." in name or "embed_tokens" in name for name in saved)
-
-
-def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, monkeypatch):
-    small = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
-             "--gradient_accumulation_steps", "2", "--lr_scheduler", "cosine", "--warmup_steps", "2",
-             "--kl_controller", "adaptive", "--score_normalization", "running"]
-    straight = tiny_trainer(tmp_path / "straight", *small)
-    straight.train()
-
-    # Killed during step 3, after checkpoint-2 and step 3's metrics line were written.
-    interrupted = tiny_trainer(tmp_path / "resumed", *small)
-    kill_after_next_save(interrupted, monkeypatch)
-    with pytest.raises(Killed):
-        interrupted.train()
-    with (tmp_path / "resumed" / "metrics.jsonl").open("a") as handle:
-        handle.write(json.dumps({"step": 3, "env/reward_mean": 0.0}) + "\n")  # a line from the dead run
-
-    resumed = tiny_trainer(tmp_path / "resumed", *small)
-    history = resumed.train(resume=True)
-    assert [row["step"] for row in history] == [3, 4]
-
-    for (name, a), (_, b) in zip(straight.hydra.named_parameters(), resumed.hydra.named_parameters()):
-        assert torch.equal(a, b), name
-    assert straight.kl_controller.value == resumed.kl_controller.value
-    assert straight.score_moments.state_dict() == resumed.score_moments.state_dict()
-    lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
-    # The dead run's line was moved aside, not lost.
-    side_files = list((tmp_path / "resumed").glob("metrics.after-step-2.*.jsonl"))
-    assert len(side_files) == 1 and json.loads(side_files[0].read_text())["env/reward_mean"] == 0.0
 
 
 def test_resume_without_checkpoint_and_mismatched_checkpoint_are_clear_errors(tmp_path):
@@ -198,6 +163,7 @@ def test_cli_train_runs_the_tiny_example(tmp_path, capsys):
     assert (tmp_path / "checkpoint-2" / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_training(tmp_path):
     args = ["--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4", "--save_every", "100"]
     plain = tiny_trainer(tmp_path / "plain", *args)
@@ -225,6 +191,7 @@ def test_bf16_model_trains_float32_master_weights_under_autocast(tmp_path):
         tiny_trainer(tmp_path / "no", "--dtype", "bfloat16", "--mixed_precision", "no")
 
 
+@pytest.mark.slow
 def test_critic_warmup_leaves_the_policy_bit_identical(tmp_path):
     trainer = tiny_trainer(tmp_path / "run", "--total_steps", "2", "--critic_warmup_steps", "2")
     hydra = trainer.hydra
@@ -243,21 +210,3 @@ def test_critic_warmup_leaves_the_policy_bit_identical(tmp_path):
     assert any(not torch.equal(dict(hydra.named_parameters())[n], before[n]) for n in policy)
 
 
-def test_a_run_killed_during_the_critic_warmup_resumes_exactly(tmp_path, monkeypatch):
-    """The warm-up is counted by the step, which the checkpoint holds: a run killed in step 2
-    of a 3-step warm-up resumes into the warm-up and ends with the uninterrupted run's weights."""
-    small = ["--total_steps", "4", "--save_every", "1", "--batch_size", "8", "--mini_batch_size", "4",
-             "--critic_warmup_steps", "3", "--lr_scheduler", "linear"]  # fmt: skip
-    straight = tiny_trainer(tmp_path / "straight", *small)
-    history = straight.train()
-    assert [row.get("ppo/critic_warmup", 0.0) for row in history] == [1.0, 1.0, 1.0, 0.0]
-
-    interrupted = tiny_trainer(tmp_path / "resumed", *small)
-    kill_after_next_save(interrupted, monkeypatch)
-    with pytest.raises(Killed):
-        interrupted.train()
-    resumed = tiny_trainer(tmp_path / "resumed", *small)
-    history = resumed.train(resume=True)
-    assert [(row["step"], row.get("ppo/critic_warmup", 0.0)) for row in history] == [(2, 1.0), (3, 1.0), (4, 0.0)]
-    for (name, a), (_, b) in zip(straight.hydra.named_parameters(), resumed.hydra.named_parameters()):
-        assert torch.equal(a, b), name

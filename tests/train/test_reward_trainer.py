@@ -118,6 +118,7 @@ def test_saved_branch_scores_like_the_trainer_in_a_fresh_hydra(trained):
     assert info["score_mean"] == pytest.approx(mean, abs=1e-4) and info["score_std"] == pytest.approx(std, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
     tmp, trainer, _ = trained
     from hydrappo.config import ModelConfig
@@ -145,6 +146,7 @@ def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
         load_reward_branch(ppo.hydra, tmp_path / "nowhere")
 
 
+@pytest.mark.slow
 def test_ppo_optimises_the_learned_reward_with_its_reference_statistics(trained, tmp_path):
     tmp, trainer, _ = trained
     config = yaml.safe_load((TINY / "config.yaml").read_text())

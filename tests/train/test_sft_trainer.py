@@ -29,6 +29,7 @@ def test_response_nll_counts_only_response_tokens():
     assert response_nll(logprobs, torch.zeros_like(mask))[0].item() == 0.0  # no tokens: no NaN
 
 
+@pytest.mark.slow
 def test_sft_lowers_the_response_loss_and_ppo_starts_from_its_model_dir(tmp_path, capsys):
     assert cli_main(["sft", str(write_sft_config(tmp_path))]) == 0
     assert "held-out response loss" in capsys.readouterr().out

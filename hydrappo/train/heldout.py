@@ -1,0 +1,101 @@
+"""Held-out evaluation during RL: the policy's answers to prompts it never trains on, scored
+by the run's own reward(s), at step 0 (a baseline before any update), every
+`train.eval_every` steps and at the last step. This is the curve users judge an RL run by
+(TRL's eval_strategy, verl's test_freq with val_before_train).
+
+Evaluating must not change training: every RNG stream (python, numpy, torch, CUDA) is saved
+before and restored after, so a run with evaluation ends with the same weights as one without,
+and exact resume is unaffected. Answers are greedy by default (`train.eval_greedy`), which
+makes the curve free of sampling noise; sampled answers draw from a seed of their own per
+batch. Under torch.distributed the prompts are dealt in batches to the processes
+(ProcessGroup.map_in_order) and each batch is computed as one process would compute it, so
+the numbers do not depend on the number of processes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from ..algo.degeneration import degeneration_flags
+from ..data import PromptSet
+from ..rollout import Responses
+from ..storage.checkpoint import rng_state, set_rng_state
+
+
+def evaluation_due(step: int, every: int, total_steps: int) -> bool:
+    """Step 0 (the baseline), every `every` steps (0: none between) and the last step."""
+    return step == 0 or step == total_steps or (every > 0 and step % every == 0)
+
+
+def held_out_statistics(scores: list[float], lengths: list[int], ended: list[bool], degenerate: list[bool],
+                        parts: dict[str, list[float]] | None = None) -> dict:  # fmt: skip
+    """The eval/* scalars of one evaluation. `eval/solve_rate` appears where every score is 0
+    or 1 (a verifiable reward): the share of prompts solved. `parts`: each reward's own scores,
+    logged as its mean under eval/<name>."""
+    count = len(scores)
+    stats = {
+        "eval/reward_mean": statistics.fmean(scores),
+        "eval/reward_std": statistics.pstdev(scores) if count > 1 else 0.0,
+        "eval/response_len_mean": statistics.fmean(lengths),
+        "eval/missing_eos_frac": 1.0 - sum(ended) / count,
+        "eval/degenerate_frac": sum(degenerate) / count,
+        "eval/prompts": float(count),
+    }
+    if all(score in (0.0, 1.0) for score in scores):
+        stats["eval/solve_rate"] = sum(scores) / count
+    for name, values in (parts or {}).items():
+        stats[f"eval/{name}"] = statistics.fmean(values)
+    return stats
+
+
+class HeldOutEvaluation:
+    """Answers every held-out prompt with the current policy and scores the answers.
+
+    `generate(prompt_ids, greedy)` -> Responses and `score(rows, prompt_texts, responses)` ->
+    (scores tensor, {reward name: scores} or None) are the trainer's own, so evaluation
+    samples and scores exactly as training does."""
+
+    def __init__(self, prompts: PromptSet, tokenizer, *, batch_size: int, greedy: bool, seed: int):
+        self.prompts, self.tokenizer = prompts, tokenizer
+        self.batch_size, self.greedy, self.seed = batch_size, greedy, seed
+
+    def run(self, step: int, dist, generate: Callable, score: Callable) -> tuple[dict, list[dict]]:
+        """(eval/* statistics, one {prompt, response, score} row per held-out prompt)."""
+        index = list(range(len(self.prompts)))
+        batches = [index[start : start + self.batch_size] for start in range(0, len(index), self.batch_size)]
+        saved = rng_state()
+        try:
+            parts = dist.map_in_order(
+                lambda rows: self._answer(step, rows, generate, score), batches, f"evaluating on the held-out prompts (step {step})"
+            )
+        finally:
+            set_rng_state(saved)
+        rows = [row for part in parts for row in part]
+        names = rows[0]["parts"].keys() if rows and rows[0]["parts"] else ()
+        stats = held_out_statistics(
+            [row["score"] for row in rows], [row["length"] for row in rows], [row["ended"] for row in rows],
+            [row["degenerate"] for row in rows], {name: [row["parts"][name] for row in rows] for name in names},
+        )
+        samples = [{"prompt": row["prompt"], "response": row["response"], "score": row["score"]} for row in rows]
+        return stats, samples
+
+    def _answer(self, step: int, rows: list[int], generate: Callable, score: Callable) -> list[dict]:
+        if not self.greedy:  # a stream of its own per batch: the same answers at any number of processes
+            torch.manual_seed(self.seed * 1_000_003 + step * 10_007 + rows[0])
+        prompt_ids = [self.prompts.input_ids[i] for i in rows]
+        prompt_texts = [self.prompts.texts[i] for i in rows]
+        responses: Responses = generate(prompt_ids, self.greedy)
+        scores, parts = score(rows, prompt_texts, responses)
+        texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+        degenerate = degeneration_flags(responses.response_ids, responses.ended)
+        return [
+            {
+                "prompt": prompt_texts[k], "response": texts[k], "score": float(scores[k]),
+                "length": len(responses.response_ids[k]), "ended": bool(responses.ended[k]), "degenerate": degenerate[k],
+                "parts": {name: float(values[k]) for name, values in parts.items()} if parts else None,
+            }
+            for k in range(len(rows))
+        ]  # fmt: skip

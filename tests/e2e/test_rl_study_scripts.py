@@ -1,0 +1,55 @@
+"""The study scripts' shared module (tools/rl_study.py) at the tiny example's size: a frontier of
+one KL coefficient and a one-row top-N study run, measure and plot; the arithmetic format term."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "examples" / "tiny"
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
+
+pytest.importorskip("matplotlib")
+
+import rl_study  # noqa: E402
+from reward import format_ok, reward_with_format_fn  # noqa: E402
+
+DEFAULTS = {"config": TINY / "config.yaml", "eval_prompts": TINY / "prompts.jsonl", "reward_fn": f"{TINY / 'reward.py'}:reward_fn",
+            "knob": "init_kl_coef", "values": [0.3], "output_dir": "unused"}  # fmt: skip
+
+
+def test_frontier_and_study_run_measure_and_plot(tmp_path):
+    args = ["--steps", "2", "--limit", "8", "--output_dir", str(tmp_path / "frontier")]
+    assert rl_study.frontier_main(DEFAULTS, "frontier", args) == 0
+    written = json.loads((tmp_path / "frontier" / "frontier.json").read_text())
+    assert written["base"]["kl"] == 0.0  # the untrained policy is the reference
+    assert [p["value"] for p in written["points"]] == [0.3]
+    for point in written["points"]:
+        assert point["steps"] == 2 and point["kl"] > 0 and 0 <= point["eos_frac"] <= 1 and point["peak_rss_mib"] > 0
+    assert (tmp_path / "frontier" / "frontier.png").stat().st_size > 1000
+
+    args = ["--steps", "1", "--limit", "4", "--variants", "N=1", "--output_dir", str(tmp_path / "study")]
+    assert rl_study.study_main(DEFAULTS, "study", args) == 0
+    rows = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert [r["name"] for r in rows] == ["N=1"] and rows[0]["steps"] == 1
+    assert (tmp_path / "study" / "study.md").read_text().count("\n") == 3
+
+
+def test_planner_column_follows_the_setting():
+    one, full, lora = (rl_study.planner_figure(rl_study.STUDY_VARIANTS[name]) for name in ("N=1", "full (N=-1)", "LoRA r=16, all layers"))
+    assert one["planner_peak_gib"] < lora["planner_peak_gib"] < full["planner_peak_gib"]
+    assert one["planner_fits"] and not full["planner_fits"]  # an 8B model on a 24 GB GPU
+
+
+def test_distinct_n_by_hand():
+    assert rl_study.distinct_n([[1, 2, 1, 2], [3]]) == 2 / 3  # bigrams (1,2) (2,1) (1,2): 2 distinct of 3
+    assert rl_study.distinct_n([[5]]) == 0.0
+
+
+def test_arithmetic_format_term():
+    assert format_ok("3 + 4 = 7") == format_ok("11 + 6 equals 17.") == 1.0
+    assert format_ok("3 + 4 = 7\n\n👉👉👉") == format_ok("7. This is the sum.") == 0.0
+    assert reward_with_format_fn(None, ["What is 3 + 4?"] * 3, ["3 + 4 = 7", "3 + 4 = 7\n👉", "3 + 4 = 8"]) == [1.2, 1.0, 0.2]

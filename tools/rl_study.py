@@ -1,0 +1,327 @@
+"""Shared pieces of the examples' RL studies (frontier.py, levers.py, study.py): run a variant of
+an example's config, measure a checkpoint on held-out prompts, summarise metrics.jsonl, plot.
+
+Not part of the package: the example scripts put this folder on sys.path. Every run is
+`python -m hydrappo train CONFIG OPTIONS...` in its own process, exactly what a user runs,
+so a study's numbers are those of the command lines it prints; its peak resident memory comes
+from the child's rusage (the CPU's memory, not a GPU's).
+
+A held-out measurement samples one response per prompt from the trained policy (seeded, at the
+run's temperature), scores it with the reward function named, and runs the hydra once more to
+get the policy's and the reference's log-probs of those responses: KL (nats per response) is the
+mean over responses of sum_t (log pi - log pi_ref), the k1 estimate on fresh samples, as
+`objective/kl` is in training. It also counts the answers that end with EOS inside the token
+limit, those with a looping tail (hydrappo.algo.degeneration) and distinct-2 (distinct token
+bigrams over all bigrams of all responses, Li et al. 2016).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hydrappo.algo.degeneration import degeneration_flags
+from hydrappo.algo.masked import masked_sum
+from hydrappo.config import RewardArgs
+from hydrappo.data import load_prompt_texts, tokenize_prompts
+from hydrappo.rewards import build_reward_source
+from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences
+from hydrappo.storage.checkpoint import find_checkpoint, load_checkpoint_config, load_trainable_weights, seed_everything
+from hydrappo.storage.models import build_hydra
+from hydrappo.config import Config
+
+
+@dataclass
+class Variant:
+    """One run: a name, the config file and the options on top of it."""
+
+    name: str
+    config: Path
+    options: list[str] = field(default_factory=list)
+
+
+def command(variant: Variant, output_dir: Path, steps: int | None) -> list[str]:
+    cmd = [sys.executable, "-m", "hydrappo", "train", str(variant.config), *variant.options,
+           "--output_dir", str(output_dir), "--no_progress_bar"]  # fmt: skip
+    if steps:
+        cmd += ["--total_steps", str(steps), "--save_every", str(steps)]
+    return cmd
+
+
+def run_variant(variant: Variant, output_dir: Path, steps: int | None, threads: int | None = None) -> dict:
+    """Train one variant in a child process (resuming a finished or cut-off run in that folder).
+    Returns {"command", "seconds", "peak_rss_mib"}; raises when the run fails."""
+    cmd = command(variant, output_dir, steps)
+    done = read_metrics(output_dir)
+    if done and steps and done[-1]["step"] >= steps:
+        print(f"{variant.name}: {output_dir} already has {steps} steps", flush=True)
+        return {"command": " ".join(cmd), "seconds": None, "peak_rss_mib": None}
+    if done:
+        cmd.append("--resume")
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    print("$", " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    log = output_dir.parent / f"{output_dir.name}.log"
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as handle:
+        child = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{variant.name}: the run failed (exit {os.waitstatus_to_exitcode(status)}); see {log}")
+    return {"command": " ".join(cmd), "seconds": time.perf_counter() - start, "peak_rss_mib": usage.ru_maxrss / 1024}
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def summarise_metrics(rows: list[dict], last: int = 10) -> dict:
+    """Means over the last `last` steps of what the studies report, and the median step time."""
+    tail = rows[-last:]
+
+    def mean(key):
+        values = [row[key] for row in tail if key in row]
+        return statistics.fmean(values) if values else None
+
+    times = [row.get("time/rollout", 0.0) + row.get("time/update", 0.0) for row in rows]
+    return {
+        "steps": rows[-1]["step"] if rows else 0,
+        "train_reward_last": mean("env/reward_mean"),
+        "kl_last": mean("objective/kl"),
+        "kl_coef_last": mean("objective/kl_coef"),
+        "entropy_last": mean("objective/entropy"),
+        "degenerate_last": mean("env/degenerate_frac"),
+        "missing_eos_last": mean("env/missing_eos_frac"),
+        "median_step_s": statistics.median(times) if times else None,
+        "total_step_min": sum(times) / 60,
+    }
+
+
+def distinct_n(token_rows: list[list[int]], n: int = 2) -> float:
+    """Distinct n-grams over all n-grams of all responses (Li et al. 2016, distinct-n)."""
+    grams = [tuple(row[i:i + n]) for row in token_rows for i in range(len(row) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+@torch.no_grad()
+def heldout(run_dir: Path | None, prompts: Path, reward_fn: str, *, base_config: Path | None = None, limit: int | None = None,
+            seed: int = 1234, samples: int = 4) -> dict:  # fmt: skip
+    """Measure the latest checkpoint of `run_dir` (or, with run_dir None, the base model of
+    `base_config`) on held-out prompts; see the module docstring."""
+    if run_dir is not None:
+        checkpoint = find_checkpoint(run_dir)
+        config = load_checkpoint_config(checkpoint, Config)
+    else:
+        from hydrappo.config import parse_config
+
+        checkpoint, config = None, parse_config(base_config, [])
+    seed_everything(config.train.seed)
+    hydra, tokenizer = build_hydra(config.model, config.lora, value_head=config.ppo.uses_critic)
+    if checkpoint is not None:
+        load_trainable_weights(hydra, checkpoint)
+    hydra.eval()
+    data, generation = config.data, config.generation
+    texts = load_prompt_texts(str(prompts), data.prompt_column)
+    texts = texts[:limit] if limit else texts
+    prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
+    torch.manual_seed(seed)
+    responses = generate_responses(hydra, tokenizer, prompt_set.input_ids, generation)
+    input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
+        responses.prompt_ids, responses.response_ids, tokenizer.pad_token_id
+    )
+    out = evaluate_sequences(hydra, input_ids, attention_mask, prompt_width, temperature=generation.temperature,
+                             chunk_size=generation.generation_batch_size, with_reference=True)  # fmt: skip
+    kl = masked_sum(out.logprobs.float() - out.ref_logprobs.float(), action_mask.to(out.logprobs.device), dim=-1).cpu()
+    response_texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+    source = build_reward_source(RewardArgs(reward_fn=reward_fn))
+    scores = [float(s) for s in source([p + r for p, r in zip(texts, response_texts)], texts, response_texts)]
+    flags = degeneration_flags(responses.response_ids, responses.ended)
+    eos = [s for s, ended in zip(responses.response_ids, responses.ended) if ended]
+    return {
+        "reward": statistics.fmean(scores),
+        "kl": kl.mean().item(),
+        "eos_frac": statistics.fmean(map(float, responses.ended)),
+        "degenerate_frac": statistics.fmean(map(float, flags)),
+        "distinct2": distinct_n([ids[:-1] if e and ids else ids for ids, e in zip(responses.response_ids, responses.ended)]),
+        "response_tokens_mean": statistics.fmean(len(ids) for ids in responses.response_ids),
+        "prompts": len(texts),
+        "ended_answers": len(eos),
+        "samples": [{"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
+                    for p, r, s, e, d in list(zip(texts, response_texts, scores, responses.ended, flags))[:samples]],
+    }  # fmt: skip
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """rows of dicts -> a markdown table; columns: (header, key, format)."""
+    lines = ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + " --- |" * len(columns)]
+    for row in rows:
+        cells = []
+        for _, key, fmt in columns:
+            value = row.get(key)
+            cells.append("" if value is None else format(value, fmt) if fmt else str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(points: list[dict], x: str, y: str, path: Path, title: str, xlabel: str, ylabel: str, label: str = "name",
+         base: dict | None = None) -> None:  # fmt: skip
+    """A scatter of `points` (dicts) with their labels, optionally the base model as a star, to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
+    xs, ys = [p[x] for p in points], [p[y] for p in points]
+    ax.plot(xs, ys, "o-" if len(points) > 1 else "o", color="tab:blue")
+    for p in points:
+        ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if base is not None:
+        ax.plot([base[x]], [base[y]], "*", color="tab:red", markersize=12, label="base model")
+        ax.legend(loc="best", fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def rusage_note() -> str:
+    return f"peak RSS of this process so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+
+
+# ---------------------------------------------------------------------------- the frontier
+def frontier_main(defaults: dict, doc: str, argv=None) -> int:
+    """Held-out reward against KL for several values of one KL knob (a target of the config's
+    controller, or a fixed coefficient): one run per value, one PNG, a markdown table and the
+    JSON of every point. `defaults`: config, eval_prompts, reward_fn (the held-out reward, e.g. a
+    gold reward), knob ("kl_target" or "init_kl_coef"), values, extra options, output_dir."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--values", nargs="+", type=float, default=defaults["values"],
+                        help=f"values of --{defaults['knob']} (default: {defaults['values']})")  # fmt: skip
+    parser.add_argument("--knob", default=defaults["knob"], choices=("kl_target", "init_kl_coef"))
+    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: the config's)")
+    parser.add_argument("--config", default=str(defaults["config"]))
+    parser.add_argument("--eval_prompts", default=str(defaults["eval_prompts"]))
+    parser.add_argument("--reward_fn", default=str(defaults["reward_fn"]), help="the held-out reward")
+    parser.add_argument("--limit", type=int, default=None, help="held-out prompts to use (default: all)")
+    parser.add_argument("--output_dir", default=str(defaults["output_dir"]))
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
+    args = parser.parse_args(argv)
+    out = Path(args.output_dir)
+    base = heldout(None, Path(args.eval_prompts), args.reward_fn, base_config=Path(args.config), limit=args.limit)
+    base.update(name="base", value=0.0)
+    points = []
+    for value in args.values:
+        name = f"{args.knob}={value:g}"
+        options = [*defaults.get("options", []), f"--{args.knob}", str(value), *args.extra]
+        run_dir = out / name.replace("=", "_")
+        run = run_variant(Variant(name, Path(args.config), options), run_dir, args.steps)
+        point = {"name": f"{value:g}", "value": value, **run, **summarise_metrics(read_metrics(run_dir))}
+        point.update(heldout(run_dir, Path(args.eval_prompts), args.reward_fn, limit=args.limit))
+        points.append(point)
+        print(json.dumps({k: v for k, v in point.items() if k != "samples"}), flush=True)
+        (out / "frontier.json").write_text(json.dumps({"base": base, "points": points}, indent=1))
+    points.sort(key=lambda p: p["kl"])
+    title = f"{Path(args.config).parent.name}: held-out reward vs KL ({args.knob}, {points[0].get('steps')} steps)"
+    plot(points, "kl", "reward", out / "frontier.png", title, "KL to the reference (nats per response, held-out)",
+         "held-out reward", base=base)  # fmt: skip
+    columns = [(args.knob, "name", ""), ("held-out reward", "reward", ".3f"), ("held-out KL", "kl", ".2f"),
+               ("train KL, last 10", "kl_last", ".2f"), ("beta, last 10", "kl_coef_last", ".3f"),
+               ("ends with EOS", "eos_frac", ".2f"), ("degenerate", "degenerate_frac", ".2f"),
+               ("distinct-2", "distinct2", ".2f"), ("median step s", "median_step_s", ".1f")]  # fmt: skip
+    table = markdown_table([base, *points], columns)
+    (out / "frontier.md").write_text(table + "\n")
+    print(table)
+    print(f"wrote {out / 'frontier.png'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- top-N vs LoRA vs full
+STUDY_VARIANTS = {
+    "N=1": ["--num_layers_unfrozen", "1"],
+    "N=2": ["--num_layers_unfrozen", "2"],
+    "N=4": ["--num_layers_unfrozen", "4"],
+    "N=8": ["--num_layers_unfrozen", "8"],
+    "LoRA r=16, all layers": ["--lora_r", "16", "--lora_layers", "all"],
+    "full (N=-1)": ["--num_layers_unfrozen", "-1"],
+}
+
+
+def planner_figure(options: list[str], preset: str = "llama-3.1-8b", gpu_gib: int = 24) -> dict:
+    """The planner's peak for the same trainable setting on a 7-8B preset (bf16, the planner's
+    default batch), and whether it fits a `gpu_gib` GPU."""
+    from hydrappo.planner import plan as planner
+    from hydrappo.planner.presets import preset_config
+    from hydrappo.planner.settings import TrainingSettings
+
+    layers, rank, everywhere = 4, 0, False
+    for flag, value in zip(options, options[1:]):
+        if flag == "--num_layers_unfrozen":
+            layers = int(value)
+        elif flag == "--lora_r":
+            rank = int(value)
+        elif flag == "--lora_layers":
+            everywhere = value == "all"
+    config = preset_config(preset)
+    if everywhere:
+        layers = config.num_hidden_layers  # adapters in every layer: the planner's LoRA on the top N
+    plan = planner.plan_memory(config, TrainingSettings(num_layers_unfrozen=layers, lora_rank=rank), preset)
+    return {"planner_peak_gib": plan.hydra.peak / 2**30, "planner_fits": plan.hydra.fits(gpu_gib)}
+
+
+def study_main(defaults: dict, doc: str, argv=None) -> int:
+    """Top-N against LoRA against full fine-tuning on one example: a run per setting, the
+    held-out result, step time, peak memory of the run (CPU RSS) and the planner's figure for a
+    7-8B model on a 24 GB GPU; a table and a PNG (held-out reward against median step time)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--variants", nargs="+", default=list(STUDY_VARIANTS), choices=list(STUDY_VARIANTS))
+    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: the config's)")
+    parser.add_argument("--config", default=str(defaults["config"]))
+    parser.add_argument("--eval_prompts", default=str(defaults["eval_prompts"]))
+    parser.add_argument("--reward_fn", default=str(defaults["reward_fn"]), help="the held-out reward")
+    parser.add_argument("--limit", type=int, default=None, help="held-out prompts to use (default: all)")
+    parser.add_argument("--output_dir", default=str(defaults["output_dir"]))
+    parser.add_argument("--preset", default="llama-3.1-8b", help="the planner's model for the memory column")
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
+    args = parser.parse_args(argv)
+    out = Path(args.output_dir)
+    rows = []
+    for name in args.variants:
+        options = [*defaults.get("options", []), *STUDY_VARIANTS[name], *args.extra]
+        run_dir = out / name.split(",")[0].replace("=", "").replace(" ", "_").replace("(", "").replace(")", "")
+        run = run_variant(Variant(name, Path(args.config), options), run_dir, args.steps)
+        row = {"name": name, **run, **summarise_metrics(read_metrics(run_dir)), **planner_figure(options, args.preset)}
+        row.update(heldout(run_dir, Path(args.eval_prompts), args.reward_fn, limit=args.limit))
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "samples"}), flush=True)
+        (out / "study.json").write_text(json.dumps(rows, indent=1))
+    columns = [("setting", "name", ""), ("steps", "steps", "d"), ("held-out reward", "reward", ".3f"),
+               ("held-out KL", "kl", ".2f"), ("median step s", "median_step_s", ".1f"),
+               ("peak RSS MiB", "peak_rss_mib", ".0f"), (f"planner peak GiB ({args.preset})", "planner_peak_gib", ".1f"),
+               ("fits 24 GB", "planner_fits", "")]  # fmt: skip
+    table = markdown_table(rows, columns)
+    (out / "study.md").write_text(table + "\n")
+    plot(rows, "median_step_s", "reward", out / "study.png", f"{Path(args.config).parent.name}: top-N vs LoRA vs full",
+         "median step time (s, this machine)", "held-out reward")  # fmt: skip
+    print(table)
+    return 0
