@@ -43,24 +43,28 @@ LOCK_NAME = ".hydrappo.lock"
 _HELD: dict[Path, int] = {}  # output folder -> descriptor of its locked file, in this process
 
 
-def lock_output_dir(output_dir: str | os.PathLike, option: str = "train.output_dir") -> None:
+def lock_output_dir(output_dir: str | os.PathLike, option: str = "train.output_dir") -> list[Path]:
     """Hold the run lock of `output_dir` (created if missing) until release_output_dir or the
-    end of this process; OutputDirError naming the holder if another process holds it."""
+    end of this process; OutputDirError naming the holder if another process holds it.
+    Returns what it created (the folder, the lock file), for a refused claim to remove."""
     try:
         import fcntl
     except ImportError:  # not a POSIX system
-        return
+        return []
     root = Path(output_dir).expanduser().absolute()
+    created = [] if root.exists() else [root]
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_NAME
     held = _HELD.get(root)
     if held is not None:
         try:
             if os.fstat(held).st_ino == path.stat().st_ino:
-                return  # this process holds it already (a second claim of the same run)
+                return []  # this process holds it already (a second claim of the same run)
         except OSError:
             pass
         release_output_dir(root)  # the folder was moved aside (and its lock with it): lock the new one
+    if not path.exists():
+        created.append(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,10 +79,18 @@ def lock_output_dir(output_dir: str | os.PathLike, option: str = "train.output_d
     except OSError as error:  # a file system without locks
         logger.warning("%s: cannot lock %s (%s); make sure no other run writes into this folder.", option, path, error)
         os.close(fd)
-        return
-    os.ftruncate(fd, 0)
-    os.write(fd, f"host {socket.gethostname()}, PID {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode())
+        return created
     _HELD[root] = fd
+    return created
+
+
+def name_lock_holder(output_dir: str | os.PathLike) -> None:
+    """Write who holds the run lock of `output_dir` into its file (host, PID, start time),
+    once the folder is this run's: a refused run leaves an earlier run's lock file as it was."""
+    fd = _HELD.get(Path(output_dir).expanduser().absolute())
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"host {socket.gethostname()}, PID {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode())
 
 
 def release_output_dir(output_dir: str | os.PathLike) -> None:
@@ -151,8 +163,20 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
     problem = writable_folder_problem(output_dir)
     if problem:
         raise OutputDirError(f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder.")
-    if move:  # the writing process: the folder is this run's from here on
-        lock_output_dir(output_dir, option)
+    created = lock_output_dir(output_dir, option) if move else []  # no other run may claim the folder from here on
+    try:
+        moved = _claim_locked(output_dir, resume, overwrite, option, move)
+    except BaseException:  # refused: leave the folder as it was
+        for path in reversed(created):
+            path.unlink() if path.is_file() else path.rmdir()
+        release_output_dir(output_dir)
+        raise
+    if move:
+        name_lock_holder(output_dir)
+    return moved
+
+
+def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool) -> Path | None:
     if resume and resumes_in(resume, output_dir):
         if overwrite:
             raise OutputDirError(

@@ -19,6 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from hydrappo.cli import main
+from hydrappo.storage.rundir import LOCK_NAME
 from hydrappo.storage.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, checkpoint_dirs
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
@@ -105,7 +106,8 @@ def snapshot(*roots: Path) -> dict:
     files = {}
     for root in roots:
         for path in sorted(Path(root).rglob("*")):
-            if path.is_file() and path.name != "imported.log":  # rewards.py's own log of its imports
+            # rewards.py's own log of its imports; the run lock, which names whichever run claimed the folder last
+            if path.is_file() and path.name not in ("imported.log", LOCK_NAME):
                 files[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return files
 
@@ -530,16 +532,18 @@ GENERATE_CASES = [
     (["generate", "WS/run", "--max_new_tokens", "-1"], ["--max_new_tokens=-1"]),
     (["generate", "WS/run", "--prompts", "WS/nothing.jsonl"], ["--prompts", "nothing.jsonl", "no such file"]),
     (["generate", "WS/run", "--reward_fn", "WS/none.py:f"], ["--reward_fn", "none.py"]),
-    (["generate", "WS/run", "--output", "WS"], ["--output", "is a folder"]),
+    (["generate", "WS/run", "--output", "WS/bad_model"], ["--output", "is a folder"]),
+    (["generate", "WS/run", "--output", "WS"], ["--output", "contains the checkpoint", "which this command reads"]),
     (["generate", "WS/nothing"], ["checkpoint", "nothing", "does not exist"]),
     (["generate", "WS/run", "--limit", "x"], ["--limit", "invalid int value"]),
     (["compare", "WS/run/checkpoint-2", "WS/no_model", "--prompts", "WS/run"], ["no_model", "no such checkpoint"]),
     (["compare", "WS/run/checkpoint-2"], ["--prompts"]),
     (["export", "WS/nothing", "--out", "WS/out"], ["WS/nothing", "does not exist"]),
-    (["export", "WS/run", "--out", "WS/run"], ["--out", "already exists and is not empty", "--overwrite_output_dir"]),
+    (["export", "WS/run", "--out", "WS/bad_model"], ["--out", "already exists and is not empty", "--overwrite_output_dir"]),
+    (["export", "WS/run", "--out", "WS/run"], ["--out", "contains the checkpoint", "which this command reads"]),
     (["export", "WS/run", "--out", "WS/a_file.txt"], ["--out", "a_file.txt", "is a file"]),
     (["export", "WS/run", "--out", "WS/out", "--max-shard-size", "5XB"], ["--max-shard-size='5XB'"]),
-    (["export", "WS/run", "--out", "WS/out", "--value-head", "WS"], ["--value-head", "is a folder"]),
+    (["export", "WS/run", "--out", "WS/out", "--value-head", "WS/bad_model"], ["--value-head", "is a folder"]),
     (["export", "WS/run", "--out", "WS/out", "--dtype", "float8"], ["--dtype", "float8"]),
     (["export", "WS/run", "--out", "WS/out", "--device", "gpu"], ["--device='gpu'"]),
     (["memory", "--batch-size", "0"], ["batch_size must be >= 1"]),

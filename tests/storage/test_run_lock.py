@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hydrappo.cli import main
-from hydrappo.storage.rundir import LOCK_NAME, OutputDirError, lock_output_dir, release_output_dir
+from hydrappo.storage.rundir import LOCK_NAME, OutputDirError, lock_output_dir, name_lock_holder, release_output_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny"
@@ -23,8 +23,8 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.env
 
 def hold_lock(folder: Path) -> subprocess.Popen:
     """A process that takes the lock of `folder`, says so, and sleeps until killed."""
-    code = ("import sys, time\nfrom hydrappo.storage.rundir import lock_output_dir\n"
-            f"lock_output_dir({str(folder)!r})\nprint('locked', flush=True)\ntime.sleep(600)\n")  # fmt: skip
+    code = ("import sys, time\nfrom hydrappo.storage.rundir import lock_output_dir, name_lock_holder\n"
+            f"lock_output_dir({str(folder)!r})\nname_lock_holder({str(folder)!r})\nprint('locked', flush=True)\ntime.sleep(600)\n")  # fmt: skip
     process = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "locked"
     return process
@@ -44,6 +44,7 @@ def test_a_folder_locked_by_another_process_is_refused_naming_the_holder(tmp_pat
     # Killed, it holds nothing: the lock file it leaves is no obstacle.
     assert (tmp_path / "run" / LOCK_NAME).is_file()
     lock_output_dir(tmp_path / "run")
+    name_lock_holder(tmp_path / "run")
     assert f"PID {os.getpid()}," in (tmp_path / "run" / LOCK_NAME).read_text()
     lock_output_dir(tmp_path / "run")  # this process again: the same run claiming twice
     release_output_dir(tmp_path / "run")
