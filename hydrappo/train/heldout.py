@@ -34,7 +34,7 @@ def held_out_statistics(scores: list[float], lengths: list[int], ended: list[boo
                         parts: dict[str, list[float]] | None = None) -> dict:  # fmt: skip
     """The eval/* scalars of one evaluation. `eval/solve_rate` appears where every score is 0
     or 1 (a verifiable reward): the share of prompts solved. `parts`: each reward's own scores,
-    logged as its mean under eval/<name>."""
+    logged as its mean under eval/reward/<name>."""
     count = len(scores)
     stats = {
         "eval/reward_mean": statistics.fmean(scores),
@@ -47,7 +47,7 @@ def held_out_statistics(scores: list[float], lengths: list[int], ended: list[boo
     if all(score in (0.0, 1.0) for score in scores):
         stats["eval/solve_rate"] = sum(scores) / count
     for name, values in (parts or {}).items():
-        stats[f"eval/{name}"] = statistics.fmean(values)
+        stats[f"eval/reward/{name}"] = statistics.fmean(values)
     return stats
 
 

@@ -181,3 +181,20 @@ def test_errors_come_before_any_model_loads(tmp_path, monkeypatch, capsys):
     assert main([*base, "--reward_fn", f"{TRL}:accuracy_reward"]) == 2
     assert "needs argument 'answer'" in capsys.readouterr().err
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_held_out_evaluation_scores_with_the_held_out_columns_and_logs_each_reward(tmp_path):
+    prompts, _, _ = write_inputs(tmp_path)
+    # The held-out file's answer is "" (in every completion: accuracy 1); training's are the prompts' last words.
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"prompt": p, "answer": "", "row": i}) + "\n" for i, p in enumerate(PROMPTS[:6])))
+    out = tmp_path / "out"
+    assert main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), "--prompts", str(prompts),
+                 "--eval_prompts", str(held_out), "--reward_fn", f"{TRL}:accuracy_reward,{TRL}:format_reward",
+                 *RUN[:-4], "--reward_weights", "2.0", "1.0"]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [row for row in rows if "eval/reward_mean" in row]
+    assert [row["step"] for row in evaluated] == [0, 2]
+    for row in evaluated:
+        assert row["eval/reward/accuracy_reward"] == 1.0 and row["eval/prompts"] == 6
+        assert row["eval/reward_mean"] == pytest.approx(2.0 + row["eval/reward/format_reward"], rel=1e-6)
