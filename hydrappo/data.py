@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,8 +147,12 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
     it is (rows of a file without it hold None)."""
     from datasets import load_dataset
 
-    source = str(source)
-    loaded = _load_datasets(source, split, subset, setting)
+    if not isinstance(source, (str, os.PathLike)):  # a table object (the Python API)
+        loaded = [(f"the table given as {setting}", in_memory_dataset(source, setting, split))]
+        source = f"<in-memory table of {len(loaded[0][1])} rows>"
+    else:
+        source = str(source)
+        loaded = _load_datasets(source, split, subset, setting)
     if loaded is None:
         path = Path(source).expanduser()
         loaded = []
@@ -173,6 +178,27 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
     except Exception as error:  # pyarrow and datasets raise many types while decoding columns
         cause = _root_cause(error)
         raise DataError(f"{setting}: {source!r} could not be read: {type(cause).__name__}: {str(cause)[:300]}.") from None
+
+
+def in_memory_dataset(table, setting: str, split: str = "train"):
+    """A `datasets.Dataset` of a table object: a Dataset, a DatasetDict (its `split`), a list
+    of row dicts or a dict of columns."""
+    from datasets import Dataset, DatasetDict
+
+    if isinstance(table, DatasetDict):
+        if split not in table:
+            raise DataError(f"{setting}: the DatasetDict has no split {split!r} (splits: {', '.join(table)}); name one.")
+        return table[split]
+    if isinstance(table, Dataset):
+        return table
+    if isinstance(table, dict):
+        return Dataset.from_dict(table)
+    if isinstance(table, (list, tuple)) and all(isinstance(row, dict) for row in table):
+        return Dataset.from_list(list(table))
+    raise DataError(
+        f"{setting}: a {type(table).__name__} is not a table; give a datasets.Dataset, a list of row dicts, a dict "
+        "of columns, or a path (jsonl/json/csv/parquet/txt file, folder or datasets name)."
+    )
 
 
 def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool, others: bool = False) -> dict:

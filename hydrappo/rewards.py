@@ -155,6 +155,18 @@ def _where(source: str, step: int | None) -> str:
     return f"{source} at step {step}" if step is not None else source
 
 
+def callable_name(fn) -> str:
+    """The name a reward function object is logged under (env/reward/<name>)."""
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def callable_spec(fn) -> str:
+    """'module:qualname' of a function object: what a run's config.yaml records for it
+    (importable again where the module is)."""
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return f"{module}:{getattr(fn, '__qualname__', None) or type(fn).__qualname__}"
+
+
 RESERVED_ARGUMENTS = ("samples", "prompts", "outputs", "completions", "completion_ids")
 CONVENTIONS = {"trlX": ("samples", "prompts", "outputs"), "TRL": ("prompts", "completions", "completion_ids")}
 
@@ -195,7 +207,13 @@ class FunctionReward:
     "path/to/file.py:function" (loaded from the file; a relative path is relative to
     `base_dir` if the file is there, else to the current directory)."""
 
-    def __init__(self, spec: str, base_dir: str | Path | None = None, timeout_s: float | None = None, columns=None):
+    def __init__(self, spec, base_dir: str | Path | None = None, timeout_s: float | None = None, columns=None):
+        if callable(spec):  # a function object (the Python API): no import
+            self.fn, self.spec, self.timeout_s, self.name = spec, callable_spec(spec), timeout_s, callable_name(spec)
+            self.convention, self.parameters, self.takes_any = function_convention(self.fn, self.spec)
+            if columns is not None:
+                self.check_columns(columns)
+            return
         target, _, name = spec.rpartition(":")
         if not target or not name.isidentifier():
             raise RewardError(

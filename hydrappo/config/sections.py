@@ -60,10 +60,24 @@ def torch_dtype(name: str):
 def resolve_path(path: str | None, base_dir: Path | None) -> str | None:
     """Relative paths in a config file are looked up in that file's folder first (and
     made absolute there when found), else left relative to the current directory."""
-    if path is None or base_dir is None or Path(path).is_absolute():
-        return path
+    if not isinstance(path, str) or base_dir is None or Path(path).is_absolute():
+        return path  # None, or an in-memory table given through the Python API
     candidate = Path(base_dir) / path
     return str(candidate.absolute()) if candidate.exists() else path
+
+
+def _plain(value):
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', type(value).__qualname__)}"
+    if hasattr(value, "column_names") or (isinstance(value, (list, tuple)) and value and isinstance(value[0], dict)):
+        return f"<in-memory table of {len(value)} rows>"
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return repr(value)
 
 
 # --------------------------------------------------------------------------- sections
@@ -234,8 +248,10 @@ class RewardArgs:
         value = self.reward_fn
         if not value:
             return []
+        if callable(value):
+            return [value]
         items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-        return [str(item).strip() for item in items if str(item).strip()]
+        return [item if callable(item) else str(item).strip() for item in items if callable(item) or str(item).strip()]
 
 
 @dataclass
@@ -414,7 +430,13 @@ class _Sections:
     PATHS: tuple[str, ...] = ()  # "section.field" entries that hold input paths
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The options as plain data, what a run's config.yaml records: a function object given
+        through the Python API as 'module:qualname', an in-memory table as a note of its size."""
+        return {
+            part.name: {option.name: _plain(getattr(getattr(self, part.name), option.name))
+                        for option in dataclasses.fields(getattr(self, part.name))}
+            for part in dataclasses.fields(self)
+        }  # fmt: skip
 
     def resolve_paths(self, base_dir: str | Path | None) -> None:
         """Anchor every relative input path at `base_dir` (a config file's folder), in
@@ -430,7 +452,7 @@ class _Sections:
         if reward is not None and reward.reward_fn:
             specs = []
             for spec in reward.function_specs:
-                if ".py:" in spec:
+                if isinstance(spec, str) and ".py:" in spec:
                     file, _, function = spec.rpartition(":")
                     spec = f"{resolve_path(file, Path(base_dir))}:{function}"
                 specs.append(spec)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 
@@ -37,6 +38,7 @@ from ..algo.scores import (
 from ..config import Config, ConfigError
 from ..data import PromptSampler, load_prompt_table, tokenize_prompts
 from ..model import HydraModel
+from .api import save_model, trainer_inputs
 from ..rewards import build_reward_source, reward_functions
 from ..rollout import (
     Experience, Responses, evaluate_sequences, generate_responses, minibatch_plan, pack_sequences, pack_split_hidden,
@@ -101,20 +103,27 @@ class UpdateMeter:
 class PPOTrainer:
     """PPO-RLHF on one HydraModel.
 
-    Build it from a `Config` (`hydrappo train` does); pass `hydra`/`tokenizer` to use a
-    model you built yourself. `config_dir` anchors relative paths of the config file.
+    Build it from a `Config` (`hydrappo train` does), or from objects as TRL's trainers take
+    them (train/api.py): `model` (id, path or a loaded PreTrainedModel), `reward_funcs`
+    (callables or 'module:function' specs) and `reward_weights`, `train_dataset` /
+    `eval_dataset` (a datasets.Dataset, a list of row dicts or a path), `args` (a Config, a
+    YAML path or a dict shaped like the YAML file) and `processing_class` (the tokenizer).
+    Pass `hydra`/`tokenizer` to use a hydra you built yourself. `config_dir` anchors
+    relative paths of the config file.
     """
 
     name = "PPO"
     progress = {"reward": "env/reward_mean", "kl": "objective/kl"}
 
-    def __init__(self, config: Config, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
+    def __init__(self, config: Config | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
+                 **objects):  # fmt: skip
+        config, model, tokenizer = trainer_inputs(Config, config, objects, tokenizer)
         self.config = config
         ppo, train = config.ppo, config.train
         self.critic = ppo.uses_critic
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=ppo.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora, value_head=self.critic, before_model=self._read_inputs,
+            tokenizer=tokenizer, lora=config.lora, value_head=self.critic, before_model=self._read_inputs, model=model,
         )
         if not self.critic:
             hydra.value_head = None  # critic-free: no value head in the optimizer or the checkpoints
@@ -190,6 +199,10 @@ class PPOTrainer:
     def train(self, resume=None) -> list[dict]:
         """Run until train.total_steps; `resume` = a checkpoint path or True/'latest'."""
         return self.harness.run(self, self.config.train.total_steps, resume)
+
+    def save_model(self, output_dir) -> Path:
+        """The policy as a plain transformers model folder (train/api.py)."""
+        return save_model(self.hydra, self.tokenizer, output_dir)
 
     # ------------------------------------------------------------------ the step
     def train_step(self) -> tuple[dict, list[dict]]:

@@ -31,6 +31,7 @@ from ..algo.losses import response_nll
 from ..config import SFTConfig
 from ..data import DataError, load_sft_rows, split_by_prompt
 from ..model import HydraModel
+from .api import trainer_inputs
 from ..rollout import pack_sequences, response_part
 from ..storage.atomic import write_files_into
 from ..storage.models import unquantized_copy
@@ -72,12 +73,14 @@ class SFTTrainer(SupervisedStage):
     # train(): evaluates at step 0, per epoch (or eval_every) and at the end; the model (or
     # adapter) is written into output_dir before the final checkpoint.
 
-    def __init__(self, config: SFTConfig, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
+    def __init__(self, config: SFTConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
+                 **objects):  # fmt: skip
+        config, model, tokenizer = trainer_inputs(SFTConfig, config, objects, tokenizer)
         self.config = config
         data, train = config.data, config.train
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora, value_head=False,
+            tokenizer=tokenizer, lora=config.lora, value_head=False, model=model,
         )
         self.device = self.harness.device
         self.hydra, self.tokenizer = hydra, tokenizer
