@@ -23,8 +23,6 @@ import importlib.util
 import inspect
 import numbers
 import sys
-import threading
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -58,41 +56,6 @@ def _sample(prompts, outputs, row: int) -> str:
     if prompts is None or outputs is None or not 0 <= row < len(outputs):
         return ""
     return f" Sample {row}: prompt {_short(prompts[row])}, response {_short(outputs[row])}."
-
-
-def _user_frame(error: BaseException) -> str:
-    """' (file.py, line N)' of the innermost frame of a traceback outside hydrappo."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "hydrappo" not in Path(f.filename).parts]
-    return f" ({Path(frames[-1].filename).name}, line {frames[-1].lineno})" if frames else ""
-
-
-class _TimedOut(Exception):
-    pass
-
-
-def _call_with_timeout(fn, kwargs: dict, timeout_s: float | None):
-    """fn(**kwargs), in a daemon thread when there is a time limit: a call that does not
-    return in time is left behind (a thread cannot be killed) and _TimedOut raised."""
-    if timeout_s is None:
-        return fn(**kwargs)
-    box: dict = {}
-    grad = torch.is_grad_enabled()
-
-    def target():
-        try:
-            with torch.set_grad_enabled(grad):
-                box["result"] = fn(**kwargs)
-        except BaseException as error:  # handed to the caller's thread
-            box["error"] = error
-
-    thread = threading.Thread(target=target, name="hydrappo-reward-fn", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise _TimedOut
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 def _resolve(path: str, base_dir: str | Path | None) -> Path:
@@ -318,8 +281,8 @@ class FunctionReward:
                     raise ValueError(f"column {name!r} has {len(values)} values for {len(samples)} samples.")
                 kwargs[name] = list(values)
         try:
-            result = _call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
-        except _TimedOut:
+            result = usercode.call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
+        except usercode.TimedOut:
             raise RewardFunctionError(
                 f"{where} did not return within reward.timeout_s={self.timeout_s} s for {len(samples)} samples; make it "
                 f"faster or raise reward.timeout_s.{_sample(prompts, outputs, 0)}"
@@ -328,7 +291,7 @@ class FunctionReward:
             raise
         except Exception as error:
             raise RewardFunctionError(
-                f"{where} raised {type(error).__name__}: {error}{_user_frame(error)}. It was called on {len(samples)} "
+                f"{where} raised {type(error).__name__}: {error}{usercode.user_frame(error)}. It was called on {len(samples)} "
                 f"samples.{_sample(prompts, outputs, 0)} Fix the function, or rerun with --debug for the traceback."
             ) from error
         return _to_scores(result, len(samples), where, prompts, outputs)
@@ -338,7 +301,7 @@ def _import_failed(what: str, error: Exception) -> RewardError:
     if isinstance(error, SyntaxError):
         where = f" ({Path(error.filename or '').name}, line {error.lineno})"
     else:
-        where = _user_frame(error)
+        where = usercode.user_frame(error)
     return RewardError(
         f"{what} failed to import: {type(error).__name__}: {error}{where}. Fix it (a missing module: install it), "
         "or rerun with --debug for the traceback."

@@ -71,8 +71,7 @@ def apply_objects(config, *, model=None, reward_funcs=None, reward_weights=None,
 def save_model(hydra, tokenizer, output_dir) -> Path:
     """The trained policy as a plain transformers model folder (LoRA adapters merged), which
     `AutoModelForCausalLM.from_pretrained(output_dir)` loads."""
-    from ..storage.export import policy_model
-    from .sft import save_model_dir
+    from ..storage.export import policy_model, save_model_dir
 
     model = policy_model(hydra)
     saved_name = model.config.name_or_path

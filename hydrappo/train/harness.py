@@ -43,11 +43,18 @@ import yaml
 
 from ..config import ConfigError, validate
 from ..errors import HydrappoError
-from ..storage.checkpoint import (
-    latest_checkpoint, load_trainable_weights, load_training_state, resolve_resume, rng_state, save_checkpoint,
-    seed_everything, set_rng_state, trainable_state_dict,
-)
 from ..storage.atomic import remove_orphaned_temporaries
+from ..storage.checkpoint import (
+    latest_checkpoint,
+    load_trainable_weights,
+    load_training_state,
+    resolve_resume,
+    rng_state,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+    trainable_state_dict,
+)
 from ..storage.models import build_hydra
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk

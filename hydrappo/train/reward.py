@@ -25,13 +25,21 @@ import torch
 from ..algo.losses import preference_loss
 from ..algo.scores import score_statistics
 from ..config import GenerationArgs, RewardConfig
+from ..data import (
+    DataError,
+    PreferencePairs,
+    encode_prompts,
+    load_preference_pairs,
+    read_table,
+    split_by_prompt,
+    tokenize_responses,
+)
 from ..errors import UsageError
-from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, read_table, split_by_prompt, tokenize_responses
 from ..model import HydraModel
-from .api import trainer_inputs
 from ..rollout import generate_responses, pack_sequences
 from ..storage.checkpoint import latest_checkpoint
 from ..storage.reward_branch import REWARD_FORMAT_VERSION, REWARD_KIND, base_model_identity, load_reward_branch
+from .api import trainer_inputs
 from .harness import TrainingError, as_float, prepare
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
