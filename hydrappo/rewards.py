@@ -6,7 +6,7 @@ reward_fn signature). Two kinds live here:
 
 - `FunctionReward`: a user's Python function, from "package.module:function" or
   "path/to/file.py:function".
-- `ClassifierReward`: a local `AutoModelForSequenceClassification` directory.
+- `ClassifierReward`: an `AutoModelForSequenceClassification` directory or Hub id.
 
 The third kind, the hydra reward branch (`reward.use_reward_branch`), scores the
 rollouts inside the policy's own forward pass; the trainer serves it, so
@@ -258,7 +258,9 @@ class ClassifierReward:
     def __init__(self, path: str | Path, label: int = -1, batch_size: int = 16, device: str = "cpu", max_length: int = 512):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        path = Path(path)
+        from .storage.models import local_source
+
+        path = local_source(path)  # a Hub id: its snapshot in the Hugging Face cache
         if not path.is_dir():
             raise RewardError(f"reward model directory {str(path)!r} does not exist.")
         try:

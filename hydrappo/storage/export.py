@@ -32,7 +32,7 @@ from .checkpoint import (
     WEIGHTS_NAME, CheckpointError, find_checkpoint, load_checkpoint_config, load_trainable_weights,
     read_trainer_state, seed_everything,
 )
-from .models import BUNDLED_MODELS, build_hydra
+from .models import BUNDLED_MODELS, build_hydra, is_hub_id
 from .reward_branch import load_reward_branch
 
 EXPORT_INFO_NAME = "hydrappo_export.json"
@@ -104,6 +104,8 @@ def _resolve_location(value: str | None, checkpoint: Path, what: str) -> str | N
             candidate = root / value
             if candidate.exists():
                 return str(candidate)
+    if is_hub_id(value):
+        return value  # resolved in the Hugging Face cache when the model loads
     raise ExportError(
         f"{what} {value!r} recorded in {checkpoint / 'config.yaml'} does not exist (relative paths were resolved against "
         f"the training config file's folder). Pass --base-model PATH{' and --tokenizer PATH' if 'tokenizer' in what else ''}."

