@@ -32,7 +32,7 @@ from .checkpoint import (
     WEIGHTS_NAME, CheckpointError, find_checkpoint, load_checkpoint_config, load_trainable_weights,
     read_trainer_state, seed_everything,
 )
-from .models import BUNDLED_MODELS, build_hydra, is_hub_id
+from .models import BUNDLED_MODELS, ModelLoadError, build_hydra, is_hub_id
 from .reward_branch import load_reward_branch
 
 EXPORT_INFO_NAME = "hydrappo_export.json"
@@ -166,7 +166,8 @@ def load_checkpoint_hydra(
     except CheckpointError as error:
         raise ExportError(str(error)) from error
     except (ConfigError, OSError) as error:
-        raise ExportError(f"cannot rebuild the model of {checkpoint}: {error}") from error
+        hint = " If the base model moved, pass --base-model PATH." if isinstance(error, ModelLoadError) else ""
+        raise ExportError(f"cannot rebuild the model of {checkpoint}: {error}{hint}") from error
     return hydra, tok, config
 
 
