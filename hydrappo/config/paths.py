@@ -22,11 +22,6 @@ def looks_like_a_path(source: str) -> bool:
     return str(source).startswith(("/", ".", "~")) or Path(str(source)).suffix.lower() in TABLE_SUFFIXES
 
 
-def looks_like_a_name(value: str) -> bool:
-    """A bare name such as a bundled model ('smollm2-135m-instruct'): no folder, no suffix."""
-    return "/" not in value and "\\" not in value and not value.startswith((".", "~")) and not value.endswith(".gguf")
-
-
 def looks_like_a_model_path(value: str) -> bool:
     """Whether a model location that does not exist is meant as a local path (an error)
     rather than a Hub id ('org/name', or a bare name): it starts like a path or is a .gguf file."""
@@ -65,7 +60,7 @@ def writable_folder_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
-def _check_model_location(problems, label: str, value: str, what: str) -> bool:
+def check_model_location(problems, label: str, value: str, what: str) -> bool:
     """A model or tokenizer location: an existing path, else a Hub id (resolved when it
     loads: from the Hugging Face cache, or downloaded). True when `value` names a Hub id."""
     if Path(value).expanduser().exists():
@@ -87,7 +82,7 @@ def check_paths(config, problems) -> None:
     if not name:
         problems.add("model.name_or_path", name, "is required",
                      "name a model directory, a .gguf file, a bundled model or a Hub id (ORG/NAME)")  # fmt: skip
-    elif not _check_model_location(problems, "model.name_or_path", name, "model directory or .gguf file"):
+    elif not check_model_location(problems, "model.name_or_path", name, "model directory or .gguf file"):
         folder = Path(name).expanduser()
         if model.gguf_file and folder.is_dir() and not (folder / model.gguf_file).is_file():
             problems.add("model.gguf_file", model.gguf_file, f"is not a file in model.name_or_path ({name})",
@@ -98,9 +93,9 @@ def check_paths(config, problems) -> None:
     lora = getattr(config, "lora", None)
     reward = getattr(config, "reward", None)
     if model.tokenizer_name_or_path:
-        _check_model_location(problems, "model.tokenizer_name_or_path", model.tokenizer_name_or_path, "tokenizer folder")
+        check_model_location(problems, "model.tokenizer_name_or_path", model.tokenizer_name_or_path, "tokenizer folder")
     if reward is not None and reward.reward_model:
-        _check_model_location(problems, "reward.reward_model", reward.reward_model, "reward model folder")
+        check_model_location(problems, "reward.reward_model", reward.reward_model, "reward model folder")
     for label, value, what in (
         ("model.reward_branch_path", model.reward_branch_path, "reward checkpoint or reward run folder"),
         ("lora.lora_init_adapter", lora.lora_init_adapter if lora is not None else None, "adapter folder"),
