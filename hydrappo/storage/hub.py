@@ -58,7 +58,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | Non
         return Path(snapshot_download(**fetch, local_files_only=True))
     except (LocalEntryNotFoundError, IncompleteSnapshotError):
         if hub_offline():
-            raise ModelLoadError(_not_cached(repo_id, revision, cache, "HF_HUB_OFFLINE is set")) from None
+            raise ModelLoadError(_not_cached(repo_id, revision, cache, offline=True)) from None
     try:
         folder = Path(snapshot_download(**fetch))
         if not gguf_file and not any(folder.glob("*.safetensors")):
@@ -75,16 +75,18 @@ def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | Non
             "`hf auth login` with an account that has access), and no local folder of that name exists."
         ) from None
     except (LocalEntryNotFoundError, IncompleteSnapshotError, ConnectionError) as error:
-        raise ModelLoadError(_not_cached(repo_id, revision, cache, "the Hub could not be reached")) from error
+        raise ModelLoadError(_not_cached(repo_id, revision, cache, offline=False)) from error
     except HfHubHTTPError as error:
         raise ModelLoadError(f"downloading the Hub model {repo_id} failed: {error}".rstrip(".") + ". Try again later.") from error
 
 
-def _not_cached(repo_id: str, revision: str | None, cache: Path, why: str) -> str:
+def _not_cached(repo_id: str, revision: str | None, cache: Path, offline: bool) -> str:
     version = f" --revision {revision}" if revision else ""
+    why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
+    retry = "unset HF_HUB_OFFLINE to download it now" if offline else "try again once the network (or HTTPS_PROXY) works"
     return (
         f"the Hub model {repo_id} (revision {revision or 'main'}) is not in the Hugging Face cache {cache} and {why}, "
         f"so it cannot be downloaded; no local folder {repo_id!r} exists either. Fetch it on a machine with network: "
         f"`hf download {repo_id}{version}` (or `huggingface-cli download {repo_id}{version}`), into this cache "
-        "(HF_HUB_CACHE or HF_HOME choose it) or copy the cache here; or unset HF_HUB_OFFLINE to download it now."
+        f"(HF_HUB_CACHE or HF_HOME choose it) or copy the cache here; or {retry}."
     )
