@@ -48,7 +48,11 @@ def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | Non
     network when the id is cached or `HF_HUB_OFFLINE` is set."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
-        HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+        HfHubHTTPError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
     )  # fmt: skip
 
     cache = hub_cache_dir()
@@ -77,13 +81,14 @@ def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | Non
     except (LocalEntryNotFoundError, IncompleteSnapshotError, ConnectionError) as error:
         raise ModelLoadError(_not_cached(repo_id, revision, cache, offline=False)) from error
     except HfHubHTTPError as error:
-        raise ModelLoadError(f"downloading the Hub model {repo_id} failed: {error}".rstrip(".") + ". Try again later.") from error
+        message = f"downloading the Hub model {repo_id} failed: {error}".rstrip(".")
+        raise ModelLoadError(f"{message}. Try again later.") from error
 
 
 def _not_cached(repo_id: str, revision: str | None, cache: Path, offline: bool) -> str:
     version = f" --revision {revision}" if revision else ""
     why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
-    retry = "unset HF_HUB_OFFLINE to download it now" if offline else "try again once the network (or HTTPS_PROXY) works"
+    retry = "unset HF_HUB_OFFLINE to download it now" if offline else "try again when the network (HTTPS_PROXY) works"
     return (
         f"the Hub model {repo_id} (revision {revision or 'main'}) is not in the Hugging Face cache {cache} and {why}, "
         f"so it cannot be downloaded; no local folder {repo_id!r} exists either. Fetch it on a machine with network: "

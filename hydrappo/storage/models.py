@@ -139,10 +139,10 @@ def resolve_model_source(
                 raise ModelLoadError(f"gguf_file={gguf_file!r} cannot be combined with the bundled model {text!r}.")
             file = bundled_gguf(text)
             return file.parent, file.name
-        problem = hub_id_problem(text) if not looks_like_a_model_path(text) else None
+        problem = (hub_id_problem(text) if not looks_like_a_model_path(text) else None) or "does not exist"
         raise ModelLoadError(
-            f"model path {text!r} does not exist{f' and {problem}' if problem else ''}: give a local directory, a .gguf "
-            f"file, a bundled name ({', '.join(BUNDLED_MODELS)}) or a Hub id (ORG/NAME)."
+            f"model path {text!r} {problem}: give a local directory, a .gguf file, a bundled name "
+            f"({', '.join(BUNDLED_MODELS)}) or a Hub id (ORG/NAME)."
         )
 
     if path.is_file():

@@ -129,11 +129,13 @@ def _not_cached_message(err: str, revision: str, cache: Path, why: str) -> None:
     assert "Traceback" not in err
     assert f"tiny-org/missing (revision {revision}) is not in the Hugging Face cache {cache} and {why}" in err
     version = f" --revision {revision}" if revision != "main" else ""
-    assert f"hf download tiny-org/missing{version}" in err and f"huggingface-cli download tiny-org/missing{version}" in err
+    assert f"hf download tiny-org/missing{version}" in err
+    assert f"huggingface-cli download tiny-org/missing{version}" in err
 
 
 @pytest.mark.parametrize("revision", [None, "v2"])
-def test_an_uncached_id_offline_is_a_clear_error_before_anything_loads(hub_cache, no_network, tmp_path, capsys, revision):
+def test_an_uncached_id_offline_is_a_clear_error_before_anything_is_written(hub_cache, no_network, tmp_path, capsys,
+                                                                            revision):
     cache, _ = hub_cache
     out = tmp_path / "run"
     extra = ["--revision", revision] if revision else []
@@ -202,9 +204,15 @@ def test_train_export_generate_and_compare_from_a_hub_id(hub_cache, no_network, 
     assert torch.equal(policy.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight)
     assert not torch.equal(policy.model.layers[-1].mlp.up_proj.weight, base.model.layers[-1].mlp.up_proj.weight)
 
+    again = tmp_path / "exported-again"  # --base-model and --tokenizer take Hub ids too
+    assert main(["export", str(checkpoint), "--out", str(again), "--base-model", HUB_ID, "--tokenizer", HUB_ID]) == 0
+    reloaded = AutoModelForCausalLM.from_pretrained(again)
+    for (name, param), (_, other) in zip(policy.named_parameters(), reloaded.named_parameters()):
+        assert torch.equal(param, other), name
+
     capsys.readouterr()
     assert main(["generate", str(checkpoint), "--limit", "2", "--max_new_tokens", "4"]) == 0
     assert main(["compare", f"base={HUB_ID}", f"trained={checkpoint}", "--prompts", str(TINY / "prompts.jsonl"),
-                 "--limit", "2", "--max_new_tokens", "4", "--reward_fn", f"{TINY / 'reward.py'}:reward_fn"]) == 0  # fmt: skip
+                 "--limit", "2", "--max_new_tokens", "4", "--reward_fn", f"{TINY / 'reward.py'}:reward_fn"]) == 0
     assert "Traceback" not in capsys.readouterr().err
     assert no_network == []
