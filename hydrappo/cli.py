@@ -69,7 +69,10 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
         HfArgumentParser(tuple(sections_of(config_cls).values())).print_help()
         return 0 if args.help else 2
     config = parse_config(args.config, overrides, config_cls)
+    from .storage.models import fetch_hub_models
     from .storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
+
+    fetch_hub_models(config)  # a Hub id that is not cached and cannot be downloaded fails before anything is written
 
     inputs = {name: getattr(getattr(config, name.split(".")[0], None), name.split(".")[1], None) for name in config.PATHS}
     resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
@@ -172,7 +175,7 @@ def compare_command(argv: list[str]) -> int:
         description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
         "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
     )
-    parser.add_argument("models", nargs="+", help="checkpoint folders or model directories, optionally NAME=PATH")
+    parser.add_argument("models", nargs="+", help="checkpoint folders, model directories or Hub ids, optionally NAME=PATH")
     parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
     parser.add_argument("--prompt_column", default="prompt")
     parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' that scores the responses "

@@ -45,7 +45,7 @@ from ..storage.checkpoint import (
     set_rng_state,
     trainable_state_dict,
 )
-from ..storage.models import build_hydra
+from ..storage.models import build_hydra, fetch_hub_models
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
@@ -374,6 +374,8 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     validate(config)
     if before_model is not None:
         before_model()
+    if hydra is None and model is None:
+        fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
     loaded = (model, tokenizer) if model is not None else None
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
