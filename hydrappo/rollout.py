@@ -33,6 +33,23 @@ class Responses:
 
 
 @dataclass
+class Rollout:
+    """One process's rows of a PPO batch before scoring: its prompts, the responses sampled for
+    them, the packed sequences and the hydra's pass over them (evaluate_sequences)."""
+
+    indices: list[int]  # rows of the prompt table, each G times in consecutive rows
+    prompt_texts: list[str]
+    responses: Responses
+    response_texts: list[str]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    prompt_width: int
+    evaluation: object  # evaluate_sequences' output
+    kl_coef: float
+
+
+@dataclass
 class Experience:
     """One PPO batch. Sequences are prompt (left-padded to width P) + response
     (right-padded to width R). Per-token tensors are response-aligned, (B, R)."""

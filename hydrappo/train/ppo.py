@@ -46,6 +46,7 @@ from ..rewards import build_reward_source, reward_functions
 from ..rollout import (
     Experience,
     Responses,
+    Rollout,
     evaluate_sequences,
     generate_responses,
     minibatch_plan,
@@ -221,19 +222,33 @@ class PPOTrainer(TrainingLoop):
 
     @torch.no_grad()
     def make_experience(self) -> tuple[Experience, dict, list[dict]]:
-        ppo, reward_cfg, dist = self.config.ppo, self.config.reward, self.harness.dist
-        group = self.config.generation.samples_per_prompt
+        """Sample, score, shape and estimate one PPO batch: (this process's rows, stats, samples)."""
         start = time.perf_counter()
+        rollout = self.rollout()
+        with self.harness.dist.phase("scoring responses"):
+            raw_scores = self.score_rollout(rollout)
+        batch = self.gather_batch(rollout, raw_scores)
+        shaped = self.shape(batch, rollout.kl_coef)
+        experience = self.experience_rows(rollout, shaped)
+        stats = {**self.rollout_statistics(batch, shaped, rollout.kl_coef), "time/rollout": time.perf_counter() - start}
+        samples = [
+            {"prompt": p, "response": r, "score": float(s)}
+            for p, r, s in zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
+        ]
+        return experience, stats, samples
+
+    def rollout(self) -> Rollout:
+        """This process's share of the batch's prompts, each sampled G times (one group in
+        consecutive rows), packed and passed through the hydra once (log-probs, reference,
+        values, the reward branch)."""
+        ppo, dist, group = self.config.ppo, self.harness.dist, self.config.generation.samples_per_prompt
         # With a sharded trunk generation and evaluation hold collectives (FSDP's gathers), which a
         # phase must not: a failure there ends the others through the process group instead.
         with dist.phase("generating responses", enabled=not self.harness.trunk_sharded):
-            # batch_size / G distinct prompts, each G times in consecutive rows (one group). Every
-            # process draws the same prompts and keeps its share of them: the order of the prompts
-            # does not depend on the number of processes.
+            # Every process draws the same prompts and keeps its share of them: the order of the
+            # prompts does not depend on the number of processes.
             indices = [i for i in dist.shard(self.sampler.next_batch(ppo.batch_size // group)) for _ in range(group)]
-            prompt_ids = [self.prompts.input_ids[i] for i in indices]
-            prompt_texts = [self.prompts.texts[i] for i in indices]
-            responses = self.generate(prompt_ids)
+            responses = self.generate([self.prompts.input_ids[i] for i in indices])
             input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
                 responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
             )
@@ -242,80 +257,105 @@ class PPOTrainer(TrainingLoop):
             kl_coef = self.kl_controller.value
             # With a KL coefficient of 0 the reference branch never runs.
             evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0, split_hidden=split)
-        with dist.phase("scoring responses"):
-            response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
-            columns = {name: [values[i] for i in indices] for name, values in self.columns.items()}
-            raw_scores = self.score(prompt_texts, response_texts, evaluation.scores, columns, responses.response_ids)
-        action_mask = action_mask.to(self.device)
-        # What shapes the loss is computed over the WHOLE batch (every process's rows, gathered),
-        # the same on every process; each keeps its own rows of the result.
-        gather = dist.gather_rows
-        whole_mask, logprobs, ref_logprobs, values, entropy = (
-            gather(t) for t in (action_mask, evaluation.logprobs, evaluation.ref_logprobs, evaluation.values, evaluation.entropy)
-        )
-        all_raw_scores, ended = gather(raw_scores), gather(torch.tensor(responses.ended, dtype=torch.float32)).bool()
-        degenerate = gather(torch.tensor(degeneration_flags(responses.response_ids, responses.ended), dtype=torch.float32))
-        prompt_lengths = gather(torch.tensor([float(len(p)) for p in prompt_ids]))
+        return Rollout(
+            indices=indices, prompt_texts=[self.prompts.texts[i] for i in indices], responses=responses,
+            response_texts=self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True),
+            input_ids=input_ids, attention_mask=attention_mask, action_mask=action_mask.to(self.device),
+            prompt_width=prompt_width, evaluation=evaluation, kl_coef=kl_coef,
+        )  # fmt: skip
+
+    def score_rollout(self, rollout: Rollout) -> torch.Tensor:
+        """The reward sources' weighted sum for this process's rows, with their dataset columns."""
+        columns = {name: [values[i] for i in rollout.indices] for name, values in self.columns.items()}
+        return self.score(rollout.prompt_texts, rollout.response_texts, rollout.evaluation.scores, columns,
+                          rollout.responses.response_ids)  # fmt: skip
+
+    def gather_batch(self, rollout: Rollout, raw_scores: torch.Tensor) -> dict:
+        """The WHOLE batch (every process's rows, gathered, the same on every process): what
+        shapes the loss is computed over it, and each process keeps its own rows of the result."""
+        gather, evaluation, responses = self.harness.dist.gather_rows, rollout.evaluation, rollout.responses
+        return {
+            "mask": gather(rollout.action_mask), "logprobs": gather(evaluation.logprobs),
+            "ref_logprobs": gather(evaluation.ref_logprobs), "values": gather(evaluation.values),
+            "entropy": gather(evaluation.entropy), "raw_scores": gather(raw_scores),
+            "ended": gather(torch.tensor(responses.ended, dtype=torch.float32)).bool(),
+            "degenerate": gather(torch.tensor(degeneration_flags(responses.response_ids, responses.ended), dtype=torch.float32)),
+            "prompt_lengths": gather(torch.tensor([float(len(p)) for p in responses.prompt_ids])),
+            "parts": {name: gather(part) for name, part in self.reward_source.last.items()},
+        }  # fmt: skip
+
+    def shape(self, batch: dict, kl_coef: float) -> dict:
+        """Scores -> per-token rewards -> advantages (and returns) of the whole batch, and the
+        loss mask: normalisation, DAPO's overlong penalty, the KL penalty, the estimator."""
+        ppo, reward_cfg, group = self.config.ppo, self.config.reward, self.config.generation.samples_per_prompt
+        mask, ended = batch["mask"], batch["ended"]
         scores = normalize_scores(
-            all_raw_scores, reward_cfg.score_normalization, moments=self.score_moments,
+            batch["raw_scores"], reward_cfg.score_normalization, moments=self.score_moments,
             ref_mean=reward_cfg.score_ref_mean, ref_std=reward_cfg.score_ref_std,
-        )
+        )  # fmt: skip
         # DAPO's soft overlong penalty (0 with reward.overlong_buffer 0): the accuracy logged stays the raw score's.
-        length_penalty = overlong_penalty(whole_mask.sum(-1), self.config.generation.max_new_tokens,
+        length_penalty = overlong_penalty(mask.sum(-1), self.config.generation.max_new_tokens,
                                           reward_cfg.overlong_buffer, reward_cfg.overlong_penalty)  # fmt: skip
         scores = scores + length_penalty.to(scores)
         rewards, reward_stats = shape_rewards(
-            scores.to(self.device), logprobs, ref_logprobs, whole_mask, kl_coef,
+            scores.to(self.device), batch["logprobs"], batch["ref_logprobs"], mask, kl_coef,
             kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
             cliprange_reward=reward_cfg.cliprange_reward, ended_with_eos=ended.to(self.device),
             missing_eos_penalty=reward_cfg.missing_eos_penalty,
             group_baseline=group if ESTIMATORS[ppo.advantage_estimator].baseline_on_scores else 0,
         )
         advantages, returns = estimate_advantages(
-            ppo.advantage_estimator, rewards, values, whole_mask, group_size=group, gamma=ppo.gamma,
+            ppo.advantage_estimator, rewards, batch["values"], mask, group_size=group, gamma=ppo.gamma,
             lam=ppo.lam, whiten_advantages=ppo.whiten_advantages,
         )
         # DAPO's overlong filtering: truncated responses add nothing to the loss.
-        loss_mask = overlong_filter(whole_mask, ended) if ppo.mask_truncated else whole_mask
-        rows, width = slice(dist.rank * len(indices), (dist.rank + 1) * len(indices)), action_mask.shape[1]
+        loss_mask = overlong_filter(mask, ended) if ppo.mask_truncated else mask
+        return {"scores": scores, "length_penalty": length_penalty, "rewards": rewards, "reward_stats": reward_stats,
+                "advantages": advantages, "returns": returns, "loss_mask": loss_mask}  # fmt: skip
+
+    def experience_rows(self, rollout: Rollout, shaped: dict) -> Experience:
+        """This process's rows of the shaped batch, with its own sequences and pass outputs."""
+        dist, evaluation = self.harness.dist, rollout.evaluation
+        count, width = len(rollout.indices), rollout.action_mask.shape[1]
+        rows = slice(dist.rank * count, (dist.rank + 1) * count)
 
         def mine(tensor):
             return tensor[rows, :width] if tensor is not None else None
 
-        experience = Experience(
-            input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), action_mask=mine(loss_mask),
-            split_hidden=evaluation.split_hidden, logprobs=evaluation.logprobs, ref_logprobs=evaluation.ref_logprobs,
-            values=evaluation.values, rewards=mine(rewards), advantages=mine(advantages), returns=mine(returns),
-            prompt_width=prompt_width,
-            batch_weights=aggregation_weights(loss_mask, ppo.loss_agg_mode).cpu() if dist.enabled else None,
-        )
+        return Experience(
+            input_ids=rollout.input_ids.to(self.device), attention_mask=rollout.attention_mask.to(self.device),
+            action_mask=mine(shaped["loss_mask"]), split_hidden=evaluation.split_hidden, logprobs=evaluation.logprobs,
+            ref_logprobs=evaluation.ref_logprobs, values=evaluation.values, rewards=mine(shaped["rewards"]),
+            advantages=mine(shaped["advantages"]), returns=mine(shaped["returns"]), prompt_width=rollout.prompt_width,
+            batch_weights=aggregation_weights(shaped["loss_mask"], self.config.ppo.loss_agg_mode).cpu() if dist.enabled else None,
+        )  # fmt: skip
+
+    def rollout_statistics(self, batch: dict, shaped: dict, kl_coef: float) -> dict:
+        """env/*, objective/*, tokens/* and ppo/advantages statistics of the whole batch."""
+        mask, raw = batch["mask"], batch["raw_scores"]
         stats = {
-            "env/reward_mean": all_raw_scores.mean().item(),
-            "env/reward_std": all_raw_scores.std().item() if len(all_raw_scores) > 1 else 0.0,
+            "env/reward_mean": raw.mean().item(),
+            "env/reward_std": raw.std().item() if len(raw) > 1 else 0.0,
             # each source's unweighted mean (env/reward/<function name> | reward_model | reward_branch)
-            **{f"env/reward/{name}": gather(part).mean().item() for name, part in self.reward_source.last.items()},
-            "env/score_used_mean": scores.mean().item(),
-            "env/missing_eos_frac": 1.0 - ended.float().mean().item(),
-            "env/degenerate_frac": degenerate.mean().item(),  # a looping tail (algo/degeneration.py)
-            "env/overlong_penalty_mean": length_penalty.mean().item(),
-            **group_statistics(all_raw_scores, group),
+            **{f"env/reward/{name}": part.mean().item() for name, part in batch["parts"].items()},
+            "env/score_used_mean": shaped["scores"].mean().item(),
+            "env/missing_eos_frac": 1.0 - batch["ended"].float().mean().item(),
+            "env/degenerate_frac": batch["degenerate"].mean().item(),  # a looping tail (algo/degeneration.py)
+            "env/overlong_penalty_mean": shaped["length_penalty"].mean().item(),
+            **group_statistics(raw, self.config.generation.samples_per_prompt),
             "objective/kl_coef": kl_coef,
-            "objective/entropy": masked_mean(entropy, whole_mask).item(),
-            "tokens/responses_len_mean": whole_mask.sum(-1).mean().item(),
-            "tokens/prompts_len_mean": prompt_lengths.mean().item(),
-            "ppo/advantages/mean": masked_mean(advantages, whole_mask).item(),
-            "time/rollout": time.perf_counter() - start,
+            "objective/entropy": masked_mean(batch["entropy"], mask).item(),
+            "tokens/responses_len_mean": mask.sum(-1).mean().item(),
+            "tokens/prompts_len_mean": batch["prompt_lengths"].mean().item(),
+            "ppo/advantages/mean": masked_mean(shaped["advantages"], mask).item(),
         }
-        if ref_logprobs is not None:
+        if batch["ref_logprobs"] is not None:
             # KL of the sampled sequences, summed over tokens (k1), as the adaptive controller expects.
-            stats["objective/kl"] = masked_sum(logprobs - ref_logprobs, whole_mask, dim=-1).mean().item()
-            stats.update({f"objective/{key}": as_float(value) for key, value in reward_stats.items()})
-        if returns is not None:
-            stats["ppo/returns/mean"] = masked_mean(returns, whole_mask).item()
-        samples = [
-            {"prompt": p, "response": r, "score": float(s)} for p, r, s in zip(prompt_texts, response_texts, raw_scores)
-        ]
-        return experience, stats, samples
+            stats["objective/kl"] = masked_sum(batch["logprobs"] - batch["ref_logprobs"], mask, dim=-1).mean().item()
+            stats.update({f"objective/{key}": as_float(value) for key, value in shaped["reward_stats"].items()})
+        if shaped["returns"] is not None:
+            stats["ppo/returns/mean"] = masked_mean(shaped["returns"], mask).item()
+        return stats
 
     def generate(self, prompt_ids: list[list[int]]) -> Responses:
         """One sampled response per prompt from the policy."""
