@@ -42,9 +42,10 @@ import torch
 import yaml
 
 from ..config import ConfigError, validate
+from ..config.resume import resume_differences
 from ..errors import HydrappoError
 from ..storage.checkpoint import (
-    latest_checkpoint, load_trainable_weights, load_training_state, resolve_resume, rng_state, save_checkpoint,
+    CONFIG_NAME, CheckpointError, latest_checkpoint, load_trainable_weights, load_training_state, resolve_resume, rng_state, save_checkpoint,
     seed_everything, set_rng_state, trainable_state_dict,
 )
 from ..storage.atomic import remove_orphaned_temporaries
@@ -147,6 +148,7 @@ class Harness:
             self.dist.broadcast_parameters(self.params)
             seed_everything(self.run_args.seed + self.dist.rank)
         self.max_grad_norm = args.max_grad_norm
+        self.optimizer_args = args
         self.optimizer = make_optimizer(self.params, args)  # args.optimizer: adamw | adamw8bit
         self.scheduler = get_scheduler(
             SCHEDULERS[args.lr_scheduler], self.optimizer, num_warmup_steps=args.warmup_steps,
@@ -287,16 +289,49 @@ class Harness:
         )
 
     def load(self, path: Path, loop) -> None:
+        changed = self._compare_config(path)
         load_trainable_weights(loop.trained_module, path)
         training_state, trainer_state = load_training_state(path)
         load_optimizer_state(self.optimizer, training_state["optimizer"])
         self.scheduler.load_state_dict(training_state["scheduler"])
+        if changed:
+            self._apply_optimizer_options()
         self._restore_rng(path, training_state, trainer_state.get("world_size", 1))
         self.precision.load_state_dict(training_state.get("grad_scaler", {}))
         self.nonfinite_total = trainer_state.get("nonfinite_total", 0)
         self.step = trainer_state["step"]
         loop.load_state_dict({**trainer_state, **training_state})
         logger.info("resumed from %s at step %d", path, self.step)
+
+    def _compare_config(self, path: Path) -> bool:
+        """Refuse options the checkpoint cannot be resumed with, warn about the others that
+        changed (config/resume.py); whether any changed. A checkpoint without a readable
+        config.yaml (written by hand, or damaged there only) is not compared."""
+        try:
+            saved = yaml.safe_load((path / CONFIG_NAME).read_text())
+        except (OSError, yaml.YAMLError):
+            return False
+        if not isinstance(saved, dict):
+            return False
+        refusals, warnings = resume_differences(saved, self.config.to_dict())
+        if refusals:
+            raise CheckpointError(f"--resume {path}: " + " ".join(f"{refusal}." for refusal in refusals))
+        if warnings and self.dist.is_main:
+            logger.warning("--resume %s: options changed since the checkpoint, in effect from the next step: %s",
+                           path, "; ".join(warnings))  # fmt: skip
+        return bool(warnings)
+
+    def _apply_optimizer_options(self) -> None:
+        """The optimizer's and the scheduler's state carry the hyper-parameters they were
+        written with (torch restores lr, betas, eps, weight_decay): put this run's in their
+        place, and the learning rate where this run's schedule has it at this step."""
+        args = self.optimizer_args
+        self.scheduler.base_lrs = [args.learning_rate for _ in self.optimizer.param_groups]
+        factors = [fn(self.scheduler.last_epoch) for fn in self.scheduler.lr_lambdas]
+        for group, factor in zip(self.optimizer.param_groups, factors):
+            group.update(initial_lr=args.learning_rate, lr=args.learning_rate * factor, weight_decay=args.weight_decay,
+                         betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)  # fmt: skip
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _restore_rng(self, path: Path, training_state: dict, written_by: int) -> None:
         """Each process takes back its own random state. At another number of processes the run

@@ -445,6 +445,13 @@ class PPOTrainer:
             )
         self.shuffle_generator.set_state(state["shuffle_generator"])
         self.kl_controller.load_state_dict(state["kl_controller"])
+        # The controller's state carries the settings it was written with; a resumed run's own
+        # (changed on --resume, with a warning) steer it from here on. Its coefficient continues.
+        ppo = self.config.ppo
+        settings = {"target": ppo.kl_target, "horizon": ppo.kl_horizon, "kp": ppo.kl_pi_kp, "ki": ppo.kl_pi_ki}
+        for attribute, value in settings.items():
+            if hasattr(self.kl_controller, attribute):
+                setattr(self.kl_controller, attribute, float(value))
         self.score_moments.load_state_dict(state["score_moments"])
         self.sampler.load_state_dict(state["sampler"])
 
