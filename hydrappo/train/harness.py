@@ -45,8 +45,9 @@ from ..config import ConfigError, validate
 from ..config.resume import resume_differences
 from ..errors import HydrappoError
 from ..storage.checkpoint import (
-    CONFIG_NAME, CheckpointError, latest_checkpoint, load_trainable_weights, load_training_state, resolve_resume, rng_state, save_checkpoint,
-    seed_everything, set_rng_state, trainable_state_dict,
+    CONFIG_NAME, CheckpointError, latest_checkpoint, load_trainable_weights, load_training_state,
+    refuse_foreign_checkpoint_entries, resolve_resume, rng_state, save_checkpoint, seed_everything, set_rng_state,
+    trainable_state_dict,
 )
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.models import build_hydra
@@ -221,6 +222,7 @@ class Harness:
                 if dist.is_main:
                     self.output_dir.mkdir(parents=True, exist_ok=True)
                     remove_orphaned_temporaries(self.output_dir)  # of a run killed while writing a checkpoint
+                    refuse_foreign_checkpoint_entries(self.output_dir)  # before training, not at the save it breaks
                 log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
         except BaseException:
             release_output_dir(self.output_dir)

@@ -19,6 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from hydrappo.cli import main
+from hydrappo.storage.atomic import host_name
 from hydrappo.storage.rundir import LOCK_NAME
 from hydrappo.storage.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, checkpoint_dirs
 
@@ -415,7 +416,7 @@ def test_resume_skips_a_damaged_latest_checkpoint_a_torn_metrics_line_and_an_orp
     damage(run, "truncated weights")
     with (run / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": 3, "env/rew')  # a line cut by a crash
-    orphan = run / ".checkpoint-3.tmp-999999999-abcd"  # the temporary folder of a killed writer
+    orphan = run / f".checkpoint-3.tmp-999999999@{host_name()}-abcd"  # the temporary folder of a killed writer
     orphan.mkdir()
     (orphan / WEIGHTS_NAME).write_bytes(b"half")
     said = cli(["train", CONFIG, "--output_dir", run, "--resume", "--total_steps", "3", "--reward_fn",
