@@ -40,7 +40,7 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ..errors import UsageError
+from ..errors import UsageError, plain_write_errors
 from .atomic import refuse_symlink, rename_to_sibling, temporary_prefix, write_directory
 
 logger = logging.getLogger("hydrappo")
@@ -323,7 +323,12 @@ def save_checkpoint(
             write_extra(folder)
         write_manifest(folder)
 
-    final = write_directory(root / f"checkpoint-{step}", fill, replace=True)
+    newest = latest_checkpoint(root)
+    survives = (f"the run's earlier checkpoints are intact (the newest: {newest.name}), and so is metrics.jsonl"
+                if newest else "no checkpoint of this run was written yet; metrics.jsonl is intact")  # fmt: skip
+    with plain_write_errors(f"the checkpoint at step {step}", root, survives,
+                            "and continue with --resume" if newest else "and run again"):  # fmt: skip
+        final = write_directory(root / f"checkpoint-{step}", fill, replace=True)
     for old in checkpoint_dirs(root)[: -max(1, keep_last)]:
         # Renamed to a hidden temporary first: a crash while deleting leaves no half a checkpoint.
         doomed = old.with_name(f"{temporary_prefix(old.name, 'old')}rotated")

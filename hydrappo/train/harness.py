@@ -43,7 +43,7 @@ import yaml
 
 from ..config import ConfigError, validate
 from ..config.resume import resume_differences
-from ..errors import HydrappoError
+from ..errors import HydrappoError, plain_write_errors
 from ..storage.checkpoint import (
     CONFIG_NAME, CheckpointError, latest_checkpoint, load_trainable_weights, load_training_state,
     refuse_foreign_checkpoint_entries, resolve_resume, rng_state, save_checkpoint, seed_everything, set_rng_state,
@@ -417,8 +417,13 @@ class RunLog:
             periodic = tag == "samples"  # training samples every log_samples_every steps; evaluations' always
             if rows and (not periodic or (self.samples_every and step % self.samples_every == 0)):
                 self.writer.add_text(tag, samples_markdown(rows[: self.num_samples]), step)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        newest = latest_checkpoint(self.path.parent)
+        survives = (f"the run's checkpoints are intact (the newest: {newest.name})" if newest
+                    else "no checkpoint of this run was written yet")  # fmt: skip
+        with plain_write_errors(f"the metrics of step {step}", self.path, survives,
+                                "and continue with --resume" if newest else "and run again"):  # fmt: skip
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
         if step:
             self.bar.update(1)
             shown = {label: f"{record[key]:.3f}" for label, key in self.progress.items() if key in record}
