@@ -100,6 +100,59 @@ def _check_utf8(file: Path, setting: str) -> None:
             raise DataError(f"{setting}: {file}: not UTF-8 text: it ends inside a character (cut short?). Save it as UTF-8.") from None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_rows(file: Path, setting: str, column: str) -> None:
+    """An empty file, a .jsonl line that is no JSON object, or text holding a lone surrogate
+    (a `\\ud800` escape without its pair: not Unicode, which pyarrow rejects with "Trailing
+    data") is named with its file and line here, before datasets reads it."""
+    import json
+
+    if not file.read_bytes().strip():
+        raise DataError(
+            f"{setting}: {file} is empty: it holds no rows. Fill it (e.g. one JSON object per line with a {column!r} "
+            f"field for .jsonl, one text per line for .txt), or point {setting} at another file."
+        )
+    if file.suffix.lower() != ".jsonl":
+        return
+    with open(file, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as error:
+                raise DataError(
+                    f"{setting}: {file}: line {number} is not one JSON object ({getattr(error, 'msg', error)} at "
+                    f"column {getattr(error, 'colno', '?')}). A .jsonl file holds one JSON object per line: fix that line."
+                ) from None
+            if not isinstance(row, dict):
+                raise DataError(f"{setting}: {file}: line {number} holds a JSON {type(row).__name__}, not an object "
+                                f'({{"{column}": ...}}); a .jsonl file holds one JSON object per line.')  # fmt: skip
+            bad = _lone_surrogate(row)
+            if bad is not None:
+                raise DataError(
+                    f"{setting}: {file}: line {number}: the {bad[0]!r} field holds a lone surrogate \\u{ord(bad[1]):04x} "
+                    "(half of a UTF-16 pair: not valid Unicode text). It usually comes from text cut in the middle of "
+                    "an emoji or written by a tool that split UTF-16 pairs; fix the text on that line (or replace the "
+                    "escape with \\ufffd)."
+                )
+
+
+def _lone_surrogate(value, key: str = "") -> tuple[str, str] | None:
+    """(field, character) of the first lone surrogate in a parsed JSON value, or None."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        return (key, found.group()) if found else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for name, item in items:
+        found = _lone_surrogate(item, key or str(name))
+        if found:
+            return found
+    return None
+
+
 def _root_cause(error: BaseException) -> BaseException:
     seen = set()
     while (error.__cause__ or error.__context__) is not None and id(error) not in seen:
@@ -154,6 +207,7 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
             builder = BUILDERS[file.suffix.lower()]
             if builder != "parquet":
                 _check_utf8(file, setting)
+                _check_rows(file, setting, columns[0])
             try:
                 dataset = load_dataset(builder, data_files=str(file), split="train")
             except Exception as error:  # datasets raises many types for malformed files

@@ -102,3 +102,22 @@ def plain_write_errors(what: str, where: str | os.PathLike, survives: str, then:
         reason, fix = described
         then = f" {then}" if then else ""
         raise WriteError(f"{what} could not be written to {where}: {reason}; {survives}; {fix}{then}.") from None
+
+
+def refused_pickle(error: BaseException, folder: str | os.PathLike, option: str) -> str | None:
+    """The message for a model folder whose pickled weights (pytorch_model*.bin) torch's
+    weights_only loader refused, naming the file and what it holds; None for any other error."""
+    if type(error).__name__ != "UnpicklingError" or "weights_only" not in str(error).replace("Weights only", "weights_only"):
+        return None
+    folder = Path(folder)
+    files = sorted(path.name for path in folder.glob("*.bin")) or ["its pickled weights file"]
+    named = files[0] if len(files) == 1 else f"one of {', '.join(files[:4])}{' ...' if len(files) > 4 else ''}"
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    holds = f"{found.group(1)}, which" if found else "an object that"
+    return (
+        f"{option}={str(folder)!r}: {named} is a pickle that holds {holds} torch's safe loader (weights_only) refuses: "
+        "loading it could run code, and hydrappo loads weights only as data (it has no option to trust a pickle). "
+        "Use the model's .safetensors weights instead: download them from its source, or convert a copy you trust "
+        "(`AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW, safe_serialization=True)` on a machine "
+        "where running its code is acceptable)."
+    )

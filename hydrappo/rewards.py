@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.util
 import numbers
+import pickle
 import sys
 import threading
 import traceback
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from . import usercode
-from .errors import HydrappoError
+from .errors import HydrappoError, refused_pickle
 
 
 class RewardError(HydrappoError, ValueError):
@@ -267,6 +268,8 @@ class ClassifierReward:
             )
         except (OSError, ValueError, KeyError) as error:
             raise RewardError(f"{path} is not a sequence-classification model directory: {error}") from error
+        except pickle.UnpicklingError as error:
+            raise RewardError(refused_pickle(error, path, "reward.reward_model") or str(error)) from None
         if info["missing_keys"]:
             # A causal LM checkpoint loads "successfully" with a randomly initialised
             # head: refuse it rather than train against random scores.

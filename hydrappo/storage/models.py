@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_dtype
-from ..errors import UsageError
+from ..errors import UsageError, refused_pickle
 from .atomic import is_nonempty_dir, write_directory
 
 logger = logging.getLogger("hydrappo.models")
@@ -334,6 +335,8 @@ def load_model_and_tokenizer(
             model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
         except (OSError, ValueError) as error:
             raise ModelLoadError(f"cannot load a causal LM from {str(directory)!r}: {error}") from error
+        except pickle.UnpicklingError as error:
+            raise ModelLoadError(refused_pickle(error, directory, "model.name_or_path") or str(error)) from None
         tokenizer_source = (model_config.tokenizer_name_or_path or directory, None)
     tokenizer = _load_tokenizer(*tokenizer_source)
     ensure_pad_token(tokenizer)

@@ -342,9 +342,9 @@ def test_deeper_data_and_model_errors(ws, capsys, caplog, tmp_path):
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
     cli([*base, "--prompts", ws / "no_column.jsonl"], 2, "no_column.jsonl", "no column 'prompt'", "columns present: text",
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli([*base, "--prompts", ws / "empty.jsonl"], 2, "data.prompts", "empty.jsonl",
+    cli([*base, "--prompts", ws / "empty.jsonl"], 2, "data.prompts", "empty.jsonl", "is empty: it holds no rows",
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli([*base, "--prompts", ws / "broken.jsonl"], 2, "data.prompts", "broken.jsonl", "could not be read as json",
+    cli([*base, "--prompts", ws / "broken.jsonl"], 2, "data.prompts", "broken.jsonl", "line 2 is not one JSON object",
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
     cli([*base, "--name_or_path", ws / "bad_model"], 2, "model.name_or_path", "bad_model", "config.json",
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
