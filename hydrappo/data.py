@@ -16,8 +16,10 @@ prompts as an uninterrupted one.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,57 +102,26 @@ def _check_utf8(file: Path, setting: str) -> None:
             raise DataError(f"{setting}: {file}: not UTF-8 text: it ends inside a character (cut short?). Save it as UTF-8.") from None
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _check_rows(file: Path, setting: str, column: str) -> None:
-    """An empty file, a .jsonl line that is no JSON object, or text holding a lone surrogate
-    (a `\\ud800` escape without its pair: not Unicode, which pyarrow rejects with "Trailing
-    data") is named with its file and line here, before datasets reads it."""
-    import json
-
+    """Name an empty file, or a .jsonl line that is no object or holds a lone surrogate, before datasets fails on it."""
     if not file.read_bytes().strip():
-        raise DataError(
-            f"{setting}: {file} is empty: it holds no rows. Fill it (e.g. one JSON object per line with a {column!r} "
-            f"field for .jsonl, one text per line for .txt), or point {setting} at another file."
-        )
+        raise DataError(f"{setting}: {file} is empty: it holds no rows. Fill it (e.g. one JSON object per line with a "
+                        f"{column!r} field for .jsonl, one text per line for .txt), or point {setting} at another file.")  # fmt: skip
     if file.suffix.lower() != ".jsonl":
         return
     with open(file, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
             try:
-                row = json.loads(line)
+                row = json.loads(line) if line.strip() else {}
             except ValueError as error:
-                raise DataError(
-                    f"{setting}: {file}: line {number} is not one JSON object ({getattr(error, 'msg', error)} at "
-                    f"column {getattr(error, 'colno', '?')}). A .jsonl file holds one JSON object per line: fix that line."
-                ) from None
+                raise DataError(f"{setting}: {file}: line {number} is not one JSON object ({getattr(error, 'msg', error)} "
+                                f"at column {getattr(error, 'colno', '?')}); a .jsonl file holds one per line: fix it.") from None  # fmt: skip
             if not isinstance(row, dict):
                 raise DataError(f"{setting}: {file}: line {number} holds a JSON {type(row).__name__}, not an object "
                                 f'({{"{column}": ...}}); a .jsonl file holds one JSON object per line.')  # fmt: skip
-            bad = _lone_surrogate(row)
-            if bad is not None:
-                raise DataError(
-                    f"{setting}: {file}: line {number}: the {bad[0]!r} field holds a lone surrogate \\u{ord(bad[1]):04x} "
-                    "(half of a UTF-16 pair: not valid Unicode text). It usually comes from text cut in the middle of "
-                    "an emoji or written by a tool that split UTF-16 pairs; fix the text on that line (or replace the "
-                    "escape with \\ufffd)."
-                )
-
-
-def _lone_surrogate(value, key: str = "") -> tuple[str, str] | None:
-    """(field, character) of the first lone surrogate in a parsed JSON value, or None."""
-    if isinstance(value, str):
-        found = _SURROGATE.search(value)
-        return (key, found.group()) if found else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for name, item in items:
-        found = _lone_surrogate(item, key or str(name))
-        if found:
-            return found
-    return None
+            if bad := re.search("[\ud800-\udfff]", json.dumps(row, ensure_ascii=False)):  # pyarrow: "Trailing data"
+                raise DataError(f"{setting}: {file}: line {number} holds a lone surrogate \\u{ord(bad.group()):04x} (half a UTF-16 "
+                                "pair, not Unicode: text cut inside an emoji?); fix the text on that line (or write \\ufffd).")  # fmt: skip
 
 
 def _root_cause(error: BaseException) -> BaseException:
@@ -191,15 +162,20 @@ def _load_datasets(source: str, split: str, subset: str | None, setting: str) ->
 
 def read_table(source: str | Path, columns: list[str], optional: list[str] = (), *, setting: str = "data.train_file",
                split: str = "train", subset: str | None = None, allow_text: bool = False,
-               nonempty: bool = False) -> dict:  # fmt: skip
+               nonempty: bool = False, others: bool = False) -> dict:  # fmt: skip
     """{column: list of values} of `source` (see the module docstring). `columns` must be
     present in every file and hold text (non-blank text with `nonempty`); an `optional`
     column missing anywhere maps to None. With `allow_text`, .txt files count too: each
-    line is a row of the first column."""
+    line is a row of the first column. With `others`, every other column comes too, as
+    it is (rows of a file without it hold None)."""
     from datasets import load_dataset
 
-    source = str(source)
-    loaded = _load_datasets(source, split, subset, setting)
+    if not isinstance(source, (str, os.PathLike)):  # a table object (the Python API)
+        loaded = [(f"the table given as {setting}", in_memory_dataset(source, setting, split))]
+        source = f"<in-memory table of {len(loaded[0][1])} rows>"
+    else:
+        source = str(source)
+        loaded = _load_datasets(source, split, subset, setting)
     if loaded is None:
         path = Path(source).expanduser()
         loaded = []
@@ -220,7 +196,7 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
                 dataset = dataset.rename_column("text", columns[0]) if columns[0] != "text" else dataset
             loaded.append((str(file), dataset))
     try:
-        return _columns(loaded, source, columns, optional, setting, nonempty)
+        return _columns(loaded, source, columns, optional, setting, nonempty, others)
     except DataError:
         raise
     except Exception as error:  # pyarrow and datasets raise many types while decoding columns
@@ -228,9 +204,39 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
         raise DataError(f"{setting}: {source!r} could not be read: {type(cause).__name__}: {str(cause)[:300]}.") from None
 
 
-def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool) -> dict:
+def in_memory_dataset(table, setting: str, split: str = "train"):
+    """A `datasets.Dataset` of a table object: a Dataset, a DatasetDict (its `split`), a list
+    of row dicts or a dict of columns."""
+    from datasets import Dataset, DatasetDict
+
+    if isinstance(table, DatasetDict):
+        if split not in table:
+            raise DataError(f"{setting}: the DatasetDict has no split {split!r} (splits: {', '.join(table)}); name one.")
+        return table[split]
+    if isinstance(table, Dataset):
+        return table
+    if isinstance(table, dict):
+        return Dataset.from_dict(table)
+    if isinstance(table, (list, tuple)) and all(isinstance(row, dict) for row in table):
+        return Dataset.from_list(list(table))
+    raise DataError(
+        f"{setting}: a {type(table).__name__} is not a table; give a datasets.Dataset, a list of row dicts, a dict "
+        "of columns, or a path (jsonl/json/csv/parquet/txt file, folder or datasets name)."
+    )
+
+
+def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool, others: bool = False) -> dict:
     table = {name: [] for name in (*columns, *optional)}
+    extra: dict[str, list] = {}
+    rows = 0
     for where, dataset in loaded:
+        if others:
+            for name in dataset.column_names:
+                if name not in table and name not in extra:
+                    extra[name] = [None] * rows
+            for name, values in extra.items():
+                values.extend(dataset[name] if name in dataset.column_names else [None] * len(dataset))
+            rows += len(dataset)
         unit = "line" if where.endswith(".txt") else "row"
         missing = [c for c in columns if c not in dataset.column_names]
         if missing:
@@ -253,6 +259,7 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
                 table[name] = None
     if not table[columns[0]]:
         raise DataError(f"{setting}: {source!r} holds no rows: the data is empty.")
+    table.update(extra)
     return table
 
 
@@ -261,6 +268,16 @@ def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", s
     """All prompts of `path` (see `read_table`); for .txt files each line is a prompt.
     `setting` names the option in errors."""
     return read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True)[column]
+
+
+def load_prompt_table(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,
+                      setting: str = "data.prompts") -> tuple[list[str], dict[str, list]]:  # fmt: skip
+    """(prompts, {other column: values, row-aligned}) of `path`: the other columns go to the
+    reward functions as keyword arguments."""
+    table = read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True,
+                       others=True)  # fmt: skip
+    texts = table.pop(column)
+    return texts, table
 
 
 # --------------------------------------------------------------------------- formatting and tokenizing

@@ -26,13 +26,13 @@ def test_an_empty_file_says_so_naming_the_option_and_the_file(tmp_path, name, co
     assert "StopIteration" not in str(error.value)
 
 
-def test_a_lone_surrogate_names_the_file_the_line_and_the_field(tmp_path, caplog):
+def test_a_lone_surrogate_names_the_file_and_the_line(tmp_path, caplog):
     file = tmp_path / "prompts.jsonl"
     file.write_text('{"prompt": "fine"}\n{"prompt": "cut \\ud83d here"}\n')
     with pytest.raises(DataError) as error:
         read_table(file, ["prompt"], setting="data.prompts")
     message = str(error.value)
-    assert message.startswith(f"data.prompts: {file}: line 2: the 'prompt' field holds a lone surrogate \\ud83d")
+    assert message.startswith(f"data.prompts: {file}: line 2 holds a lone surrogate \\ud83d")
     assert "fix the text on that line" in message and "Trailing data" not in message
     assert "Failed to load JSON" not in caplog.text  # datasets never got to log its own failure
 
