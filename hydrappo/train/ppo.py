@@ -485,9 +485,9 @@ class PPOTrainer:
             )
         self.shuffle_generator.set_state(state["shuffle_generator"])
         self.kl_controller.load_state_dict(state["kl_controller"])
-        # This run's KL settings (changed on --resume, with a warning) steer on from the checkpoint's coefficient.
-        ppo = self.config.ppo
-        for name, value in {"target": ppo.kl_target, "horizon": ppo.kl_horizon, "kp": ppo.kl_pi_kp, "ki": ppo.kl_pi_ki}.items():
+        ppo = self.config.ppo  # this run's KL settings (changed on --resume: a warning) steer on from here
+        settings = {"target": ppo.kl_target, "horizon": ppo.kl_horizon, "kp": ppo.kl_pi_kp, "ki": ppo.kl_pi_ki}
+        for name, value in settings.items():
             if hasattr(self.kl_controller, name):
                 setattr(self.kl_controller, name, float(value))
         self.score_moments.load_state_dict(state["score_moments"])
