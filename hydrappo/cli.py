@@ -482,7 +482,7 @@ def _main(argv: list[str] | None) -> int:
         described = describe_os_error(error)
         if described is not None or isinstance(error, OSError):
             # The operating system refused something (a full disk, a permission): not a bug.
-            reason, fix = described or (str(error.strerror or error).lower(), "check the path")
+            reason, fix = described or (error.strerror.lower() if error.strerror else str(error), "check the path")
             where = f" at {error.filename}" if getattr(error, "filename", None) else ""
             return _fail(prog, f"the operating system refused a file operation{where}: {reason}; {fix}. Files "
                          "written completely before it are intact.", 1, debug)  # fmt: skip

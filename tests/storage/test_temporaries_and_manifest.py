@@ -100,3 +100,19 @@ def test_a_manifest_entry_that_is_a_symbolic_link_is_damage(tmp_path):
     assert checkpoint_problems(folder) == [
         f"{MANIFEST_NAME} lists 'trainer_state.json', which is a symbolic link (a checkpoint holds none)"
     ]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_refuses_a_link_named_like_its_next_checkpoint_before_training(tmp_path):
+    from runs import tiny_trainer
+
+    fast = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--save_every", "1"]
+    run = tmp_path / "run"
+    tiny_trainer(run, "--total_steps", "1", *fast).train()
+    (tmp_path / "elsewhere").mkdir()
+    (run / "checkpoint-2").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    metrics = (run / "metrics.jsonl").read_text()
+    with pytest.raises(UsageError, match=f"{run / 'checkpoint-2'} is a symbolic link .*Move it out of {run}"):
+        tiny_trainer(run, "--total_steps", "2", *fast).train(resume=True)
+    assert (run / "metrics.jsonl").read_text() == metrics  # refused before step 2 was trained
+    assert (run / "checkpoint-2").is_symlink() and not any((tmp_path / "elsewhere").iterdir())
