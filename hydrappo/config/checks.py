@@ -378,11 +378,11 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
                      f"other, but generation.samples_per_prompt is {group}",
                      "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
-    if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.advantage_estimator == "gae"):
+    if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.uses_critic):
         problems.add("model.value_head_init", "reward_head", "copies the reward head into the value head, so it needs "
                      "model.reward_branch_path and ppo.advantage_estimator: gae",
                      "set model.reward_branch_path, or use value_head_init: random")  # fmt: skip
-    if ppo.critic_warmup_steps > 0 and ppo.advantage_estimator != "gae":
+    if ppo.critic_warmup_steps > 0 and not ppo.uses_critic:
         problems.add("ppo.critic_warmup_steps", ppo.critic_warmup_steps, f"warms up a value head, and "
                      f"ppo.advantage_estimator={ppo.advantage_estimator} has none",
                      "use critic_warmup_steps: 0, or advantage_estimator: gae")  # fmt: skip

@@ -206,8 +206,11 @@ class PPOArgs:
 
     @property
     def uses_critic(self) -> bool:
-        """Whether runs of these options have a value head (only GAE needs one), and so their checkpoints."""
-        return self.advantage_estimator == "gae"
+        """Whether runs of these options have a value head (the estimator needs a critic), and so their checkpoints."""
+        from ..algo.advantages import ESTIMATORS
+
+        estimator = ESTIMATORS.get(self.advantage_estimator)
+        return estimator is not None and estimator.needs_critic
 
 
 @dataclass

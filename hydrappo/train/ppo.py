@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..algo.advantages import estimate_advantages
+from ..algo.advantages import ESTIMATORS, estimate_advantages
 from ..algo.degeneration import degeneration_flags
 from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
@@ -223,7 +223,7 @@ class PPOTrainer:
         self.hydra.train(self.config.model.gradient_checkpointing)
         stats.update(self.ppo_update(experience))
         self.hydra.eval()
-        if "objective/kl" in stats:
+        if experience.ref_logprobs is not None:  # the KL was measured (a coefficient of 0 skips the reference)
             self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
         step, train = self.harness.step + 1, self.config.train
         if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
@@ -309,7 +309,7 @@ class PPOTrainer:
             kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
             cliprange_reward=reward_cfg.cliprange_reward, ended_with_eos=ended.to(self.device),
             missing_eos_penalty=reward_cfg.missing_eos_penalty,
-            group_baseline=group if ppo.advantage_estimator == "reinforce_pp_baseline" else 0,
+            group_baseline=group if ESTIMATORS[ppo.advantage_estimator].baseline_on_scores else 0,
         )
         advantages, returns = estimate_advantages(
             ppo.advantage_estimator, rewards, values, whole_mask, group_size=group, gamma=ppo.gamma,
