@@ -103,3 +103,15 @@ def resume_differences(saved: dict, now: dict) -> tuple[list[str], list[str]]:
         else:
             warnings.append(change)
     return refusals, warnings
+
+
+def resume_changes(config_file: Path, now: dict) -> tuple[list[str], list[str]]:
+    """resume_differences between a checkpoint's config.yaml and this run's options; none when
+    the file is missing or does not parse (a checkpoint written by hand, or damaged only there)."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load(Path(config_file).read_text())
+    except (OSError, yaml.YAMLError):
+        return [], []
+    return resume_differences(saved, now) if isinstance(saved, dict) else ([], [])

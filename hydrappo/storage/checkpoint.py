@@ -323,11 +323,7 @@ def save_checkpoint(
             write_extra(folder)
         write_manifest(folder)
 
-    newest = latest_checkpoint(root)
-    survives = (f"the run's earlier checkpoints are intact (the newest: {newest.name}), and so is metrics.jsonl"
-                if newest else "no checkpoint of this run was written yet; metrics.jsonl is intact")  # fmt: skip
-    with plain_write_errors(f"the checkpoint at step {step}", root, survives,
-                            "and continue with --resume" if newest else "and run again"):  # fmt: skip
+    with run_write_errors(f"the checkpoint at step {step}", root):
         final = write_directory(root / f"checkpoint-{step}", fill, replace=True)
     for old in checkpoint_dirs(root)[: -max(1, keep_last)]:
         # Renamed to a hidden temporary first: a crash while deleting leaves no half a checkpoint.
@@ -335,6 +331,17 @@ def save_checkpoint(
         os.replace(old, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
     return final
+
+
+def run_write_errors(what: str, where: Path):
+    """errors.plain_write_errors for a run's files (a checkpoint in output_dir, its metrics.jsonl),
+    saying which checkpoints survive and how to continue."""
+    newest = latest_checkpoint(where if where.is_dir() else where.parent)
+    if newest is None:
+        return plain_write_errors(what, where, "no checkpoint of this run was written yet; metrics.jsonl is intact",
+                                  "and run again")  # fmt: skip
+    return plain_write_errors(what, where, f"the run's checkpoints are intact (the newest: {newest.name}), and so is "
+                              "metrics.jsonl", "and continue with --resume")  # fmt: skip
 
 
 def load_trainable_weights(model: torch.nn.Module, path: str | Path, names: set[str] | None = None) -> None:

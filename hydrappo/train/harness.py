@@ -16,18 +16,8 @@ process group (train/distributed.py): one device per process, the trainable para
 every process at the start, their gradients summed at each optimizer step, process 0 writing
 the checkpoints, logs and progress bar, and a failure on one process stopping them all.
 
-A loop (PPO, reward, SFT) is an object with
-    name, progress          the bar's label and {postfix label: stats key}
-    trained_module          the module whose trainable parameters a checkpoint holds
-    train_step()            one step -> (stats, samples or None); the harness counts steps.
-                            samples: rows for TensorBoard's text tab, a list (tag "samples",
-                            every log_samples_every steps) or {tag: rows} (other tags always)
-    state_dict(), load_state_dict(state)
-                            its own state; tensors go to training_state.pt, the rest to JSON
-and optionally `before_training()` (stats, or (stats, samples), logged at step 0 of a fresh
-run), `finish()`
-(before the final checkpoint; returns extra scalars) and `write_extra(folder)` (more files
-in each checkpoint).
+A loop (PPO, reward, SFT) is a `TrainingLoop` (below): the protocol is declared there, with
+defaults for what a loop may leave out.
 """
 
 from __future__ import annotations
@@ -42,8 +32,8 @@ import torch
 import yaml
 
 from ..config import ConfigError, validate
-from ..config.resume import resume_differences
-from ..errors import HydrappoError, plain_write_errors
+from ..config.resume import resume_changes
+from ..errors import HydrappoError
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.checkpoint import (
     CONFIG_NAME,
@@ -53,17 +43,18 @@ from ..storage.checkpoint import (
     load_training_state,
     refuse_foreign_checkpoint_entries,
     resolve_resume,
+    run_write_errors,
     rng_state,
     save_checkpoint,
     seed_everything,
     set_rng_state,
     trainable_state_dict,
 )
-from ..storage.models import build_hydra
+from ..storage.models import build_hydra, fetch_hub_models
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
-from .optimizers import load_optimizer_state, make_optimizer
+from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, pick_mixed_precision
 
 logger = logging.getLogger("hydrappo")
@@ -239,7 +230,7 @@ class Harness:
         history = []
         stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}").install()
         try:
-            if self.step == 0 and hasattr(loop, "before_training"):
+            if self.step == 0:
                 initial = loop.before_training()
                 initial, samples = initial if isinstance(initial, tuple) else (initial, None)
                 if initial:
@@ -248,7 +239,7 @@ class Harness:
             while self.step < total_steps:
                 stats, samples = loop.train_step()
                 self.step += 1
-                extra = loop.finish() if self.step == total_steps and hasattr(loop, "finish") else None
+                extra = loop.finish() if self.step == total_steps else None
                 with dist.phase(f"logging step {self.step}"):
                     log.scalars(self.step, extra or {})
                     history.append(log.write(self.step, stats, samples))
@@ -296,53 +287,27 @@ class Harness:
             trainer_state={**plain, "nonfinite_total": self.nonfinite_total, "world_size": self.dist.world_size},
             config_yaml=yaml.safe_dump(self.config.to_dict(), sort_keys=False),
             keep_last=self.run_args.keep_last,
-            write_extra=getattr(loop, "write_extra", None),
+            write_extra=loop.write_extra,
         )
 
     def load(self, path: Path, loop) -> None:
-        changed = self._compare_config(path)
+        refusals, changes = resume_changes(path / CONFIG_NAME, self.config.to_dict())  # config/resume.py
+        if refusals:
+            raise CheckpointError(f"--resume {path}: " + " ".join(f"{refusal}." for refusal in refusals))
+        if changes and self.dist.is_main:
+            logger.warning("--resume %s: options changed, in effect from the next step: %s", path, "; ".join(changes))
         load_trainable_weights(loop.trained_module, path)
         training_state, trainer_state = load_training_state(path)
         load_optimizer_state(self.optimizer, training_state["optimizer"])
         self.scheduler.load_state_dict(training_state["scheduler"])
-        if changed:
-            self._apply_optimizer_options()
+        if changes:
+            apply_optimizer_options(self.optimizer, self.scheduler, self.optimizer_args)
         self._restore_rng(path, training_state, trainer_state.get("world_size", 1))
         self.precision.load_state_dict(training_state.get("grad_scaler", {}))
         self.nonfinite_total = trainer_state.get("nonfinite_total", 0)
         self.step = trainer_state["step"]
         loop.load_state_dict({**trainer_state, **training_state})
         logger.info("resumed from %s at step %d", path, self.step)
-
-    def _compare_config(self, path: Path) -> bool:
-        """Refuse options the checkpoint cannot be resumed with, warn about the others that
-        changed (config/resume.py); whether any changed. A checkpoint without a readable
-        config.yaml (written by hand, or damaged there only) is not compared."""
-        try:
-            saved = yaml.safe_load((path / CONFIG_NAME).read_text())
-        except (OSError, yaml.YAMLError):
-            return False
-        if not isinstance(saved, dict):
-            return False
-        refusals, warnings = resume_differences(saved, self.config.to_dict())
-        if refusals:
-            raise CheckpointError(f"--resume {path}: " + " ".join(f"{refusal}." for refusal in refusals))
-        if warnings and self.dist.is_main:
-            logger.warning("--resume %s: options changed since the checkpoint, in effect from the next step: %s",
-                           path, "; ".join(warnings))  # fmt: skip
-        return bool(warnings)
-
-    def _apply_optimizer_options(self) -> None:
-        """The optimizer's and the scheduler's state carry the hyper-parameters they were
-        written with (torch restores lr, betas, eps, weight_decay): put this run's in their
-        place, and the learning rate where this run's schedule has it at this step."""
-        args = self.optimizer_args
-        self.scheduler.base_lrs = [args.learning_rate for _ in self.optimizer.param_groups]
-        factors = [fn(self.scheduler.last_epoch) for fn in self.scheduler.lr_lambdas]
-        for group, factor in zip(self.optimizer.param_groups, factors):
-            group.update(initial_lr=args.learning_rate, lr=args.learning_rate * factor, weight_decay=args.weight_decay,
-                         betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)  # fmt: skip
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _restore_rng(self, path: Path, training_state: dict, written_by: int) -> None:
         """Each process takes back its own random state. At another number of processes the run
@@ -363,6 +328,54 @@ class Harness:
             seed_everything(self.run_args.seed + dist.rank + 1_000_003 * self.step)
 
 
+class TrainingLoop:
+    """What the harness runs (PPOTrainer, RewardTrainer, SFTTrainer), and what the command line
+    reports. A loop sets `harness` and `config` and defines the methods without a default."""
+
+    name = "training"  # the progress bar's label
+    progress: dict = {}  # {bar postfix label: stats key}
+    more_steps_option = "--total_steps"  # the option that trains a finished run further
+
+    @property
+    def trained_module(self):
+        """The module whose trainable parameters a checkpoint holds."""
+        raise NotImplementedError
+
+    def train_step(self) -> tuple[dict, list[dict] | dict | None]:
+        """One step -> (stats, samples): rows for TensorBoard's text tab, a list (tag "samples",
+        every log_samples_every steps) or {tag: rows} (other tags always), or None. The harness
+        counts the steps."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """The loop's own state for exact resume: tensors go to training_state.pt, the rest to JSON."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def before_training(self):
+        """Stats (or (stats, samples)) logged at step 0 of a fresh run, e.g. a held-out baseline; None: nothing."""
+        return None
+
+    def finish(self) -> dict | None:
+        """Run before the final checkpoint; returns extra scalars for the last log line."""
+        return None
+
+    def write_extra(self, folder: Path) -> None:
+        """Add files to a checkpoint folder before it is renamed into place."""
+
+    @property
+    def step(self) -> int:
+        return self.harness.step
+
+    total_steps: int  # the step the run ends at
+
+    def summary(self, history: list[dict]) -> str:
+        """What the command line prints when a run ends."""
+        return f"done: step {self.step}."
+
+
 def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
             value_head: bool = True, before_model=None, model=None):  # fmt: skip
     """What every trainer does first, in this order (a random-init model depends on the seed):
@@ -375,6 +388,8 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     validate(config)
     if before_model is not None:
         before_model()
+    if hydra is None and model is None:
+        fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
     loaded = (model, tokenizer) if model is not None else None
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
@@ -408,7 +423,7 @@ class RunLog:
 
         self.writes = write
         self.path = output_dir / "metrics.jsonl"
-        self.progress = getattr(loop, "progress", {})
+        self.progress = loop.progress
         self.samples_every = getattr(run, "log_samples_every", 0)
         self.num_samples = getattr(run, "num_log_samples", 4)
         if not write:
@@ -432,11 +447,7 @@ class RunLog:
             periodic = tag == "samples"  # training samples every log_samples_every steps; evaluations' always
             if rows and (not periodic or (self.samples_every and step % self.samples_every == 0)):
                 self.writer.add_text(tag, samples_markdown(rows[: self.num_samples]), step)
-        newest = latest_checkpoint(self.path.parent)
-        survives = (f"the run's checkpoints are intact (the newest: {newest.name})" if newest
-                    else "no checkpoint of this run was written yet")  # fmt: skip
-        with plain_write_errors(f"the metrics of step {step}", self.path, survives,
-                                "and continue with --resume" if newest else "and run again"):  # fmt: skip
+        with run_write_errors(f"the metrics of step {step}", self.path):
             with self.path.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
         if step:

@@ -59,7 +59,7 @@ def test_a_full_disk_during_a_checkpoint_names_the_step_the_folder_and_what_surv
     with pytest.raises(WriteError) as failed:
         _save(tmp_path, 3)
     assert str(failed.value) == (
-        f"the checkpoint at step 3 could not be written to {tmp_path}: no space left on device; the run's earlier "
+        f"the checkpoint at step 3 could not be written to {tmp_path}: no space left on device; the run's "
         "checkpoints are intact (the newest: checkpoint-2), and so is metrics.jsonl; free space and continue with "
         "--resume."
     )
@@ -111,7 +111,7 @@ def test_a_real_full_disk_during_a_checkpoint(small_tmpfs, full_in):
         else:
             _save(small_tmpfs, 2, state_size=big)
     assert str(failed.value).startswith(f"the checkpoint at step 2 could not be written to {small_tmpfs}: no space left "
-                                        "on device; the run's earlier checkpoints are intact (the newest: checkpoint-1)")
+                                        "on device; the run's checkpoints are intact (the newest: checkpoint-1)")
     assert [p.name for p in small_tmpfs.iterdir()] == ["checkpoint-1"] and checkpoint_problems(small_tmpfs / "checkpoint-1") == []
 
 
@@ -138,7 +138,7 @@ def test_the_cli_reports_a_full_disk_at_a_checkpoint_and_the_run_resumes_once_th
     monkeypatch.setattr(checkpoint_module, "save_file", full_at_the_second)
     code, err = _run(["train", CONFIG, "--output_dir", run, "--total_steps", "2", *FAST], capsys)
     assert code == 1
-    assert (f"the checkpoint at step 2 could not be written to {run}: no space left on device; the run's earlier "
+    assert (f"the checkpoint at step 2 could not be written to {run}: no space left on device; the run's "
             "checkpoints are intact (the newest: checkpoint-1)") in err and "continue with --resume" in err
     assert [p.name for p in checkpoint_dirs(run)] == ["checkpoint-1"]
     code, err = _run(["train", CONFIG, "--output_dir", run, "--total_steps", "2", "--resume", *FAST], capsys)
@@ -158,7 +158,7 @@ def test_the_cli_reports_a_full_disk_at_a_checkpoint_and_the_run_resumes_once_th
     code, err = _run(["train", CONFIG, "--output_dir", run, "--total_steps", "3", "--resume", *FAST], capsys)
     assert code == 1
     assert (f"the metrics of step 3 could not be written to {run / 'metrics.jsonl'}: permission denied; the run's "
-            "checkpoints are intact (the newest: checkpoint-2); make the folder writable") in err
+            "checkpoints are intact (the newest: checkpoint-2), and so is metrics.jsonl; make the folder writable") in err
     monkeypatch.setattr(Path, "open", real_open)
 
     # An export onto a read-only file system: the checkpoint is intact, nothing replaced.
