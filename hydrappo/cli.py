@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import usercode
-from .errors import HydrappoError
+from .errors import HydrappoError, describe_os_error
 
 # ---------------------------------------------------------------------------- train, reward, sft
 # Under torchrun / accelerate launch every process runs the command (train/distributed.py);
@@ -463,11 +463,14 @@ def _main(argv: list[str] | None) -> int:
         return _fail(prog, str(error), error.exit_code, debug)
     except KeyboardInterrupt:
         return _fail(prog, "interrupted (Ctrl-C).", 130, debug)
-    except OSError as error:
-        # The operating system refused something (a full disk, a permission): not a bug.
-        return _fail(prog, f"{error.strerror or error}{f': {error.filename!r}' if error.filename else ''} "
-                     f"({type(error).__name__}).", 1, debug)  # fmt: skip
     except Exception as error:  # a bug, or a case no check knows yet: one line, the traceback with --debug
+        described = describe_os_error(error)
+        if described is not None or isinstance(error, OSError):
+            # The operating system refused something (a full disk, a permission): not a bug.
+            reason, fix = described or (error.strerror.lower() if error.strerror else str(error), "check the path")
+            where = f" at {error.filename}" if getattr(error, "filename", None) else ""
+            return _fail(prog, f"the operating system refused a file operation{where}: {reason}; {fix}. Files "
+                         "written completely before it are intact.", 1, debug)  # fmt: skip
         return _fail(prog, f"unexpected error: {type(error).__name__}: {error}. This is a bug (or a case hydrappo "
                      "does not check yet): rerun with --debug for the traceback and report it.", 1, debug)  # fmt: skip
     finally:

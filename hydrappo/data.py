@@ -17,6 +17,7 @@ prompts as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -102,6 +103,28 @@ def _check_utf8(file: Path, setting: str) -> None:
             raise DataError(f"{setting}: {file}: not UTF-8 text: it ends inside a character (cut short?). Save it as UTF-8.") from None
 
 
+def _check_rows(file: Path, setting: str, column: str) -> None:
+    """Name an empty file, or a .jsonl line that is no object or holds a lone surrogate, before datasets fails on it."""
+    if not file.read_bytes().strip():
+        raise DataError(f"{setting}: {file} is empty: it holds no rows. Fill it (e.g. one JSON object per line with a "
+                        f"{column!r} field for .jsonl, one text per line for .txt), or point {setting} at another file.")  # fmt: skip
+    if file.suffix.lower() != ".jsonl":
+        return
+    with open(file, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                row = json.loads(line) if line.strip() else {}
+            except ValueError as error:
+                raise DataError(f"{setting}: {file}: line {number} is not one JSON object ({getattr(error, 'msg', error)} "
+                                f"at column {getattr(error, 'colno', '?')}); a .jsonl file holds one per line: fix it.") from None  # fmt: skip
+            if not isinstance(row, dict):
+                raise DataError(f"{setting}: {file}: line {number} holds a JSON {type(row).__name__}, not an object "
+                                f'({{"{column}": ...}}); a .jsonl file holds one JSON object per line.')  # fmt: skip
+            if bad := re.search("[\ud800-\udfff]", json.dumps(row, ensure_ascii=False)):  # pyarrow: "Trailing data"
+                raise DataError(f"{setting}: {file}: line {number} holds a lone surrogate \\u{ord(bad.group()):04x} (half a UTF-16 "
+                                "pair, not Unicode: text cut inside an emoji?); fix the text on that line (or write \\ufffd).")  # fmt: skip
+
+
 def _root_cause(error: BaseException) -> BaseException:
     seen = set()
     while (error.__cause__ or error.__context__) is not None and id(error) not in seen:
@@ -161,6 +184,7 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
             builder = BUILDERS[file.suffix.lower()]
             if builder != "parquet":
                 _check_utf8(file, setting)
+                _check_rows(file, setting, columns[0])
             try:
                 with _quiet("datasets"):  # its builders log the error they then raise, with a traceback
                     dataset = load_dataset(builder, data_files=str(file), split="train")

@@ -8,6 +8,13 @@ Anything else that escapes is a bug, and its traceback is what a report needs.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
 
 class HydrappoError(Exception):
     """Raised on purpose, with a message for the user."""
@@ -19,3 +26,98 @@ class UsageError(HydrappoError, ValueError):
     """Something the user gave (an option, a path, a file) cannot be used as it is."""
 
     exit_code = 2
+
+
+class WriteError(HydrappoError):
+    """The operating system refused a write (a full disk, a permission, a read-only file system):
+    the message says what could not be written, where, why in plain words, and what survives."""
+
+
+_PLAIN = {  # errno -> (what the operating system said, what to do)
+    errno.ENOSPC: ("no space left on device", "free space"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space or raise the quota"),
+    errno.EACCES: ("permission denied", "make the folder writable for this user, or choose another"),
+    errno.EPERM: ("operation not permitted", "make the folder writable for this user, or choose another"),
+    errno.EROFS: ("the file system is read-only", "choose a folder on a writable file system"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder", "move that file away, or choose another folder"),
+    errno.EIO: ("an input/output error (the disk or the network file system failed)", "check the disk"),
+}
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)|\berrno[ =:]*(\d+)", re.IGNORECASE)
+_LITTLE_SPACE = 64 << 20  # bytes: a torch.save that fails with this little room left ran out of it
+
+
+def _errno_of(error: BaseException) -> int | None:
+    """The errno of an OSError, or of one that another library wrapped (safetensors' SafetensorError
+    says "... (os error 28)"), following the chain of causes."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OSError) and error.errno:
+            return error.errno
+        match = _OS_ERROR_IN_TEXT.search(str(error))
+        if match and type(error).__name__ == "SafetensorError":
+            return int(match.group(1) or match.group(2))
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def describe_os_error(error: BaseException, where: str | os.PathLike | None = None) -> tuple[str, str] | None:
+    """(what went wrong in plain words, what to do) for a write the operating system refused, or
+    None when `error` is not one. torch.save's writer reports a full disk without its errno
+    ("unexpected pos", "file write failed"): with little space left at `where` it is one."""
+    code = _errno_of(error)
+    if code is None and type(error).__name__ in ("RuntimeError", "SafetensorError"):
+        text = str(error)
+        if "inline_container" in text or "PytorchStreamWriter" in text or "os error" in text:
+            if where is not None and _free_bytes(Path(where)) < _LITTLE_SPACE:
+                code = errno.ENOSPC
+            else:
+                return f"the file system refused the write ({text.splitlines()[0][:160]})", "check the disk"
+    if code is None:
+        return None
+    return _PLAIN.get(code, (os.strerror(code).lower(), "check the folder"))
+
+
+def _free_bytes(path: Path) -> int:
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return 1 << 62
+
+
+@contextmanager
+def plain_write_errors(what: str, where: str | os.PathLike, survives: str, then: str = ""):
+    """Turn a write the operating system refuses inside the block into one WriteError:
+    "WHAT could not be written to WHERE: REASON; SURVIVES; FIX[ THEN]." (e.g. then="and continue
+    with --resume"). Every other error passes through unchanged."""
+    try:
+        yield
+    except HydrappoError:
+        raise
+    except Exception as error:
+        described = describe_os_error(error, where)
+        if described is None:
+            raise
+        reason, fix = described
+        then = f" {then}" if then else ""
+        raise WriteError(f"{what} could not be written to {where}: {reason}; {survives}; {fix}{then}.") from None
+
+
+def refused_pickle(error: BaseException, folder: str | os.PathLike, option: str) -> str | None:
+    """The message for a model folder whose pickled weights (pytorch_model*.bin) torch's
+    weights_only loader refused, naming the file and what it holds; None for any other error."""
+    if type(error).__name__ != "UnpicklingError" or "weights_only" not in str(error).replace("Weights only", "weights_only"):
+        return None
+    folder = Path(folder)
+    files = sorted(path.name for path in folder.glob("*.bin")) or ["its pickled weights file"]
+    named = files[0] if len(files) == 1 else f"one of {', '.join(files[:4])}{' ...' if len(files) > 4 else ''}"
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    holds = f"{found.group(1)}, which" if found else "an object that"
+    return (
+        f"{option}={str(folder)!r}: {named} is a pickle that holds {holds} torch's safe loader (weights_only) refuses: "
+        "loading it could run code, and hydrappo loads weights only as data (it has no option to trust a pickle). "
+        "Use the model's .safetensors weights instead: download them from its source, or convert a copy you trust "
+        "(`AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW, safe_serialization=True)` on a machine "
+        "where running its code is acceptable)."
+    )

@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import inspect
 import numbers
+import pickle
 import sys
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from . import usercode
-from .errors import HydrappoError
+from .errors import HydrappoError, refused_pickle
 from .model.heads import widened
 
 
@@ -327,6 +328,8 @@ class ClassifierReward:
             )
         except (OSError, ValueError, KeyError) as error:
             raise RewardError(f"{path} is not a sequence-classification model directory: {error}") from error
+        except pickle.UnpicklingError as error:
+            raise RewardError(refused_pickle(error, path, "reward.reward_model") or str(error)) from None
         if info["missing_keys"]:
             # A causal LM checkpoint loads "successfully" with a randomly initialised
             # head: refuse it rather than train against random scores.

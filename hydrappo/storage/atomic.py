@@ -1,10 +1,12 @@
 """Writes that never leave a half-written result where a complete one is expected.
 
 Every folder hydrappo writes (checkpoints, exported models, converted GGUF models) is
-filled in a hidden temporary sibling, `.NAME.tmp-PID-XXXX`, and renamed into place when
-complete; a rename within one file system is atomic. A folder it replaces is renamed
+filled in a hidden temporary sibling, `.NAME.tmp-PID@HOST-XXXX`, and renamed into place
+when complete; a rename within one file system is atomic. A folder it replaces is renamed
 aside first and deleted only after the new one is in place. Temporary folders of dead
-processes (a killed run) are removed by the next writer.
+processes (a killed run) are removed by the next writer on the same host: the host name in
+the name keeps a writer from deleting what another machine of a shared file system is
+writing (its PIDs mean nothing here), and a symbolic link is never followed or removed.
 
 The one exception is a model directory that also holds other files (the SFT stage
 writes its model into its output_dir next to its logs and checkpoints): its files are
@@ -17,12 +19,26 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)(-.*)?$")
+from ..errors import UsageError
+
+# `.NAME.tmp-PID@HOST-XXXX` (and `.old-`); a host name holds letters, digits, dots and dashes.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)@(?P<host>[A-Za-z0-9._-]+)-[^-]+$")
+
+
+def host_name() -> str:
+    """This machine's name as it appears in temporary names (anything unusual replaced by _)."""
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
+
+
+def temporary_prefix(name: str, kind: str = "tmp") -> str:
+    """`.NAME.tmp-PID@HOST-`: what this process's temporary siblings of NAME start with."""
+    return f".{name}.{kind}-{os.getpid()}@{host_name()}-"
 
 
 def is_nonempty_dir(path: Path) -> bool:
@@ -40,16 +56,33 @@ def _process_is_alive(pid: int) -> bool:
 
 
 def remove_orphaned_temporaries(parent: Path) -> list[Path]:
-    """Delete `.NAME.tmp-PID-*` / `.NAME.old-PID-*` folders in `parent` whose process is gone."""
+    """Delete `.NAME.tmp-PID@HOST-*` / `.NAME.old-PID@HOST-*` folders in `parent` that a process
+    of this host wrote and that is gone. Another host's (a shared file system), one in the
+    format of an older version (no host: whose it is cannot be told) and symbolic links stay."""
     removed = []
     if not parent.is_dir():
         return removed
+    here = host_name()
     for child in parent.iterdir():
         match = _TEMPORARY.match(child.name)
-        if match and child.is_dir() and int(match["pid"]) != os.getpid() and not _process_is_alive(int(match["pid"])):
+        if not match or match["host"] != here or child.is_symlink() or not child.is_dir():
+            continue
+        pid = int(match["pid"])
+        if pid != os.getpid() and not _process_is_alive(pid):
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child)
     return removed
+
+
+def refuse_symlink(target: Path) -> None:
+    """A path hydrappo is about to replace must be its own folder (or absent), never a symbolic
+    link or a file someone put there: neither is followed, replaced nor deleted."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        what = f"a symbolic link (to {os.readlink(target)})" if target.is_symlink() else "a file"
+        raise UsageError(
+            f"{target} is {what}, not a folder hydrappo wrote: it is neither followed nor replaced. Move it out of "
+            f"{target.parent} and run again (a training run continues with --resume)."
+        )
 
 
 def _normal_modes(root: Path) -> None:
@@ -70,14 +103,15 @@ def write_directory(target: str | os.PathLike, fill: Callable[[Path], None], *, 
     target = Path(target).expanduser().absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_orphaned_temporaries(target.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+    refuse_symlink(target)
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(target.name), dir=target.parent))
     try:
         fill(tmp)
         _normal_modes(tmp)
         if is_nonempty_dir(target):
             if not replace:
                 raise FileExistsError(target)
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{os.getpid()}-", dir=target.parent))
+            old = Path(tempfile.mkdtemp(prefix=temporary_prefix(target.name, "old"), dir=target.parent))
             os.replace(target, old)
             os.replace(tmp, target)
             shutil.rmtree(old, ignore_errors=True)
@@ -98,7 +132,7 @@ def write_files_into(directory: str | os.PathLike, fill: Callable[[Path], None],
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     remove_orphaned_temporaries(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out))
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(out.name), dir=out))
     try:
         fill(tmp)
         _normal_modes(tmp)
@@ -117,7 +151,7 @@ def write_files_into(directory: str | os.PathLike, fill: Callable[[Path], None],
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Replace a small text file atomically (write a sibling, then rename over it)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{temporary_prefix(path.name)}file")
     tmp.write_text(text)
     os.replace(tmp, path)
     return path

@@ -40,8 +40,8 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ..errors import UsageError
-from .atomic import rename_to_sibling, write_directory
+from ..errors import UsageError, plain_write_errors
+from .atomic import refuse_symlink, rename_to_sibling, temporary_prefix, write_directory
 
 logger = logging.getLogger("hydrappo")
 
@@ -67,9 +67,19 @@ def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
     found = []
     for child in root.iterdir():
         match = _CHECKPOINT_DIR.match(child.name)
-        if match and child.is_dir():
+        if match and child.is_dir() and not child.is_symlink():  # a link is not a checkpoint this run wrote
             found.append((int(match.group(1)), child))
     return [path for _, path in sorted(found)]
+
+
+def refuse_foreign_checkpoint_entries(output_dir: str | Path) -> None:
+    """A run refuses, before it trains, an output_dir entry named like a checkpoint that is a
+    symbolic link or a file: it would meet it when it saves that step (atomic.refuse_symlink)."""
+    root = Path(output_dir)
+    if root.is_dir():
+        for child in sorted(root.iterdir()):
+            if _CHECKPOINT_DIR.match(child.name):
+                refuse_symlink(child)
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
@@ -128,6 +138,20 @@ def _parse_problem(folder: Path, name: str) -> str | None:
     return None
 
 
+def _outside_problem(folder: Path, name: str) -> str | None:
+    """Why a manifest entry is not a file of the checkpoint folder itself (None when it is): an
+    entry is a relative path of plain names (a LoRA adapter's files lie in adapter/), none of
+    them `..`, and no part of it a symbolic link. Nothing outside the folder is read or hashed."""
+    parts = name.split("/")
+    plain = name and "\\" not in name and not Path(name).is_absolute() and all(p not in ("", ".", "..") for p in parts)
+    if not plain:
+        return f"{MANIFEST_NAME} lists {name!r}, which is not a plain file name inside the checkpoint folder"
+    for depth in range(1, len(parts) + 1):
+        if (folder.joinpath(*parts[:depth])).is_symlink():
+            return f"{MANIFEST_NAME} lists {name!r}, which is a symbolic link (a checkpoint holds none)"
+    return None
+
+
 def checkpoint_problems(folder: str | Path, for_resume: bool = True) -> list[str]:
     """What is wrong with a checkpoint folder (empty when nothing is).
 
@@ -153,7 +177,10 @@ def checkpoint_problems(folder: str | Path, for_resume: bool = True) -> list[str
         return problems + [f"{MANIFEST_NAME} does not parse"]
     for name, size, digest in entries:
         path = folder / name
-        if not path.is_file():
+        outside = _outside_problem(folder, name)
+        if outside:
+            problems.append(outside)
+        elif not path.is_file():
             if f"{name} is missing" not in problems:
                 problems.append(f"{name} is missing")
         elif path.stat().st_size != size:
@@ -296,13 +323,25 @@ def save_checkpoint(
             write_extra(folder)
         write_manifest(folder)
 
-    final = write_directory(root / f"checkpoint-{step}", fill, replace=True)
+    with run_write_errors(f"the checkpoint at step {step}", root):
+        final = write_directory(root / f"checkpoint-{step}", fill, replace=True)
     for old in checkpoint_dirs(root)[: -max(1, keep_last)]:
         # Renamed to a hidden temporary first: a crash while deleting leaves no half a checkpoint.
-        doomed = old.with_name(f".{old.name}.old-{os.getpid()}-rotated")
+        doomed = old.with_name(f"{temporary_prefix(old.name, 'old')}rotated")
         os.replace(old, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
     return final
+
+
+def run_write_errors(what: str, where: Path):
+    """errors.plain_write_errors for a run's files (a checkpoint in output_dir, its metrics.jsonl),
+    saying which checkpoints survive and how to continue."""
+    newest = latest_checkpoint(where if where.is_dir() else where.parent)
+    if newest is None:
+        return plain_write_errors(what, where, "no checkpoint of this run was written yet; metrics.jsonl is intact",
+                                  "and run again")  # fmt: skip
+    return plain_write_errors(what, where, f"the run's checkpoints are intact (the newest: {newest.name}), and so is "
+                              "metrics.jsonl", "and continue with --resume")  # fmt: skip
 
 
 def load_trainable_weights(model: torch.nn.Module, path: str | Path, names: set[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config, ConfigError
-from ..errors import UsageError
+from ..errors import UsageError, plain_write_errors
 from ..model.lora import merged_model
 from .atomic import is_nonempty_dir, write_directory, write_files_into
 from .checkpoint import (
@@ -275,7 +275,9 @@ def export_checkpoint(
         save_pretrained_dir(model, tok, tmp, max_shard_size)
         (tmp / EXPORT_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
 
-    write_directory(out, fill, replace=overwrite)
+    with plain_write_errors("the exported model", out, f"nothing was replaced and the checkpoint {checkpoint} is intact",
+                            "and export again"):  # fmt: skip
+        write_directory(out, fill, replace=overwrite)
     if value_head is not None:
         save_value_head(hydra, value_head)
     if reward_branch is not None:

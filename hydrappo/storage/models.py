@@ -25,6 +25,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ import torch
 
 from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_dtype
 from ..config.paths import hub_id_problem, looks_like_a_model_path
-from ..errors import UsageError
+from ..errors import UsageError, refused_pickle
 from .atomic import is_nonempty_dir, write_directory
 from .hub import ModelLoadError, hub_snapshot
 
@@ -364,6 +365,8 @@ def load_model_and_tokenizer(
             model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
         except (OSError, ValueError) as error:
             raise ModelLoadError(f"cannot load a causal LM from {str(directory)!r}: {error}") from error
+        except pickle.UnpicklingError as error:
+            raise ModelLoadError(refused_pickle(error, directory, "model.name_or_path") or str(error)) from None
         tokenizer_source = (model_config.tokenizer_name_or_path or directory, None)
     return ready_for_training(model, _load_tokenizer(*tokenizer_source), device, dtype)
 

@@ -32,13 +32,18 @@ import torch
 import yaml
 
 from ..config import ConfigError, validate
+from ..config.resume import resume_changes
 from ..errors import HydrappoError
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.checkpoint import (
+    CONFIG_NAME,
+    CheckpointError,
     latest_checkpoint,
     load_trainable_weights,
     load_training_state,
+    refuse_foreign_checkpoint_entries,
     resolve_resume,
+    run_write_errors,
     rng_state,
     save_checkpoint,
     seed_everything,
@@ -49,7 +54,7 @@ from ..storage.models import build_hydra, fetch_hub_models
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
-from .optimizers import load_optimizer_state, make_optimizer
+from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, pick_mixed_precision
 
 logger = logging.getLogger("hydrappo")
@@ -144,6 +149,7 @@ class Harness:
             self.dist.broadcast_parameters(self.params)
             seed_everything(self.run_args.seed + self.dist.rank)
         self.max_grad_norm = args.max_grad_norm
+        self.optimizer_args = args
         self.optimizer = make_optimizer(self.params, args)  # args.optimizer: adamw | adamw8bit
         self.scheduler = get_scheduler(
             SCHEDULERS[args.lr_scheduler], self.optimizer, num_warmup_steps=args.warmup_steps,
@@ -216,6 +222,7 @@ class Harness:
                 if dist.is_main:
                     self.output_dir.mkdir(parents=True, exist_ok=True)
                     remove_orphaned_temporaries(self.output_dir)  # of a run killed while writing a checkpoint
+                    refuse_foreign_checkpoint_entries(self.output_dir)  # before training, not at the save it breaks
                 log = RunLog(self.output_dir, self.step, total_steps, loop, run, write=dist.is_main)
         except BaseException:
             release_output_dir(self.output_dir)
@@ -284,10 +291,17 @@ class Harness:
         )
 
     def load(self, path: Path, loop) -> None:
+        refusals, changes = resume_changes(path / CONFIG_NAME, self.config.to_dict())  # config/resume.py
+        if refusals:
+            raise CheckpointError(f"--resume {path}: " + " ".join(f"{refusal}." for refusal in refusals))
+        if changes and self.dist.is_main:
+            logger.warning("--resume %s: options changed, in effect from the next step: %s", path, "; ".join(changes))
         load_trainable_weights(loop.trained_module, path)
         training_state, trainer_state = load_training_state(path)
         load_optimizer_state(self.optimizer, training_state["optimizer"])
         self.scheduler.load_state_dict(training_state["scheduler"])
+        if changes:
+            apply_optimizer_options(self.optimizer, self.scheduler, self.optimizer_args)
         self._restore_rng(path, training_state, trainer_state.get("world_size", 1))
         self.precision.load_state_dict(training_state.get("grad_scaler", {}))
         self.nonfinite_total = trainer_state.get("nonfinite_total", 0)
@@ -433,8 +447,9 @@ class RunLog:
             periodic = tag == "samples"  # training samples every log_samples_every steps; evaluations' always
             if rows and (not periodic or (self.samples_every and step % self.samples_every == 0)):
                 self.writer.add_text(tag, samples_markdown(rows[: self.num_samples]), step)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        with run_write_errors(f"the metrics of step {step}", self.path):
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
         if step:
             self.bar.update(1)
             shown = {label: f"{record[key]:.3f}" for label, key in self.progress.items() if key in record}

@@ -59,3 +59,15 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
             f"optimizer it started with (optimizer: {written}), or start a new run."
         )
     optimizer.load_state_dict(state)
+
+
+def apply_optimizer_options(optimizer: torch.optim.Optimizer, scheduler, args) -> None:
+    """A resumed run's own hyper-parameters over the ones a checkpoint's optimizer and scheduler
+    state carry (torch restores lr, betas, eps, weight_decay and the base learning rate): the
+    learning rate where this run's schedule has it at this step."""
+    scheduler.base_lrs = [args.learning_rate for _ in optimizer.param_groups]
+    factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
+    for group, factor in zip(optimizer.param_groups, factors):
+        group.update(initial_lr=args.learning_rate, lr=args.learning_rate * factor, weight_decay=args.weight_decay,
+                     betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)  # fmt: skip
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

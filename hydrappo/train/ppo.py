@@ -485,6 +485,11 @@ class PPOTrainer(TrainingLoop):
             )
         self.shuffle_generator.set_state(state["shuffle_generator"])
         self.kl_controller.load_state_dict(state["kl_controller"])
+        ppo = self.config.ppo  # this run's KL settings (changed on --resume: a warning) steer on from here
+        settings = {"target": ppo.kl_target, "horizon": ppo.kl_horizon, "kp": ppo.kl_pi_kp, "ki": ppo.kl_pi_ki}
+        for name, value in settings.items():
+            if hasattr(self.kl_controller, name):
+                setattr(self.kl_controller, name, float(value))
         self.score_moments.load_state_dict(state["score_moments"])
         self.sampler.load_state_dict(state["sampler"])
 

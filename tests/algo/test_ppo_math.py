@@ -386,8 +386,13 @@ def test_padding_columns_with_garbage_change_nothing():
     torch.manual_seed(0)
     lengths = [4, 2, 3]
     mask = mask_from_lengths(lengths, 4)
-    logp, old, ref, adv, values, old_values, entropy = (torch.randn(3, 4) for _ in range(7))
-    scores = torch.tensor([0.5, -1.0, 2.0])
+    # In float64: the padded columns change the widths the sums run over, and with them the order
+    # of their terms. Values are O(1) (<= 10 after shaping), every sum has <= 7 terms, and the
+    # deepest chain (GAE over 4 steps, then whitening, the loss and its gradient) is ~10 sums
+    # long: off by <= 10 * 7 * 2**-53 * 10 ~ 8e-14, so 1e-12 (absolute and relative). Garbage
+    # that leaked through the mask would show as nan, inf or 1e30.
+    logp, old, ref, adv, values, old_values, entropy = (torch.randn(3, 4, dtype=torch.float64) for _ in range(7))
+    scores = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     base = dict(logp=logp, old=old, ref=ref, adv=adv, values=values, old_values=old_values, entropy=entropy)
     padded = {k: pad(v, 3) for k, v in base.items()}
     wide_mask = pad(mask, 3)
@@ -412,15 +417,16 @@ def test_padding_columns_with_garbage_change_nothing():
     narrow, narrow_stats = run(base, mask)
     wide, wide_stats = run(padded, wide_mask)
     for name in narrow:
+        assert narrow[name].dtype == torch.float64, name
         if narrow[name].dim() == 2:
-            close(wide[name][:, :4], narrow[name], msg=name)
+            torch.testing.assert_close(wide[name][:, :4], narrow[name], atol=1e-12, rtol=1e-12, msg=name)
             assert torch.all(wide[name][:, 4:] == 0), name
             assert torch.all(narrow[name][~mask] == 0), name
         else:
-            close(wide[name], narrow[name], msg=name)
+            torch.testing.assert_close(wide[name], narrow[name], atol=1e-12, rtol=1e-12, msg=name)
     assert narrow_stats.keys() == wide_stats.keys()
     for key in narrow_stats:
-        assert wide_stats[key] == pytest.approx(narrow_stats[key], rel=1e-6, abs=1e-7), key
+        assert wide_stats[key] == pytest.approx(narrow_stats[key], rel=1e-12, abs=1e-12), key
         assert math.isfinite(narrow_stats[key]), key
 
 

@@ -19,6 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from hydrappo.cli import main
+from hydrappo.storage.atomic import host_name
 from hydrappo.storage.rundir import LOCK_NAME
 from hydrappo.storage.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, checkpoint_dirs
 
@@ -342,9 +343,9 @@ def test_deeper_data_and_model_errors(ws, capsys, caplog, tmp_path):
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
     cli([*base, "--prompts", ws / "no_column.jsonl"], 2, "no_column.jsonl", "no column 'prompt'", "columns present: text",
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli([*base, "--prompts", ws / "empty.jsonl"], 2, "data.prompts", "empty.jsonl",
+    cli([*base, "--prompts", ws / "empty.jsonl"], 2, "data.prompts", "empty.jsonl", "is empty: it holds no rows",
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli([*base, "--prompts", ws / "broken.jsonl"], 2, "data.prompts", "broken.jsonl", "could not be read as json",
+    cli([*base, "--prompts", ws / "broken.jsonl"], 2, "data.prompts", "broken.jsonl", "line 2 is not one JSON object",
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
     cli([*base, "--name_or_path", ws / "bad_model"], 2, "model.name_or_path", "bad_model", "config.json",
         capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
@@ -416,7 +417,7 @@ def test_resume_skips_a_damaged_latest_checkpoint_a_torn_metrics_line_and_an_orp
     damage(run, "truncated weights")
     with (run / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": 3, "env/rew')  # a line cut by a crash
-    orphan = run / ".checkpoint-3.tmp-999999999-abcd"  # the temporary folder of a killed writer
+    orphan = run / f".checkpoint-3.tmp-999999999@{host_name()}-abcd"  # the temporary folder of a killed writer
     orphan.mkdir()
     (orphan / WEIGHTS_NAME).write_bytes(b"half")
     said = cli(["train", CONFIG, "--output_dir", run, "--resume", "--total_steps", "3", "--reward_fn",

@@ -18,8 +18,22 @@ def lora(**overrides):
     return LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": "all-linear", **overrides})
 
 
+# The model-level tests run the tiny models in float64: the hydra's passes and the models they are
+# compared with (the original, the merged, a peft one) compute the same values with other sums
+# (padded batches vs single rows, adapters merged vs added). A log-prob is a chain of <= 10 sums of
+# <= 1e3 terms (<= 14 positions x 64 features) of magnitude <= 10 (logits of a random model), off
+# by <= 10 * 1e3 * 2**-53 * 10 ~ 1.1e-11; with a factor 10 for what later layers amplify,
+# FLOAT64_ATOL = 1e-10. (In float32 the same bound is ~6e-2; a bare 1e-5 was a guess the
+# machine's kernels decide.) A wrong branch, adapter or position is off by ~1e-1.
+FLOAT64_ATOL = 1e-10
+
+
+def tiny64(family: str = "llama"):
+    return tiny_model(family).double()
+
+
 def unpadded_logprobs(model, row):
-    logits = model(torch.tensor([row])).logits[0, :-1].float()
+    logits = model(torch.tensor([row])).logits[0, :-1]
     return logits.log_softmax(-1).gather(-1, torch.tensor(row[1:])[:, None])[:, 0]
 
 
@@ -38,7 +52,7 @@ def train_steps(hydra, ids, mask, steps=3):
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("layers", ["top", "all"])
 def test_lora_reference_is_the_base_model_and_only_adapters_train(family, layers):
-    model = tiny_model(family)
+    model = tiny64(family)
     base_params = sum(p.numel() for p in model.parameters())
     hydra = HydraModel(model, num_layers_unfrozen=2, lora=lora(), lora_layers=layers)
     assert len(hydra.ref_layers) == 0 and hydra.reference_model is None  # nothing copied
@@ -63,18 +77,19 @@ def test_lora_reference_is_the_base_model_and_only_adapters_train(family, layers
     train_steps(hydra, ids, mask)
     after = hydra.forward_hydra(ids, mask)
     assert (after.logprobs - out.logprobs).abs().max() > 1e-3
-    original = tiny_model(family)
+    original = tiny64(family)
     for i, row in enumerate(ROWS):
         expected = unpadded_logprobs(original, row)
-        torch.testing.assert_close(after.ref_logprobs[i, ids.shape[1] - len(row) :], expected, atol=1e-5, rtol=0)
+        got = after.ref_logprobs[i, ids.shape[1] - len(row) :]
+        torch.testing.assert_close(got, expected, atol=FLOAT64_ATOL, rtol=0)
     top = hydra.forward_top(after.split_hidden, ids, mask)
-    torch.testing.assert_close(top.logprobs, after.logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(top.logprobs, after.logprobs, atol=FLOAT64_ATOL, rtol=0)
 
 
 def test_merged_model_equals_the_lora_policy():
     from hydrappo.model.lora import merged_model
 
-    hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora())
+    hydra = HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora())
     ids, mask = left_padded_batch(ROWS)
     train_steps(hydra, ids, mask)
     merged = merged_model(hydra)
@@ -82,7 +97,7 @@ def test_merged_model_equals_the_lora_policy():
     policy = hydra.forward_hydra(ids, mask)
     for i, row in enumerate(ROWS):
         torch.testing.assert_close(
-            policy.logprobs[i, ids.shape[1] - len(row) :], unpadded_logprobs(merged, row), atol=1e-5, rtol=0
+            policy.logprobs[i, ids.shape[1] - len(row) :], unpadded_logprobs(merged, row), atol=FLOAT64_ATOL, rtol=0
         )
     # The hydra still has its adapters.
     torch.testing.assert_close(hydra.forward_hydra(ids, mask).logprobs, policy.logprobs, atol=0, rtol=0)
@@ -92,34 +107,34 @@ def test_merged_model_equals_the_lora_policy():
 def test_starting_adapter_is_the_reference_not_the_bare_base(tmp_path):
     # An "SFT" adapter with non-zero weights, saved in peft's format.
     torch.manual_seed(5)
-    sft = get_peft_model(tiny_model("llama"), lora(init_lora_weights=False))
+    sft = get_peft_model(tiny64("llama"), lora(init_lora_weights=False))
     sft.save_pretrained(tmp_path / "sft-adapter")
-    sft_policy = PeftModel.from_pretrained(tiny_model("llama"), tmp_path / "sft-adapter")
-    bare = tiny_model("llama")
+    sft_policy = PeftModel.from_pretrained(tiny64("llama"), tmp_path / "sft-adapter")
+    bare = tiny64("llama")
 
-    hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora(), lora_init_adapter=str(tmp_path / "sft-adapter"))
+    hydra = HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), lora_init_adapter=str(tmp_path / "sft-adapter"))
     ids, mask = left_padded_batch(ROWS)
     train_steps(hydra, ids, mask)
     out = hydra.forward_hydra(ids, mask)
     for i, row in enumerate(ROWS):
         ref = out.ref_logprobs[i, ids.shape[1] - len(row) :]
-        torch.testing.assert_close(ref, unpadded_logprobs(sft_policy, row), atol=1e-5, rtol=0)
+        torch.testing.assert_close(ref, unpadded_logprobs(sft_policy, row), atol=FLOAT64_ATOL, rtol=0)
         assert (ref - unpadded_logprobs(bare, row)).abs().max() > 1e-3
 
 
 def test_lora_settings_errors():
     with pytest.raises(ValueError, match="adapts nothing"):
-        HydraModel(tiny_model("llama"), num_layers_unfrozen=0, lora=lora())
+        HydraModel(tiny64("llama"), num_layers_unfrozen=0, lora=lora())
     with pytest.raises(ValueError, match="only adapters"):
-        HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora(), train_lm_head=True)
+        HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), train_lm_head=True)
     with pytest.raises(ValueError, match="lora_layers="):
-        HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora(), lora_layers="some")
+        HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), lora_layers="some")
     with pytest.raises(UsageError, match="not a peft adapter folder"):
-        HydraModel(tiny_model("llama"), num_layers_unfrozen=2, lora=lora(), lora_init_adapter="/nonexistent")
+        HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), lora_init_adapter="/nonexistent")
 
 
 def test_reward_branch_on_a_lora_hydra_starts_from_the_base_top_layers():
-    model = tiny_model("llama")
+    model = tiny64("llama")
     hydra = HydraModel(model, num_layers_unfrozen=2, lora=lora())
     ids, mask = left_padded_batch(ROWS)
     train_steps(hydra, ids, mask)
@@ -127,11 +142,11 @@ def test_reward_branch_on_a_lora_hydra_starts_from_the_base_top_layers():
     assert not any("lora" in name for name, _ in branch.named_parameters())
     hydra.attach_reward_branch(branch)
     out = hydra.forward_hydra(ids, mask)
-    original = tiny_model("llama")
+    original = tiny64("llama")
     for i in range(len(ROWS)):
         real = ids[i][mask[i].bool()]
         final_hidden = original(real[None], output_hidden_states=True).hidden_states[-1][0, -1]
-        torch.testing.assert_close(out.scores[i], branch.head(final_hidden), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.scores[i], branch.head(final_hidden), atol=FLOAT64_ATOL, rtol=0)
 
 
 @pytest.mark.slow
@@ -141,7 +156,8 @@ def test_lora_ppo_run_saves_a_peft_adapter_that_loads_and_merges(tmp_path):
 
     tiny = ROOT / "examples" / "tiny"
     args = ["--output_dir", str(tmp_path / "run"), "--no_progress_bar", "--total_steps", "2", "--save_every", "1",
-            "--batch_size", "8", "--mini_batch_size", "4", "--lora_r", "4", "--train_lm_head", "false"]
+            "--batch_size", "8", "--mini_batch_size", "4", "--lora_r", "4", "--train_lm_head", "false",
+            "--dtype", "float64"]  # compared with plain peft and a merged model within FLOAT64_ATOL
     straight = PPOTrainer(parse_config(tiny / "config.yaml", args), config_dir=tiny)
     straight.train()
     checkpoint = tmp_path / "run" / "checkpoint-2"
@@ -155,9 +171,10 @@ def test_lora_ppo_run_saves_a_peft_adapter_that_loads_and_merges(tmp_path):
     torch.manual_seed(0)  # the tiny example's random base, rebuilt from its seed
     from hydrappo.storage.models import load_model_and_tokenizer
 
-    fresh, _ = load_model_and_tokenizer(straight.config.model)
+    fresh, _ = load_model_and_tokenizer(straight.config.model, dtype=torch.float64)
     peft_policy = PeftModel.from_pretrained(fresh, checkpoint / "adapter")
-    torch.testing.assert_close(policy[0], unpadded_logprobs(peft_policy, ids[0].tolist()), atol=1e-5, rtol=0)
+    assert policy.dtype == torch.float64
+    torch.testing.assert_close(policy[0], unpadded_logprobs(peft_policy, ids[0].tolist()), atol=FLOAT64_ATOL, rtol=0)
     del base
 
     # Exact resume of a LoRA run: tests/train/test_exact_resume.py.
@@ -168,8 +185,8 @@ def test_lora_ppo_run_saves_a_peft_adapter_that_loads_and_merges(tmp_path):
     assert result.returncode == 0, result.stderr
     from transformers import AutoModelForCausalLM
 
-    merged = AutoModelForCausalLM.from_pretrained(out)
-    torch.testing.assert_close(policy[0], unpadded_logprobs(merged, ids[0].tolist()), atol=1e-5, rtol=0)
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64)
+    torch.testing.assert_close(policy[0], unpadded_logprobs(merged, ids[0].tolist()), atol=FLOAT64_ATOL, rtol=0)
     again = subprocess.run([sys.executable, str(ROOT / "tools" / "merge_lora.py"), str(checkpoint), "--out", str(out)],
                            capture_output=True, text=True)
     assert again.returncode == 2 and "not empty" in again.stderr

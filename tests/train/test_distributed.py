@@ -69,7 +69,7 @@ def assert_equal_weights(a: dict, b: dict) -> None:
 
 def assert_same_scalars(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> None:
     """Every logged scalar but the timings (and names ending in `ignore`), within float64 noise
-    (see FLOAT64_ATOL)."""
+    (see the note above ADAM_EPS)."""
     keys = {k for k in a if not k.startswith("time/")}
     assert keys == {k for k in b if not k.startswith("time/")}
     for key in sorted(k for k in keys if not k.endswith(ignore)):
@@ -234,7 +234,7 @@ def test_supervised_stages_on_two_processes_end_with_the_weights_of_one(tmp_path
         path = write_sft_config(tmp_path, max_steps=4, save_every=0)
         trainer_cls, config_cls = SFTTrainer, SFTConfig
         config = parse_config(path, [], config_cls=config_cls)
-    # In float64: see FLOAT64_ATOL.
+    # In float64: see the note above ADAM_EPS.
     check_ok(launch(["-m", "hydrappo", stage, str(path), "--output_dir", str(tmp_path / "two"), *EXACT]))
     config.train.output_dir = str(tmp_path / "one")
     config.model.dtype, config.train.adam_eps = "float64", ADAM_EPS

@@ -1,6 +1,6 @@
 """The experience pass on split hidden states recorded while sampling (generation.reuse_trunk_pass)
 equals today's whole-trunk pass: log-probs, reference log-probs, values, entropy and reward
-scores within float32 noise, on every architecture family, with padding, stops and chunks."""
+scores within float64 noise, on every architecture family, with padding, stops and chunks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,19 @@ from tiny import FAMILIES, tiny_model, tiny_tokenizer
 from hydrappo import HydraModel
 from hydrappo.model.split import last_token_index
 
-ATOL = 1e-5
+# The models run in float64: the two passes differ only in the order of their sums (attention
+# over a KV cache vs the whole sequence at once). An output is a chain of <= 8 sums (4 layers of
+# attention and MLP, plus the head) of <= 1e3 terms (<= 17 positions x 64 features) of magnitude
+# <= 10; a sum of n such terms is off by at most n * 2**-53 * 10, so the chain by <= 8 * 1e3 *
+# 2**-53 * 10 ~ 9e-12, and with a factor 10 for what later layers amplify, ATOL = 1e-10
+# (measured: <= 9e-16). The same bound in float32 would be 5e-2, and measured float32
+# differences (~1e-6) depend on the machine's kernels. A real error (a state from the wrong
+# position, a wrong mask) moves outputs by ~1e-1.
+ATOL = 1e-10
+
+
+def tiny64(family: str = "llama"):
+    return tiny_model(family).double()
 
 
 def assert_same_experience(again, reused, mask):
@@ -29,6 +41,7 @@ def assert_same_experience(again, reused, mask):
         a, b = getattr(again, name), getattr(reused, name)
         assert (a is None) == (b is None), name
         if a is not None:
+            assert a.dtype == b.dtype == torch.float64, name
             if name != "scores":
                 a, b = a[used], b[used]
             torch.testing.assert_close(b, a, atol=ATOL, rtol=0, msg=name)
@@ -41,7 +54,7 @@ def assert_same_experience(again, reused, mask):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_recorded_split_gives_the_whole_pass_outputs(family):
     tokenizer = tiny_tokenizer()
-    hydra = HydraModel(tiny_model(family), 2)
+    hydra = HydraModel(tiny64(family), 2)
     branch = hydra.new_reward_branch()
     hydra.attach_reward_branch(branch)
     # Prompts of different lengths in chunks of 3 (each chunk left-padded to its own width),
@@ -57,7 +70,7 @@ def test_recorded_split_gives_the_whole_pass_outputs(family):
 @pytest.mark.parametrize("num_layers_unfrozen", [0, 1, 3])
 def test_split_positions_and_pooling(num_layers_unfrozen, pooling):
     tokenizer = tiny_tokenizer()
-    hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen)
+    hydra = HydraModel(tiny64("llama"), num_layers_unfrozen)
     if num_layers_unfrozen:
         branch = hydra.new_reward_branch()
         branch.pooling = pooling
@@ -69,7 +82,7 @@ def test_split_positions_and_pooling(num_layers_unfrozen, pooling):
 
 def test_recording_does_not_change_what_is_sampled():
     tokenizer = tiny_tokenizer()
-    hydra = HydraModel(tiny_model("qwen2"), 2)
+    hydra = HydraModel(tiny64("qwen2"), 2)
     hydra.attach_reward_branch(hydra.new_reward_branch())  # every token's state recorded
     prompts = prompts_of([5, 2, 7, 3])
     plain = sample(hydra, tokenizer, prompts, False, stop_token_ids=[5, 6, 7])
@@ -83,7 +96,7 @@ def test_recording_does_not_change_what_is_sampled():
 def test_a_response_of_one_token_and_all_rows_at_the_limit():
     """min_new_tokens = max_new_tokens: every row needs the extra pass for its last token."""
     tokenizer = tiny_tokenizer()
-    hydra = HydraModel(tiny_model("llama"), 2)
+    hydra = HydraModel(tiny64("llama"), 2)
     for new_tokens in (1, 5):
         prompts = prompts_of([3, 6, 2])
         recorded, _, mask, again, reused = both_passes(
@@ -142,11 +155,11 @@ def test_lora_on_the_top_layers_records_the_untouched_bottom():
 
     tokenizer = tiny_tokenizer()
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
-    hydra = HydraModel(tiny_model("llama"), 2, lora=lora)
+    hydra = HydraModel(tiny64("llama"), 2, lora=lora)
     assert hydra.has_frozen_split
     _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts_of([3, 7, 5, 2]), stop_token_ids=[5, 6, 7])
     assert_same_experience(again, reused, mask)
-    assert not HydraModel(tiny_model("llama"), 2, lora=lora, lora_layers="all").has_frozen_split
+    assert not HydraModel(tiny64("llama"), 2, lora=lora, lora_layers="all").has_frozen_split
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -155,7 +168,7 @@ def test_groups_share_one_prefill(family):
     prefill samples what a prefill per row samples, and its recorded states still give the
     whole pass's outputs."""
     tokenizer = tiny_tokenizer()
-    hydra = HydraModel(tiny_model(family), 2)
+    hydra = HydraModel(tiny64(family), 2)
     hydra.attach_reward_branch(hydra.new_reward_branch())
     prompts = [p for p in prompts_of([3, 7, 1, 5]) for _ in range(3)]
     per_row = sample(hydra, tokenizer, prompts, False, share_prompt_prefill=False, generation_batch_size=4, stop_token_ids=[5, 6])
@@ -169,7 +182,7 @@ def test_shared_prefill_runs_each_distinct_prompt_once():
     from hydrappo.rollout import shared_prefill
     from hydrappo.data import left_pad
 
-    hydra = HydraModel(tiny_model("llama"), 2)
+    hydra = HydraModel(tiny64("llama"), 2)
     chunk = [[5, 6, 7], [5, 6, 7], [8, 9], [8, 9], [8, 9], [5, 6, 7]]
     ids, mask = left_pad(chunk, 0)
     seen = []
@@ -188,7 +201,7 @@ def test_shared_prefill_runs_each_distinct_prompt_once():
 
 def test_the_last_token_pass_runs_only_for_a_reward_branch(monkeypatch):
     tokenizer = tiny_tokenizer()
-    hydra = HydraModel(tiny_model("llama"), 2)
+    hydra = HydraModel(tiny64("llama"), 2)
     calls = []
     real = hydra.split_of_next_token
     monkeypatch.setattr(hydra, "split_of_next_token", lambda *args: calls.append(1) or real(*args))

@@ -1,0 +1,117 @@
+"""Which options a resumed run may change, and how a changed one is reported.
+
+A checkpoint holds the configuration of its run (config.yaml). `--resume` compares it with
+this run's, option by option, before anything is loaded:
+
+- refused: an option that decides what the checkpoint holds or what its state means (which
+  weights: the model, num_layers_unfrozen, train_lm_head/final_norm, LoRA's shape and scale;
+  whose state: the optimizer, the KL controller, the advantage estimator with or without a
+  value head; what the data position counts: a supervised stage's batch_size; a random
+  model's seed). The message names the option, both values and what to do.
+- warned about: everything else, e.g. learning_rate, total_steps, save_every, logging and
+  evaluation options, generation settings. They take effect from the next step (the harness
+  applies changed optimizer hyper-parameters over the ones the checkpoint's optimizer state
+  carries); the few that only act at step 0 say that they change nothing.
+- silent: where the run writes and how it shows progress (output_dir, overwrite_output_dir,
+  progress_bar, dist_timeout_s).
+
+Options missing on one side (a checkpoint written by another version) are not compared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+_WEIGHTS = "it decides which weights the checkpoint holds"
+
+# "section.option" -> why it may not change on resume
+REFUSED = {
+    "model.gguf_file": "the checkpoint's weights were trained on that model",
+    "model.random_init": "the checkpoint's weights were trained on that model",
+    "model.num_layers_unfrozen": _WEIGHTS,
+    "model.train_lm_head": _WEIGHTS,
+    "model.train_final_norm": _WEIGHTS,
+    "model.layers_path": _WEIGHTS,
+    "lora.lora_r": _WEIGHTS,
+    "lora.lora_target_modules": _WEIGHTS,
+    "lora.lora_layers": _WEIGHTS,
+    "lora.lora_alpha": "it scales the adapters the checkpoint holds (scale = alpha / r)",
+    "ppo.advantage_estimator": "it decides whether the checkpoint holds a value head (a critic) and what its state means",
+    "ppo.optimizer": "the checkpoint's optimizer state is that optimizer's",
+    "train.optimizer": "the checkpoint's optimizer state is that optimizer's",
+    "ppo.kl_controller": "the checkpoint holds that KL controller's state",
+    "train.batch_size": "the checkpoint's data position counts batches of that size",
+    "train.pooling": "the checkpoint's reward head was trained reading the branch that way",
+}
+
+# Options that only act when a run starts: a resumed run continues from the checkpoint's state.
+AT_START_ONLY = {
+    "ppo.init_kl_coef": "the KL coefficient continues from the checkpoint's",
+    "model.value_head_init": "the value head is the checkpoint's",
+    "lora.lora_init_adapter": "the adapters are the checkpoint's",
+    "train.seed": "the data order and every random state continue from the checkpoint's",
+}
+
+SILENT = {"train.output_dir", "train.overwrite_output_dir", "train.progress_bar", "train.dist_timeout_s"}
+
+
+def _flat(config: dict) -> dict:
+    return {f"{section}.{name}": value for section, options in config.items() if isinstance(options, dict)
+            for name, value in options.items()}  # fmt: skip
+
+
+def _same_model(old, new) -> bool | None:
+    """Whether two model.name_or_path values name the same model: True/False, or None when it
+    cannot be told (the checkpoint's folder is gone, e.g. the project was moved)."""
+    old_path, new_path = Path(str(old)).expanduser(), Path(str(new)).expanduser()
+    if not old_path.exists():
+        return None if new_path.exists() else False
+    if not new_path.exists():
+        return False
+    try:
+        return json.loads((old_path / "config.json").read_text()) == json.loads((new_path / "config.json").read_text())
+    except (OSError, ValueError):
+        return old_path.resolve() == new_path.resolve()
+
+
+def resume_differences(saved: dict, now: dict) -> tuple[list[str], list[str]]:
+    """(refusals, warnings): one sentence per option that differs between a checkpoint's
+    config (`saved`, as in its config.yaml) and this run's (`now`, `Config.to_dict()`)."""
+    old, new = _flat(saved or {}), _flat(now)
+    refusals, warnings = [], []
+    random_model = new.get("model.random_init") and old.get("model.random_init")
+    stage = "data.eval_fraction" in new  # the supervised stages split their data with the seed
+    for key, value in new.items():
+        if key not in old or key in SILENT or old[key] == value:
+            continue
+        before = old[key]
+        change = f"{key}: {before!r} in the checkpoint, {value!r} now"
+        if key in REFUSED or (key == "train.seed" and (random_model or stage)):
+            why = REFUSED.get(key) or ("the random model was built from it" if random_model
+                                        else "the held-out split and the batches were drawn from it")  # fmt: skip
+            refusals.append(f"{change}; {why}; resume with {before!r} or start a new run")
+        elif key == "model.name_or_path":
+            same = _same_model(before, value)
+            if same is False:
+                refusals.append(f"{change}; the checkpoint's weights were trained on that model; resume with "
+                                f"{before!r} or start a new run")  # fmt: skip
+            else:
+                warnings.append(f"{change} ({'the same config.json' if same else 'the checkpoint’s folder is gone'}: "
+                                "it must be the same model)")  # fmt: skip
+        elif key in AT_START_ONLY:
+            warnings.append(f"{change} (changes nothing on resume: {AT_START_ONLY[key]})")
+        else:
+            warnings.append(change)
+    return refusals, warnings
+
+
+def resume_changes(config_file: Path, now: dict) -> tuple[list[str], list[str]]:
+    """resume_differences between a checkpoint's config.yaml and this run's options; none when
+    the file is missing or does not parse (a checkpoint written by hand, or damaged only there)."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load(Path(config_file).read_text())
+    except (OSError, yaml.YAMLError):
+        return [], []
+    return resume_differences(saved, now) if isinstance(saved, dict) else ([], [])
