@@ -32,7 +32,12 @@ from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_of_parts, explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import (
-    RunningMoments, group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards,
+    RunningMoments,
+    group_statistics,
+    normalize_scores,
+    overlong_filter,
+    overlong_penalty,
+    shape_rewards,
 )
 from ..config import Config, ConfigError
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
@@ -40,14 +45,19 @@ from ..model import HydraModel
 from ..model.heads import widened
 from ..rewards import build_reward_source
 from ..rollout import (
-    Experience, Responses, evaluate_sequences, generate_responses, minibatch_plan, pack_sequences, pack_split_hidden,
+    Experience,
+    Responses,
+    evaluate_sequences,
+    minibatch_plan,
+    pack_sequences,
+    pack_split_hidden,
     response_part,
 )
+from ..sampling import build_sampler
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
-
 
 EXPLAINED_VARIANCE_PARTS = ("val/_returns", "val/_returns_sq", "val/_residual", "val/_residual_sq")
 
@@ -154,7 +164,11 @@ class PPOTrainer:
         self.shuffle_generator = torch.Generator().manual_seed(train.seed)
         # Sampling runs the frozen bottom over every token; keep its outputs for the experience
         # pass. A sharded trunk generates in lockstep with padding steps, so it runs the pass again.
-        self.records_split = config.generation.reuse_trunk_pass and hydra.has_frozen_split and not self.harness.trunk_sharded
+        # generation.sampler, built once: rollouts (in lockstep under a sharded trunk) and held-out answers.
+        self.rollout_sampler = build_sampler(config.generation, hydra, tokenizer, synced=self.harness.trunk_sharded)
+        self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
+        self.records_split = (config.generation.reuse_trunk_pass and hydra.has_frozen_split and not self.harness.trunk_sharded
+                              and self.rollout_sampler.records_split)  # fmt: skip
 
     @property
     def trained_module(self) -> HydraModel:
@@ -210,7 +224,7 @@ class PPOTrainer:
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
         with self.harness.autocast():
-            return generate_responses(self.hydra, self.tokenizer, prompt_ids, self.config.generation, greedy=greedy)
+            return self.eval_sampler.sample(prompt_ids, self.config.generation, greedy=greedy)
 
     def score_responses(self, prompt_texts: list[str], responses: Responses) -> tuple[torch.Tensor, None]:
         """Scores of responses outside the experience pass (held-out evaluation), from the run's
@@ -320,10 +334,7 @@ class PPOTrainer:
     def generate(self, prompt_ids: list[list[int]]) -> Responses:
         """One sampled response per prompt from the policy."""
         with self.harness.autocast():
-            return generate_responses(
-                self.hydra, self.tokenizer, prompt_ids, self.config.generation, synced=self.harness.trunk_sharded,
-                record_split=self.records_split,
-            )
+            return self.rollout_sampler.sample(prompt_ids, self.config.generation, record_split=self.records_split)
 
     def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, with_reference=True,
                  split_hidden=None):  # fmt: skip
