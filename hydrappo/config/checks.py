@@ -28,18 +28,8 @@ from ..model.hydra import REWARD_POOLINGS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .sections import (
-    KL_PENALTIES,
-    LORA_LAYERS,
-    LR_SCHEDULERS,
-    MIXED_PRECISIONS,
-    OPTIMIZERS,
-    SAMPLERS,
-    Config,
-    ConfigError,
-    PPOArgs,
-    RewardConfig,
-    SFTConfig,
-    canonical_dtype,
+    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, SAMPLERS, Config, ConfigError, PPOArgs,
+    RewardConfig, SFTConfig, canonical_dtype,
 )
 
 logger = logging.getLogger("hydrappo")

@@ -32,12 +32,7 @@ from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_of_parts, explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import (
-    RunningMoments,
-    group_statistics,
-    normalize_scores,
-    overlong_filter,
-    overlong_penalty,
-    shape_rewards,
+    RunningMoments, group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards,
 )
 from ..config import Config, ConfigError
 from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
@@ -45,19 +40,14 @@ from ..model import HydraModel
 from ..model.heads import widened
 from ..rewards import build_reward_source
 from ..rollout import (
-    Experience,
-    Responses,
-    evaluate_sequences,
-    minibatch_plan,
-    pack_sequences,
-    pack_split_hidden,
-    response_part,
+    Experience, Responses, evaluate_sequences, minibatch_plan, pack_sequences, pack_split_hidden, response_part,
 )
 from ..sampling import build_sampler
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
+
 
 EXPLAINED_VARIANCE_PARTS = ("val/_returns", "val/_returns_sq", "val/_residual", "val/_residual_sq")
 
