@@ -1,7 +1,7 @@
 """hydrappo: RLHF of Hugging Face causal LMs with policy, reference, critic and reward model
 on one transformer trunk.
 
-    from hydrappo import HydraModel, PPOTrainer
+    from hydrappo import HydraModel, PPOTrainer, Config
 
 The trainers are imported on first use, so `import hydrappo` (or any of its lower layers)
 does not pull in the training loops.
@@ -11,14 +11,16 @@ from .model import HydraModel, HydraOutput, RewardBranch, RewardHead, ValueHead
 
 __version__ = "0.1.0"
 
-_TRAINERS = {"PPOTrainer": "ppo", "RewardTrainer": "reward", "SFTTrainer": "sft"}
+# name -> module, imported on first use
+_LAZY = {"PPOTrainer": ".train.ppo", "RewardTrainer": ".train.reward", "SFTTrainer": ".train.sft",
+         "Config": ".config", "RewardConfig": ".config", "SFTConfig": ".config"}  # fmt: skip
 
-__all__ = ["HydraModel", "HydraOutput", "RewardBranch", "RewardHead", "ValueHead", *_TRAINERS, "__version__"]
+__all__ = ["HydraModel", "HydraOutput", "RewardBranch", "RewardHead", "ValueHead", *_LAZY, "__version__"]
 
 
 def __getattr__(name: str):
-    if name in _TRAINERS:
+    if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".train.{_TRAINERS[name]}", __name__), name)
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'hydrappo' has no attribute {name!r}")

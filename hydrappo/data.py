@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,15 +139,20 @@ def _load_datasets(source: str, split: str, subset: str | None, setting: str) ->
 
 def read_table(source: str | Path, columns: list[str], optional: list[str] = (), *, setting: str = "data.train_file",
                split: str = "train", subset: str | None = None, allow_text: bool = False,
-               nonempty: bool = False) -> dict:  # fmt: skip
+               nonempty: bool = False, others: bool = False) -> dict:  # fmt: skip
     """{column: list of values} of `source` (see the module docstring). `columns` must be
     present in every file and hold text (non-blank text with `nonempty`); an `optional`
     column missing anywhere maps to None. With `allow_text`, .txt files count too: each
-    line is a row of the first column."""
+    line is a row of the first column. With `others`, every other column comes too, as
+    it is (rows of a file without it hold None)."""
     from datasets import load_dataset
 
-    source = str(source)
-    loaded = _load_datasets(source, split, subset, setting)
+    if not isinstance(source, (str, os.PathLike)):  # a table object (the Python API)
+        loaded = [(f"the table given as {setting}", in_memory_dataset(source, setting, split))]
+        source = f"<in-memory table of {len(loaded[0][1])} rows>"
+    else:
+        source = str(source)
+        loaded = _load_datasets(source, split, subset, setting)
     if loaded is None:
         path = Path(source).expanduser()
         loaded = []
@@ -166,7 +172,7 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
                 dataset = dataset.rename_column("text", columns[0]) if columns[0] != "text" else dataset
             loaded.append((str(file), dataset))
     try:
-        return _columns(loaded, source, columns, optional, setting, nonempty)
+        return _columns(loaded, source, columns, optional, setting, nonempty, others)
     except DataError:
         raise
     except Exception as error:  # pyarrow and datasets raise many types while decoding columns
@@ -174,9 +180,39 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
         raise DataError(f"{setting}: {source!r} could not be read: {type(cause).__name__}: {str(cause)[:300]}.") from None
 
 
-def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool) -> dict:
+def in_memory_dataset(table, setting: str, split: str = "train"):
+    """A `datasets.Dataset` of a table object: a Dataset, a DatasetDict (its `split`), a list
+    of row dicts or a dict of columns."""
+    from datasets import Dataset, DatasetDict
+
+    if isinstance(table, DatasetDict):
+        if split not in table:
+            raise DataError(f"{setting}: the DatasetDict has no split {split!r} (splits: {', '.join(table)}); name one.")
+        return table[split]
+    if isinstance(table, Dataset):
+        return table
+    if isinstance(table, dict):
+        return Dataset.from_dict(table)
+    if isinstance(table, (list, tuple)) and all(isinstance(row, dict) for row in table):
+        return Dataset.from_list(list(table))
+    raise DataError(
+        f"{setting}: a {type(table).__name__} is not a table; give a datasets.Dataset, a list of row dicts, a dict "
+        "of columns, or a path (jsonl/json/csv/parquet/txt file, folder or datasets name)."
+    )
+
+
+def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool, others: bool = False) -> dict:
     table = {name: [] for name in (*columns, *optional)}
+    extra: dict[str, list] = {}
+    rows = 0
     for where, dataset in loaded:
+        if others:
+            for name in dataset.column_names:
+                if name not in table and name not in extra:
+                    extra[name] = [None] * rows
+            for name, values in extra.items():
+                values.extend(dataset[name] if name in dataset.column_names else [None] * len(dataset))
+            rows += len(dataset)
         unit = "line" if where.endswith(".txt") else "row"
         missing = [c for c in columns if c not in dataset.column_names]
         if missing:
@@ -199,6 +235,7 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
                 table[name] = None
     if not table[columns[0]]:
         raise DataError(f"{setting}: {source!r} holds no rows: the data is empty.")
+    table.update(extra)
     return table
 
 
@@ -207,6 +244,16 @@ def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", s
     """All prompts of `path` (see `read_table`); for .txt files each line is a prompt.
     `setting` names the option in errors."""
     return read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True)[column]
+
+
+def load_prompt_table(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,
+                      setting: str = "data.prompts") -> tuple[list[str], dict[str, list]]:  # fmt: skip
+    """(prompts, {other column: values, row-aligned}) of `path`: the other columns go to the
+    reward functions as keyword arguments."""
+    table = read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True,
+                       others=True)  # fmt: skip
+    texts = table.pop(column)
+    return texts, table
 
 
 # --------------------------------------------------------------------------- formatting and tokenizing

@@ -25,7 +25,7 @@ import torch
 from .algo.degeneration import degeneration_flags
 from .config import Config, GenerationArgs, ModelConfig, Problems, RewardArgs, check_reward_fn, looks_like_a_path
 from .config.paths import looks_like_a_name, writable_folder_problem
-from .data import PromptSet, load_prompt_texts, tokenize_prompts
+from .data import PromptSet, load_prompt_table, tokenize_prompts
 from .rewards import build_reward_source
 from .rollout import generate_responses
 from .storage.checkpoint import (
@@ -40,9 +40,11 @@ from .train.precision import pick_device
 logger = logging.getLogger("hydrappo")
 
 
-def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: GenerationArgs, reward_source, seed: int = 0):
-    """One sampled response per prompt, and its score. Seeded, so that two models
-    compared on the same prompts see the same random numbers."""
+def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: GenerationArgs, reward_source, seed: int = 0,
+                       columns: dict | None = None):  # fmt: skip
+    """One sampled response per prompt, and its score (the reward functions get the prompts'
+    other `columns`). Seeded, so that two models compared on the same prompts see the same
+    random numbers."""
     torch.manual_seed(seed)
     was_training = hydra.training
     hydra.eval()
@@ -52,7 +54,8 @@ def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: Generat
     scores = [None] * len(texts)
     if reward_source is not None:
         samples = [p + r for p, r in zip(prompts.texts, texts)]
-        scores = [float(s) for s in reward_source(samples, prompts.texts, texts)]
+        scores = [float(s) for s in reward_source(samples, prompts.texts, texts, columns=columns,
+                                                  completion_ids=responses.response_ids)]  # fmt: skip
     return [
         {"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
         for p, r, s, e, d in zip(prompts.texts, texts, scores, responses.ended,
@@ -211,15 +214,17 @@ def generate(checkpoint, prompts=None, prompt_column=None, reward_fn=None, limit
     hydra, tokenizer = build_hydra(config.model, config.lora, device=device, value_head=config.ppo.uses_critic)
     reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
     data = config.data
-    texts = load_prompt_texts(prompts or data.prompts, prompt_column or data.prompt_column)
+    texts, table = load_prompt_table(prompts or data.prompts, prompt_column or data.prompt_column)
     texts = texts[:limit] if limit else texts
+    table = {name: values[: len(texts)] for name, values in table.items()}
     prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
 
     columns = {}
     if not no_base:
-        columns["base"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source, seed)
+        columns["base"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source, seed, table)
     load_trainable_weights(hydra, checkpoint)
-    columns[f"trained ({checkpoint.name})"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source, seed)
+    columns[f"trained ({checkpoint.name})"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source,
+                                                                 seed, table)  # fmt: skip
     return columns
 
 
@@ -253,12 +258,13 @@ def compare(models: list[str], prompts: str, prompt_column="prompt", reward_fn=N
     else:
         reward_args = RewardArgs(reward_fn=reward_fn) if reward_fn else None
     reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
-    texts = load_prompt_texts(prompts, prompt_column)
+    texts, table = load_prompt_table(prompts, prompt_column)
     texts = texts[:limit] if limit else texts
+    table = {name: values[: len(texts)] for name, values in table.items()}
     max_prompt_length = max_prompt_length or defaults.data.max_prompt_length
 
     columns = {}
     for name, model, tokenizer, _ in loaded:
         prompt_set = tokenize_prompts(texts, tokenizer, max_prompt_length, chat, defaults.data.system_prompt)
-        columns[name] = generate_and_score(model, tokenizer, prompt_set, generation, reward_source, seed)
+        columns[name] = generate_and_score(model, tokenizer, prompt_set, generation, reward_source, seed, table)
     return columns

@@ -1,16 +1,18 @@
 """Reward sources behind one interface.
 
-A reward source is a callable `source(samples, prompts, outputs) -> Tensor` of float32
-scores with shape (B,), where `samples[i] == prompts[i] + outputs[i]` (trlX's
-reward_fn signature). Two kinds live here:
+A reward source is a callable
+    source(samples, prompts, outputs, step=None, *, columns=None, completion_ids=None, branch_scores=None)
+returning float32 scores of shape (B,), where `samples[i] == prompts[i] + outputs[i]`,
+`columns` maps each dataset column other than the prompt to its B row-aligned values and
+`branch_scores` are the reward branch's scores from the policy's own forward pass. Kinds:
 
 - `FunctionReward`: a user's Python function, from "package.module:function" or
-  "path/to/file.py:function".
+  "path/to/file.py:function", in trlX's convention `fn(samples, prompts, outputs, **columns)`
+  or TRL's `fn(prompts, completions, **columns)` (`function_convention` says which).
 - `ClassifierReward`: a local `AutoModelForSequenceClassification` directory.
-
-The third kind, the hydra reward branch (`reward.use_reward_branch`), scores the
-rollouts inside the policy's own forward pass; the trainer serves it, so
-`build_reward_source` returns None for it.
+- `BranchReward`: the hydra reward branch (`reward.use_reward_branch`).
+- `RewardSources`: any of them together, scored as a weighted sum; `build_reward_source`
+  always returns one, with one entry per source the config names (`reward_source_names`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import numbers
 import sys
-import threading
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ import torch
 
 from . import usercode
 from .errors import HydrappoError
+from .model.heads import widened
 
 
 class RewardError(HydrappoError, ValueError):
@@ -54,41 +56,6 @@ def _sample(prompts, outputs, row: int) -> str:
     if prompts is None or outputs is None or not 0 <= row < len(outputs):
         return ""
     return f" Sample {row}: prompt {_short(prompts[row])}, response {_short(outputs[row])}."
-
-
-def _user_frame(error: BaseException) -> str:
-    """' (file.py, line N)' of the innermost frame of a traceback outside hydrappo."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "hydrappo" not in Path(f.filename).parts]
-    return f" ({Path(frames[-1].filename).name}, line {frames[-1].lineno})" if frames else ""
-
-
-class _TimedOut(Exception):
-    pass
-
-
-def _call_with_timeout(fn, kwargs: dict, timeout_s: float | None):
-    """fn(**kwargs), in a daemon thread when there is a time limit: a call that does not
-    return in time is left behind (a thread cannot be killed) and _TimedOut raised."""
-    if timeout_s is None:
-        return fn(**kwargs)
-    box: dict = {}
-    grad = torch.is_grad_enabled()
-
-    def target():
-        try:
-            with torch.set_grad_enabled(grad):
-                box["result"] = fn(**kwargs)
-        except BaseException as error:  # handed to the caller's thread
-            box["error"] = error
-
-    thread = threading.Thread(target=target, name="hydrappo-reward-fn", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise _TimedOut
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 def _resolve(path: str, base_dir: str | Path | None) -> Path:
@@ -151,15 +118,65 @@ def _where(source: str, step: int | None) -> str:
     return f"{source} at step {step}" if step is not None else source
 
 
+def callable_name(fn) -> str:
+    """The name a reward function object is logged under (env/reward/<name>)."""
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def callable_spec(fn) -> str:
+    """'module:qualname' of a function object: what a run's config.yaml records for it
+    (importable again where the module is)."""
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return f"{module}:{getattr(fn, '__qualname__', None) or type(fn).__qualname__}"
+
+
+RESERVED_ARGUMENTS = ("samples", "prompts", "outputs", "completions", "completion_ids")
+CONVENTIONS = {"trlX": ("samples", "prompts", "outputs"), "TRL": ("prompts", "completions", "completion_ids")}
+
+
+def function_convention(fn, spec: str) -> tuple[str, dict, bool]:
+    """("trlX" | "TRL", {parameter name: inspect.Parameter}, whether it takes **kwargs) of a
+    reward function, decided by its first parameter: `samples` is trlX's
+    fn(samples, prompts, outputs, **kwargs); `prompts` or `completions` is TRL's
+    fn(prompts, completions, completion_ids, **kwargs). Anything else is a RewardError."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as error:
+        raise RewardError(f"reward.reward_fn={spec!r}: its parameters cannot be read ({error}); wrap it in a def.") from None
+    kinds = inspect.Parameter
+    params = {n: p for n, p in signature.parameters.items() if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)}
+    takes_any = any(p.kind is kinds.VAR_KEYWORD for p in signature.parameters.values())
+    first = next(iter(signature.parameters.values()), None)
+    first = first.name if first is not None and first.name in params else None
+    convention = "trlX" if first == "samples" else "TRL" if first in ("prompts", "completions") else None
+    positional_only = [n for n, p in params.items() if p.kind is kinds.POSITIONAL_ONLY]
+    if convention is None or positional_only:
+        raise RewardError(
+            f"reward.reward_fn={spec!r} has parameters ({signature}) that fit neither reward function convention: "
+            "trlX's fn(samples, prompts, outputs, **kwargs) (first parameter `samples`) or TRL's "
+            "fn(prompts, completions, **kwargs) (first parameter `prompts` or `completions`); every argument is "
+            "passed by name, dataset columns as keyword arguments. Rename its parameters to one of them."
+        )
+    return convention, params, takes_any
+
+
 class FunctionReward:
-    """A Python function `fn(samples, prompts, outputs, **kwargs)` returning one number
-    per sample, called with keyword arguments as trlX does.
+    """A Python function returning one number per sample, called with keyword arguments in
+    trlX's convention `fn(samples=, prompts=, outputs=, **columns)` or TRL's
+    `fn(prompts=, completions=, completion_ids=, **columns)` (`function_convention`);
+    each argument and column goes only to a function that names it or takes **kwargs. `prompts` is the prompt text as the data holds it (before any chat template).
 
     `spec` is "package.module:function" (imported from sys.path) or
     "path/to/file.py:function" (loaded from the file; a relative path is relative to
     `base_dir` if the file is there, else to the current directory)."""
 
-    def __init__(self, spec: str, base_dir: str | Path | None = None, timeout_s: float | None = None):
+    def __init__(self, spec, base_dir: str | Path | None = None, timeout_s: float | None = None, columns=None):
+        if callable(spec):  # a function object (the Python API): no import
+            self.fn, self.spec, self.timeout_s, self.name = spec, callable_spec(spec), timeout_s, callable_name(spec)
+            self.convention, self.parameters, self.takes_any = function_convention(self.fn, self.spec)
+            if columns is not None:
+                self.check_columns(columns)
+            return
         target, _, name = spec.rpartition(":")
         if not target or not name.isidentifier():
             raise RewardError(
@@ -179,6 +196,33 @@ class FunctionReward:
         self.fn = getattr(module, name)
         if not callable(self.fn):
             raise RewardError(f"reward function {spec!r}: {name!r} is not callable (it is {type(self.fn).__name__} {self.fn!r}).")
+        self.name = name
+        self.convention, self.parameters, self.takes_any = function_convention(self.fn, spec)
+        if columns is not None:
+            self.check_columns(columns)
+
+    def accepts(self, argument: str) -> bool:
+        return self.takes_any or argument in self.parameters
+
+    def check_columns(self, columns, setting: str = "data.prompts") -> None:
+        """Refuse, before anything runs, a column named like an argument the convention
+        passes, and a parameter without a default that neither the convention nor a column fills."""
+        columns = list(columns)
+        reserved = [c for c in columns if c in RESERVED_ARGUMENTS]
+        if reserved:
+            raise RewardError(
+                f"{setting}: column {reserved[0]!r} has the name of an argument reward functions receive "
+                f"({', '.join(RESERVED_ARGUMENTS)}), so it cannot be passed to {self.spec!r}; rename the column."
+            )
+        given = set(CONVENTIONS[self.convention]) | set(columns)
+        needed = [n for n, p in self.parameters.items() if p.default is inspect.Parameter.empty and n not in given]
+        if needed:
+            raise RewardError(
+                f"reward.reward_fn={self.spec!r} needs argument {needed[0]!r}, which is neither one of the "
+                f"{self.convention} convention's ({', '.join(CONVENTIONS[self.convention])}) nor a column of "
+                f"{setting} (columns: {', '.join(columns) or 'none besides the prompt'}); add that column, give the "
+                "parameter a default, or fix its name."
+            )
 
     @staticmethod
     def _import(module_name: str):
@@ -216,15 +260,29 @@ class FunctionReward:
             raise
         return module
 
-    def __call__(self, samples: list[str], prompts: list[str], outputs: list[str], step: int | None = None) -> torch.Tensor:
-        """Scores (B,) of one batch; `step` (the training step) goes into error messages."""
+    def __call__(self, samples: list[str], prompts: list[str], outputs: list[str], step: int | None = None, *,
+                 columns: dict | None = None, completion_ids=None, branch_scores=None) -> torch.Tensor:  # fmt: skip
+        """Scores (B,) of one batch; `step` (the training step) goes into error messages;
+        `columns` {name: B values} and `completion_ids` (B lists of token ids) go to a function
+        that takes them."""
         if not len(samples) == len(prompts) == len(outputs):
             raise ValueError(f"samples, prompts and outputs differ in length: {len(samples)}, {len(prompts)}, {len(outputs)}.")
         where = _where(f"reward function {self.spec!r}", step)
-        kwargs = {"samples": list(samples), "prompts": list(prompts), "outputs": list(outputs)}
+        if self.convention == "trlX":
+            kwargs = {"samples": list(samples), "prompts": list(prompts), "outputs": list(outputs)}
+        else:
+            kwargs = {"prompts": list(prompts), "completions": list(outputs)}
+            if completion_ids is not None:
+                kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
+        kwargs = {name: value for name, value in kwargs.items() if self.accepts(name)}
+        for name, values in (columns or {}).items():
+            if self.accepts(name) and name not in kwargs:
+                if len(values) != len(samples):
+                    raise ValueError(f"column {name!r} has {len(values)} values for {len(samples)} samples.")
+                kwargs[name] = list(values)
         try:
-            result = _call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
-        except _TimedOut:
+            result = usercode.call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
+        except usercode.TimedOut:
             raise RewardFunctionError(
                 f"{where} did not return within reward.timeout_s={self.timeout_s} s for {len(samples)} samples; make it "
                 f"faster or raise reward.timeout_s.{_sample(prompts, outputs, 0)}"
@@ -233,7 +291,7 @@ class FunctionReward:
             raise
         except Exception as error:
             raise RewardFunctionError(
-                f"{where} raised {type(error).__name__}: {error}{_user_frame(error)}. It was called on {len(samples)} "
+                f"{where} raised {type(error).__name__}: {error}{usercode.user_frame(error)}. It was called on {len(samples)} "
                 f"samples.{_sample(prompts, outputs, 0)} Fix the function, or rerun with --debug for the traceback."
             ) from error
         return _to_scores(result, len(samples), where, prompts, outputs)
@@ -243,7 +301,7 @@ def _import_failed(what: str, error: Exception) -> RewardError:
     if isinstance(error, SyntaxError):
         where = f" ({Path(error.filename or '').name}, line {error.lineno})"
     else:
-        where = _user_frame(error)
+        where = usercode.user_frame(error)
     return RewardError(
         f"{what} failed to import: {type(error).__name__}: {error}{where}. Fix it (a missing module: install it), "
         "or rerun with --debug for the traceback."
@@ -304,7 +362,7 @@ class ClassifierReward:
 
     @torch.no_grad()
     def __call__(self, samples: list[str], prompts: list[str] | None = None, outputs: list[str] | None = None,
-                 step: int | None = None) -> torch.Tensor:  # fmt: skip
+                 step: int | None = None, **_) -> torch.Tensor:  # fmt: skip
         scores = []
         for start in range(0, len(samples), self.batch_size):
             batch = self.tokenizer(
@@ -319,20 +377,94 @@ class ClassifierReward:
         return _to_scores(result, len(samples), _where(f"reward model {self.model.name_or_path!r}", step), prompts, outputs)
 
 
-def build_reward_source(reward_args, base_dir: str | Path | None = None, device: str = "cpu"):
-    """The reward source `RewardArgs` asks for: a FunctionReward for reward_fn, a
-    ClassifierReward for reward_model, and None for use_reward_branch, whose scores
-    the trainer takes from the hydra forward pass itself."""
-    chosen = [bool(reward_args.reward_fn), bool(reward_args.reward_model), bool(reward_args.use_reward_branch)]
-    if sum(chosen) != 1:
-        raise RewardError(
-            "set exactly one reward source: reward.reward_fn ('module:function' or 'file.py:function'), "
-            "reward.reward_model (a sequence-classification model directory) or reward.use_reward_branch: true."
-        )
+class BranchReward:
+    """The hydra reward branch's scores, computed in the policy's own forward pass over the
+    rollouts and handed in as `branch_scores`."""
+
+    def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, *, branch_scores=None, **_):
+        if branch_scores is None:
+            raise RewardFunctionError("reward.use_reward_branch is set but no reward branch is attached (model.reward_branch_path).")
+        # float64 stays float64 (exact comparisons); _to_scores would make it float32
+        scores = widened(branch_scores.detach()).cpu()
+        if scores.shape != (len(samples),) or not torch.isfinite(scores).all():
+            raise RewardFunctionError(f"{_where('the reward branch', step)} gave scores {scores.tolist()} for {len(samples)} samples.")
+        return scores
+
+
+class RewardSources:
+    """Several reward sources as one: the score is sum_k weight_k * score_k (TRL's
+    reward_weights). `last` holds each source's unweighted scores of the latest call, by
+    name, for per-source logs."""
+
+    def __init__(self, entries: list[tuple[str, float, object]]):
+        if not entries:
+            raise RewardError("no reward source: set reward.reward_fn, reward.reward_model or reward.use_reward_branch.")
+        self.entries = entries
+        self.last: dict[str, torch.Tensor] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.entries]
+
+    def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, **inputs) -> torch.Tensor:
+        self.last = {}
+        total = None
+        for name, weight, source in self.entries:
+            scores = widened(torch.as_tensor(source(samples, prompts, outputs, step=step, **inputs)))
+            self.last[name] = scores
+            total = scores if total is None and weight == 1.0 else weight * scores if total is None else total + weight * scores
+        return total
+
+
+def reward_source_names(reward_args) -> list[tuple[str, str]]:
+    """[(kind, what)] of every source `RewardArgs` names, in the order of reward.reward_weights:
+    each reward function, then the reward model, then the reward branch."""
+    sources = [("function", spec) for spec in reward_args.function_specs]
+    if reward_args.reward_model:
+        sources.append(("model", reward_args.reward_model))
     if reward_args.use_reward_branch:
-        return None
-    if reward_args.reward_fn:
-        return FunctionReward(reward_args.reward_fn, base_dir=base_dir, timeout_s=getattr(reward_args, "timeout_s", None))
-    return ClassifierReward(
-        _resolve(reward_args.reward_model, base_dir), label=reward_args.reward_model_label, device=device
-    )
+        sources.append(("branch", "reward branch"))
+    return sources
+
+
+def reward_functions(reward_args, base_dir: str | Path | None = None, columns=None) -> list[FunctionReward]:
+    """The reward functions `RewardArgs` names, imported and checked against the data's
+    `columns` (when given): what can be refused before any model loads."""
+    timeout_s = getattr(reward_args, "timeout_s", None)
+    return [FunctionReward(spec, base_dir=base_dir, timeout_s=timeout_s, columns=columns) for spec in reward_args.function_specs]
+
+
+def build_reward_source(reward_args, base_dir: str | Path | None = None, device: str = "cpu", columns=None,
+                        functions: list[FunctionReward] | None = None) -> RewardSources:  # fmt: skip
+    """Every reward source `RewardArgs` names (`reward_source_names`), weighted by
+    reward.reward_weights (1 each by default), as one RewardSources. `functions` are ones
+    `reward_functions` already loaded."""
+    sources = reward_source_names(reward_args)
+    if not sources:
+        raise RewardError(
+            "set a reward source: reward.reward_fn ('module:function' or 'file.py:function', or a list of them), "
+            "reward.reward_model (a sequence-classification model) or reward.use_reward_branch: true."
+        )
+    weights = list(getattr(reward_args, "reward_weights", None) or [1.0] * len(sources))
+    if len(weights) != len(sources):
+        raise RewardError(
+            f"reward.reward_weights has {len(weights)} weight(s) for {len(sources)} reward source(s) "
+            f"({', '.join(what for _, what in sources)}); give one weight per source, in that order."
+        )
+    functions = list(functions) if functions is not None else reward_functions(reward_args, base_dir, columns)
+    entries, used = [], set()
+    for (kind, what), weight in zip(sources, weights):
+        if kind == "function":
+            source = functions.pop(0)
+            name = source.name
+        elif kind == "model":
+            source = ClassifierReward(_resolve(what, base_dir), label=reward_args.reward_model_label, device=device)
+            name = "reward_model"
+        else:
+            source, name = BranchReward(), "reward_branch"
+        unique, n = name, 2
+        while unique in used:
+            unique, n = f"{name}_{n}", n + 1
+        used.add(unique)
+        entries.append((unique, float(weight), source))
+    return RewardSources(entries)

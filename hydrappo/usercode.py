@@ -17,7 +17,11 @@ import logging
 import os
 import sys
 import threading
+import traceback
+from pathlib import Path
 from typing import Any, Callable
+
+import torch
 
 from .errors import HydrappoError
 
@@ -74,3 +78,38 @@ def leave_threads_behind(code: int, end_process: bool) -> int:
             sys.stderr.flush()
             os._exit(code)
     return code
+
+
+def user_frame(error: BaseException) -> str:
+    """' (file.py, line N)' of the innermost frame of a traceback outside hydrappo."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "hydrappo" not in Path(f.filename).parts]
+    return f" ({Path(frames[-1].filename).name}, line {frames[-1].lineno})" if frames else ""
+
+
+class TimedOut(Exception):
+    pass
+
+
+def call_with_timeout(fn, kwargs: dict, timeout_s: float | None):
+    """fn(**kwargs), in a daemon thread when there is a time limit: a call that does not
+    return in time is left behind (a thread cannot be killed) and TimedOut raised."""
+    if timeout_s is None:
+        return fn(**kwargs)
+    box: dict = {}
+    grad = torch.is_grad_enabled()
+
+    def target():
+        try:
+            with torch.set_grad_enabled(grad):
+                box["result"] = fn(**kwargs)
+        except BaseException as error:  # handed to the caller's thread
+            box["error"] = error
+
+    thread = threading.Thread(target=target, name="hydrappo-reward-fn", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimedOut
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

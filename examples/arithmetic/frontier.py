@@ -21,7 +21,7 @@ import rl_study  # noqa: E402
 DEFAULTS = {
     "config": HERE / "config.yaml",
     "eval_prompts": HERE / "eval_prompts.jsonl",
-    "reward_fn": f"{HERE / 'reward.py'}:reward_fn",
+    "reward_fn": f"{HERE / 'reward.py'}:accuracy",
     "knob": "init_kl_coef",
     "values": [0.005, 0.02, 0.05, 0.2],
     "options": ["--kl_penalty", "loss", "--kl_estimator", "k3"],

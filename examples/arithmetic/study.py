@@ -22,7 +22,7 @@ import rl_study  # noqa: E402
 DEFAULTS = {
     "config": HERE / "config.yaml",
     "eval_prompts": HERE / "eval_prompts.jsonl",
-    "reward_fn": f"{HERE / 'reward.py'}:reward_fn",
+    "reward_fn": f"{HERE / 'reward.py'}:accuracy",
     "output_dir": "outputs/arithmetic/study",
 }
 

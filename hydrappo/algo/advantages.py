@@ -5,6 +5,9 @@ Per-token tensors are response-aligned, (B, R), with ``action_mask`` marking rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from .masked import bool_mask, check_same_shape, masked, whiten, widened
@@ -44,10 +47,6 @@ def gae(
 
 
 # ---------------------------------------------------------------------------- critic-free estimators
-ADVANTAGE_ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")  # need several samples per prompt
-
-
 def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     """(B,) sequence scores -> (B / G, G): the G samples of a prompt are consecutive rows."""
     if scores.dim() != 1:
@@ -115,6 +114,54 @@ def sequence_advantages(advantages: torch.Tensor, action_mask: torch.Tensor) -> 
     return masked(advantages[:, None].expand(action_mask.shape), action_mask)
 
 
+def _gae_estimate(rewards, values, action_mask, group_size, gamma, lam, whiten_advantages):
+    if values is None:
+        raise ValueError("the gae estimator needs the critic's values")
+    advantages, returns = gae(rewards, values, action_mask, gamma, lam)
+    return (whiten(advantages, action_mask) if whiten_advantages else advantages), returns
+
+
+def _reinforce_pp_estimate(rewards, values, action_mask, group_size, gamma, lam, whiten_advantages):
+    return reinforce_pp_advantages(rewards, action_mask, gamma), None
+
+
+def _per_sequence(baseline):
+    """An estimator from a group baseline of each response's total reward (its score plus the KL
+    penalty summed over its tokens, as verl folds KL-in-reward into the outcome), put on every
+    token of the response. No critic, no returns."""
+
+    def estimate(rewards, values, action_mask, group_size, gamma, lam, whiten_advantages):
+        totals = masked(rewards, action_mask).sum(-1)
+        return sequence_advantages(baseline(totals, group_size), action_mask), None
+
+    return estimate
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One advantage estimator and what the rest of the trainer needs to know about it (the
+    config checks, which heads are built, how scores are shaped): adding one is a function and
+    a row of ESTIMATORS."""
+
+    name: str
+    estimate: Callable  # (rewards, values, action_mask, group_size, gamma, lam, whiten) -> (advantages, returns)
+    needs_critic: bool = False  # a value head is built and trained (and returns are computed)
+    needs_groups: bool = False  # several samples per prompt (generation.samples_per_prompt >= 2)
+    baseline_on_scores: bool = False  # the group mean is subtracted from the scores before shaping
+
+
+ESTIMATORS = {e.name: e for e in (
+    Estimator("gae", _gae_estimate, needs_critic=True),
+    Estimator("grpo", _per_sequence(grpo_advantages), needs_groups=True),
+    Estimator("dr_grpo", _per_sequence(dr_grpo_advantages), needs_groups=True),
+    Estimator("rloo", _per_sequence(rloo_advantages), needs_groups=True),
+    Estimator("reinforce_pp", _reinforce_pp_estimate),
+    Estimator("reinforce_pp_baseline", _reinforce_pp_estimate, needs_groups=True, baseline_on_scores=True),
+)}  # fmt: skip
+ADVANTAGE_ESTIMATORS = tuple(ESTIMATORS)
+GROUP_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if e.needs_groups)
+
+
 def estimate_advantages(
     estimator: str,
     rewards: torch.Tensor,
@@ -136,15 +183,6 @@ def estimate_advantages(
       (the baseline variant's group mean was subtracted from the scores before shaping, see
       ``shape_rewards(group_baseline=G)``).
     """
-    if estimator == "gae":
-        if values is None:
-            raise ValueError("the gae estimator needs the critic's values")
-        advantages, returns = gae(rewards, values, action_mask, gamma, lam)
-        return (whiten(advantages, action_mask) if whiten_advantages else advantages), returns
-    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
-        return reinforce_pp_advantages(rewards, action_mask, gamma), None
-    per_sequence = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
-    if estimator not in per_sequence:
+    if estimator not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
-    totals = masked(rewards, action_mask).sum(-1)
-    return sequence_advantages(per_sequence[estimator](totals, group_size), action_mask), None
+    return ESTIMATORS[estimator].estimate(rewards, values, action_mask, group_size, gamma, lam, whiten_advantages)

@@ -27,6 +27,7 @@ from ..model.heads import VALUE_HEAD_INITS
 from ..model.hydra import REWARD_POOLINGS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
+from .reward_sources import check_reward_sources
 from .sections import (
     KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, SAMPLERS, Config, ConfigError, PPOArgs,
     RewardConfig, SFTConfig, canonical_dtype,
@@ -378,11 +379,11 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
                      f"other, but generation.samples_per_prompt is {group}",
                      "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
-    if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.advantage_estimator == "gae"):
+    if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.uses_critic):
         problems.add("model.value_head_init", "reward_head", "copies the reward head into the value head, so it needs "
                      "model.reward_branch_path and ppo.advantage_estimator: gae",
                      "set model.reward_branch_path, or use value_head_init: random")  # fmt: skip
-    if ppo.critic_warmup_steps > 0 and ppo.advantage_estimator != "gae":
+    if ppo.critic_warmup_steps > 0 and not ppo.uses_critic:
         problems.add("ppo.critic_warmup_steps", ppo.critic_warmup_steps, f"warms up a value head, and "
                      f"ppo.advantage_estimator={ppo.advantage_estimator} has none",
                      "use critic_warmup_steps: 0, or advantage_estimator: gae")  # fmt: skip
@@ -418,31 +419,7 @@ def _check_ppo(config: Config, problems: Problems) -> None:
     if ppo.kl_controller == "pi" and ppo.init_kl_coef == 0:
         problems.add("ppo.init_kl_coef", 0, "cannot start the pi KL controller, which scales beta by factors (0 stays 0)",
                      "use e.g. 0.05, or kl_controller: fixed for no KL term")  # fmt: skip
-    sources = [bool(reward.reward_fn), bool(reward.reward_model), reward.use_reward_branch]
-    if sum(sources) != 1:
-        given = [n for n, s in zip(("reward_fn", "reward_model", "use_reward_branch"), sources) if s]
-        problems.note(
-            f"reward: {'no reward source is set' if not given else 'several reward sources are set: ' + ', '.join(given)}. "
-            "Set exactly one: reward_fn ('module:function' or 'file.py:function'), reward_model (a "
-            "sequence-classification model directory) or use_reward_branch: true."
-        )
-    if reward.use_reward_branch and not config.model.reward_branch_path:
-        problems.add("reward.use_reward_branch", True, "needs model.reward_branch_path (a `hydrappo reward` checkpoint)",
-                     "set model.reward_branch_path to the reward run's output_dir or one of its checkpoints")  # fmt: skip
-    if reward.timeout_s is not None and not reward.reward_fn:
-        problems.add("reward.timeout_s", reward.timeout_s, "limits calls of reward.reward_fn, which is not set",
-                     "remove timeout_s")  # fmt: skip
-    if reward.score_normalization == "ref":
-        explicit = reward.score_ref_mean is not None and reward.score_ref_std is not None
-        if not explicit and not reward.use_reward_branch:
-            problems.add("reward.score_normalization", "ref", "needs reward.score_ref_mean and reward.score_ref_std (or a "
-                         "reward branch whose checkpoint holds them)",
-                         "set both, or use score_normalization: running")  # fmt: skip
-    else:
-        for name in ("score_ref_mean", "score_ref_std"):
-            if getattr(reward, name) is not None:
-                problems.add(f"reward.{name}", getattr(reward, name), "is only used with reward.score_normalization: ref "
-                             f"(it is {reward.score_normalization!r})", f"set score_normalization: ref, or remove {name}")  # fmt: skip
+    check_reward_sources(config, problems)
     if config.train.eval_every > 0 and not config.data.eval_prompts:
         problems.add("train.eval_every", config.train.eval_every, "has nothing to evaluate without data.eval_prompts",
                      "set data.eval_prompts to a held-out prompts file or datasets name, or remove eval_every")  # fmt: skip

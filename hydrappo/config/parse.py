@@ -64,6 +64,10 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
     return flat
 
 
+# Text options that also take a YAML list (on the command line: comma-separated).
+TEXT_LISTS = {"reward_fn"}
+
+
 def _typed_defaults(parser, values: dict, source: str) -> dict:
     """Convert YAML values with the parser's own type for each option, so that a file
     and the command line accept the same spellings (YAML reads `3e-6` as a string)."""
@@ -80,6 +84,10 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
         is_list = action.nargs in ("+", "*")
         try:
             if value is None or convert is None:
+                typed[key] = value
+            elif key in TEXT_LISTS and isinstance(value, list):  # several values of a text option
+                if not all(isinstance(v, str) for v in value):
+                    raise ValueError(value)
                 typed[key] = value
             elif is_list:
                 if not isinstance(value, list):
@@ -102,12 +110,15 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
     return typed
 
 
-def parse_config(config_path: str | Path | None = None, overrides: list[str] | None = None, config_cls=Config):
-    """Read a YAML config and apply command-line overrides (`--key value`).
+def parse_config(config_path: str | Path | None = None, overrides: list[str] | None = None, config_cls=Config,
+                 data: dict | None = None, check: bool = True):  # fmt: skip
+    """Read a YAML config (or `data`, a mapping of the same shape) and apply command-line
+    overrides (`--key value`).
 
     Returns a `config_cls` (Config, RewardConfig or SFTConfig), with relative input paths
-    anchored at the config file's folder and every option checked. Unknown keys in the
-    file or on the command line are errors that list the valid ones.
+    anchored at the config file's folder and every option checked (unless `check` is False:
+    the Python API checks once its objects are in). Unknown keys in the file or on the
+    command line are errors that list the valid ones.
     """
     from transformers import HfArgumentParser
 
@@ -127,12 +138,14 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {path}: not valid YAML: {error}") from None
         defaults = _flatten_yaml(data, str(path), sections)
+    elif data is not None:
+        defaults = _flatten_yaml(data, "args", sections)
 
     # exit_on_error=False: a bad value on the command line is a ConfigError like any other,
     # not argparse's usage text of every option followed by an exit.
     # allow_abbrev=False: a misspelt option is an error, not a guess at another one.
     parser = HfArgumentParser(tuple(sections.values()), exit_on_error=False, allow_abbrev=False)
-    parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path)))
+    parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path) if config_path is not None else "args"))
     # argparse reads only -1 and -0.5 as negative numbers; -1e-4 would look like an option.
     parser._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$")
     try:
@@ -160,5 +173,6 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     config = config_cls(**built)
     if config_path is not None:
         config.resolve_paths(Path(config_path).resolve().parent)
-    validate(config)
+    if check:
+        validate(config)
     return config

@@ -68,11 +68,12 @@ def check_paths(config, problems) -> None:
         if value and not Path(value).expanduser().exists():
             _missing(problems, label, value, what)
     if reward is not None and reward.reward_fn:
-        check_reward_fn(reward.reward_fn, problems)
+        for spec in reward.function_specs:
+            check_reward_fn(spec, problems)
     data = config.data
     for name in ("prompts", "eval_prompts", "train_file", "eval_file", "stats_file"):
         value = getattr(data, name, None)
-        if value and not Path(value).expanduser().exists() and looks_like_a_path(value):
+        if isinstance(value, str) and value and not Path(value).expanduser().exists() and looks_like_a_path(value):
             _missing(problems, f"data.{name}", value, "file or folder")
     problem = writable_folder_problem(config.train.output_dir)
     if problem:
@@ -80,8 +81,11 @@ def check_paths(config, problems) -> None:
                      "choose another output_dir (a new or empty folder)")  # fmt: skip
 
 
-def check_reward_fn(spec: str, problems, label: str = "reward.reward_fn") -> None:
-    """'module:function' or 'path/to/file.py:function'; a file must exist."""
+def check_reward_fn(spec, problems, label: str = "reward.reward_fn") -> None:
+    """'module:function' or 'path/to/file.py:function'; a file must exist. A function
+    object (given through the Python API) is taken as it is."""
+    if callable(spec):
+        return
     target, _, function = str(spec).rpartition(":")
     if not target or not function.isidentifier():
         problems.add(label, spec, "must be 'module:function' or 'path/to/file.py:function'",

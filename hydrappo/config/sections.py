@@ -61,10 +61,24 @@ def torch_dtype(name: str):
 def resolve_path(path: str | None, base_dir: Path | None) -> str | None:
     """Relative paths in a config file are looked up in that file's folder first (and
     made absolute there when found), else left relative to the current directory."""
-    if path is None or base_dir is None or Path(path).is_absolute():
-        return path
+    if not isinstance(path, str) or base_dir is None or Path(path).is_absolute():
+        return path  # None, or an in-memory table given through the Python API
     candidate = Path(base_dir) / path
     return str(candidate.absolute()) if candidate.exists() else path
+
+
+def _plain(value):
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', type(value).__qualname__)}"
+    if hasattr(value, "column_names") or (isinstance(value, (list, tuple)) and value and isinstance(value[0], dict)):
+        return f"<in-memory table of {len(value)} rows>"
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return repr(value)
 
 
 # --------------------------------------------------------------------------- sections
@@ -202,14 +216,25 @@ class PPOArgs:
 
     @property
     def uses_critic(self) -> bool:
-        """Whether runs of these options have a value head (only GAE needs one), and so their checkpoints."""
-        return self.advantage_estimator == "gae"
+        """Whether runs of these options have a value head (the estimator needs a critic), and so their checkpoints."""
+        from ..algo.advantages import ESTIMATORS
+
+        estimator = ESTIMATORS.get(self.advantage_estimator)
+        return estimator is not None and estimator.needs_critic
 
 
 @dataclass
 class RewardArgs:
     reward_fn: str | None = field(
-        default=None, metadata={"help": "'module:function' or 'path/to/file.py:function', called as fn(samples, prompts, outputs)."}
+        default=None,
+        metadata={"help": "'module:function' or 'path/to/file.py:function', or several (a YAML list; on the command line "
+                          "comma-separated), called as trlX's fn(samples, prompts, outputs, **columns) or TRL's "
+                          "fn(prompts, completions, **columns), decided by the first parameter's name."},
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "One weight per reward source (each reward_fn, then reward_model, then the reward branch); the "
+                          "score is the weighted sum (None: 1 each)."},
     )
     reward_model: str | None = field(default=None, metadata={"help": "A sequence-classification model directory scoring prompt+response."})
     reward_model_label: int = field(default=-1, metadata={"help": "Logit index used as the score (-1: the last one)."})
@@ -229,6 +254,17 @@ class RewardArgs:
         default=None,
         metadata={"help": "Seconds one call of reward_fn may take before the run stops with an error naming it (None: no limit)."},
     )
+
+    @property
+    def function_specs(self) -> list[str]:
+        """reward_fn as a list: a YAML list, or text of comma-separated specs."""
+        value = self.reward_fn
+        if not value:
+            return []
+        if callable(value):
+            return [value]
+        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+        return [item if callable(item) else str(item).strip() for item in items if callable(item) or str(item).strip()]
 
 
 @dataclass
@@ -407,7 +443,13 @@ class _Sections:
     PATHS: tuple[str, ...] = ()  # "section.field" entries that hold input paths
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The options as plain data, what a run's config.yaml records: a function object given
+        through the Python API as 'module:qualname', an in-memory table as a note of its size."""
+        return {
+            part.name: {option.name: _plain(getattr(getattr(self, part.name), option.name))
+                        for option in dataclasses.fields(getattr(self, part.name))}
+            for part in dataclasses.fields(self)
+        }  # fmt: skip
 
     def resolve_paths(self, base_dir: str | Path | None) -> None:
         """Anchor every relative input path at `base_dir` (a config file's folder), in
@@ -420,9 +462,14 @@ class _Sections:
             if part is not None and hasattr(part, name):
                 setattr(part, name, resolve_path(getattr(part, name), Path(base_dir)))
         reward = getattr(self, "reward", None)
-        if reward is not None and reward.reward_fn and ".py:" in reward.reward_fn:
-            file, _, function = reward.reward_fn.rpartition(":")
-            reward.reward_fn = f"{resolve_path(file, Path(base_dir))}:{function}"
+        if reward is not None and reward.reward_fn:
+            specs = []
+            for spec in reward.function_specs:
+                if isinstance(spec, str) and ".py:" in spec:
+                    file, _, function = spec.rpartition(":")
+                    spec = f"{resolve_path(file, Path(base_dir))}:{function}"
+                specs.append(spec)
+            reward.reward_fn = specs if isinstance(reward.reward_fn, (list, tuple)) else ",".join(specs)
 
 
 _MODEL_PATHS = ("model.name_or_path", "model.tokenizer_name_or_path", "model.reward_branch_path", "lora.lora_init_adapter")

@@ -26,11 +26,16 @@ import torch
 
 from ..config import Config, ConfigError
 from ..errors import UsageError
-from .atomic import is_nonempty_dir, write_directory
 from ..model.lora import merged_model
+from .atomic import is_nonempty_dir, write_directory, write_files_into
 from .checkpoint import (
-    WEIGHTS_NAME, CheckpointError, find_checkpoint, load_checkpoint_config, load_trainable_weights,
-    read_trainer_state, seed_everything,
+    WEIGHTS_NAME,
+    CheckpointError,
+    find_checkpoint,
+    load_checkpoint_config,
+    load_trainable_weights,
+    read_trainer_state,
+    seed_everything,
 )
 from .models import BUNDLED_MODELS, build_hydra
 from .reward_branch import load_reward_branch
@@ -88,6 +93,27 @@ def save_pretrained_dir(model, tokenizer, tmp: Path, max_shard_size: str | int) 
     model.save_pretrained(str(tmp), max_shard_size=max_shard_size)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
+
+
+def _is_old_weights(path: Path) -> bool:
+    return path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json") or path.name == "adapter_config.json"
+
+
+def save_model_dir(model, tokenizer, output_dir: str | Path, extra_files: dict[str, str] | None = None) -> Path:
+    """`save_pretrained` of a model (safetensors; a PeftModel writes its adapter) and its
+    tokenizer into output_dir, which may also hold logs and checkpoints. The model's marker
+    file (config.json, or adapter_config.json for an adapter) is removed first and written
+    last, so an interrupted write never looks complete; weights of an older model go."""
+    from peft import PeftModel
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+
+    last = "adapter_config.json" if isinstance(model, PeftModel) else "config.json"
+    return write_files_into(output_dir, fill, last=last, stale=_is_old_weights)
 
 
 # --------------------------------------------------------------------------- checkpoint -> transformers

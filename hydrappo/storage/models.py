@@ -335,7 +335,12 @@ def load_model_and_tokenizer(
         except (OSError, ValueError) as error:
             raise ModelLoadError(f"cannot load a causal LM from {str(directory)!r}: {error}") from error
         tokenizer_source = (model_config.tokenizer_name_or_path or directory, None)
-    tokenizer = _load_tokenizer(*tokenizer_source)
+    return ready_for_training(model, _load_tokenizer(*tokenizer_source), device, dtype)
+
+
+def ready_for_training(model, tokenizer, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """`(model, tokenizer)` as every hydra expects them: a pad token (EOS if the tokenizer has
+    none), left padding, the model in eval mode on `device` in `dtype`."""
     ensure_pad_token(tokenizer)
     tokenizer.padding_side = "left"
     if model.config.pad_token_id is None:
@@ -347,12 +352,14 @@ def load_model_and_tokenizer(
     return model.eval(), tokenizer
 
 
-def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True, dtype_device=None):
+def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True, dtype_device=None,
+                loaded=None):  # fmt: skip
     """Load the model a config names and wrap it as the HydraModel that config trains
     (with LoRA when `lora_args.lora_r > 0`; without a value head for critic-free RL and the
     supervised stages). Returns (hydra, tokenizer). `dtype_device`: the device whose
     `model.dtype: auto` applies, when the model is loaded elsewhere first (FSDP loads it into
-    CPU memory, then shards it onto the GPUs).
+    CPU memory, then shards it onto the GPUs). `loaded`: (a transformers model already in
+    memory, its tokenizer or None) to wrap instead of loading `model_config.name_or_path`.
 
     Every command that rebuilds a run's model (train, generate, export) goes through
     here, so they all build the same thing. Random-init models depend on the torch seed:
@@ -366,7 +373,13 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
     quantization = model_config.trunk_quantization
     load_device = "cpu" if quantization != "none" else device
     dtype = resolve_dtype(model_config.dtype, dtype_device or device)
-    model, tokenizer = load_model_and_tokenizer(model_config, device=load_device, dtype=dtype)
+    if loaded is None:
+        model, tokenizer = load_model_and_tokenizer(model_config, device=load_device, dtype=dtype)
+    else:
+        model, tokenizer = loaded
+        if tokenizer is None:
+            tokenizer = _load_tokenizer(model_config.tokenizer_name_or_path or model_config.name_or_path)
+        model, tokenizer = ready_for_training(model, tokenizer, load_device, dtype)
     lora = lora_config(lora_args) if lora_args is not None and lora_args.lora_r > 0 else None
     try:
         hydra = HydraModel(

@@ -43,11 +43,18 @@ import yaml
 
 from ..config import ConfigError, validate
 from ..errors import HydrappoError
-from ..storage.checkpoint import (
-    latest_checkpoint, load_trainable_weights, load_training_state, resolve_resume, rng_state, save_checkpoint,
-    seed_everything, set_rng_state, trainable_state_dict,
-)
 from ..storage.atomic import remove_orphaned_temporaries
+from ..storage.checkpoint import (
+    latest_checkpoint,
+    load_trainable_weights,
+    load_training_state,
+    resolve_resume,
+    rng_state,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+    trainable_state_dict,
+)
 from ..storage.models import build_hydra
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
@@ -318,17 +325,23 @@ class Harness:
 
 
 def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
-            value_head: bool = True):  # fmt: skip
+            value_head: bool = True, before_model=None, model=None):  # fmt: skip
     """What every trainer does first, in this order (a random-init model depends on the seed):
-    anchor the config's relative paths at `config_dir` and check it, seed, pick the device and
-    precision, and build the hydra the config names unless one is given.
-    Returns (harness, hydra, tokenizer)."""
+    anchor the config's relative paths at `config_dir` and check it, run `before_model()` (the
+    loop's checks of its data and reward functions, which must fail before a model loads),
+    seed, pick the device and precision, and build the hydra the config names unless one is given
+    (`model`: a transformers model in memory to wrap instead of loading one). Returns
+    (harness, hydra, tokenizer)."""
     config.resolve_paths(config_dir)
     validate(config)
+    if before_model is not None:
+        before_model()
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
+    loaded = (model, tokenizer) if model is not None else None
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
         # Whole in CPU memory first; each process then keeps its shards of the frozen layers.
-        hydra, tokenizer = build_hydra(config.model, lora, device="cpu", value_head=value_head, dtype_device=harness.device)
+        hydra, tokenizer = build_hydra(config.model, lora, device="cpu", value_head=value_head, dtype_device=harness.device,
+                                       loaded=loaded)  # fmt: skip
         sharded, kept = shard_frozen_trunk(hydra, harness.dist, harness.device)
         hydra.to(harness.device)
         harness.trunk_sharded = True
@@ -336,7 +349,7 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
             logger.info("FSDP: %d frozen parameters sharded over %d processes, %d of them on this one", sharded,
                         harness.dist.world_size, kept)  # fmt: skip
     elif hydra is None:
-        hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head)
+        hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head, loaded=loaded)
     if tokenizer is None:
         raise ConfigError("pass the tokenizer together with a hydra model.")
     return harness, hydra, tokenizer

@@ -34,7 +34,7 @@ def held_out_statistics(scores: list[float], lengths: list[int], ended: list[boo
                         parts: dict[str, list[float]] | None = None) -> dict:  # fmt: skip
     """The eval/* scalars of one evaluation. `eval/solve_rate` appears where every score is 0
     or 1 (a verifiable reward): the share of prompts solved. `parts`: each reward's own scores,
-    logged as its mean under eval/<name>."""
+    logged as its mean under eval/reward/<name>."""
     count = len(scores)
     stats = {
         "eval/reward_mean": statistics.fmean(scores),
@@ -47,14 +47,14 @@ def held_out_statistics(scores: list[float], lengths: list[int], ended: list[boo
     if all(score in (0.0, 1.0) for score in scores):
         stats["eval/solve_rate"] = sum(scores) / count
     for name, values in (parts or {}).items():
-        stats[f"eval/{name}"] = statistics.fmean(values)
+        stats[f"eval/reward/{name}"] = statistics.fmean(values)
     return stats
 
 
 class HeldOutEvaluation:
     """Answers every held-out prompt with the current policy and scores the answers.
 
-    `generate(prompt_ids, greedy)` -> Responses and `score(prompt_texts, responses)` ->
+    `generate(prompt_ids, greedy)` -> Responses and `score(rows, prompt_texts, responses)` ->
     (scores tensor, {reward name: scores} or None) are the trainer's own, so evaluation
     samples and scores exactly as training does."""
 
@@ -88,7 +88,7 @@ class HeldOutEvaluation:
         prompt_ids = [self.prompts.input_ids[i] for i in rows]
         prompt_texts = [self.prompts.texts[i] for i in rows]
         responses: Responses = generate(prompt_ids, self.greedy)
-        scores, parts = score(prompt_texts, responses)
+        scores, parts = score(rows, prompt_texts, responses)
         texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
         degenerate = degeneration_flags(responses.response_ids, responses.ended)
         return [

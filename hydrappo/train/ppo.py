@@ -23,31 +23,42 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 
-from ..algo.advantages import estimate_advantages
+from ..algo.advantages import ESTIMATORS, estimate_advantages
 from ..algo.degeneration import degeneration_flags
 from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_of_parts, explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import (
-    RunningMoments, group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards,
+    RunningMoments,
+    group_statistics,
+    normalize_scores,
+    overlong_filter,
+    overlong_penalty,
+    shape_rewards,
 )
 from ..config import Config, ConfigError
-from ..data import PromptSampler, load_prompt_texts, tokenize_prompts
+from ..data import PromptSampler, load_prompt_table, tokenize_prompts
 from ..model import HydraModel
-from ..model.heads import widened
-from ..rewards import build_reward_source
+from ..rewards import build_reward_source, reward_functions
 from ..rollout import (
-    Experience, Responses, evaluate_sequences, minibatch_plan, pack_sequences, pack_split_hidden, response_part,
+    Experience,
+    Responses,
+    evaluate_sequences,
+    minibatch_plan,
+    pack_sequences,
+    pack_split_hidden,
+    response_part,
 )
 from ..sampling import build_sampler
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
+from .api import save_model, trainer_inputs
 from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
-
 
 EXPLAINED_VARIANCE_PARTS = ("val/_returns", "val/_returns_sq", "val/_residual", "val/_residual_sq")
 
@@ -102,20 +113,27 @@ class UpdateMeter:
 class PPOTrainer:
     """PPO-RLHF on one HydraModel.
 
-    Build it from a `Config` (`hydrappo train` does); pass `hydra`/`tokenizer` to use a
-    model you built yourself. `config_dir` anchors relative paths of the config file.
+    Build it from a `Config` (`hydrappo train` does), or from objects as TRL's trainers take
+    them (train/api.py): `model` (id, path or a loaded PreTrainedModel), `reward_funcs`
+    (callables or 'module:function' specs) and `reward_weights`, `train_dataset` /
+    `eval_dataset` (a datasets.Dataset, a list of row dicts or a path), `args` (a Config, a
+    YAML path or a dict shaped like the YAML file) and `processing_class` (the tokenizer).
+    Pass `hydra`/`tokenizer` to use a hydra you built yourself. `config_dir` anchors
+    relative paths of the config file.
     """
 
     name = "PPO"
     progress = {"reward": "env/reward_mean", "kl": "objective/kl"}
 
-    def __init__(self, config: Config, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
+    def __init__(self, config: Config | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
+                 **objects):  # fmt: skip
+        config, model, tokenizer = trainer_inputs(Config, config, objects, tokenizer)
         self.config = config
         ppo, train = config.ppo, config.train
         self.critic = ppo.uses_critic
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=ppo.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora, value_head=self.critic,
+            tokenizer=tokenizer, lora=config.lora, value_head=self.critic, before_model=self._read_inputs, model=model,
         )
         if not self.critic:
             hydra.value_head = None  # critic-free: no value head in the optimizer or the checkpoints
@@ -131,16 +149,14 @@ class PPOTrainer:
             # score_normalization 'ref' without explicit statistics: the reward checkpoint's.
             apply_reference_stats(config.reward, branch)
 
-        self.reward_source = build_reward_source(config.reward, device=str(self.device))
+        self.reward_source = build_reward_source(config.reward, device=str(self.device), functions=self._functions)
         data = config.data
-        texts = load_prompt_texts(data.prompts, data.prompt_column, data.split, data.subset)
-        self.prompts = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
+        self.prompts = tokenize_prompts(self._texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
         self.held_out = None
         if data.eval_prompts:
-            texts = load_prompt_texts(data.eval_prompts, data.prompt_column, data.eval_split, data.subset, setting="data.eval_prompts")
             self.held_out = HeldOutEvaluation(
-                tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt),
+                tokenize_prompts(self._eval_texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt),
                 tokenizer, batch_size=config.generation.generation_batch_size, greedy=train.eval_greedy, seed=train.seed,
             )
         self._check_process_count()
@@ -159,6 +175,20 @@ class PPOTrainer:
         self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
         self.records_split = (config.generation.reuse_trunk_pass and hydra.has_frozen_split and not self.harness.trunk_sharded
                               and self.rollout_sampler.records_split)  # fmt: skip
+
+    def _read_inputs(self) -> None:
+        """The prompt table (the prompts and every other column, which go to the reward
+        functions) and the reward functions, checked against those columns: before any model loads."""
+        data = self.config.data
+        self._texts, self.columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
+        self._functions = reward_functions(self.config.reward, columns=list(self.columns))
+        self._eval_texts, self.eval_columns = [], {}
+        if data.eval_prompts:
+            self._eval_texts, self.eval_columns = load_prompt_table(
+                data.eval_prompts, data.prompt_column, data.eval_split, data.subset, setting="data.eval_prompts"
+            )
+            for function in self._functions:
+                function.check_columns(self.eval_columns, setting="data.eval_prompts")
 
     @property
     def trained_module(self) -> HydraModel:
@@ -184,6 +214,10 @@ class PPOTrainer:
         """Run until train.total_steps; `resume` = a checkpoint path or True/'latest'."""
         return self.harness.run(self, self.config.train.total_steps, resume)
 
+    def save_model(self, output_dir) -> Path:
+        """The policy as a plain transformers model folder (train/api.py)."""
+        return save_model(self.hydra, self.tokenizer, output_dir)
+
     # ------------------------------------------------------------------ the step
     def train_step(self) -> tuple[dict, list[dict]]:
         # Dropout is off either way; the mode matters because transformers checkpoints layers
@@ -193,7 +227,7 @@ class PPOTrainer:
         self.hydra.train(self.config.model.gradient_checkpointing)
         stats.update(self.ppo_update(experience))
         self.hydra.eval()
-        if "objective/kl" in stats:
+        if experience.ref_logprobs is not None:  # the KL was measured (a coefficient of 0 skips the reference)
             self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
         step, train = self.harness.step + 1, self.config.train
         if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
@@ -216,15 +250,18 @@ class PPOTrainer:
         with self.harness.autocast():
             return self.eval_sampler.sample(prompt_ids, self.config.generation, greedy=greedy)
 
-    def score_responses(self, prompt_texts: list[str], responses: Responses) -> tuple[torch.Tensor, None]:
-        """Scores of responses outside the experience pass (held-out evaluation), from the run's
-        reward source; a reward branch scores them in a hydra pass of their own."""
+    def score_responses(self, rows: list[int], prompt_texts: list[str], responses: Responses) -> tuple[torch.Tensor, dict]:
+        """Scores of responses to held-out prompts `rows` outside the experience pass, from the
+        run's reward sources (with the held-out table's columns), and each source's own scores;
+        a reward branch scores them in a hydra pass of their own."""
         branch_scores = None
-        if self.reward_source is None:
+        if self.config.reward.use_reward_branch:
             ids, mask, _, width = pack_sequences(responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id)
             branch_scores = self.evaluate(ids.to(self.device), mask.to(self.device), width, with_reference=False).scores
         texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
-        return self.score(prompt_texts, texts, branch_scores), None
+        columns = {name: [values[i] for i in rows] for name, values in self.eval_columns.items()}
+        scores = self.score(prompt_texts, texts, branch_scores, columns, responses.response_ids)
+        return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 
     @torch.no_grad()
     def make_experience(self) -> tuple[Experience, dict, list[dict]]:
@@ -251,7 +288,8 @@ class PPOTrainer:
             evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0, split_hidden=split)
         with dist.phase("scoring responses"):
             response_texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
-            raw_scores = self.score(prompt_texts, response_texts, evaluation.scores)
+            columns = {name: [values[i] for i in indices] for name, values in self.columns.items()}
+            raw_scores = self.score(prompt_texts, response_texts, evaluation.scores, columns, responses.response_ids)
         action_mask = action_mask.to(self.device)
         # What shapes the loss is computed over the WHOLE batch (every process's rows, gathered),
         # the same on every process; each keeps its own rows of the result.
@@ -275,7 +313,7 @@ class PPOTrainer:
             kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
             cliprange_reward=reward_cfg.cliprange_reward, ended_with_eos=ended.to(self.device),
             missing_eos_penalty=reward_cfg.missing_eos_penalty,
-            group_baseline=group if ppo.advantage_estimator == "reinforce_pp_baseline" else 0,
+            group_baseline=group if ESTIMATORS[ppo.advantage_estimator].baseline_on_scores else 0,
         )
         advantages, returns = estimate_advantages(
             ppo.advantage_estimator, rewards, values, whole_mask, group_size=group, gamma=ppo.gamma,
@@ -298,6 +336,8 @@ class PPOTrainer:
         stats = {
             "env/reward_mean": all_raw_scores.mean().item(),
             "env/reward_std": all_raw_scores.std().item() if len(all_raw_scores) > 1 else 0.0,
+            # each source's unweighted mean (env/reward/<function name> | reward_model | reward_branch)
+            **{f"env/reward/{name}": gather(part).mean().item() for name, part in self.reward_source.last.items()},
             "env/score_used_mean": scores.mean().item(),
             "env/missing_eos_frac": 1.0 - ended.float().mean().item(),
             "env/degenerate_frac": degenerate.mean().item(),  # a looping tail (algo/degeneration.py)
@@ -338,17 +378,17 @@ class PPOTrainer:
             split_hidden=split_hidden,
         )
 
-    def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores) -> torch.Tensor:
-        if self.reward_source is None:
-            if branch_scores is None:
-                raise TrainingError("reward.use_reward_branch is set but no reward branch is attached.")
-            scores = widened(branch_scores).cpu()
-        else:
-            samples = [p + r for p, r in zip(prompt_texts, response_texts)]
-            step = self.harness.step + 1  # named in the error of a reward source that fails
-            scores = torch.as_tensor(self.reward_source(samples, prompt_texts, response_texts, step=step), dtype=torch.float32)
+    def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores, columns=None,
+              completion_ids=None) -> torch.Tensor:  # fmt: skip
+        """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources)."""
+        samples = [p + r for p, r in zip(prompt_texts, response_texts)]
+        step = self.harness.step + 1  # named in the error of a reward source that fails
+        scores = self.reward_source(
+            samples, prompt_texts, response_texts, step=step, columns=columns, completion_ids=completion_ids,
+            branch_scores=branch_scores,
+        )
         if not torch.isfinite(scores).all():
-            raise TrainingError(f"the reward source returned non-finite scores: {scores.tolist()}")
+            raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
         return scores
 
     # ------------------------------------------------------------------ the update

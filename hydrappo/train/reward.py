@@ -25,12 +25,21 @@ import torch
 from ..algo.losses import preference_loss
 from ..algo.scores import score_statistics
 from ..config import GenerationArgs, RewardConfig
+from ..data import (
+    DataError,
+    PreferencePairs,
+    encode_prompts,
+    load_preference_pairs,
+    read_table,
+    split_by_prompt,
+    tokenize_responses,
+)
 from ..errors import UsageError
-from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, read_table, split_by_prompt, tokenize_responses
 from ..model import HydraModel
 from ..rollout import generate_responses, pack_sequences
 from ..storage.checkpoint import latest_checkpoint
 from ..storage.reward_branch import REWARD_FORMAT_VERSION, REWARD_KIND, base_model_identity, load_reward_branch
+from .api import trainer_inputs
 from .harness import TrainingError, as_float, prepare
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
@@ -46,12 +55,14 @@ class RewardTrainer(SupervisedStage):
     name = "reward"
     progress = {"loss": "train/loss", "acc": "train/accuracy"}
 
-    def __init__(self, config: RewardConfig, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
+    def __init__(self, config: RewardConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
+                 **objects):  # fmt: skip
+        config, model, tokenizer = trainer_inputs(RewardConfig, config, objects, tokenizer)
         self.config = config
         data, train = config.data, config.train
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, value_head=False,
+            tokenizer=tokenizer, value_head=False, model=model,
         )
         self.device = self.harness.device
         self.hydra, self.tokenizer = hydra, tokenizer

@@ -32,35 +32,15 @@ from ..config import SFTConfig
 from ..data import DataError, load_sft_rows, split_by_prompt
 from ..model import HydraModel
 from ..rollout import pack_sequences, response_part
-from ..storage.atomic import write_files_into
+from ..storage.export import save_model_dir
 from ..storage.models import unquantized_copy
+from .api import trainer_inputs
 from .harness import enable_activation_checkpointing, prepare
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")
 
 CONFIG_NAME = "sft_config.yaml"
-
-
-def _is_old_weights(path: Path) -> bool:
-    return path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json") or path.name == "adapter_config.json"
-
-
-def save_model_dir(model, tokenizer, output_dir: str | Path, extra_files: dict[str, str] | None = None) -> Path:
-    """`save_pretrained` of a model (safetensors; a PeftModel writes its adapter) and its
-    tokenizer into output_dir, which may also hold logs and checkpoints. The model's marker
-    file (config.json, or adapter_config.json for an adapter) is removed first and written
-    last, so an interrupted write never looks complete; weights of an older model go."""
-    from peft import PeftModel
-
-    def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-
-    last = "adapter_config.json" if isinstance(model, PeftModel) else "config.json"
-    return write_files_into(output_dir, fill, last=last, stale=_is_old_weights)
 
 
 class SFTTrainer(SupervisedStage):
@@ -72,12 +52,14 @@ class SFTTrainer(SupervisedStage):
     # train(): evaluates at step 0, per epoch (or eval_every) and at the end; the model (or
     # adapter) is written into output_dir before the final checkpoint.
 
-    def __init__(self, config: SFTConfig, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None):
+    def __init__(self, config: SFTConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
+                 **objects):  # fmt: skip
+        config, model, tokenizer = trainer_inputs(SFTConfig, config, objects, tokenizer)
         self.config = config
         data, train = config.data, config.train
         self.harness, hydra, tokenizer = prepare(
             config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora, value_head=False,
+            tokenizer=tokenizer, lora=config.lora, value_head=False, model=model,
         )
         self.device = self.harness.device
         self.hydra, self.tokenizer = hydra, tokenizer

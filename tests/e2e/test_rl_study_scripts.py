@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
 pytest.importorskip("matplotlib")
 
 import rl_study  # noqa: E402
-from reward import format_ok, reward_with_format_fn  # noqa: E402
+from reward import accuracy, format_ok, format_reward  # noqa: E402
 
 DEFAULTS = {"config": TINY / "config.yaml", "eval_prompts": TINY / "prompts.jsonl", "reward_fn": f"{TINY / 'reward.py'}:reward_fn",
             "knob": "init_kl_coef", "values": [0.3], "output_dir": "unused"}  # fmt: skip
@@ -49,7 +49,9 @@ def test_distinct_n_by_hand():
     assert rl_study.distinct_n([[5]]) == 0.0
 
 
-def test_arithmetic_format_term():
-    assert format_ok("3 + 4 = 7") == format_ok("11 + 6 equals 17.") == 1.0
-    assert format_ok("3 + 4 = 7\n\n👉👉👉") == format_ok("7. This is the sum.") == 0.0
-    assert reward_with_format_fn(None, ["What is 3 + 4?"] * 3, ["3 + 4 = 7", "3 + 4 = 7\n👉", "3 + 4 = 8"]) == [1.2, 1.0, 0.2]
+def test_arithmetic_rewards():
+    assert format_ok("3 + 4 = 7") and format_ok("11 + 6 equals 17.")
+    assert not format_ok("3 + 4 = 7\n\n👉👉👉") and not format_ok("7. This is the sum.")
+    completions = ["3 + 4 = 7", "3 + 4 = 7\n👉", "3 + 4 = 8", "The sum is 7 (3 + 4)."]
+    assert accuracy(completions, answer=["7"] * 4) == [1.0, 1.0, 0.0, 0.0]  # the LAST integer counts
+    assert format_reward(completions) == [1.0, 0.0, 1.0, 0.0]

@@ -26,7 +26,7 @@ def test_statistics_by_hand():
     assert stats["eval/reward_std"] == pytest.approx(0.75**0.5 * 0.25**0.5)  # population std of a 3:1 split
     assert stats["eval/response_len_mean"] == 5.0 and stats["eval/missing_eos_frac"] == 0.25
     assert stats["eval/degenerate_frac"] == 0.25 and stats["eval/prompts"] == 4
-    assert stats["eval/accuracy"] == 0.75 and stats["eval/format"] == 0.5
+    assert stats["eval/reward/accuracy"] == 0.75 and stats["eval/reward/format"] == 0.5
     # Scores that are not all 0/1 have no solve rate.
     assert "eval/solve_rate" not in held_out_statistics([0.5, 1.0], [1, 1], [True, True], [False, False])
 

@@ -173,13 +173,15 @@ def test_classifier_errors(tmp_path):
 
 
 def test_build_reward_source(module_dir, tmp_path):
-    assert build_reward_source(RewardArgs(use_reward_branch=True)) is None
+    branch = build_reward_source(RewardArgs(use_reward_branch=True))
+    assert branch.names == ["reward_branch"] and branch(["a"], ["a"], [""], branch_scores=torch.tensor([2.5])).tolist() == [2.5]
     function = build_reward_source(RewardArgs(reward_fn="hp_test_rewards_mod.py:word_count"), base_dir=module_dir)
-    assert isinstance(function, FunctionReward) and call(function).tolist() == [1.0, 3.0, 0.0]
+    assert function.names == ["word_count"] and call(function).tolist() == [1.0, 3.0, 0.0]
     save_classifier(module_dir / "rm", num_labels=2)
     classifier = build_reward_source(RewardArgs(reward_model="rm", reward_model_label=0), base_dir=module_dir)
-    assert isinstance(classifier, ClassifierReward) and classifier.label == 0
-    with pytest.raises(RewardError, match="set exactly one reward source"):
+    assert isinstance(classifier.entries[0][2], ClassifierReward) and classifier.entries[0][2].label == 0
+    with pytest.raises(RewardError, match="set a reward source"):
         build_reward_source(RewardArgs())
-    with pytest.raises(RewardError, match="set exactly one reward source"):
-        build_reward_source(RewardArgs(reward_fn="m:f", use_reward_branch=True))
+    with pytest.raises(RewardError, match="1 weight.* for 2 reward source"):
+        build_reward_source(RewardArgs(reward_fn="hp_test_rewards_mod.py:word_count", use_reward_branch=True,
+                                       reward_weights=[1.0]), base_dir=module_dir)  # fmt: skip

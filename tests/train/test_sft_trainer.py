@@ -14,7 +14,8 @@ from hydrappo.cli import main as cli_main
 from hydrappo.config import ConfigError, ModelConfig, SFTConfig, parse_config
 from hydrappo.storage.models import load_model_and_tokenizer
 from hydrappo.algo.losses import response_nll
-from hydrappo.train.sft import SFTTrainer, save_model_dir
+from hydrappo.storage.export import save_model_dir
+from hydrappo.train.sft import SFTTrainer
 from hydrappo.train.ppo import PPOTrainer
 from runs import write_sft_config
 

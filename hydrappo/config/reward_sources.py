@@ -1,0 +1,50 @@
+"""The reward section's rules for RL runs: which reward sources a config names, their weights,
+and the options that only make sense with some of them. Part of config/checks.py's one pass."""
+
+from __future__ import annotations
+
+import math
+
+
+def check_reward_sources(config, problems) -> None:
+    """Problems of reward.reward_fn / reward_model / use_reward_branch, reward_weights, timeout_s and
+    the reference score statistics, added to `problems` (config/checks.py's Problems)."""
+    reward = config.reward
+    specs = reward.function_specs
+    sources = len(specs) + bool(reward.reward_model) + bool(reward.use_reward_branch)
+    if not sources:
+        problems.note(
+            "reward: no reward source is set. Set reward_fn ('module:function' or 'file.py:function', or a list of "
+            "them), reward_model (a sequence-classification model directory) or use_reward_branch: true; several "
+            "combine as a weighted sum (reward_weights)."
+        )
+    if reward.reward_weights is not None:
+        order = "each reward_fn, then reward_model, then the reward branch"
+        if len(reward.reward_weights) != sources:
+            problems.add("reward.reward_weights", list(reward.reward_weights), f"has {len(reward.reward_weights)} "
+                         f"weight(s) for {sources} reward source(s) ({order})",
+                         f"give {sources} weight(s), one per source in that order, or remove reward_weights (1 each)")  # fmt: skip
+        elif not all(math.isfinite(w) for w in reward.reward_weights):
+            problems.add("reward.reward_weights", list(reward.reward_weights), "must be finite numbers",
+                         "use finite weights")  # fmt: skip
+    if reward.use_reward_branch and not config.model.reward_branch_path:
+        problems.add("reward.use_reward_branch", True, "needs model.reward_branch_path (a `hydrappo reward` checkpoint)",
+                     "set model.reward_branch_path to the reward run's output_dir or one of its checkpoints")  # fmt: skip
+    if reward.timeout_s is not None and not reward.reward_fn:
+        problems.add("reward.timeout_s", reward.timeout_s, "limits calls of reward.reward_fn, which is not set",
+                     "remove timeout_s")  # fmt: skip
+    if reward.score_normalization == "ref":
+        explicit = reward.score_ref_mean is not None and reward.score_ref_std is not None
+        if not explicit and reward.use_reward_branch and sources > 1:
+            problems.add("reward.score_normalization", "ref", "without score_ref_mean/score_ref_std takes the reward "
+                         "branch's own statistics, which do not describe a weighted sum of several reward sources",
+                         "set score_ref_mean and score_ref_std for the sum, or use score_normalization: running")  # fmt: skip
+        if not explicit and not reward.use_reward_branch:
+            problems.add("reward.score_normalization", "ref", "needs reward.score_ref_mean and reward.score_ref_std (or a "
+                         "reward branch whose checkpoint holds them)",
+                         "set both, or use score_normalization: running")  # fmt: skip
+    else:
+        for name in ("score_ref_mean", "score_ref_std"):
+            if getattr(reward, name) is not None:
+                problems.add(f"reward.{name}", getattr(reward, name), "is only used with reward.score_normalization: ref "
+                             f"(it is {reward.score_normalization!r})", f"set score_normalization: ref, or remove {name}")  # fmt: skip

@@ -1,0 +1,107 @@
+"""The trainers built from Python objects, the way TRL users write them.
+
+    trainer = PPOTrainer(model="HuggingFaceTB/SmolLM2-135M-Instruct",
+                         reward_funcs=[accuracy, format_ok], reward_weights=[1.0, 0.2],
+                         train_dataset=Dataset.from_list(rows), eval_dataset=held_out,
+                         args={"ppo": {"batch_size": 16}, "train": {"total_steps": 50}})
+    trainer.train()
+    trainer.save_model("policy")   # a plain transformers model folder
+
+Every object lands in the same `Config` fields the YAML file sets, and the trainer checks that
+config with the same rules (config/checks.py) before any model loads; only the objects
+themselves (a loaded model, function objects, in-memory tables) skip the file-path checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+from ..config import ConfigError
+from ..config.parse import parse_config
+
+# Where train_dataset / eval_dataset go in each stage's config.
+DATASET_FIELDS = {"Config": ("prompts", "eval_prompts"), "RewardConfig": ("train_file", "eval_file"),
+                  "SFTConfig": ("train_file", "eval_file")}  # fmt: skip
+
+
+def config_of(config_cls, args) -> object:
+    """A `config_cls` from `args`: an instance (copied), a YAML file path, a mapping in the YAML
+    file's shape ({section: {option: value}}) or None (the defaults)."""
+    if isinstance(args, config_cls):
+        return copy.deepcopy(args)
+    if args is None or isinstance(args, (str, os.PathLike, dict)):
+        path = args if isinstance(args, (str, os.PathLike)) else None
+        return parse_config(path, [], config_cls, data=args if isinstance(args, dict) else None, check=False)
+    raise ConfigError(
+        f"args: a {type(args).__name__} is not a {config_cls.__name__}; give a {config_cls.__name__}, a YAML config path "
+        "or a dict shaped like the YAML file ({'ppo': {'batch_size': 16}, ...})."
+    )
+
+
+def apply_objects(config, *, model=None, reward_funcs=None, reward_weights=None, train_dataset=None,
+                  eval_dataset=None):  # fmt: skip
+    """Put the objects into `config` (in place). Returns the loaded model to wrap (a
+    `PreTrainedModel` given as `model`) or None."""
+    loaded = None
+    if model is not None:
+        if isinstance(model, (str, os.PathLike)):
+            config.model.name_or_path = str(model)
+        elif hasattr(model, "config") and hasattr(model, "generate"):  # a transformers PreTrainedModel
+            loaded = model
+            config.model.name_or_path = getattr(model, "name_or_path", "") or config.model.name_or_path or "(given model)"
+        else:
+            raise ConfigError(f"model: a {type(model).__name__} is not a model; give a model id, a path or a transformers "
+                              "PreTrainedModel.")  # fmt: skip
+    if reward_funcs is not None:
+        if not hasattr(config, "reward"):
+            raise ConfigError(f"reward_funcs: {type(config).__name__} has no reward section; reward functions are for RL.")
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        config.reward.reward_fn = funcs
+    if reward_weights is not None:
+        config.reward.reward_weights = [float(w) for w in reward_weights]
+    train_field, eval_field = DATASET_FIELDS[type(config).__name__]
+    for field, table in ((train_field, train_dataset), (eval_field, eval_dataset)):
+        if table is not None:
+            setattr(config.data, field, str(table) if isinstance(table, Path) else table)
+    return loaded
+
+
+def save_model(hydra, tokenizer, output_dir) -> Path:
+    """The trained policy as a plain transformers model folder (LoRA adapters merged), which
+    `AutoModelForCausalLM.from_pretrained(output_dir)` loads."""
+    from ..storage.export import policy_model, save_model_dir
+
+    model = policy_model(hydra)
+    saved_name = model.config.name_or_path
+    model.config.name_or_path = ""
+    try:
+        return save_model_dir(model, tokenizer, output_dir)
+    finally:
+        model.config.name_or_path = saved_name
+
+
+OBJECTS = ("model", "reward_funcs", "reward_weights", "train_dataset", "eval_dataset", "args", "processing_class")
+
+
+def trainer_inputs(config_cls, config, objects: dict, tokenizer=None) -> tuple[object, object, object]:
+    """(config, loaded model or None, tokenizer) of a trainer built as `Trainer(config)` (the
+    config as it is) or from objects (OBJECTS, TRL's names: `Trainer(model, reward_funcs=...,
+    train_dataset=..., args=...)`; a model given first in TRL's order is taken as `model`)."""
+    unknown = sorted(set(objects) - set(OBJECTS))
+    if unknown:
+        raise ConfigError(f"unknown argument(s) {', '.join(unknown)}; the trainers take {', '.join(OBJECTS)} (or a config).")
+    if config is not None and not isinstance(config, config_cls):
+        if "model" in objects:
+            raise ConfigError(f"a {type(config).__name__} was given first and as model=: give the model once.")
+        objects = {**objects, "model": config}  # TRL's order: the model first
+        config = None
+    if config is None:
+        config = config_of(config_cls, objects.get("args"))
+    elif objects.get("args") is not None:
+        raise ConfigError("give the config either first or as args=, not both.")
+    elif any(objects.get(name) is not None for name in OBJECTS):
+        config = copy.deepcopy(config)
+    loaded = apply_objects(config, **{name: objects.get(name) for name in OBJECTS[:5]})
+    return config, loaded, tokenizer if tokenizer is not None else objects.get("processing_class")

@@ -1,0 +1,30 @@
+"""examples/arithmetic/plot_eval.py: the held-out curve from a metrics.jsonl written by hand."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "plot_eval.py"
+spec = importlib.util.spec_from_file_location("plot_eval", SCRIPT)
+plot_eval = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plot_eval)
+
+
+def test_curves_and_png(tmp_path):
+    rows = [
+        {"step": 0, "eval/reward/accuracy": 0.3, "eval/reward/format_reward": 0.4, "eval/missing_eos_frac": 0.6, "eval/degenerate_frac": 0.0},
+        {"step": 1, "env/reward/accuracy": 0.25},
+        {"step": 2, "env/reward/accuracy": 0.5, "eval/reward/accuracy": 0.6, "eval/reward/format_reward": 0.9,
+         "eval/missing_eos_frac": 0.05, "eval/degenerate_frac": 0.01},
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held_out, train = plot_eval.curves(tmp_path / "metrics.jsonl")
+    assert held_out["held-out accuracy"] == [(0, 0.3), (2, 0.6)]
+    assert held_out["held-out: ends with EOS"] == [(0, pytest.approx(0.4)), (2, pytest.approx(0.95))]
+    assert train == [(1, 0.25), (2, 0.5)]
+    assert plot_eval.main([str(tmp_path)]) == 0
+    assert (tmp_path / "eval_curve.png").stat().st_size > 1000
