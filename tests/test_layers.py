@@ -22,7 +22,6 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.config": 2,
     "hydrappo.data": 3,
     "hydrappo.rollout": 3,
-    "hydrappo.sampling": 3,  # samplers: rollout's generation behind one interface
     "hydrappo.rewards": 3,
     "hydrappo.storage": 3,
     "hydrappo.planner": 3,

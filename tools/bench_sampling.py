@@ -1,4 +1,4 @@
-"""The samplers of hydrappo/sampling.py side by side, interleaved in one process: transformers'
+"""The samplers of hydrappo/rollout.py side by side, interleaved in one process: transformers'
 `generate` (GenerateSampler, as the trainer runs it) against its continuous batching
 (ContinuousBatchingSampler) at several page sizes, on the same prompts, greedy (so every
 candidate produces the same tokens and does the same work; the tool checks it).
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hydrappo.config import GenerationArgs, ModelConfig  # noqa: E402
 from hydrappo.model import HydraModel  # noqa: E402
 from hydrappo.model.hydra import disable_dropout  # noqa: E402
-from hydrappo.sampling import ContinuousBatchingSampler, GenerateSampler  # noqa: E402
+from hydrappo.rollout import ContinuousBatchingSampler, GenerateSampler  # noqa: E402
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 ATTENTION = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",

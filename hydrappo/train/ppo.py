@@ -46,6 +46,7 @@ from ..model import HydraModel
 from ..rewards import build_reward_source, reward_functions
 from ..rollout import (
     Experience,
+    build_sampler,
     Responses,
     evaluate_sequences,
     minibatch_plan,
@@ -53,7 +54,6 @@ from ..rollout import (
     pack_split_hidden,
     response_part,
 )
-from ..sampling import build_sampler
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model, trainer_inputs
