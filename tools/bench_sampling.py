@@ -19,14 +19,21 @@ machine compare the ratios, not the seconds.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
-import transformers
-from torch.profiler import ProfilerActivity, profile
+# OpenMP threads that spin while they wait make a 2-thread run on a busy machine (more runnable
+# threads than cores) up to 50x slower in the main thread, and not in continuous batching's own
+# thread: the comparison would measure the machine's load. Passive waiting removes that; set
+# OMP_WAIT_POLICY yourself to measure otherwise. It must be set before torch loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -52,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also continuous batching with transformers' own cache sizing (60%% of the free RAM "
                              "on a CPU: gigabytes; use with --model tiny on a shared machine)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (0: leave as is)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
     parser.add_argument("--profile", action="store_true", help="one profiled call of each candidate")
     return parser.parse_args(argv)
 
