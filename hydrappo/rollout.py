@@ -390,7 +390,7 @@ def _joined(chunks: list):
 
 # The default of `generation.sampler: auto` per device type. CPU: measured (docs/sampling.md,
 # tools/bench_sampling.py): continuous batching is slower there at every page size tried
-# (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's tokens/s; a 4-layer toy: 0.11x, its
+# (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's tokens/s, 32 x 24: 0.68x; a 4-layer toy: 0.11x, its
 # ~0.8 s fixed cost per call), and it records no split states, so the experience pass costs
 # more too. Other devices: not measured yet, so generate stays their default.
 DEFAULT_SAMPLER = {"cpu": "generate"}
