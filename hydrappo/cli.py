@@ -21,12 +21,15 @@ exits with 130 or 143 (train/interrupt.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import usercode
@@ -66,7 +69,10 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
         HfArgumentParser(tuple(sections_of(config_cls).values())).print_help()
         return 0 if args.help else 2
     config = parse_config(args.config, overrides, config_cls)
+    from .storage.models import fetch_hub_models
     from .storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
+
+    fetch_hub_models(config)  # a Hub id that is not cached and cannot be downloaded fails before anything is written
 
     inputs = {name: getattr(getattr(config, name.split(".")[0], None), name.split(".")[1], None) for name in config.PATHS}
     resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
@@ -74,78 +80,57 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     return config, resume
 
 
-def _nothing_to_do(step: int, total: int, option: str) -> int:
-    _report(f"nothing to do: the run is already at step {step} and {option} is {total}; raise {option} to train it further.")
-    return 0
+def _trainer(stage: str):
+    if stage == "ppo":
+        from .train.ppo import PPOTrainer
 
+        return PPOTrainer
+    if stage == "reward":
+        from .train.reward import RewardTrainer
 
-def train_command(argv: list[str]) -> int:
-    from .config import Config
-
-    parsed = _config_command(argv, "hydrappo train", "Run PPO. Options after the config file override it, e.g. "
-                             "--learning_rate 3e-6.", Config)  # fmt: skip
-    if isinstance(parsed, int):
-        return parsed
-    config, resume = parsed
-    from .train.ppo import PPOTrainer
-
-    trainer = PPOTrainer(config)
-    history = trainer.train(resume=resume)
-    if not history:
-        return _nothing_to_do(trainer.harness.step, config.train.total_steps, "--total_steps")
-    if history:
-        last = history[-1]
-        kl = f", KL {last['objective/kl']:.3f}" if "objective/kl" in last else ""
-        _report(f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}; "
-                f"checkpoints, metrics.jsonl and TensorBoard logs in {config.train.output_dir}")  # fmt: skip
-    return 0
-
-
-def reward_command(argv: list[str]) -> int:
-    from .config import RewardConfig
-
-    parsed = _config_command(argv, "hydrappo reward", "Train a reward branch on preference pairs (prompt, chosen, "
-                             "rejected). Options after the config file override it, e.g. --learning_rate 1e-4.",
-                             RewardConfig)  # fmt: skip
-    if isinstance(parsed, int):
-        return parsed
-    config, resume = parsed
-    from .train.reward import RewardTrainer
-
-    trainer = RewardTrainer(config)
-    if not trainer.train(resume=resume):
-        return _nothing_to_do(trainer.step, trainer.total_steps, "--max_steps (or --epochs)")
-    evaluation = ", ".join(f"{k} {v:.3f}" for k, v in trainer.final_eval.items() if k in ("eval/accuracy", "eval/loss"))
-    stats = trainer.score_stats or {}
-    _report(
-        f"done: step {trainer.step}{', ' + evaluation if evaluation else ''}; reference scores mean "
-        f"{stats.get('score_mean', float('nan')):.4f}, std {stats.get('score_std', float('nan')):.4f}.\n"
-        f"reward checkpoint: {trainer.checkpoint_path}\n"
-        f"use it in PPO with model.reward_branch_path: {config.train.output_dir} and reward.use_reward_branch: true "
-        f"(model.num_layers_unfrozen: {trainer.hydra.num_layers_unfrozen})"
-    )
-    return 0
-
-
-def sft_command(argv: list[str]) -> int:
-    from .config import SFTConfig
-
-    parsed = _config_command(argv, "hydrappo sft", "Supervised fine-tuning of the top layers (or LoRA adapters) on "
-                             "prompt/response pairs; writes a model directory (or adapter) that a PPO config can start "
-                             "from. Options after the config file override it.", SFTConfig)  # fmt: skip
-    if isinstance(parsed, int):
-        return parsed
-    config, resume = parsed
+        return RewardTrainer
     from .train.sft import SFTTrainer
 
-    trainer = SFTTrainer(config)
+    return SFTTrainer
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A training command: CONFIG.yaml + overrides -> a trainer (train/stage.TrainingStage) -> its summary."""
+
+    description: str
+    config: str  # the config class, in hydrappo.config
+    trainer: Callable  # () -> the trainer class (imported on use: `hydrappo --help` stays quick)
+
+
+STAGES = {
+    "train": Stage("Run PPO. Options after the config file override it, e.g. --learning_rate 3e-6.", "Config",
+                   lambda: _trainer("ppo")),
+    "reward": Stage("Train a reward branch on preference pairs (prompt, chosen, rejected). Options after the config "
+                    "file override it, e.g. --learning_rate 1e-4.", "RewardConfig", lambda: _trainer("reward")),
+    "sft": Stage("Supervised fine-tuning of the top layers (or LoRA adapters) on prompt/response pairs; writes a model "
+                 "directory (or adapter) that a PPO config can start from. Options after the config file override it.",
+                 "SFTConfig", lambda: _trainer("sft")),
+}  # fmt: skip
+
+
+def stage_command(name: str, argv: list[str]) -> int:
+    """`hydrappo train | reward | sft CONFIG.yaml [--resume [PATH]] [--option value ...]`."""
+    from . import config as configs
+
+    stage = STAGES[name]
+    parsed = _config_command(argv, f"hydrappo {name}", stage.description, getattr(configs, stage.config))
+    if isinstance(parsed, int):
+        return parsed
+    config, resume = parsed
+    trainer = stage.trainer()(config)
     history = trainer.train(resume=resume)
     if not history:
-        return _nothing_to_do(trainer.step, trainer.total_steps, "--max_steps (or --epochs)")
-    evals = [row for row in history if "eval/loss" in row]
-    summary = f", held-out response loss {evals[0]['eval/loss']:.4f} -> {evals[-1]['eval/loss']:.4f}" if evals else ""
-    use = "lora.lora_init_adapter" if config.lora.lora_r > 0 else "model.name_or_path"
-    _report(f"done: step {trainer.step}{summary}.\nmodel: {trainer.output_dir} (use it as {use} in a PPO config)")
+        more = trainer.more_steps_option
+        _report(f"nothing to do: the run is already at step {trainer.step} and {more} is {trainer.total_steps}; "
+                f"raise {more} to train it further.")  # fmt: skip
+        return 0
+    _report(trainer.summary(history))
     return 0
 
 
@@ -190,7 +175,7 @@ def compare_command(argv: list[str]) -> int:
         description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
         "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
     )
-    parser.add_argument("models", nargs="+", help="checkpoint folders or model directories, optionally NAME=PATH")
+    parser.add_argument("models", nargs="+", help="checkpoint folders, model directories or Hub ids, optionally NAME=PATH")
     parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
     parser.add_argument("--prompt_column", default="prompt")
     parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' that scores the responses "
@@ -433,9 +418,9 @@ def memory_command(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------- the command table
 
 COMMANDS = {
-    "train": (train_command, "PPO from a YAML config"),
-    "reward": (reward_command, "train a reward branch on preference pairs"),
-    "sft": (sft_command, "supervised fine-tuning of the top layers; writes a model directory"),
+    "train": (functools.partial(stage_command, "train"), "PPO from a YAML config"),
+    "reward": (functools.partial(stage_command, "reward"), "train a reward branch on preference pairs"),
+    "sft": (functools.partial(stage_command, "sft"), "supervised fine-tuning of the top layers; writes a model directory"),
     "generate": (generate_command, "a checkpoint's and its base model's responses, scored, side by side"),
     "compare": (compare_command, "several models on the same prompts, scored side by side"),
     "export": (export_command, "checkpoint -> transformers model dir; `export trlx` / `export gguf` convert into hydrappo"),

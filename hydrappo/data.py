@@ -16,6 +16,7 @@ prompts as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -161,7 +162,8 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
             if builder != "parquet":
                 _check_utf8(file, setting)
             try:
-                dataset = load_dataset(builder, data_files=str(file), split="train")
+                with _quiet("datasets"):  # its builders log the error they then raise, with a traceback
+                    dataset = load_dataset(builder, data_files=str(file), split="train")
             except Exception as error:  # datasets raises many types for malformed files
                 cause = _root_cause(error)
                 raise DataError(
@@ -178,6 +180,18 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
     except Exception as error:  # pyarrow and datasets raise many types while decoding columns
         cause = _root_cause(error)
         raise DataError(f"{setting}: {source!r} could not be read: {type(cause).__name__}: {str(cause)[:300]}.") from None
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    """Only critical records of `logger_name` (and its children) while the block runs."""
+    logger_ = logging.getLogger(logger_name)
+    level = logger_.level
+    logger_.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger_.setLevel(level)
 
 
 def in_memory_dataset(table, setting: str, split: str = "train"):

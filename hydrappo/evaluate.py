@@ -24,7 +24,7 @@ import torch
 
 from .algo.degeneration import degeneration_flags
 from .config import Config, GenerationArgs, ModelConfig, Problems, RewardArgs, check_reward_fn, looks_like_a_path
-from .config.paths import looks_like_a_name, writable_folder_problem
+from .config.paths import check_model_location, writable_folder_problem
 from .data import PromptSet, load_prompt_table, tokenize_prompts
 from .rewards import build_reward_source
 from .rollout import generate_responses
@@ -172,8 +172,7 @@ def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=
             problems.add("--output", output, "must end in .md, .html or .jsonl", "choose one of those")
     for spec in models:
         path = spec.rpartition("=")[2] if "=" in spec else spec
-        if not Path(path).expanduser().exists() and not looks_like_a_name(path):
-            problems.add("model", spec, "does not exist: no such checkpoint or model folder", "fix the path")
+        check_model_location(problems, "model", path, "checkpoint or model folder")
     problems.raise_if_any()
 
 
@@ -237,7 +236,7 @@ def load_for_generation(spec: str, device):
         hydra, tokenizer, config = load_checkpoint_hydra(location, device=str(device))
         return name or f"{location.parent.name}/{location.name}", hydra, tokenizer, config
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=path), device=device)
-    return name or location.name, model, tokenizer, None
+    return name or (location.name if location.exists() else path), model, tokenizer, None
 
 
 def compare(models: list[str], prompts: str, prompt_column="prompt", reward_fn=None, chat_template="auto", limit=None,

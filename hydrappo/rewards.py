@@ -9,7 +9,7 @@ returning float32 scores of shape (B,), where `samples[i] == prompts[i] + output
 - `FunctionReward`: a user's Python function, from "package.module:function" or
   "path/to/file.py:function", in trlX's convention `fn(samples, prompts, outputs, **columns)`
   or TRL's `fn(prompts, completions, **columns)` (`function_convention` says which).
-- `ClassifierReward`: a local `AutoModelForSequenceClassification` directory.
+- `ClassifierReward`: an `AutoModelForSequenceClassification` directory or Hub id.
 - `BranchReward`: the hydra reward branch (`reward.use_reward_branch`).
 - `RewardSources`: any of them together, scored as a weighted sum; `build_reward_source`
   always returns one, with one entry per source the config names (`reward_source_names`).
@@ -316,7 +316,9 @@ class ClassifierReward:
     def __init__(self, path: str | Path, label: int = -1, batch_size: int = 16, device: str = "cpu", max_length: int = 512):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        path = Path(path)
+        from .storage.models import local_source
+
+        path = local_source(path)  # a Hub id: its snapshot in the Hugging Face cache
         if not path.is_dir():
             raise RewardError(f"reward model directory {str(path)!r} does not exist.")
         try:

@@ -12,8 +12,13 @@ setup.cfg): `python -m pytest -m "not slow"` is the quick loop, `python -m pytes
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+# The tests never reach the network: a Hub id a test names resolves from a cache the test built,
+# or fails at once. Set before huggingface_hub is imported (it reads this at import).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:

@@ -22,9 +22,23 @@ def looks_like_a_path(source: str) -> bool:
     return str(source).startswith(("/", ".", "~")) or Path(str(source)).suffix.lower() in TABLE_SUFFIXES
 
 
-def looks_like_a_name(value: str) -> bool:
-    """A bare name such as a bundled model ('smollm2-135m-instruct'): no folder, no suffix."""
-    return "/" not in value and "\\" not in value and not value.startswith((".", "~")) and not value.endswith(".gguf")
+def looks_like_a_model_path(value: str) -> bool:
+    """Whether a model location that does not exist is meant as a local path (an error)
+    rather than a Hub id ('org/name', or a bare name): it starts like a path or is a .gguf file."""
+    return value.startswith(("/", ".", "~")) or "\\" in value or value.lower().endswith(".gguf")
+
+
+def hub_id_problem(value: str) -> str | None:
+    """What makes `value` no Hub model id ('org/name' or 'name'), or None when it is one;
+    huggingface_hub's own rule decides."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return ("is no local folder and no Hub model id (ORG/NAME: one '/', letters, digits, '-', '_' and '.', "
+                "no '--' or '..', at most 96 characters)")  # fmt: skip
+    return None
 
 
 def _missing(problems, label: str, value, what: str) -> None:
@@ -46,24 +60,45 @@ def writable_folder_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+def check_model_location(problems, label: str, value: str, what: str) -> bool:
+    """A model or tokenizer location: an existing path, else a Hub id (resolved when it
+    loads: from the Hugging Face cache, or downloaded). True when `value` names a Hub id."""
+    if Path(value).expanduser().exists():
+        return False
+    if looks_like_a_model_path(value):
+        _missing(problems, label, value, what)
+        return False
+    problem = hub_id_problem(value)
+    if problem:
+        problems.add(label, value, problem, "correct the Hub id, or give the path of an existing folder")
+    return problem is None
+
+
 def check_paths(config, problems) -> None:
-    """Every path option of a config: inputs must exist, the output folder must be writable."""
+    """Every path option of a config: inputs must exist (model locations may be Hub ids), the
+    output folder must be writable."""
     model = config.model
     name = model.name_or_path
     if not name:
-        problems.add("model.name_or_path", name, "is required", "name a model directory, a .gguf file or a bundled model")
-    elif not Path(name).expanduser().exists() and not looks_like_a_name(name):
-        _missing(problems, "model.name_or_path", name, "model directory or .gguf file")
-    elif model.gguf_file and Path(name).expanduser().is_dir() and not (Path(name).expanduser() / model.gguf_file).is_file():
-        problems.add("model.gguf_file", model.gguf_file, f"is not a file in model.name_or_path ({name})",
-                     "name the .gguf file inside that folder")  # fmt: skip
+        problems.add("model.name_or_path", name, "is required",
+                     "name a model directory, a .gguf file, a bundled model or a Hub id (ORG/NAME)")  # fmt: skip
+    elif not check_model_location(problems, "model.name_or_path", name, "model directory or .gguf file"):
+        folder = Path(name).expanduser()
+        if model.gguf_file and folder.is_dir() and not (folder / model.gguf_file).is_file():
+            problems.add("model.gguf_file", model.gguf_file, f"is not a file in model.name_or_path ({name})",
+                         "name the .gguf file inside that folder")  # fmt: skip
+        if getattr(model, "revision", None) and folder.exists():
+            problems.add("model.revision", model.revision, f"applies only to a Hub id, and model.name_or_path={name} "
+                         "is a local path", "remove model.revision")  # fmt: skip
     lora = getattr(config, "lora", None)
     reward = getattr(config, "reward", None)
+    if model.tokenizer_name_or_path:
+        check_model_location(problems, "model.tokenizer_name_or_path", model.tokenizer_name_or_path, "tokenizer folder")
+    if reward is not None and reward.reward_model:
+        check_model_location(problems, "reward.reward_model", reward.reward_model, "reward model folder")
     for label, value, what in (
-        ("model.tokenizer_name_or_path", model.tokenizer_name_or_path, "tokenizer folder"),
         ("model.reward_branch_path", model.reward_branch_path, "reward checkpoint or reward run folder"),
         ("lora.lora_init_adapter", lora.lora_init_adapter if lora is not None else None, "adapter folder"),
-        ("reward.reward_model", reward.reward_model if reward is not None else None, "reward model folder"),
     ):
         if value and not Path(value).expanduser().exists():
             _missing(problems, label, value, what)

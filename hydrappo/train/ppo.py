@@ -21,7 +21,6 @@ number of processes.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from ..algo.advantages import ESTIMATORS, estimate_advantages
 from ..algo.degeneration import degeneration_flags
 from ..algo.kl import build_kl_controller
 from ..algo.losses import aggregation_weights, ppo_loss
-from ..algo.masked import explained_variance_of_parts, explained_variance_parts, masked_mean, masked_sum
+from ..algo.masked import explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import (
     RunningMoments,
     group_statistics,
@@ -57,60 +56,11 @@ from ..rollout import (
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model, trainer_inputs
-from .harness import TrainingError, as_float, enable_activation_checkpointing, prepare
+from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
+from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
 
-EXPLAINED_VARIANCE_PARTS = ("val/_returns", "val/_returns_sq", "val/_residual", "val/_residual_sq")
-
-
-class UpdateMeter:
-    """The statistics of one update, the same however its minibatches were split (micro-batches,
-    processes): a `loss/*` value is one part's share of its minibatch's loss, so the parts add
-    up and the minibatches are averaged; a `*_max` is a maximum; any other statistic is its
-    part's masked token mean, weighted by the part's tokens; the explained variance is that of
-    every token of the update, from its parts (algo.masked.explained_variance_parts). A value
-    that is not finite is left out rather than poisoning the mean."""
-
-    def __init__(self):
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-        self.maxima: dict[str, float] = {}
-        self.grad_norms: list[float] = []
-
-    def add(self, stats: dict, tokens: float) -> None:
-        for key, value in stats.items():
-            value = as_float(value)
-            if not math.isfinite(value):
-                continue
-            if key.endswith("_max"):
-                self.maxima[key] = max(self.maxima.get(key, value), value)
-                continue
-            weight = 1.0 if key.startswith("loss/") else tokens
-            self.sums[key] = self.sums.get(key, 0.0) + value * weight
-            self.weights[key] = self.weights.get(key, 0.0) + weight
-
-    def means(self, dist, minibatches: int, prefix: str = "") -> dict:
-        sums, weights, maxima = {}, {}, {}
-        for part_sums, part_weights, part_maxima in dist.gather_objects((self.sums, self.weights, self.maxima)):
-            for key, value in part_sums.items():
-                sums[key] = sums.get(key, 0.0) + value
-                weights[key] = weights.get(key, 0.0) + part_weights[key]
-            for key, value in part_maxima.items():
-                maxima[key] = max(maxima.get(key, value), value)
-        out = {
-            f"{prefix}{key}": total / (minibatches if key.startswith("loss/") else weights[key])
-            for key, total in sums.items() if key.startswith("loss/") or weights[key] > 0
-        }  # fmt: skip
-        out.update({f"{prefix}{key}": value for key, value in maxima.items()})
-        if all(f"{prefix}{key}" in out for key in EXPLAINED_VARIANCE_PARTS):
-            parts = [out.pop(f"{prefix}{key}") for key in EXPLAINED_VARIANCE_PARTS]
-            out[f"{prefix}val/var_explained"] = explained_variance_of_parts(*parts)
-        if self.grad_norms:  # the same on every process: the norm of the summed gradients
-            out[f"{prefix}grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
-        return out
-
-
-class PPOTrainer:
+class PPOTrainer(TrainingLoop):
     """PPO-RLHF on one HydraModel.
 
     Build it from a `Config` (`hydrappo train` does), or from objects as TRL's trainers take
@@ -209,6 +159,16 @@ class PPOTrainer:
                 f"gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each process takes "
                 "mini_batch_size / processes rows of every minibatch and splits them into micro-batches."
             )
+
+    @property
+    def total_steps(self) -> int:
+        return self.config.train.total_steps
+
+    def summary(self, history: list[dict]) -> str:
+        last = history[-1]
+        kl = f", KL {last['objective/kl']:.3f}" if "objective/kl" in last else ""
+        return (f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}; "
+                f"checkpoints, metrics.jsonl and TensorBoard logs in {self.config.train.output_dir}")  # fmt: skip
 
     def train(self, resume=None) -> list[dict]:
         """Run until train.total_steps; `resume` = a checkpoint path or True/'latest'."""

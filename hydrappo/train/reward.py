@@ -115,6 +115,17 @@ class RewardTrainer(SupervisedStage):
         self.checkpoint_path = latest_checkpoint(self.harness.output_dir)
         return history
 
+    def summary(self, history: list[dict]) -> str:
+        evaluation = ", ".join(f"{k} {v:.3f}" for k, v in self.final_eval.items() if k in ("eval/accuracy", "eval/loss"))
+        stats = self.score_stats or {}
+        return (
+            f"done: step {self.step}{', ' + evaluation if evaluation else ''}; reference scores mean "
+            f"{stats.get('score_mean', float('nan')):.4f}, std {stats.get('score_std', float('nan')):.4f}.\n"
+            f"reward checkpoint: {self.checkpoint_path}\n"
+            f"use it in PPO with model.reward_branch_path: {self.config.train.output_dir} and reward.use_reward_branch: "
+            f"true (model.num_layers_unfrozen: {self.hydra.num_layers_unfrozen})"
+        )
+
     def cache_examples(self) -> dict:
         examples = {}
         for tag, pairs in (("train", self.train_pairs), ("eval", self.eval_pairs)):

@@ -94,6 +94,12 @@ class SFTTrainer(SupervisedStage):
         self.harness.setup_optimizer(params, train, self.total_steps)
         self.output_dir = Path(train.output_dir)
 
+    def summary(self, history: list[dict]) -> str:
+        evals = [row for row in history if "eval/loss" in row]
+        loss = f", held-out response loss {evals[0]['eval/loss']:.4f} -> {evals[-1]['eval/loss']:.4f}" if evals else ""
+        use = "lora.lora_init_adapter" if self.config.lora.lora_r > 0 else "model.name_or_path"
+        return f"done: step {self.step}{loss}.\nmodel: {self.output_dir} (use it as {use} in a PPO config)"
+
     @property
     def trained_module(self):
         return self.hydra

@@ -9,7 +9,7 @@ import torch
 
 from ..model import HydraModel
 from ..rollout import pack_sequences
-from .harness import as_float
+from .harness import TrainingLoop, as_float
 
 
 def total_steps_of(train, num_examples: int) -> int:
@@ -38,14 +38,12 @@ def weighted_means(dist, stats: dict, weight: float) -> dict:
     return {key: totals[key] / weights[key] for key in totals if weights[key] > 0}
 
 
-class SupervisedStage:
-    """What the reward and SFT loops share around the harness: a step count, and `train()`,
-    which fills the split cache (see SplitCache.fill) before running the steps. A stage has
-    `harness`, `split_cache`, `tokenizer`, `config`, `total_steps` and `cache_examples()`."""
+class SupervisedStage(TrainingLoop):
+    """What the reward and SFT loops share around the harness: `train()`, which fills the split
+    cache (see SplitCache.fill) before running the steps. A stage has `harness`, `split_cache`,
+    `tokenizer`, `config`, `total_steps` and `cache_examples()`."""
 
-    @property
-    def step(self) -> int:
-        return self.harness.step
+    more_steps_option = "--max_steps (or --epochs)"
 
     def train(self, resume=None) -> list[dict]:
         """Each process of a distributed run caches every example: its shares of later batches

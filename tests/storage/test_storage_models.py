@@ -60,10 +60,12 @@ def test_resolve_gguf_path_and_directory_plus_file(tmp_path):
     assert resolve_model_source(tmp_path) == (tmp_path, "a.gguf")  # a lone GGUF in a folder
 
 
-def test_resolve_errors(tmp_path):
-    with pytest.raises(ModelLoadError, match="does not exist.*no model hub"):
+def test_resolve_errors(tmp_path, monkeypatch):
+    with pytest.raises(ModelLoadError, match="does not exist.*or a Hub id"):
         resolve_model_source(tmp_path / "missing")
-    with pytest.raises(ModelLoadError, match="model hub id"):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="SmolLM2-135M-Instruct .revision main. is not in the Hugging Face cache"):
         resolve_model_source("HuggingFaceTB/SmolLM2-135M-Instruct")
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(ModelLoadError, match="not a .gguf"):
