@@ -2,7 +2,7 @@
 the model on this CPU), the operators inside generation, stop handling, packing, the
 experience pass and the update, for hydrappo's real code path (tools/bench_ppo.py's
 HydraLayout: rollout.generate_responses, pack_sequences, evaluate_sequences, the cached
-update).
+update), and each phase against its FLOP floor (its matmul FLOPs at the measured matmul rate).
 
     python tools/profile_step.py                                   # the main job's shape
     python tools/profile_step.py --batch 64 --new-tokens 32 -N 2   # a GRPO shape: 8 prompts x 8 samples
@@ -47,6 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--ppo-epochs", type=int, default=4)
     parser.add_argument("--mini-batch", type=int, default=4)
+    parser.add_argument("--samples-per-prompt", type=int, default=1, help="G: each prompt in G consecutive rows")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     return parser.parse_args(argv)
@@ -75,6 +76,33 @@ def decode_flops_per_token(model, rows: int) -> int:
     head = model.get_output_embeddings().weight.numel()
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     return 2 * rows * (layers + (head if tied else 0))
+
+
+def flop_floors(layout: HydraLayout, args, response_tokens: int) -> dict[str, float]:
+    """Matmul FLOPs of each phase (2 per multiply-add; attention scores and norms left out, as in
+    decode_flops_per_token), for this layout: prompts of --prompt-len, `response_tokens` response
+    tokens over all rows, N top layers, a reference copy and a reward branch of N layers each.
+        prefill     every prompt token through all L layers, one lm_head row per row
+        decode      per new token of all rows: decode_flops_per_token
+        experience  the recorded split: policy, reference and reward branch (N layers each) over
+                    every token, the value head, two lm_heads (policy, reference) over the responses
+        update      per epoch: the policy's N layers forward and backward (input and weight
+                    gradients: 3x forward) over every token, the frozen lm_head forward and its
+                    input gradient (2x) over the responses, the value head (3x)"""
+    model = layout.hydra.model
+    layer = sum(p.numel() for p in layout.hydra.arch.layers[0].parameters() if p.dim() == 2)
+    head = model.get_output_embeddings().weight.numel()
+    hidden = model.config.hidden_size
+    value_head = hidden * 2 * hidden + 2 * hidden
+    n, total_layers = args.num_layers_unfrozen, model.config.num_hidden_layers
+    prompt_tokens = args.batch * args.prompt_len
+    tokens = prompt_tokens + response_tokens
+    return {
+        "prefill": 2 * (prompt_tokens * total_layers * layer + args.batch * head),
+        "decode, per token (all rows)": decode_flops_per_token(model, args.batch),
+        "experience": 2 * (3 * tokens * n * layer + tokens * value_head + 2 * response_tokens * head),
+        "update": args.ppo_epochs * 2 * (3 * tokens * n * layer + 2 * response_tokens * head + 3 * tokens * value_head),
+    }
 
 
 def operator_shares(layout: HydraLayout) -> dict[str, float]:
@@ -138,6 +166,14 @@ def main(argv=None) -> None:
     print(f"{'  its FLOP bound at the peak matmul rate':48} {bound:8.4f}   ({decode / bound:.1f}x the bound)")
     print(f"matmul GFLOP/s: 1024^3 {peak:.1f}; decode shape {args.batch}x{hidden}x{model.config.intermediate_size} "
           f"{at_decode:.1f}")  # fmt: skip
+    floors = flop_floors(layout, args, sum(len(row) for row in responses.response_ids))
+    measured = {"prefill": phases["prefill (generate 1 token)"], "decode, per token (all rows)": decode,
+                "experience": phases["experience"], "update": phases["update"]}  # fmt: skip
+    print(f"FLOP floors at the 1024^3 matmul rate ({peak:.1f} GFLOP/s; matmul FLOPs only):")
+    print(f"{'phase':32} {'GFLOP':>9} {'floor s':>9} {'measured s':>11} {'x floor':>8}")
+    for name, flops in floors.items():
+        floor = flops / (peak * 1e9)
+        print(f"{name:32} {flops / 1e9:9.2f} {floor:9.4f} {measured[name]:11.4f} {measured[name] / floor:8.1f}")
     print("generation's wall time by operator kind (torch.profiler, self CPU time):")
     for kind, share in operator_shares(layout).items():
         print(f"  {kind:46} {share:8.1%}")

@@ -29,8 +29,8 @@ from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
 from .sections import (
-    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, Config, ConfigError, PPOArgs, RewardConfig,
-    SFTConfig, canonical_dtype,
+    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, SAMPLERS, Config, ConfigError, PPOArgs,
+    RewardConfig, SFTConfig, canonical_dtype,
 )
 
 logger = logging.getLogger("hydrappo")
@@ -163,6 +163,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "pooling": REWARD_POOLINGS,
     "value_head_init": VALUE_HEAD_INITS,
+    "sampler": SAMPLERS,
 }
 
 # Options naming a column or a split: an empty name can only be a mistake.
@@ -389,6 +390,15 @@ def _check_ppo(config: Config, problems: Problems) -> None:
     if gen.min_new_tokens > gen.max_new_tokens >= 1:
         problems.add("generation.min_new_tokens", gen.min_new_tokens, f"must be <= generation.max_new_tokens "
                      f"({gen.max_new_tokens})", f"use at most {gen.max_new_tokens}")  # fmt: skip
+    if gen.sampler == "continuous_batching":
+        if gen.min_new_tokens > 0:
+            problems.add("generation.min_new_tokens", gen.min_new_tokens, "has no continuous-batching version in "
+                         "transformers (generation.sampler: continuous_batching would drop it)",
+                         "set min_new_tokens: 0, or sampler: generate")  # fmt: skip
+        if config.train.fsdp_trunk:
+            problems.add("generation.sampler", gen.sampler, "cannot run a trunk sharded over processes "
+                         "(train.fsdp_trunk: every process must run every token step in lockstep)",
+                         "use sampler: generate (or auto), or fsdp_trunk: false")  # fmt: skip
     if ppo.kl_controller == "fixed":
         for name in ("kl_target", "kl_horizon"):
             value = getattr(ppo, name)

@@ -25,6 +25,7 @@ MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 KL_PENALTIES = ("reward", "loss")
 LORA_LAYERS = ("top", "all")
 OPTIMIZERS = ("adamw", "adamw8bit")
+SAMPLERS = ("auto", "generate", "continuous_batching")
 OPTIMIZER_HELP = (
     "adamw (torch.optim.AdamW) | adamw8bit (bitsandbytes' AdamW8bit: both moments in 8 bits with a scale per 256 values, "
     "a quarter of AdamW's state; pip install 'hydrappo[quant]'). A run resumes with the optimizer it started with."
@@ -140,6 +141,15 @@ class GenerationArgs:
         default=True,
         metadata={"help": "With samples_per_prompt G > 1, run each prompt through the model once and give its G "
                           "samples copies of its KV cache (1/G of the prefill). Off: every row is prefilled."},
+    )
+    sampler: str = field(
+        default="auto",
+        metadata={"help": "What samples the responses: generate (transformers' generate: records the frozen bottom's "
+                          "outputs for the experience pass, shares a prompt's prefill) | continuous_batching "
+                          "(transformers' generate_batch, a paged KV cache where rows leave as they end; records "
+                          "nothing, no min_new_tokens, no train.fsdp_trunk) | auto (the one measured fastest on "
+                          "the device: generate on CPU; docs/sampling.md). The old log-probs come from the "
+                          "experience pass either way."},
     )
     reuse_trunk_pass: bool = field(
         default=True,

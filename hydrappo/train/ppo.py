@@ -45,10 +45,10 @@ from ..model import HydraModel
 from ..rewards import build_reward_source, reward_functions
 from ..rollout import (
     Experience,
+    build_sampler,
     Responses,
     Rollout,
     evaluate_sequences,
-    generate_responses,
     minibatch_plan,
     pack_sequences,
     pack_split_hidden,
@@ -121,7 +121,11 @@ class PPOTrainer(TrainingLoop):
         self.shuffle_generator = torch.Generator().manual_seed(train.seed)
         # Sampling runs the frozen bottom over every token; keep its outputs for the experience
         # pass. A sharded trunk generates in lockstep with padding steps, so it runs the pass again.
-        self.records_split = config.generation.reuse_trunk_pass and hydra.has_frozen_split and not self.harness.trunk_sharded
+        # generation.sampler, built once: rollouts (in lockstep under a sharded trunk) and held-out answers.
+        self.rollout_sampler = build_sampler(config.generation, hydra, tokenizer, synced=self.harness.trunk_sharded)
+        self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
+        self.records_split = (config.generation.reuse_trunk_pass and hydra.has_frozen_split and not self.harness.trunk_sharded
+                              and self.rollout_sampler.records_split)  # fmt: skip
 
     def _read_inputs(self) -> None:
         """The prompt table (the prompts and every other column, which go to the reward
@@ -205,7 +209,7 @@ class PPOTrainer(TrainingLoop):
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
         with self.harness.autocast():
-            return generate_responses(self.hydra, self.tokenizer, prompt_ids, self.config.generation, greedy=greedy)
+            return self.eval_sampler.sample(prompt_ids, self.config.generation, greedy=greedy)
 
     def score_responses(self, rows: list[int], prompt_texts: list[str], responses: Responses) -> tuple[torch.Tensor, dict]:
         """Scores of responses to held-out prompts `rows` outside the experience pass, from the
@@ -360,10 +364,7 @@ class PPOTrainer(TrainingLoop):
     def generate(self, prompt_ids: list[list[int]]) -> Responses:
         """One sampled response per prompt from the policy."""
         with self.harness.autocast():
-            return generate_responses(
-                self.hydra, self.tokenizer, prompt_ids, self.config.generation, synced=self.harness.trunk_sharded,
-                record_split=self.records_split,
-            )
+            return self.rollout_sampler.sample(prompt_ids, self.config.generation, record_split=self.records_split)
 
     def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, with_reference=True,
                  split_hidden=None):  # fmt: skip
