@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hydrappo.config import GenerationArgs, ModelConfig  # noqa: E402
 from hydrappo.model import HydraModel  # noqa: E402
 from hydrappo.model.hydra import disable_dropout  # noqa: E402
-from hydrappo.rollout import ContinuousBatchingSampler, GenerateSampler  # noqa: E402
+from hydrappo.sampling import ContinuousBatchingSampler, GenerateSampler  # noqa: E402
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 ATTENTION = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",

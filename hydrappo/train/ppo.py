@@ -45,7 +45,6 @@ from ..model import HydraModel
 from ..rewards import build_reward_source, reward_functions
 from ..rollout import (
     Experience,
-    build_sampler,
     Responses,
     Rollout,
     evaluate_sequences,
@@ -54,6 +53,7 @@ from ..rollout import (
     pack_split_hidden,
     response_part,
 )
+from ..sampling import build_sampler
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model, trainer_inputs
@@ -119,13 +119,13 @@ class PPOTrainer(TrainingLoop):
         )
         self.score_moments = RunningMoments()
         self.shuffle_generator = torch.Generator().manual_seed(train.seed)
-        # Sampling runs the frozen bottom over every token; keep its outputs for the experience
-        # pass. A sharded trunk generates in lockstep with padding steps, so it runs the pass again.
         # generation.sampler, built once: rollouts (in lockstep under a sharded trunk) and held-out answers.
+        # Sampling runs the frozen bottom over every token; keep its outputs for the experience pass
+        # (a sharded trunk generates in lockstep with padding steps, so it runs the pass again).
         self.rollout_sampler = build_sampler(config.generation, hydra, tokenizer, synced=self.harness.trunk_sharded)
         self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
-        self.records_split = (config.generation.reuse_trunk_pass and hydra.has_frozen_split and not self.harness.trunk_sharded
-                              and self.rollout_sampler.records_split)  # fmt: skip
+        recordable = hydra.has_frozen_split and self.rollout_sampler.records_split and not self.harness.trunk_sharded
+        self.records_split = config.generation.reuse_trunk_pass and recordable
 
     def _read_inputs(self) -> None:
         """The prompt table (the prompts and every other column, which go to the reward
@@ -235,11 +235,8 @@ class PPOTrainer(TrainingLoop):
         shaped = self.shape(batch, rollout.kl_coef)
         experience = self.experience_rows(rollout, shaped)
         stats = {**self.rollout_statistics(batch, shaped, rollout.kl_coef), "time/rollout": time.perf_counter() - start}
-        samples = [
-            {"prompt": p, "response": r, "score": float(s)}
-            for p, r, s in zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
-        ]
-        return experience, stats, samples
+        texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
+        return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]
 
     def rollout(self) -> Rollout:
         """This process's share of the batch's prompts, each sampled G times (one group in

@@ -14,7 +14,7 @@ import torch
 
 from hydrappo import HydraModel
 from hydrappo.config import ConfigError, GenerationArgs, parse_config
-from hydrappo.rollout import (
+from hydrappo.sampling import (
     ContinuousBatchingSampler,
     GenerateSampler,
     Sampler,
