@@ -17,6 +17,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from .config import GenerationArgs
 from .data import left_pad
 from .model import HydraModel, HydraOutput
+from .model.arch import cache_argument
 from .model.heads import widened
 from .model.split import position_ids_from_mask
 
@@ -71,7 +72,7 @@ class Experience:
     # batch; None when it holds the whole batch. Not carried into minibatches.
     batch_weights: torch.Tensor | None = None
 
-    def minibatch(self, index: torch.Tensor) -> "Experience":
+    def minibatch(self, index: torch.Tensor) -> Experience:
         parts = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -228,7 +229,7 @@ def _generate_chunk(hydra, tokenizer, chunk, args, config, stop_ids, synced, rec
     with hydra.recording_split() if record_split else nullcontext() as steps:
         out = hydra.generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-            stopping_criteria=criteria, synced_gpus=synced, past_key_values=shared.cache if shared else None,
+            stopping_criteria=criteria, synced_gpus=synced, **cache_argument(hydra.model, shared.cache if shared else None),
         )  # fmt: skip
     rows, stopped = [], []
     for row in out.sequences[:, input_ids.shape[1] :].tolist():

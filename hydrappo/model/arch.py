@@ -173,3 +173,15 @@ def logits_transform(model: nn.Module):
         return logits
 
     return transform
+
+
+def cache_argument(model: nn.Module, cache) -> dict:
+    """The keyword that hands a KV cache to `model`'s forward and `generate`: transformers 5
+    renamed `past_key_values` to `cache` (the old name warns, and goes in 6); older 5.x
+    models only know the old one. Empty when there is no cache to hand over."""
+    if cache is None:
+        return {}
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}

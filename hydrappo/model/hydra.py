@@ -24,7 +24,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .arch import UnsupportedModelError, heads_are_tied, locate, logits_transform, output_embeddings, set_path
+from .arch import (
+    UnsupportedModelError,
+    cache_argument,
+    heads_are_tied,
+    locate,
+    logits_transform,
+    output_embeddings,
+    set_path,
+)
 from .heads import RewardHead, ValueHead, widened
 from .logprobs import token_logprobs
 from .split import SkipLayer, StopTrunk, last_token_index, position_ids_from_mask, split_hook
@@ -207,7 +215,7 @@ class HydraModel(nn.Module):
         layers_path: str | None = None,
         logprob_chunk_tokens: int | None = None,
         **model_kwargs,
-    ) -> "HydraModel":
+    ) -> HydraModel:
         """Load a causal LM with `AutoModelForCausalLM.from_pretrained(path, **model_kwargs)` and wrap it."""
         from transformers import AutoModelForCausalLM
 
@@ -420,7 +428,7 @@ class HydraModel(nn.Module):
         handle = split_hook(self.arch.layers, self.split_index, receive)
         try:
             self.model(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=past_key_values, use_cache=True)  # fmt: skip
+                       use_cache=True, **cache_argument(self.model, past_key_values))  # fmt: skip
         except StopTrunk:
             pass
         finally:
