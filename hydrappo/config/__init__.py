@@ -2,7 +2,7 @@
 command-line overrides (parse.py) and checked as a whole before anything loads (checks.py)."""
 
 from .checks import Problems, is_device_name, validate
-from .parse import parse_config
+from .parse import config_parser, parse_config
 from .paths import check_reward_fn, looks_like_a_path, writable_folder_problem
 from .sections import (
     DTYPE_NAMES, KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, REWARD_SECTIONS, SECTIONS,
@@ -16,6 +16,6 @@ __all__ = [
     "KL_PENALTIES", "LORA_LAYERS", "LR_SCHEDULERS", "MIXED_PRECISIONS", "OPTIMIZERS", "REWARD_SECTIONS", "SECTIONS",
     "SFT_SECTIONS", "Config", "ConfigError", "DataArgs", "GenerationArgs", "LoraArgs", "ModelConfig", "PPOArgs",
     "PreferenceDataArgs", "RewardArgs", "RewardConfig", "RewardTrainArgs", "RunArgs", "SFTConfig", "SFTDataArgs",
-    "SFTTrainArgs", "StageTrainArgs", "TrainArgs", "canonical_dtype", "parse_config", "resolve_path", "sections_of",
+    "SFTTrainArgs", "StageTrainArgs", "TrainArgs", "canonical_dtype", "config_parser", "parse_config", "resolve_path", "sections_of",
     "torch_dtype", "validate",
 ]

@@ -19,19 +19,11 @@ import re
 import typing
 from dataclasses import dataclass
 
-from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
-from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
-from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
-from ..algo.scores import SCORE_NORMALIZATIONS
-from ..model.heads import VALUE_HEAD_INITS
-from ..model.hydra import REWARD_POOLINGS
+from ..algo.advantages import GROUP_ESTIMATORS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
-from .sections import (
-    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, SAMPLERS, Config, ConfigError, PPOArgs,
-    RewardConfig, SFTConfig, canonical_dtype,
-)
+from .sections import Config, ConfigError, PPOArgs, RewardConfig, SFTConfig, canonical_dtype, choices_of
 
 logger = logging.getLogger("hydrappo")
 
@@ -147,25 +139,6 @@ RANGES: dict[str, Range] = {
     "dist_timeout_s": Range(0, low_open=True, fix="use the seconds a process may wait for the others, e.g. 1800"),
 }
 
-# The choices of every option that takes one of a few words.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "mixed_precision": MIXED_PRECISIONS,
-    "trunk_quantization": TRUNK_QUANTIZATIONS,
-    "optimizer": OPTIMIZERS,
-    "lora_layers": LORA_LAYERS,
-    "lr_scheduler": LR_SCHEDULERS,
-    "kl_controller": KL_CONTROLLERS,
-    "kl_penalty": KL_PENALTIES,
-    "kl_estimator": KL_ESTIMATORS,
-    "loss_agg_mode": LOSS_AGG_MODES,
-    "score_normalization": SCORE_NORMALIZATIONS,
-    "advantage_estimator": ADVANTAGE_ESTIMATORS,
-    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
-    "pooling": REWARD_POOLINGS,
-    "value_head_init": VALUE_HEAD_INITS,
-    "sampler": SAMPLERS,
-}
-
 # Options naming a column or a split: an empty name can only be a mistake.
 NAMES = ("prompt_column", "chosen_column", "rejected_column", "response_column", "stats_response_column", "split", "eval_split")
 
@@ -220,19 +193,19 @@ def _sections(config):
 
 
 def _check_values(config, problems: Problems) -> None:
-    """Each option on its own: its type, range or choices."""
+    """Each option on its own: its type, range or choices (the words of its `Literal[...]` type)."""
     for section, part in _sections(config):
         for f in dataclasses.fields(part):
             name, value, label = f.name, getattr(part, f.name), f"{section}.{f.name}"
-            default = _default(type(part), name)
+            default, choices = _default(type(part), name), choices_of(type(part)).get(name)
             if name in RANGES and value is not None:
                 rule = RANGES[name]
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     problems.add(label, value, "must be a number", f"use e.g. {default!r} (the default)")
                 elif not rule.holds(value):
                     problems.add(label, value, rule.describe(), rule.fix or f"use e.g. {default!r} (the default)")
-            elif name in CHOICES and value not in CHOICES[name]:
-                problems.add(label, value, f"is not one of: {', '.join(CHOICES[name])}", f"use e.g. {default!r} (the default)")
+            elif choices is not None and value not in choices:
+                problems.add(label, value, f"is not one of: {', '.join(choices)}", f"use e.g. {default!r} (the default)")
             elif name in NAMES and (not isinstance(value, str) or not value.strip()) and not (
                 value is None and _optional(type(part), name)  # an optional column (null: there is none)
             ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import re
 from pathlib import Path
 
@@ -110,6 +111,29 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
     return typed
 
 
+@functools.cache
+def _parser_class():
+    from transformers import HfArgumentParser
+
+    class ConfigParser(HfArgumentParser):
+        """HfArgumentParser that shows a `Literal[...]` option's words in --help without argparse
+        refusing other words on the command line: config/checks.py reports a wrong word with the
+        config's other problems, all at once, each with its fix (as it does for the YAML file)."""
+
+        def add_argument(self, *args, **kwargs):
+            choices = kwargs.pop("choices", None)
+            if choices is not None:
+                kwargs.update(type=str, metavar=kwargs.get("metavar") or "{" + ",".join(map(str, choices)) + "}")
+            return super().add_argument(*args, **kwargs)
+
+    return ConfigParser
+
+
+def config_parser(config_cls=Config, **kwargs):
+    """The command-line parser of a config class's options (transformers' HfArgumentParser)."""
+    return _parser_class()(tuple(sections_of(config_cls).values()), **kwargs)
+
+
 def parse_config(config_path: str | Path | None = None, overrides: list[str] | None = None, config_cls=Config,
                  data: dict | None = None, check: bool = True):  # fmt: skip
     """Read a YAML config (or `data`, a mapping of the same shape) and apply command-line
@@ -120,8 +144,6 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     the Python API checks once its objects are in). Unknown keys in the file or on the
     command line are errors that list the valid ones.
     """
-    from transformers import HfArgumentParser
-
     sections = sections_of(config_cls)
     defaults = {}
     if config_path is not None:
@@ -144,7 +166,7 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     # exit_on_error=False: a bad value on the command line is a ConfigError like any other,
     # not argparse's usage text of every option followed by an exit.
     # allow_abbrev=False: a misspelt option is an error, not a guess at another one.
-    parser = HfArgumentParser(tuple(sections.values()), exit_on_error=False, allow_abbrev=False)
+    parser = config_parser(config_cls, exit_on_error=False, allow_abbrev=False)
     parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path) if config_path is not None else "args"))
     # argparse reads only -1 and -0.5 as negative numbers; -1e-4 would look like an option.
     parser._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$")

@@ -15,17 +15,45 @@ Reading the files is config/parse.py's business, the checks config/checks.py's.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
+from ..algo.advantages import ADVANTAGE_ESTIMATORS
+from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
+from ..algo.scores import SCORE_NORMALIZATIONS
 from ..errors import UsageError
+from ..model.heads import VALUE_HEAD_INITS
+from ..model.hydra import REWARD_POOLINGS
+from ..model.quantize import TRUNK_QUANTIZATIONS
 
-LR_SCHEDULERS = ("constant", "linear", "cosine")
-MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
-KL_PENALTIES = ("reward", "loss")
-LORA_LAYERS = ("top", "all")
-OPTIMIZERS = ("adamw", "adamw8bit")
-SAMPLERS = ("auto", "generate", "continuous_batching")
+# The options that take one of a few words are typed `Literal[...]` (HfArgumentParser lists the
+# words in --help; config/checks.py reads them from the type). Where the words are the algo's or
+# the model's own, the Literal is made from their tuple (`Literal[TUPLE]` is Literal of its items).
+LrScheduler = Literal["constant", "linear", "cosine"]
+MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+KlPenalty = Literal["reward", "loss"]
+LoraLayers = Literal["top", "all"]
+Optimizer = Literal["adamw", "adamw8bit"]
+Sampler = Literal["auto", "generate", "continuous_batching"]
+AdvantageEstimator = Literal[ADVANTAGE_ESTIMATORS]
+KlController = Literal[KL_CONTROLLERS]
+KlEstimator = Literal[KL_ESTIMATORS]
+ImportanceSamplingLevel = Literal[IMPORTANCE_SAMPLING_LEVELS]
+LossAggMode = Literal[LOSS_AGG_MODES]
+ScoreNormalization = Literal[SCORE_NORMALIZATIONS]
+ValueHeadInit = Literal[VALUE_HEAD_INITS]
+RewardPooling = Literal[REWARD_POOLINGS]
+TrunkQuantization = Literal[TRUNK_QUANTIZATIONS]
+LR_SCHEDULERS = typing.get_args(LrScheduler)
+MIXED_PRECISIONS = typing.get_args(MixedPrecision)
+KL_PENALTIES = typing.get_args(KlPenalty)
+LORA_LAYERS = typing.get_args(LoraLayers)
+OPTIMIZERS = typing.get_args(Optimizer)
+SAMPLERS = typing.get_args(Sampler)
 OPTIMIZER_HELP = (
     "adamw (torch.optim.AdamW) | adamw8bit (bitsandbytes' AdamW8bit: both moments in 8 bits with a scale per 256 values, "
     "a quarter of AdamW's state; pip install 'hydrappo[quant]'). A run resumes with the optimizer it started with."
@@ -110,7 +138,7 @@ class ModelConfig:
         metadata={"help": "Weights dtype: auto (float32 on CPU, bfloat16 on GPUs that support it, else float32), float32, bfloat16, float16, float64 (slow; for exact comparisons)."},
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute top-layer activations in backward."})
-    trunk_quantization: str = field(
+    trunk_quantization: TrunkQuantization = field(
         default="none",
         metadata={"help": "none | int8 | 4bit: store the frozen bottom layers (and frozen untied input embeddings) in "
                           "8 or 4 bits through bitsandbytes (pip install 'hydrappo[quant]'); the trainable top layers, "
@@ -119,7 +147,7 @@ class ModelConfig:
     reward_branch_path: str | None = field(
         default=None, metadata={"help": "A hydrappo reward checkpoint to load into the trunk's reward slot."}
     )
-    value_head_init: str = field(default="random", metadata={"help": "PPO's value head at step 0: random, or reward_head (needs model.reward_branch_path): V(h) = w.h + b exactly, the reward head's linear map, read at the policy's final hidden state (see ValueHead.init_from_reward_head)."})
+    value_head_init: ValueHeadInit = field(default="random", metadata={"help": "PPO's value head at step 0: random, or reward_head (needs model.reward_branch_path): V(h) = w.h + b exactly, the reward head's linear map, read at the policy's final hidden state (see ValueHead.init_from_reward_head)."})
 
 
 @dataclass
@@ -142,7 +170,7 @@ class GenerationArgs:
         metadata={"help": "With samples_per_prompt G > 1, run each prompt through the model once and give its G "
                           "samples copies of its KV cache (1/G of the prefill). Off: every row is prefilled."},
     )
-    sampler: str = field(
+    sampler: Sampler = field(
         default="auto",
         metadata={"help": "What samples the responses: generate (transformers' generate: records the frozen bottom's "
                           "outputs for the experience pass, shares a prompt's prefill) | continuous_batching "
@@ -168,16 +196,16 @@ class PPOArgs:
     ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of experience."})
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    optimizer: str = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
+    optimizer: Optimizer = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off)."})
-    lr_scheduler: str = field(default="constant", metadata={"help": "constant | linear | cosine (each with warmup)."})
+    lr_scheduler: LrScheduler = field(default="constant", metadata={"help": "constant | linear | cosine (each with warmup)."})
     warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup."})
     gamma: float = field(default=1.0, metadata={"help": "Discount (1.0 as in trlX and TRL)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda."})
-    advantage_estimator: str = field(
+    advantage_estimator: AdvantageEstimator = field(
         default="gae",
         metadata={"help": "gae (PPO with the value head) | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline "
                           "(critic-free: no value head is built; grpo, dr_grpo, rloo and reinforce_pp_baseline need "
@@ -187,7 +215,7 @@ class PPOArgs:
     cliprange_high: float | None = field(
         default=None, metadata={"help": "Upper clipping epsilon, e.g. 0.28 (DAPO's clip-higher; None: cliprange)."}
     )
-    importance_sampling_level: str = field(
+    importance_sampling_level: ImportanceSamplingLevel = field(
         default="token",
         metadata={"help": "token (PPO) | sequence (GSPO: one length-normalised ratio per response, clipped as a whole)."},
     )
@@ -196,11 +224,11 @@ class PPOArgs:
     critic_warmup_steps: int = field(default=0, metadata={"help": "The first N steps train the value head only, on fresh rollouts: the policy does not move (its weights stay bit-identical). Counted by the step, so a resumed run continues the warm-up. Needs a value head (advantage_estimator: gae)."})
     vf_coef: float = field(default=0.1, metadata={"help": "Value loss weight (trlX: 1.0, TRL: 0.1; 0.1 since the critic shares no weights with the policy's layers but a scaled loss keeps updates tame)."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus weight."})
-    loss_agg_mode: str = field(default="token-mean", metadata={"help": "token-mean | seq-mean-token-mean | seq-mean-token-sum."})
+    loss_agg_mode: LossAggMode = field(default="token-mean", metadata={"help": "token-mean | seq-mean-token-mean | seq-mean-token-sum."})
     whiten_advantages: bool = field(
         default=True, metadata={"help": "Normalise GAE advantages over the batch (masked). REINFORCE++ always does; group estimators never."}
     )
-    kl_controller: str = field(
+    kl_controller: KlController = field(
         default="adaptive",
         metadata={"help": "adaptive (Ziegler et al.: moves beta by at most 0.2 x batch_size / kl_horizon a step) | pi "
                           "(proportional-integral on log beta, gains per step: holds kl_target within tens of steps; "
@@ -211,8 +239,8 @@ class PPOArgs:
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive controller's horizon (in rollouts)."})
     kl_pi_kp: float = field(default=0.5, metadata={"help": "pi controller: proportional gain on log(KL / kl_target), clipped to [-1, 1]."})
     kl_pi_ki: float = field(default=0.2, metadata={"help": "pi controller: integral gain per step (1 / ki is roughly its horizon in steps)."})
-    kl_estimator: str = field(default="k1", metadata={"help": "k1 | k2 | k3 | abs: per-token KL estimate."})
-    kl_penalty: str = field(default="reward", metadata={"help": "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."})
+    kl_estimator: KlEstimator = field(default="k1", metadata={"help": "k1 | k2 | k3 | abs: per-token KL estimate."})
+    kl_penalty: KlPenalty = field(default="reward", metadata={"help": "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."})
     mask_truncated: bool = field(
         default=False,
         metadata={"help": "DAPO's overlong filtering: responses cut by generation.max_new_tokens (no EOS) add nothing to "
@@ -253,7 +281,7 @@ class RewardArgs:
                           "falls linearly, to -overlong_penalty at the limit (0: off)."},
     )
     overlong_penalty: float = field(default=1.0, metadata={"help": "The soft overlong penalty at the token limit (with overlong_buffer > 0)."})
-    score_normalization: str = field(default="none", metadata={"help": "none | running | ref."})
+    score_normalization: ScoreNormalization = field(default="none", metadata={"help": "none | running | ref."})
     score_ref_mean: float | None = field(default=None, metadata={"help": "Mean for score_normalization=ref."})
     score_ref_std: float | None = field(default=None, metadata={"help": "Std for score_normalization=ref."})
     timeout_s: float | None = field(
@@ -298,7 +326,7 @@ class RunArgs:
     output_dir: str = field(default="outputs/run", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."})
     seed: int = field(default=0, metadata={"help": "Seed for torch, python, numpy and the data order."})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N | mps."})
-    mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16 autocast on GPUs that have it, fp16 otherwise, none on CPU) | no | bf16 | fp16."})
+    mixed_precision: MixedPrecision = field(default="auto", metadata={"help": "auto (bf16 autocast on GPUs that have it, fp16 otherwise, none on CPU) | no | bf16 | fp16."})
     save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end)."})
     keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted."})
     progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
@@ -345,7 +373,7 @@ class LoraArgs:
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["all-linear"], metadata={"help": "Module names to adapt, or all-linear (peft's choice)."}
     )
-    lora_layers: str = field(
+    lora_layers: LoraLayers = field(
         default="top",
         metadata={"help": "top: adapters only in the top num_layers_unfrozen layers (the trunk below stays shared); "
                           "all: every layer (the reference then costs a second trunk pass)."},
@@ -368,11 +396,11 @@ class StageTrainArgs(RunArgs):
     eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass."})
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    optimizer: str = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
+    optimizer: Optimizer = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
-    lr_scheduler: str = field(default="linear", metadata={"help": "constant | linear | cosine (each with warmup)."})
+    lr_scheduler: LrScheduler = field(default="linear", metadata={"help": "constant | linear | cosine (each with warmup)."})
     warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off)."})
     eval_every: int = field(default=0, metadata={"help": "Evaluate every N steps (0: at the end of each epoch only)."})
@@ -389,7 +417,7 @@ class StageTrainArgs(RunArgs):
 class RewardTrainArgs(StageTrainArgs):
     output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs."})
     learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate."})
-    pooling: str = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
+    pooling: RewardPooling = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
 
 
 @dataclass
@@ -517,6 +545,15 @@ class SFTConfig(_Sections):
     data: SFTDataArgs = field(default_factory=SFTDataArgs)
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
     lora: LoraArgs = field(default_factory=LoraArgs)
+
+
+@functools.cache
+def choices_of(section_cls) -> dict[str, tuple]:
+    """{option: its words} of a section's `Literal[...]` options (read from the annotations:
+    argument parsers rewrite `dataclasses.fields(...).type` in place)."""
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(section_cls)
+            if typing.get_origin(hints[f.name]) is Literal}  # fmt: skip
 
 
 def sections_of(config_cls) -> dict:
