@@ -13,11 +13,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
-import math
 import os
 import re
 import typing
-from dataclasses import dataclass
 
 from ..algo.advantages import GROUP_ESTIMATORS
 from ..model.quantize import TRUNK_QUANTIZATIONS
@@ -27,117 +25,6 @@ from .sections import Config, ConfigError, PPOArgs, RewardConfig, SFTConfig, can
 
 logger = logging.getLogger("hydrappo")
 
-
-@dataclass(frozen=True)
-class Range:
-    """`low <= value <= high` (strict where `*_open`); None bounds are unbounded. `fix` says
-    what to set instead (default: the option's default value as an example)."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    fix: str | None = None
-
-    def holds(self, value) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
-            return False
-        return True
-
-    def describe(self) -> str:
-        if self.low is not None and self.high is not None:
-            return f"must be in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
-        if self.low is not None:
-            return f"must be {'>' if self.low_open else '>='} {_num(self.low)}"
-        if self.high is not None:
-            return f"must be {'<' if self.high_open else '<='} {_num(self.high)}"
-        return "must be a finite number"
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
-AT_LEAST_1 = Range(1)
-NOT_NEGATIVE = Range(0)
-POSITIVE = Range(0, low_open=True)
-FINITE = Range()
-UNIT = Range(0, 1)
-
-# The range of every numeric option, by field name (names are unique within a command).
-RANGES: dict[str, Range] = {
-    # model, lora
-    "num_layers_unfrozen": Range(-1, fix="use N >= 1 top layers (0: heads only, -1: the whole model)"),
-    "lora_r": NOT_NEGATIVE,
-    "lora_alpha": POSITIVE,
-    # generation
-    "max_new_tokens": AT_LEAST_1,
-    "min_new_tokens": NOT_NEGATIVE,
-    "temperature": Range(0, low_open=True, fix="use 1.0 (the policy's own distribution); PPO's log-probs use the same temperature"),
-    "top_k": Range(0, fix="use 0 (off)"),
-    "top_p": Range(0, 1, low_open=True, fix="use 1.0 (off)"),
-    "generation_batch_size": AT_LEAST_1,
-    "samples_per_prompt": AT_LEAST_1,
-    # optimisation (PPO and the supervised stages)
-    "batch_size": AT_LEAST_1,
-    "mini_batch_size": AT_LEAST_1,
-    "gradient_accumulation_steps": AT_LEAST_1,
-    "ppo_epochs": AT_LEAST_1,
-    "learning_rate": POSITIVE,
-    "weight_decay": NOT_NEGATIVE,
-    "adam_beta1": Range(0, 1, high_open=True),
-    "adam_beta2": Range(0, 1, high_open=True),
-    "adam_eps": POSITIVE,
-    "max_grad_norm": Range(0, fix="use 1.0, or 0 to switch clipping off"),
-    "warmup_steps": NOT_NEGATIVE,
-    "gamma": UNIT,
-    "lam": UNIT,
-    "cliprange": POSITIVE,
-    "cliprange_high": POSITIVE,
-    "cliprange_value": POSITIVE,
-    "dual_clip": Range(1, low_open=True, fix="use e.g. 3.0, or null to switch dual clipping off"),
-    "vf_coef": NOT_NEGATIVE,
-    "critic_warmup_steps": NOT_NEGATIVE,
-    "ent_coef": FINITE,
-    "init_kl_coef": NOT_NEGATIVE,
-    "kl_target": POSITIVE,
-    "kl_horizon": AT_LEAST_1,
-    "kl_pi_kp": NOT_NEGATIVE,
-    "kl_pi_ki": NOT_NEGATIVE,
-    "max_nonfinite_steps": AT_LEAST_1,
-    # reward
-    "cliprange_reward": POSITIVE,
-    "missing_eos_penalty": FINITE,
-    "overlong_buffer": NOT_NEGATIVE,
-    "overlong_penalty": NOT_NEGATIVE,
-    "score_ref_mean": FINITE,
-    "score_ref_std": POSITIVE,
-    "timeout_s": Range(0, low_open=True, fix="use the seconds one call may take, e.g. 60, or null for no limit"),
-    "reward_model_label": FINITE,
-    # data
-    "max_prompt_length": AT_LEAST_1,
-    "max_response_length": AT_LEAST_1,
-    "eval_fraction": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out"),
-    "stats_max_samples": AT_LEAST_1,
-    "stats_max_new_tokens": AT_LEAST_1,
-    "stats_temperature": POSITIVE,
-    # the run
-    "seed": Range(0, 2**32 - 1),
-    "save_every": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
-    "keep_last": AT_LEAST_1,
-    "total_steps": AT_LEAST_1,
-    "log_samples_every": Range(0, fix="use N > 0, or 0 to log no samples"),
-    "num_log_samples": NOT_NEGATIVE,
-    "epochs": NOT_NEGATIVE,
-    "max_steps": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
-    "eval_batch_size": AT_LEAST_1,
-    "eval_every": Range(0, fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)"),
-    "dist_timeout_s": Range(0, low_open=True, fix="use the seconds a process may wait for the others, e.g. 1800"),
-}
 
 # Options naming a column or a split: an empty name can only be a mistake.
 NAMES = ("prompt_column", "chosen_column", "rejected_column", "response_column", "stats_response_column", "split", "eval_split")
@@ -193,13 +80,14 @@ def _sections(config):
 
 
 def _check_values(config, problems: Problems) -> None:
-    """Each option on its own: its type, range or choices (the words of its `Literal[...]` type)."""
+    """Each option on its own: its type, its range (the field's metadata) or its choices (the words
+    of its `Literal[...]` type)."""
     for section, part in _sections(config):
         for f in dataclasses.fields(part):
             name, value, label = f.name, getattr(part, f.name), f"{section}.{f.name}"
             default, choices = _default(type(part), name), choices_of(type(part)).get(name)
-            if name in RANGES and value is not None:
-                rule = RANGES[name]
+            rule = f.metadata.get("range")
+            if rule is not None and value is not None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     problems.add(label, value, "must be a number", f"use e.g. {default!r} (the default)")
                 elif not rule.holds(value):

@@ -117,10 +117,12 @@ def _parser_class():
 
     class ConfigParser(HfArgumentParser):
         """HfArgumentParser that shows a `Literal[...]` option's words in --help without argparse
-        refusing other words on the command line: config/checks.py reports a wrong word with the
-        config's other problems, all at once, each with its fix (as it does for the YAML file)."""
+        refusing other words on the command line, and leaves a field's range (its metadata) out of
+        argparse: config/checks.py reports a wrong word or number with the config's other problems,
+        all at once, each with its fix (as it does for the YAML file)."""
 
         def add_argument(self, *args, **kwargs):
+            kwargs.pop("range", None)  # hydrappo's own field metadata (config/values.py), not argparse's
             choices = kwargs.pop("choices", None)
             if choices is not None:
                 kwargs.update(type=str, metavar=kwargs.get("metavar") or "{" + ",".join(map(str, choices)) + "}")
