@@ -163,20 +163,33 @@ class GenerationArgs:
 
 
 @dataclass
-class PPOArgs:
+class OptimizerArgs:
+    """The optimizer step's options, shared by PPO (`ppo:`) and the supervised stages (`train:`); a
+    section that wants another default redeclares the field with `_with_default` (help written once)."""
+
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate.", "range": POSITIVE})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay.", "range": NOT_NEGATIVE})
+    optimizer: Optimizer = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1 (decay of the first moment).", "range": Range(0, 1, high_open=True)})
+    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2 (decay of the second moment).", "range": Range(0, 1, high_open=True)})
+    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon.", "range": POSITIVE})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off).", "range": Range(0, fix="use 1.0, or 0 to switch clipping off")})
+    lr_scheduler: LrScheduler = field(default="constant", metadata={"help": "constant | linear | cosine (each with warmup)."})
+    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup.", "range": NOT_NEGATIVE})
+    max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row.", "range": AT_LEAST_1})
+
+
+def _with_default(section, name: str, default):
+    """`section`'s field `name` (its help and range) with another default."""
+    return field(default=default, metadata=section.__dataclass_fields__[name].metadata)
+
+
+@dataclass
+class PPOArgs(OptimizerArgs):
     batch_size: int = field(default=16, metadata={"help": "Rollouts (prompt + response) per PPO step, over all processes of a torchrun / accelerate launch run (each generates its share).", "range": AT_LEAST_1})
     mini_batch_size: int = field(default=4, metadata={"help": "Rollouts per optimizer step, over all processes.", "range": AT_LEAST_1})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches each process splits its share of a mini-batch into.", "range": AT_LEAST_1})
     ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of experience.", "range": AT_LEAST_1})
-    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate.", "range": POSITIVE})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay.", "range": NOT_NEGATIVE})
-    optimizer: Optimizer = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
-    adam_beta1: float = field(default=0.9, metadata={"range": Range(0, 1, high_open=True)})
-    adam_beta2: float = field(default=0.95, metadata={"range": Range(0, 1, high_open=True)})
-    adam_eps: float = field(default=1e-8, metadata={"range": POSITIVE})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off).", "range": Range(0, fix="use 1.0, or 0 to switch clipping off")})
-    lr_scheduler: LrScheduler = field(default="constant", metadata={"help": "constant | linear | cosine (each with warmup)."})
-    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup.", "range": NOT_NEGATIVE})
     gamma: float = field(default=1.0, metadata={"help": "Discount (1.0 as in trlX and TRL).", "range": UNIT})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda.", "range": UNIT})
     advantage_estimator: AdvantageEstimator = field(
@@ -220,7 +233,6 @@ class PPOArgs:
         metadata={"help": "DAPO's overlong filtering: responses cut by generation.max_new_tokens (no EOS) add nothing to "
                           "the loss; they still count in their group's baseline."},
     )
-    max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row.", "range": AT_LEAST_1})
 
     @property
     def uses_critic(self) -> bool:
@@ -360,7 +372,7 @@ class LoraArgs:
 
 
 @dataclass
-class StageTrainArgs(RunArgs):
+class StageTrainArgs(OptimizerArgs, RunArgs):
     """Options of the supervised stages (reward model, SFT) that are not about data."""
 
     output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here."})
@@ -368,15 +380,8 @@ class StageTrainArgs(RunArgs):
     max_steps: int = field(default=0, metadata={"help": "Stop after this many optimizer steps (0: after `epochs`).", "range": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes")})
     batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.", "range": AT_LEAST_1})
     eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass.", "range": AT_LEAST_1})
-    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate.", "range": POSITIVE})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay.", "range": NOT_NEGATIVE})
-    optimizer: Optimizer = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
-    adam_beta1: float = field(default=0.9, metadata={"range": Range(0, 1, high_open=True)})
-    adam_beta2: float = field(default=0.999, metadata={"range": Range(0, 1, high_open=True)})
-    adam_eps: float = field(default=1e-8, metadata={"range": POSITIVE})
-    lr_scheduler: LrScheduler = field(default="linear", metadata={"help": "constant | linear | cosine (each with warmup)."})
-    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup.", "range": NOT_NEGATIVE})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off).", "range": Range(0, fix="use 1.0, or 0 to switch clipping off")})
+    adam_beta2: float = _with_default(OptimizerArgs, "adam_beta2", 0.999)
+    lr_scheduler: LrScheduler = _with_default(OptimizerArgs, "lr_scheduler", "linear")
     eval_every: int = field(default=0, metadata={"help": "Evaluate every N steps (0: at the end of each epoch only).", "range": Range(0, fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)")})
     cache_split_hidden: bool = field(
         default=False,
@@ -384,13 +389,12 @@ class StageTrainArgs(RunArgs):
                           "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers."},
     )
     save_every: int = field(default=100, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end).", "range": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only")})
-    max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row.", "range": AT_LEAST_1})
 
 
 @dataclass
 class RewardTrainArgs(StageTrainArgs):
     output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs."})
-    learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate.", "range": POSITIVE})
+    learning_rate: float = _with_default(OptimizerArgs, "learning_rate", 5e-5)
     pooling: RewardPooling = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
 
 
