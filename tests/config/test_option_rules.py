@@ -36,3 +36,17 @@ def test_wrong_words_and_numbers_are_reported_together_from_the_command_line():
     assert "ppo.optimizer='sgd' is not one of: adamw, adamw8bit; use e.g. 'adamw' (the default)." in message
     assert "ppo.kl_estimator='k9' is not one of: k1, k2, k3, abs" in message
     assert "ppo.adam_beta2=1.0 must be in [0, 1)" in message
+
+
+def test_negative_numbers_on_the_command_line_are_values():
+    """argparse itself reads only -1 and -0.5 as numbers; -1e-3, -1. and -inf are values too."""
+    data = {"data": {"prompts": "prompts.jsonl"}, "reward": {"reward_fn": ["os:getcwd", "os:getpid"]}}
+    config = parse_config(data=data, check=False, overrides=[
+        "--ent_coef", "-1e-3", "--missing_eos_penalty", "-1.", "--reward_weights", "1", "-2E+1",
+        "--stop_strings", "-1e5", "x", "--init_kl_coef=-1e-2", "--seed", "-1"])  # fmt: skip
+    assert (config.ppo.ent_coef, config.reward.missing_eos_penalty, config.reward.reward_weights) == (-1e-3, -1.0, [1.0, -20.0])
+    assert (config.generation.stop_strings, config.ppo.init_kl_coef, config.train.seed) == (["-1e5", "x"], -1e-2, -1)
+    with pytest.raises(ConfigError, match=r"--stop_token_ids: invalid int value: '-1e3'\."):
+        parse_config(data=data, check=False, overrides=["--stop_token_ids", "-1e3"])
+    with pytest.raises(ConfigError, match="unknown command-line option"):
+        parse_config(data=data, check=False, overrides=["--learning_rate", "1", "-1e-4"])
