@@ -226,16 +226,7 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         problems.add("ppo.batch_size", ppo.batch_size, f"counts responses and must be divisible by "
                      f"generation.samples_per_prompt ({group})", f"set batch_size to a multiple of {group}")  # fmt: skip
     processes = _launched_processes()
-    if processes > 1 and group >= 1 and ppo.batch_size >= 1 and not ppo.batch_size % group and (ppo.batch_size // group) % processes:
-        problems.add("ppo.batch_size", ppo.batch_size, f"is {ppo.batch_size // group} prompts x {group} samples, which "
-                     f"the {processes} processes of this launch (WORLD_SIZE) cannot share in whole prompts",
-                     f"make the number of prompts per batch a multiple of {processes}, e.g. batch_size "
-                     f"{group * processes * max(1, round(ppo.batch_size / (group * processes)))}")  # fmt: skip
-    if processes > 1 and ppo.mini_batch_size >= 1 and ppo.gradient_accumulation_steps >= 1 and ppo.mini_batch_size % (processes * ppo.gradient_accumulation_steps):
-        problems.add("ppo.mini_batch_size", ppo.mini_batch_size, f"must be a multiple of the {processes} processes of "
-                     f"this launch (WORLD_SIZE) x gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each "
-                     "process takes its share of every minibatch and splits it into micro-batches",
-                     f"use a multiple of {processes * ppo.gradient_accumulation_steps}")  # fmt: skip
+    check_process_shares(ppo, group, processes, problems, f"the {processes} processes of this launch (WORLD_SIZE)")
     if ppo.advantage_estimator in GROUP_ESTIMATORS and group < 2:
         problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
                      f"other, but generation.samples_per_prompt is {group}",
@@ -291,6 +282,22 @@ def _check_ppo(config: Config, problems: Problems) -> None:
     if config.data.prompts is None:
         problems.add("data.prompts", None, "is required", "name a jsonl/json/csv/parquet/txt file, a directory of them or a "
                      "datasets name")  # fmt: skip
+
+
+def check_process_shares(ppo, group: int, processes: int, problems: Problems, who: str) -> None:
+    """The rule of a batch that `processes` processes share (`who` names them): whole prompts each,
+    and whole micro-batches of every minibatch. Checked before anything loads from the launcher's
+    WORLD_SIZE, and by the PPO trainer with the process group it joined."""
+    if processes > 1 and group >= 1 and ppo.batch_size >= 1 and not ppo.batch_size % group and (ppo.batch_size // group) % processes:
+        problems.add("ppo.batch_size", ppo.batch_size, f"is {ppo.batch_size // group} prompts x {group} samples, which "
+                     f"{who} cannot share in whole prompts",
+                     f"make the number of prompts per batch a multiple of {processes}, e.g. batch_size "
+                     f"{group * processes * max(1, round(ppo.batch_size / (group * processes)))}")  # fmt: skip
+    if processes > 1 and ppo.mini_batch_size >= 1 and ppo.gradient_accumulation_steps >= 1 and ppo.mini_batch_size % (processes * ppo.gradient_accumulation_steps):
+        problems.add("ppo.mini_batch_size", ppo.mini_batch_size, f"must be a multiple of {who} x "
+                     f"gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each process takes its share of "
+                     "every minibatch and splits it into micro-batches",
+                     f"use a multiple of {processes * ppo.gradient_accumulation_steps}")  # fmt: skip
 
 
 def _divisor(total: int, near: int) -> int:
