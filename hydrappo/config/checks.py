@@ -21,7 +21,7 @@ from ..algo.advantages import GROUP_ESTIMATORS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
-from .sections import Config, ConfigError, PPOArgs, RewardConfig, SFTConfig, canonical_dtype, choices_of
+from .sections import DTYPE_RULE, Config, ConfigError, PPOArgs, RewardConfig, SFTConfig, canonical_dtype, choices_of
 
 logger = logging.getLogger("hydrappo")
 
@@ -102,8 +102,7 @@ def _check_values(config, problems: Problems) -> None:
     try:
         canonical_dtype(model.dtype)
     except ConfigError:
-        problems.add("model.dtype", model.dtype, "is not one of: auto, float32, bfloat16, float16 (or fp32, bf16, fp16)",
-                     "use auto (float32 on CPU, bfloat16 on GPUs that support it)")  # fmt: skip
+        problems.add("model.dtype", model.dtype, DTYPE_RULE, "use auto (float32 on CPU, bfloat16 on GPUs that support it)")
     device = config.train.device
     if not is_device_name(device):
         problems.add("train.device", device, "must be auto, cpu, cuda, cuda:N or mps", "use auto")

@@ -36,6 +36,8 @@ OPTIMIZER_HELP = (
 # float64 is for exact comparisons (tests that check two ways of computing the same step agree);
 # everything on the training path that is "at least float32" keeps it.
 DTYPE_NAMES = {"float32": ("fp32",), "bfloat16": ("bf16",), "float16": ("fp16", "half"), "float64": ("fp64", "double")}
+# The dtype rule in words, for canonical_dtype and config/checks.py alike.
+DTYPE_RULE = f"is not one of: auto, {', '.join(DTYPE_NAMES)} (or {', '.join(a for v in DTYPE_NAMES.values() for a in v)})"
 
 
 class ConfigError(UsageError):
@@ -50,7 +52,7 @@ def canonical_dtype(name: str) -> str:
     for canonical, aliases in DTYPE_NAMES.items():
         if key in aliases:
             return canonical
-    raise ConfigError(f"dtype {name!r} is not one of: auto, {', '.join(DTYPE_NAMES)} (or {', '.join(a for v in DTYPE_NAMES.values() for a in v)}).")
+    raise ConfigError(f"dtype {name!r} {DTYPE_RULE}.")
 
 
 def torch_dtype(name: str):
