@@ -53,7 +53,7 @@ def _report(text: str) -> None:
 def _config_command(argv: list[str], prog: str, description: str, config_cls):
     """The front of every command that takes CONFIG.yaml, `--resume [PATH]` and `--option value`
     overrides. Returns the parsed config and the resume argument, or an exit code after the help."""
-    from .config import parse_config, sections_of
+    from .config import config_parser, parse_config
 
     parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
     parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
@@ -62,11 +62,9 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     parser.add_argument("-h", "--help", action="store_true")
     args, overrides = parser.parse_known_args(argv)
     if args.help or args.config is None:
-        from transformers import HfArgumentParser
-
         print(parser.format_help())
         print("Config options (YAML keys under their section, or --name value on the command line):")
-        HfArgumentParser(tuple(sections_of(config_cls).values())).print_help()
+        config_parser(config_cls).print_help()
         return 0 if args.help else 2
     config = parse_config(args.config, overrides, config_cls)
     from .storage.models import fetch_hub_models

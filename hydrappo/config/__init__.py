@@ -2,20 +2,20 @@
 command-line overrides (parse.py) and checked as a whole before anything loads (checks.py)."""
 
 from .checks import Problems, is_device_name, validate
-from .parse import parse_config
+from .parse import config_parser, parse_config
 from .paths import check_reward_fn, looks_like_a_path, writable_folder_problem
 from .sections import (
-    DTYPE_NAMES, KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, REWARD_SECTIONS, SECTIONS,
-    SFT_SECTIONS, Config, ConfigError, DataArgs, GenerationArgs, LoraArgs, ModelConfig, PPOArgs, PreferenceDataArgs, RewardArgs,
-    RewardConfig, RewardTrainArgs, RunArgs, SFTConfig, SFTDataArgs, SFTTrainArgs, StageTrainArgs, TrainArgs,
-    canonical_dtype, resolve_path, sections_of, torch_dtype,
+    DTYPE_NAMES, REWARD_SECTIONS, SECTIONS, SFT_SECTIONS, Config, ConfigError, DataArgs, GenerationArgs, LoraArgs,
+    ModelConfig, PPOArgs, PreferenceDataArgs, RewardArgs, RewardConfig, RewardTrainArgs, RunArgs, SFTConfig,
+    SFTDataArgs, SFTTrainArgs, StageTrainArgs, TrainArgs, canonical_dtype, resolve_path, sections_of, torch_dtype,
 )
+from .values import KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, Range
 
 __all__ = [
-    "Problems", "check_reward_fn", "is_device_name", "looks_like_a_path", "writable_folder_problem", "DTYPE_NAMES",
+    "Problems", "check_reward_fn", "is_device_name", "looks_like_a_path", "writable_folder_problem", "DTYPE_NAMES", "Range",
     "KL_PENALTIES", "LORA_LAYERS", "LR_SCHEDULERS", "MIXED_PRECISIONS", "OPTIMIZERS", "REWARD_SECTIONS", "SECTIONS",
     "SFT_SECTIONS", "Config", "ConfigError", "DataArgs", "GenerationArgs", "LoraArgs", "ModelConfig", "PPOArgs",
     "PreferenceDataArgs", "RewardArgs", "RewardConfig", "RewardTrainArgs", "RunArgs", "SFTConfig", "SFTDataArgs",
-    "SFTTrainArgs", "StageTrainArgs", "TrainArgs", "canonical_dtype", "parse_config", "resolve_path", "sections_of",
+    "SFTTrainArgs", "StageTrainArgs", "TrainArgs", "canonical_dtype", "config_parser", "parse_config", "resolve_path", "sections_of",
     "torch_dtype", "validate",
 ]

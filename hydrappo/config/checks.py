@@ -13,158 +13,18 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
-import math
 import os
 import re
 import typing
-from dataclasses import dataclass
 
-from ..algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
-from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
-from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
-from ..algo.scores import SCORE_NORMALIZATIONS
-from ..model.heads import VALUE_HEAD_INITS
-from ..model.hydra import REWARD_POOLINGS
+from ..algo.advantages import GROUP_ESTIMATORS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
-from .sections import (
-    KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, SAMPLERS, Config, ConfigError, PPOArgs,
-    RewardConfig, SFTConfig, canonical_dtype,
-)
+from .sections import DTYPE_RULE, Config, ConfigError, PPOArgs, RewardConfig, SFTConfig, canonical_dtype, choices_of
 
 logger = logging.getLogger("hydrappo")
 
-
-@dataclass(frozen=True)
-class Range:
-    """`low <= value <= high` (strict where `*_open`); None bounds are unbounded. `fix` says
-    what to set instead (default: the option's default value as an example)."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    fix: str | None = None
-
-    def holds(self, value) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
-            return False
-        return True
-
-    def describe(self) -> str:
-        if self.low is not None and self.high is not None:
-            return f"must be in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
-        if self.low is not None:
-            return f"must be {'>' if self.low_open else '>='} {_num(self.low)}"
-        if self.high is not None:
-            return f"must be {'<' if self.high_open else '<='} {_num(self.high)}"
-        return "must be a finite number"
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
-AT_LEAST_1 = Range(1)
-NOT_NEGATIVE = Range(0)
-POSITIVE = Range(0, low_open=True)
-FINITE = Range()
-UNIT = Range(0, 1)
-
-# The range of every numeric option, by field name (names are unique within a command).
-RANGES: dict[str, Range] = {
-    # model, lora
-    "num_layers_unfrozen": Range(-1, fix="use N >= 1 top layers (0: heads only, -1: the whole model)"),
-    "lora_r": NOT_NEGATIVE,
-    "lora_alpha": POSITIVE,
-    # generation
-    "max_new_tokens": AT_LEAST_1,
-    "min_new_tokens": NOT_NEGATIVE,
-    "temperature": Range(0, low_open=True, fix="use 1.0 (the policy's own distribution); PPO's log-probs use the same temperature"),
-    "top_k": Range(0, fix="use 0 (off)"),
-    "top_p": Range(0, 1, low_open=True, fix="use 1.0 (off)"),
-    "generation_batch_size": AT_LEAST_1,
-    "samples_per_prompt": AT_LEAST_1,
-    # optimisation (PPO and the supervised stages)
-    "batch_size": AT_LEAST_1,
-    "mini_batch_size": AT_LEAST_1,
-    "gradient_accumulation_steps": AT_LEAST_1,
-    "ppo_epochs": AT_LEAST_1,
-    "learning_rate": POSITIVE,
-    "weight_decay": NOT_NEGATIVE,
-    "adam_beta1": Range(0, 1, high_open=True),
-    "adam_beta2": Range(0, 1, high_open=True),
-    "adam_eps": POSITIVE,
-    "max_grad_norm": Range(0, fix="use 1.0, or 0 to switch clipping off"),
-    "warmup_steps": NOT_NEGATIVE,
-    "gamma": UNIT,
-    "lam": UNIT,
-    "cliprange": POSITIVE,
-    "cliprange_high": POSITIVE,
-    "cliprange_value": POSITIVE,
-    "dual_clip": Range(1, low_open=True, fix="use e.g. 3.0, or null to switch dual clipping off"),
-    "vf_coef": NOT_NEGATIVE,
-    "critic_warmup_steps": NOT_NEGATIVE,
-    "ent_coef": FINITE,
-    "init_kl_coef": NOT_NEGATIVE,
-    "kl_target": POSITIVE,
-    "kl_horizon": AT_LEAST_1,
-    "kl_pi_kp": NOT_NEGATIVE,
-    "kl_pi_ki": NOT_NEGATIVE,
-    "max_nonfinite_steps": AT_LEAST_1,
-    # reward
-    "cliprange_reward": POSITIVE,
-    "missing_eos_penalty": FINITE,
-    "overlong_buffer": NOT_NEGATIVE,
-    "overlong_penalty": NOT_NEGATIVE,
-    "score_ref_mean": FINITE,
-    "score_ref_std": POSITIVE,
-    "timeout_s": Range(0, low_open=True, fix="use the seconds one call may take, e.g. 60, or null for no limit"),
-    "reward_model_label": FINITE,
-    # data
-    "max_prompt_length": AT_LEAST_1,
-    "max_response_length": AT_LEAST_1,
-    "eval_fraction": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out"),
-    "stats_max_samples": AT_LEAST_1,
-    "stats_max_new_tokens": AT_LEAST_1,
-    "stats_temperature": POSITIVE,
-    # the run
-    "seed": Range(0, 2**32 - 1),
-    "save_every": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
-    "keep_last": AT_LEAST_1,
-    "total_steps": AT_LEAST_1,
-    "log_samples_every": Range(0, fix="use N > 0, or 0 to log no samples"),
-    "num_log_samples": NOT_NEGATIVE,
-    "epochs": NOT_NEGATIVE,
-    "max_steps": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
-    "eval_batch_size": AT_LEAST_1,
-    "eval_every": Range(0, fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)"),
-    "dist_timeout_s": Range(0, low_open=True, fix="use the seconds a process may wait for the others, e.g. 1800"),
-}
-
-# The choices of every option that takes one of a few words.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "mixed_precision": MIXED_PRECISIONS,
-    "trunk_quantization": TRUNK_QUANTIZATIONS,
-    "optimizer": OPTIMIZERS,
-    "lora_layers": LORA_LAYERS,
-    "lr_scheduler": LR_SCHEDULERS,
-    "kl_controller": KL_CONTROLLERS,
-    "kl_penalty": KL_PENALTIES,
-    "kl_estimator": KL_ESTIMATORS,
-    "loss_agg_mode": LOSS_AGG_MODES,
-    "score_normalization": SCORE_NORMALIZATIONS,
-    "advantage_estimator": ADVANTAGE_ESTIMATORS,
-    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
-    "pooling": REWARD_POOLINGS,
-    "value_head_init": VALUE_HEAD_INITS,
-    "sampler": SAMPLERS,
-}
 
 # Options naming a column or a split: an empty name can only be a mistake.
 NAMES = ("prompt_column", "chosen_column", "rejected_column", "response_column", "stats_response_column", "split", "eval_split")
@@ -220,19 +80,20 @@ def _sections(config):
 
 
 def _check_values(config, problems: Problems) -> None:
-    """Each option on its own: its type, range or choices."""
+    """Each option on its own: its type, its range (the field's metadata) or its choices (the words
+    of its `Literal[...]` type)."""
     for section, part in _sections(config):
         for f in dataclasses.fields(part):
             name, value, label = f.name, getattr(part, f.name), f"{section}.{f.name}"
-            default = _default(type(part), name)
-            if name in RANGES and value is not None:
-                rule = RANGES[name]
+            default, choices = _default(type(part), name), choices_of(type(part)).get(name)
+            rule = f.metadata.get("range")
+            if rule is not None and value is not None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     problems.add(label, value, "must be a number", f"use e.g. {default!r} (the default)")
                 elif not rule.holds(value):
                     problems.add(label, value, rule.describe(), rule.fix or f"use e.g. {default!r} (the default)")
-            elif name in CHOICES and value not in CHOICES[name]:
-                problems.add(label, value, f"is not one of: {', '.join(CHOICES[name])}", f"use e.g. {default!r} (the default)")
+            elif choices is not None and value not in choices:
+                problems.add(label, value, f"is not one of: {', '.join(choices)}", f"use e.g. {default!r} (the default)")
             elif name in NAMES and (not isinstance(value, str) or not value.strip()) and not (
                 value is None and _optional(type(part), name)  # an optional column (null: there is none)
             ):
@@ -241,8 +102,7 @@ def _check_values(config, problems: Problems) -> None:
     try:
         canonical_dtype(model.dtype)
     except ConfigError:
-        problems.add("model.dtype", model.dtype, "is not one of: auto, float32, bfloat16, float16 (or fp32, bf16, fp16)",
-                     "use auto (float32 on CPU, bfloat16 on GPUs that support it)")  # fmt: skip
+        problems.add("model.dtype", model.dtype, DTYPE_RULE, "use auto (float32 on CPU, bfloat16 on GPUs that support it)")
     device = config.train.device
     if not is_device_name(device):
         problems.add("train.device", device, "must be auto, cpu, cuda, cuda:N or mps", "use auto")
@@ -365,16 +225,7 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         problems.add("ppo.batch_size", ppo.batch_size, f"counts responses and must be divisible by "
                      f"generation.samples_per_prompt ({group})", f"set batch_size to a multiple of {group}")  # fmt: skip
     processes = _launched_processes()
-    if processes > 1 and group >= 1 and ppo.batch_size >= 1 and not ppo.batch_size % group and (ppo.batch_size // group) % processes:
-        problems.add("ppo.batch_size", ppo.batch_size, f"is {ppo.batch_size // group} prompts x {group} samples, which "
-                     f"the {processes} processes of this launch (WORLD_SIZE) cannot share in whole prompts",
-                     f"make the number of prompts per batch a multiple of {processes}, e.g. batch_size "
-                     f"{group * processes * max(1, round(ppo.batch_size / (group * processes)))}")  # fmt: skip
-    if processes > 1 and ppo.mini_batch_size >= 1 and ppo.gradient_accumulation_steps >= 1 and ppo.mini_batch_size % (processes * ppo.gradient_accumulation_steps):
-        problems.add("ppo.mini_batch_size", ppo.mini_batch_size, f"must be a multiple of the {processes} processes of "
-                     f"this launch (WORLD_SIZE) x gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each "
-                     "process takes its share of every minibatch and splits it into micro-batches",
-                     f"use a multiple of {processes * ppo.gradient_accumulation_steps}")  # fmt: skip
+    check_process_shares(ppo, group, processes, problems, f"the {processes} processes of this launch (WORLD_SIZE)")
     if ppo.advantage_estimator in GROUP_ESTIMATORS and group < 2:
         problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
                      f"other, but generation.samples_per_prompt is {group}",
@@ -430,6 +281,22 @@ def _check_ppo(config: Config, problems: Problems) -> None:
     if config.data.prompts is None:
         problems.add("data.prompts", None, "is required", "name a jsonl/json/csv/parquet/txt file, a directory of them or a "
                      "datasets name")  # fmt: skip
+
+
+def check_process_shares(ppo, group: int, processes: int, problems: Problems, who: str) -> None:
+    """The rule of a batch that `processes` processes share (`who` names them): whole prompts each,
+    and whole micro-batches of every minibatch. Checked before anything loads from the launcher's
+    WORLD_SIZE, and by the PPO trainer with the process group it joined."""
+    if processes > 1 and group >= 1 and ppo.batch_size >= 1 and not ppo.batch_size % group and (ppo.batch_size // group) % processes:
+        problems.add("ppo.batch_size", ppo.batch_size, f"is {ppo.batch_size // group} prompts x {group} samples, which "
+                     f"{who} cannot share in whole prompts",
+                     f"make the number of prompts per batch a multiple of {processes}, e.g. batch_size "
+                     f"{group * processes * max(1, round(ppo.batch_size / (group * processes)))}")  # fmt: skip
+    if processes > 1 and ppo.mini_batch_size >= 1 and ppo.gradient_accumulation_steps >= 1 and ppo.mini_batch_size % (processes * ppo.gradient_accumulation_steps):
+        problems.add("ppo.mini_batch_size", ppo.mini_batch_size, f"must be a multiple of {who} x "
+                     f"gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each process takes its share of "
+                     "every minibatch and splits it into micro-batches",
+                     f"use a multiple of {processes * ppo.gradient_accumulation_steps}")  # fmt: skip
 
 
 def _divisor(total: int, near: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import re
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
     """Convert YAML values with the parser's own type for each option, so that a file
     and the command line accept the same spellings (YAML reads `3e-6` as a string)."""
     actions = {}
-    for action in parser._actions:  # a bool option's --no_X action shares its dest, without a type
+    for action in parser.options:  # a bool option's --no_X action shares its dest, without a type
         if action.dest not in actions or actions[action.dest].type is None:
             actions[action.dest] = action
     typed = {}
@@ -110,6 +111,66 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
     return typed
 
 
+# A negative number as the command line may spell it: argparse itself reads only -1 and -0.5 as
+# numbers, so -1e-4, -1. or -inf after an option would look like an option of its own.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$")
+
+
+def _spell_negative_numbers(words: list[str], options) -> tuple[list[str], dict]:
+    """`words` with each negative-number value after an option written so that argparse reads it as
+    a value: `--option=-1e-4` for an option of one value; with a leading space in a list (argparse
+    takes a word with a space for a value, int() and float() ignore it). Returns the words and, by
+    option, the values spaced, to give back as written (text lists, error messages)."""
+    by_string = {string: action for action in options for string in action.option_strings}
+    spelt, spaced, action = [], {}, None
+    for word in words:
+        if word in by_string:
+            action = by_string[word]
+        elif action is not None and _NEGATIVE_NUMBER.match(word):
+            if action.nargs in (None, "?") and spelt[-1] in action.option_strings:
+                spelt[-1], action = f"{spelt[-1]}={word}", None
+                continue
+            if action.nargs in ("+", "*"):
+                word = " " + word
+                spaced.setdefault(action.dest, set()).add(word)
+        elif word.startswith("-"):
+            action = None
+        spelt.append(word)
+    return spelt, spaced
+
+
+@functools.cache
+def _parser_class():
+    from transformers import HfArgumentParser
+
+    class ConfigParser(HfArgumentParser):
+        """HfArgumentParser that shows a `Literal[...]` option's words in --help without argparse
+        refusing other words on the command line, and leaves a field's range (its metadata) out of
+        argparse: config/checks.py reports a wrong word or number with the config's other problems,
+        all at once, each with its fix (as it does for the YAML file). `options` lists the
+        argparse actions it made (argparse keeps its own list private)."""
+
+        def __init__(self, *args, **kwargs):
+            self.options = []
+            super().__init__(*args, **kwargs)
+
+        def add_argument(self, *args, **kwargs):
+            kwargs.pop("range", None)  # hydrappo's own field metadata (config/values.py), not argparse's
+            choices = kwargs.pop("choices", None)
+            if choices is not None:
+                kwargs.update(type=str, metavar=kwargs.get("metavar") or "{" + ",".join(map(str, choices)) + "}")
+            action = super().add_argument(*args, **kwargs)
+            self.options.append(action)
+            return action
+
+    return ConfigParser
+
+
+def config_parser(config_cls=Config, **kwargs):
+    """The command-line parser of a config class's options (transformers' HfArgumentParser)."""
+    return _parser_class()(tuple(sections_of(config_cls).values()), **kwargs)
+
+
 def parse_config(config_path: str | Path | None = None, overrides: list[str] | None = None, config_cls=Config,
                  data: dict | None = None, check: bool = True):  # fmt: skip
     """Read a YAML config (or `data`, a mapping of the same shape) and apply command-line
@@ -120,8 +181,6 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     the Python API checks once its objects are in). Unknown keys in the file or on the
     command line are errors that list the valid ones.
     """
-    from transformers import HfArgumentParser
-
     sections = sections_of(config_cls)
     defaults = {}
     if config_path is not None:
@@ -144,20 +203,21 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     # exit_on_error=False: a bad value on the command line is a ConfigError like any other,
     # not argparse's usage text of every option followed by an exit.
     # allow_abbrev=False: a misspelt option is an error, not a guess at another one.
-    parser = HfArgumentParser(tuple(sections.values()), exit_on_error=False, allow_abbrev=False)
+    parser = config_parser(config_cls, exit_on_error=False, allow_abbrev=False)
     parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path) if config_path is not None else "args"))
-    # argparse reads only -1 and -0.5 as negative numbers; -1e-4 would look like an option.
-    parser._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$")
+    words, spaced = _spell_negative_numbers(list(overrides or []), parser.options)
     try:
-        args, remaining = parser.parse_known_args(list(overrides or []))
+        args, remaining = parser.parse_known_args(words)
     except argparse.ArgumentError as error:
-        option = (error.argument_name or "").split("/")[0]
+        option, message = (error.argument_name or "").split("/")[0], error.message
+        for word in set().union(*spaced.values()):
+            message = message.replace(repr(word), repr(word[1:]))
         raise ConfigError(
-            f"command line: {option}: {error.message}. Give it a value of the option's type (see --help); a value "
+            f"command line: {option}: {message}. Give it a value of the option's type (see --help); a value "
             f"that starts with '-' can be written {option}=VALUE."
         ) from None
     if remaining:
-        valid = sorted(action.dest for action in parser._actions if action.dest != "help")
+        valid = sorted(action.dest for action in parser.options if action.dest != "help")
         guesses = [
             f"--{match[0]}" for word in remaining if word.startswith("-")
             for match in [difflib.get_close_matches(word.lstrip("-").replace("-", "_"), valid, n=1)] if match
@@ -167,6 +227,8 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
             f"unknown command-line option(s) {' '.join(remaining)}.{hint} The valid options: --{', --'.join(valid)}."
         )
     values = vars(args)
+    for dest, words in spaced.items():  # a text list keeps its values as written
+        values[dest] = [value[1:] if isinstance(value, str) and value in words else value for value in values[dest]]
     built = {}
     for section, cls in sections.items():
         built[section] = cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init})

@@ -15,17 +15,19 @@ Reading the files is config/parse.py's business, the checks config/checks.py's.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ..errors import UsageError
+from .values import (
+    AT_LEAST_1, FINITE, NOT_NEGATIVE, POSITIVE, UNIT, AdvantageEstimator, ImportanceSamplingLevel, KlController,
+    KlEstimator, KlPenalty, LoraLayers, LossAggMode, LrScheduler, MixedPrecision, Optimizer, Range, RewardPooling,
+    Sampler, ScoreNormalization, TrunkQuantization, ValueHeadInit,
+)
 
-LR_SCHEDULERS = ("constant", "linear", "cosine")
-MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
-KL_PENALTIES = ("reward", "loss")
-LORA_LAYERS = ("top", "all")
-OPTIMIZERS = ("adamw", "adamw8bit")
-SAMPLERS = ("auto", "generate", "continuous_batching")
 OPTIMIZER_HELP = (
     "adamw (torch.optim.AdamW) | adamw8bit (bitsandbytes' AdamW8bit: both moments in 8 bits with a scale per 256 values, "
     "a quarter of AdamW's state; pip install 'hydrappo[quant]'). A run resumes with the optimizer it started with."
@@ -34,6 +36,8 @@ OPTIMIZER_HELP = (
 # float64 is for exact comparisons (tests that check two ways of computing the same step agree);
 # everything on the training path that is "at least float32" keeps it.
 DTYPE_NAMES = {"float32": ("fp32",), "bfloat16": ("bf16",), "float16": ("fp16", "half"), "float64": ("fp64", "double")}
+# The dtype rule in words, for canonical_dtype and config/checks.py alike.
+DTYPE_RULE = f"is not one of: auto, {', '.join(DTYPE_NAMES)} (or {', '.join(a for v in DTYPE_NAMES.values() for a in v)})"
 
 
 class ConfigError(UsageError):
@@ -48,7 +52,7 @@ def canonical_dtype(name: str) -> str:
     for canonical, aliases in DTYPE_NAMES.items():
         if key in aliases:
             return canonical
-    raise ConfigError(f"dtype {name!r} is not one of: auto, {', '.join(DTYPE_NAMES)} (or {', '.join(a for v in DTYPE_NAMES.values() for a in v)}).")
+    raise ConfigError(f"dtype {name!r} {DTYPE_RULE}.")
 
 
 def torch_dtype(name: str):
@@ -100,7 +104,7 @@ class ModelConfig:
         default=False, metadata={"help": "Build the model from name_or_path's config.json with random weights (tests, tiny examples)."}
     )
     num_layers_unfrozen: int = field(
-        default=2, metadata={"help": "Top decoder layers that train (0: heads only, -1: the whole model)."}
+        default=2, metadata={"help": "Top decoder layers that train (0: heads only, -1: the whole model).", "range": Range(-1, fix="use N >= 1 top layers (0: heads only, -1: the whole model)")}
     )
     train_lm_head: bool = field(default=False, metadata={"help": "Also train the lm_head (untied from the embeddings)."})
     train_final_norm: bool = field(default=False, metadata={"help": "Also train the final norm."})
@@ -110,7 +114,7 @@ class ModelConfig:
         metadata={"help": "Weights dtype: auto (float32 on CPU, bfloat16 on GPUs that support it, else float32), float32, bfloat16, float16, float64 (slow; for exact comparisons)."},
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute top-layer activations in backward."})
-    trunk_quantization: str = field(
+    trunk_quantization: TrunkQuantization = field(
         default="none",
         metadata={"help": "none | int8 | 4bit: store the frozen bottom layers (and frozen untied input embeddings) in "
                           "8 or 4 bits through bitsandbytes (pip install 'hydrappo[quant]'); the trainable top layers, "
@@ -119,30 +123,30 @@ class ModelConfig:
     reward_branch_path: str | None = field(
         default=None, metadata={"help": "A hydrappo reward checkpoint to load into the trunk's reward slot."}
     )
-    value_head_init: str = field(default="random", metadata={"help": "PPO's value head at step 0: random, or reward_head (needs model.reward_branch_path): V(h) = w.h + b exactly, the reward head's linear map, read at the policy's final hidden state (see ValueHead.init_from_reward_head)."})
+    value_head_init: ValueHeadInit = field(default="random", metadata={"help": "PPO's value head at step 0: random, or reward_head (needs model.reward_branch_path): V(h) = w.h + b exactly, the reward head's linear map, read at the policy's final hidden state (see ValueHead.init_from_reward_head)."})
 
 
 @dataclass
 class GenerationArgs:
-    max_new_tokens: int = field(default=32, metadata={"help": "Longest response, in tokens."})
-    min_new_tokens: int = field(default=0, metadata={"help": "Shortest response (EOS is suppressed before it)."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature; log-probs use the same temperature."})
-    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off). PPO wants the full distribution: leave off."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
+    max_new_tokens: int = field(default=32, metadata={"help": "Longest response, in tokens.", "range": AT_LEAST_1})
+    min_new_tokens: int = field(default=0, metadata={"help": "Shortest response (EOS is suppressed before it).", "range": NOT_NEGATIVE})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature; log-probs use the same temperature.", "range": Range(0, low_open=True, fix="use 1.0 (the policy's own distribution); PPO's log-probs use the same temperature")})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off). PPO wants the full distribution: leave off.", "range": Range(0, fix="use 0 (off)")})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off).", "range": Range(0, 1, low_open=True, fix="use 1.0 (off)")})
     stop_strings: list[str] = field(default_factory=list, metadata={"help": "Strings that end a response."})
     stop_token_ids: list[int] = field(default_factory=list, metadata={"help": "Token ids that end a response, besides EOS."})
-    generation_batch_size: int = field(default=16, metadata={"help": "Sequences per generate() call (on each process)."})
+    generation_batch_size: int = field(default=16, metadata={"help": "Sequences per generate() call (on each process).", "range": AT_LEAST_1})
     samples_per_prompt: int = field(
         default=1,
         metadata={"help": "G: responses sampled for each prompt (consecutive rows of a batch; the group of a group "
-                          "baseline). ppo.batch_size counts responses and must be divisible by G."},
+                          "baseline). ppo.batch_size counts responses and must be divisible by G.", "range": AT_LEAST_1},
     )
     share_prompt_prefill: bool = field(
         default=True,
         metadata={"help": "With samples_per_prompt G > 1, run each prompt through the model once and give its G "
                           "samples copies of its KV cache (1/G of the prefill). Off: every row is prefilled."},
     )
-    sampler: str = field(
+    sampler: Sampler = field(
         default="auto",
         metadata={"help": "What samples the responses: generate (transformers' generate: records the frozen bottom's "
                           "outputs for the experience pass, shares a prompt's prefill) | continuous_batching "
@@ -161,64 +165,76 @@ class GenerationArgs:
 
 
 @dataclass
-class PPOArgs:
-    batch_size: int = field(default=16, metadata={"help": "Rollouts (prompt + response) per PPO step, over all processes of a torchrun / accelerate launch run (each generates its share)."})
-    mini_batch_size: int = field(default=4, metadata={"help": "Rollouts per optimizer step, over all processes."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches each process splits its share of a mini-batch into."})
-    ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of experience."})
-    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    optimizer: str = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off)."})
-    lr_scheduler: str = field(default="constant", metadata={"help": "constant | linear | cosine (each with warmup)."})
-    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup."})
-    gamma: float = field(default=1.0, metadata={"help": "Discount (1.0 as in trlX and TRL)."})
-    lam: float = field(default=0.95, metadata={"help": "GAE lambda."})
-    advantage_estimator: str = field(
+class OptimizerArgs:
+    """The optimizer step's options, shared by PPO (`ppo:`) and the supervised stages (`train:`); a
+    section that wants another default redeclares the field with `_with_default` (help written once)."""
+
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate.", "range": POSITIVE})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay.", "range": NOT_NEGATIVE})
+    optimizer: Optimizer = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1 (decay of the first moment).", "range": Range(0, 1, high_open=True)})
+    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2 (decay of the second moment).", "range": Range(0, 1, high_open=True)})
+    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon.", "range": POSITIVE})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off).", "range": Range(0, fix="use 1.0, or 0 to switch clipping off")})
+    lr_scheduler: LrScheduler = field(default="constant", metadata={"help": "constant | linear | cosine (each with warmup)."})
+    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup.", "range": NOT_NEGATIVE})
+    max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row.", "range": AT_LEAST_1})
+
+
+def _with_default(section, name: str, default):
+    """`section`'s field `name` (its help and range) with another default."""
+    return field(default=default, metadata=section.__dataclass_fields__[name].metadata)
+
+
+@dataclass
+class PPOArgs(OptimizerArgs):
+    batch_size: int = field(default=16, metadata={"help": "Rollouts (prompt + response) per PPO step, over all processes of a torchrun / accelerate launch run (each generates its share).", "range": AT_LEAST_1})
+    mini_batch_size: int = field(default=4, metadata={"help": "Rollouts per optimizer step, over all processes.", "range": AT_LEAST_1})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches each process splits its share of a mini-batch into.", "range": AT_LEAST_1})
+    ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of experience.", "range": AT_LEAST_1})
+    gamma: float = field(default=1.0, metadata={"help": "Discount (1.0 as in trlX and TRL).", "range": UNIT})
+    lam: float = field(default=0.95, metadata={"help": "GAE lambda.", "range": UNIT})
+    advantage_estimator: AdvantageEstimator = field(
         default="gae",
         metadata={"help": "gae (PPO with the value head) | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline "
                           "(critic-free: no value head is built; grpo, dr_grpo, rloo and reinforce_pp_baseline need "
                           "generation.samples_per_prompt >= 2)."},
     )
-    cliprange: float = field(default=0.2, metadata={"help": "PPO ratio clipping epsilon (the lower one with cliprange_high)."})
+    cliprange: float = field(default=0.2, metadata={"help": "PPO ratio clipping epsilon (the lower one with cliprange_high).", "range": POSITIVE})
     cliprange_high: float | None = field(
-        default=None, metadata={"help": "Upper clipping epsilon, e.g. 0.28 (DAPO's clip-higher; None: cliprange)."}
+        default=None, metadata={"help": "Upper clipping epsilon, e.g. 0.28 (DAPO's clip-higher; None: cliprange).", "range": POSITIVE}
     )
-    importance_sampling_level: str = field(
+    importance_sampling_level: ImportanceSamplingLevel = field(
         default="token",
         metadata={"help": "token (PPO) | sequence (GSPO: one length-normalised ratio per response, clipped as a whole)."},
     )
-    cliprange_value: float = field(default=0.2, metadata={"help": "Value clipping around the old values."})
-    dual_clip: float | None = field(default=None, metadata={"help": "Dual-clip constant c > 1 (Ye et al. 2020); off by default."})
-    critic_warmup_steps: int = field(default=0, metadata={"help": "The first N steps train the value head only, on fresh rollouts: the policy does not move (its weights stay bit-identical). Counted by the step, so a resumed run continues the warm-up. Needs a value head (advantage_estimator: gae)."})
-    vf_coef: float = field(default=0.1, metadata={"help": "Value loss weight (trlX: 1.0, TRL: 0.1; 0.1 since the critic shares no weights with the policy's layers but a scaled loss keeps updates tame)."})
-    ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus weight."})
-    loss_agg_mode: str = field(default="token-mean", metadata={"help": "token-mean | seq-mean-token-mean | seq-mean-token-sum."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Value clipping around the old values.", "range": POSITIVE})
+    dual_clip: float | None = field(default=None, metadata={"help": "Dual-clip constant c > 1 (Ye et al. 2020); off by default.", "range": Range(1, low_open=True, fix="use e.g. 3.0, or null to switch dual clipping off")})
+    critic_warmup_steps: int = field(default=0, metadata={"help": "The first N steps train the value head only, on fresh rollouts: the policy does not move (its weights stay bit-identical). Counted by the step, so a resumed run continues the warm-up. Needs a value head (advantage_estimator: gae).", "range": NOT_NEGATIVE})
+    vf_coef: float = field(default=0.1, metadata={"help": "Value loss weight (trlX: 1.0, TRL: 0.1; 0.1 since the critic shares no weights with the policy's layers but a scaled loss keeps updates tame).", "range": NOT_NEGATIVE})
+    ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus weight.", "range": FINITE})
+    loss_agg_mode: LossAggMode = field(default="token-mean", metadata={"help": "token-mean | seq-mean-token-mean | seq-mean-token-sum."})
     whiten_advantages: bool = field(
         default=True, metadata={"help": "Normalise GAE advantages over the batch (masked). REINFORCE++ always does; group estimators never."}
     )
-    kl_controller: str = field(
+    kl_controller: KlController = field(
         default="adaptive",
         metadata={"help": "adaptive (Ziegler et al.: moves beta by at most 0.2 x batch_size / kl_horizon a step) | pi "
                           "(proportional-integral on log beta, gains per step: holds kl_target within tens of steps; "
                           "docs/kl-control.md) | fixed."},
     )
-    init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient beta (trlX: 0.05; TRL: 0.2)."})
-    kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive and pi controllers (nats per sequence)."})
-    kl_horizon: int = field(default=10000, metadata={"help": "Adaptive controller's horizon (in rollouts)."})
-    kl_pi_kp: float = field(default=0.5, metadata={"help": "pi controller: proportional gain on log(KL / kl_target), clipped to [-1, 1]."})
-    kl_pi_ki: float = field(default=0.2, metadata={"help": "pi controller: integral gain per step (1 / ki is roughly its horizon in steps)."})
-    kl_estimator: str = field(default="k1", metadata={"help": "k1 | k2 | k3 | abs: per-token KL estimate."})
-    kl_penalty: str = field(default="reward", metadata={"help": "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."})
+    init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient beta (trlX: 0.05; TRL: 0.2).", "range": NOT_NEGATIVE})
+    kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive and pi controllers (nats per sequence).", "range": POSITIVE})
+    kl_horizon: int = field(default=10000, metadata={"help": "Adaptive controller's horizon (in rollouts).", "range": AT_LEAST_1})
+    kl_pi_kp: float = field(default=0.5, metadata={"help": "pi controller: proportional gain on log(KL / kl_target), clipped to [-1, 1].", "range": NOT_NEGATIVE})
+    kl_pi_ki: float = field(default=0.2, metadata={"help": "pi controller: integral gain per step (1 / ki is roughly its horizon in steps).", "range": NOT_NEGATIVE})
+    kl_estimator: KlEstimator = field(default="k1", metadata={"help": "k1 | k2 | k3 | abs: per-token KL estimate."})
+    kl_penalty: KlPenalty = field(default="reward", metadata={"help": "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."})
     mask_truncated: bool = field(
         default=False,
         metadata={"help": "DAPO's overlong filtering: responses cut by generation.max_new_tokens (no EOS) add nothing to "
                           "the loss; they still count in their group's baseline."},
     )
-    max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row."})
 
     @property
     def uses_critic(self) -> bool:
@@ -243,22 +259,22 @@ class RewardArgs:
                           "score is the weighted sum (None: 1 each)."},
     )
     reward_model: str | None = field(default=None, metadata={"help": "A sequence-classification model (directory or Hub id) scoring prompt+response."})
-    reward_model_label: int = field(default=-1, metadata={"help": "Logit index used as the score (-1: the last one)."})
+    reward_model_label: int = field(default=-1, metadata={"help": "Logit index used as the score (-1: the last one).", "range": FINITE})
     use_reward_branch: bool = field(default=False, metadata={"help": "Score with the hydra reward branch (model.reward_branch_path)."})
-    cliprange_reward: float | None = field(default=10.0, metadata={"help": "Clip scores to [-c, c] (None: off)."})
-    missing_eos_penalty: float | None = field(default=None, metadata={"help": "Score given to responses that never emit EOS (None: off)."})
+    cliprange_reward: float | None = field(default=10.0, metadata={"help": "Clip scores to [-c, c] (None: off).", "range": POSITIVE})
+    missing_eos_penalty: float | None = field(default=None, metadata={"help": "Score given to responses that never emit EOS (None: off).", "range": FINITE})
     overlong_buffer: int = field(
         default=0,
         metadata={"help": "DAPO's soft overlong penalty: over the last N tokens before generation.max_new_tokens the score "
-                          "falls linearly, to -overlong_penalty at the limit (0: off)."},
+                          "falls linearly, to -overlong_penalty at the limit (0: off).", "range": NOT_NEGATIVE},
     )
-    overlong_penalty: float = field(default=1.0, metadata={"help": "The soft overlong penalty at the token limit (with overlong_buffer > 0)."})
-    score_normalization: str = field(default="none", metadata={"help": "none | running | ref."})
-    score_ref_mean: float | None = field(default=None, metadata={"help": "Mean for score_normalization=ref."})
-    score_ref_std: float | None = field(default=None, metadata={"help": "Std for score_normalization=ref."})
+    overlong_penalty: float = field(default=1.0, metadata={"help": "The soft overlong penalty at the token limit (with overlong_buffer > 0).", "range": NOT_NEGATIVE})
+    score_normalization: ScoreNormalization = field(default="none", metadata={"help": "none | running | ref."})
+    score_ref_mean: float | None = field(default=None, metadata={"help": "Mean for score_normalization=ref.", "range": FINITE})
+    score_ref_std: float | None = field(default=None, metadata={"help": "Std for score_normalization=ref.", "range": POSITIVE})
     timeout_s: float | None = field(
         default=None,
-        metadata={"help": "Seconds one call of reward_fn may take before the run stops with an error naming it (None: no limit)."},
+        metadata={"help": "Seconds one call of reward_fn may take before the run stops with an error naming it (None: no limit).", "range": Range(0, low_open=True, fix="use the seconds one call may take, e.g. 60, or null for no limit")},
     )
 
     @property
@@ -279,7 +295,7 @@ class DataArgs:
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt text."})
     apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template."})
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
-    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts are truncated from the left, with a warning."})
+    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts are truncated from the left, with a warning.", "range": AT_LEAST_1})
     split: str = field(default="train", metadata={"help": "Split to read when data.prompts is a datasets name or a folder laid out as on the Hub."})
     subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
     eval_prompts: str | None = field(
@@ -296,16 +312,16 @@ class RunArgs:
     """Options every training command shares: where, how reproducibly, how often to save."""
 
     output_dir: str = field(default="outputs/run", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."})
-    seed: int = field(default=0, metadata={"help": "Seed for torch, python, numpy and the data order."})
+    seed: int = field(default=0, metadata={"help": "Seed for torch, python, numpy and the data order.", "range": Range(0, 2**32 - 1)})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N | mps."})
-    mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16 autocast on GPUs that have it, fp16 otherwise, none on CPU) | no | bf16 | fp16."})
-    save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end)."})
-    keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted."})
+    mixed_precision: MixedPrecision = field(default="auto", metadata={"help": "auto (bf16 autocast on GPUs that have it, fp16 otherwise, none on CPU) | no | bf16 | fp16."})
+    save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end).", "range": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only")})
+    keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted.", "range": AT_LEAST_1})
     progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
     dist_timeout_s: float = field(
         default=1800.0,
         metadata={"help": "Under torchrun / accelerate launch: how long a process waits for the others at a collective "
-                          "before the run stops with an error (longer than the slowest phase, e.g. one batch's generation)."},
+                          "before the run stops with an error (longer than the slowest phase, e.g. one batch's generation).", "range": Range(0, low_open=True, fix="use the seconds a process may wait for the others, e.g. 1800")},
     )
     overwrite_output_dir: bool = field(
         default=False,
@@ -317,7 +333,7 @@ class RunArgs:
 
 @dataclass
 class TrainArgs(RunArgs):
-    total_steps: int = field(default=100, metadata={"help": "PPO steps (each: one batch of rollouts, ppo_epochs of updates)."})
+    total_steps: int = field(default=100, metadata={"help": "PPO steps (each: one batch of rollouts, ppo_epochs of updates).", "range": AT_LEAST_1})
     fsdp_trunk: bool = field(
         default=False,
         metadata={"help": "Under torchrun / accelerate launch, for a trunk that does not fit one device: shard the frozen "
@@ -325,18 +341,18 @@ class TrainArgs(RunArgs):
                           "FSDP2. Each process loads the model into CPU memory and keeps 1/K of those layers' weights on "
                           "its device, gathering a layer while it runs (in generation: every bottom layer at every token)."},
     )
-    eval_every: int = field(default=0, metadata={"help": "With data.eval_prompts: evaluate every N steps (0: only at step 0 and at the last step)."})
+    eval_every: int = field(default=0, metadata={"help": "With data.eval_prompts: evaluate every N steps (0: only at step 0 and at the last step).", "range": Range(0, fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)")})
     eval_greedy: bool = field(default=True, metadata={"help": "Held-out answers by greedy decoding; false: sampled with the generation settings, from a seed of their own."})
-    log_samples_every: int = field(default=10, metadata={"help": "Write prompt/response/score samples to TensorBoard every N steps."})
-    num_log_samples: int = field(default=4, metadata={"help": "Samples per text summary."})
+    log_samples_every: int = field(default=10, metadata={"help": "Write prompt/response/score samples to TensorBoard every N steps.", "range": Range(0, fix="use N > 0, or 0 to log no samples")})
+    num_log_samples: int = field(default=4, metadata={"help": "Samples per text summary.", "range": NOT_NEGATIVE})
 
 
 @dataclass
 class LoraArgs:
     """LoRA through peft (`peft.LoraConfig`): off while lora_r is 0."""
 
-    lora_r: int = field(default=0, metadata={"help": "LoRA rank (0: no LoRA, train the top layers' full weights)."})
-    lora_alpha: float = field(default=16.0, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_r: int = field(default=0, metadata={"help": "LoRA rank (0: no LoRA, train the top layers' full weights).", "range": NOT_NEGATIVE})
+    lora_alpha: float = field(default=16.0, metadata={"help": "LoRA scaling numerator (scale = alpha / r).", "range": POSITIVE})
     lora_dropout: float = field(
         default=0.0,
         metadata={"help": "Must be 0: hydrappo runs every model without dropout (PPO's ratio compares one fixed policy "
@@ -345,7 +361,7 @@ class LoraArgs:
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["all-linear"], metadata={"help": "Module names to adapt, or all-linear (peft's choice)."}
     )
-    lora_layers: str = field(
+    lora_layers: LoraLayers = field(
         default="top",
         metadata={"help": "top: adapters only in the top num_layers_unfrozen layers (the trunk below stays shared); "
                           "all: every layer (the reference then costs a second trunk pass)."},
@@ -358,38 +374,30 @@ class LoraArgs:
 
 
 @dataclass
-class StageTrainArgs(RunArgs):
+class StageTrainArgs(OptimizerArgs, RunArgs):
     """Options of the supervised stages (reward model, SFT) that are not about data."""
 
     output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here."})
-    epochs: int = field(default=1, metadata={"help": "Passes over the training data."})
-    max_steps: int = field(default=0, metadata={"help": "Stop after this many optimizer steps (0: after `epochs`)."})
-    batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes."})
-    eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass."})
-    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    optimizer: str = field(default="adamw", metadata={"help": OPTIMIZER_HELP})
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    lr_scheduler: str = field(default="linear", metadata={"help": "constant | linear | cosine (each with warmup)."})
-    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clipping (0: off)."})
-    eval_every: int = field(default=0, metadata={"help": "Evaluate every N steps (0: at the end of each epoch only)."})
+    epochs: int = field(default=1, metadata={"help": "Passes over the training data.", "range": NOT_NEGATIVE})
+    max_steps: int = field(default=0, metadata={"help": "Stop after this many optimizer steps (0: after `epochs`).", "range": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes")})
+    batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.", "range": AT_LEAST_1})
+    eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass.", "range": AT_LEAST_1})
+    adam_beta2: float = _with_default(OptimizerArgs, "adam_beta2", 0.999)
+    lr_scheduler: LrScheduler = _with_default(OptimizerArgs, "lr_scheduler", "linear")
+    eval_every: int = field(default=0, metadata={"help": "Evaluate every N steps (0: at the end of each epoch only).", "range": Range(0, fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)")})
     cache_split_hidden: bool = field(
         default=False,
         metadata={"help": "Keep the frozen bottom layers' output of every example in memory after the first epoch "
                           "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers."},
     )
-    save_every: int = field(default=100, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end)."})
-    max_nonfinite_steps: int = field(default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row."})
+    save_every: int = field(default=100, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end).", "range": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only")})
 
 
 @dataclass
 class RewardTrainArgs(StageTrainArgs):
     output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs."})
-    learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate."})
-    pooling: str = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
+    learning_rate: float = _with_default(OptimizerArgs, "learning_rate", 5e-5)
+    pooling: RewardPooling = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
 
 
 @dataclass
@@ -401,7 +409,7 @@ class SFTTrainArgs(StageTrainArgs):
 class PreferenceDataArgs:
     train_file: str | None = field(default=None, metadata={"help": "Preference pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."})
     eval_file: str | None = field(default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."})
-    eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file."})
+    eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file.", "range": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out")})
     split: str = field(default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."})
     eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
     subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
@@ -411,8 +419,8 @@ class PreferenceDataArgs:
     margin_column: str | None = field(default=None, metadata={"help": "Optional column of margins m: loss -log sigmoid(r_c - r_r - m)."})
     apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template (as PPO's data.apply_chat_template)."})
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
-    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts keep their last tokens."})
-    max_response_length: int = field(default=64, metadata={"help": "Longer responses keep their first tokens."})
+    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": AT_LEAST_1})
+    max_response_length: int = field(default=64, metadata={"help": "Longer responses keep their first tokens.", "range": AT_LEAST_1})
     append_eos: bool = field(default=True, metadata={"help": "End each response with EOS, as a finished PPO response does."})
     stats_file: str | None = field(
         default=None,
@@ -420,16 +428,16 @@ class PreferenceDataArgs:
                           "from the base model) or prompt/response rows. Default: chosen and rejected of the training pairs."},
     )
     stats_response_column: str = field(default="response", metadata={"help": "Response column of stats_file, if it has one."})
-    stats_max_samples: int = field(default=1024, metadata={"help": "At most this many texts for the score statistics."})
-    stats_max_new_tokens: int = field(default=32, metadata={"help": "Response length when sampling for stats_file prompts."})
-    stats_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for stats_file prompts (use PPO's)."})
+    stats_max_samples: int = field(default=1024, metadata={"help": "At most this many texts for the score statistics.", "range": AT_LEAST_1})
+    stats_max_new_tokens: int = field(default=32, metadata={"help": "Response length when sampling for stats_file prompts.", "range": AT_LEAST_1})
+    stats_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for stats_file prompts (use PPO's).", "range": POSITIVE})
 
 
 @dataclass
 class SFTDataArgs:
     train_file: str | None = field(default=None, metadata={"help": "Prompt/response pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."})
     eval_file: str | None = field(default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."})
-    eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file."})
+    eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file.", "range": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out")})
     split: str = field(default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."})
     eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
     subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
@@ -437,8 +445,8 @@ class SFTDataArgs:
     response_column: str = field(default="response", metadata={"help": "Column of the response the model learns."})
     apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template."})
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
-    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts keep their last tokens."})
-    max_response_length: int = field(default=64, metadata={"help": "Longer responses keep their first tokens."})
+    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": AT_LEAST_1})
+    max_response_length: int = field(default=64, metadata={"help": "Longer responses keep their first tokens.", "range": AT_LEAST_1})
     append_eos: bool = field(default=True, metadata={"help": "Teach the model to end its response with EOS."})
 
 
@@ -517,6 +525,15 @@ class SFTConfig(_Sections):
     data: SFTDataArgs = field(default_factory=SFTDataArgs)
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
     lora: LoraArgs = field(default_factory=LoraArgs)
+
+
+@functools.cache
+def choices_of(section_cls) -> dict[str, tuple]:
+    """{option: its words} of a section's `Literal[...]` options (read from the annotations:
+    argument parsers rewrite `dataclasses.fields(...).type` in place)."""
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(section_cls)
+            if typing.get_origin(hints[f.name]) is Literal}  # fmt: skip
 
 
 def sections_of(config_cls) -> dict:

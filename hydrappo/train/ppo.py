@@ -39,7 +39,8 @@ from ..algo.scores import (
     overlong_penalty,
     shape_rewards,
 )
-from ..config import Config, ConfigError
+from ..config import Config, Problems
+from ..config.checks import check_process_shares
 from ..data import PromptSampler, load_prompt_table, tokenize_prompts
 from ..model import HydraModel
 from ..rewards import build_reward_source, reward_functions
@@ -146,20 +147,10 @@ class PPOTrainer(TrainingLoop):
         return self.hydra
 
     def _check_process_count(self) -> None:
-        ppo, k = self.config.ppo, self.harness.dist.world_size
-        prompts = ppo.batch_size // self.config.generation.samples_per_prompt
-        if prompts % k:
-            raise ConfigError(
-                f"ppo.batch_size={ppo.batch_size} is {prompts} prompts x {self.config.generation.samples_per_prompt} "
-                f"samples, which {k} processes cannot share (whole prompts each): make the number of prompts per "
-                f"batch a multiple of {k}."
-            )
-        if ppo.mini_batch_size % (k * ppo.gradient_accumulation_steps):
-            raise ConfigError(
-                f"ppo.mini_batch_size={ppo.mini_batch_size} must be a multiple of the number of processes ({k}) x "
-                f"gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each process takes "
-                "mini_batch_size / processes rows of every minibatch and splits them into micro-batches."
-            )
+        """config/checks.py's rule for the processes of a launch, with the process group joined."""
+        k, problems = self.harness.dist.world_size, Problems()
+        check_process_shares(self.config.ppo, self.config.generation.samples_per_prompt, k, problems, f"{k} processes")
+        problems.raise_if_any()
 
     @property
     def total_steps(self) -> int:

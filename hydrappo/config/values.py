@@ -1,0 +1,84 @@
+"""What an option's value may be, declared with the option in config/sections.py: the words of a
+`Literal[...]` type, or a `Range` in the field's metadata (`metadata={"help": ..., "range": Range(...)}`).
+config/checks.py reads both from the fields and reports every value outside them at once."""
+
+from __future__ import annotations
+
+import math
+import typing
+from dataclasses import dataclass
+from typing import Literal
+
+from ..algo.advantages import ADVANTAGE_ESTIMATORS
+from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
+from ..algo.scores import SCORE_NORMALIZATIONS
+from ..model.heads import VALUE_HEAD_INITS
+from ..model.hydra import REWARD_POOLINGS
+from ..model.quantize import TRUNK_QUANTIZATIONS
+
+# The options that take one of a few words are typed `Literal[...]` (HfArgumentParser lists the
+# words in --help; config/checks.py reads them from the type). Where the words are the algo's or
+# the model's own, the Literal is made from their tuple (`Literal[TUPLE]` is Literal of its items).
+LrScheduler = Literal["constant", "linear", "cosine"]
+MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+KlPenalty = Literal["reward", "loss"]
+LoraLayers = Literal["top", "all"]
+Optimizer = Literal["adamw", "adamw8bit"]
+Sampler = Literal["auto", "generate", "continuous_batching"]
+AdvantageEstimator = Literal[ADVANTAGE_ESTIMATORS]
+KlController = Literal[KL_CONTROLLERS]
+KlEstimator = Literal[KL_ESTIMATORS]
+ImportanceSamplingLevel = Literal[IMPORTANCE_SAMPLING_LEVELS]
+LossAggMode = Literal[LOSS_AGG_MODES]
+ScoreNormalization = Literal[SCORE_NORMALIZATIONS]
+ValueHeadInit = Literal[VALUE_HEAD_INITS]
+RewardPooling = Literal[REWARD_POOLINGS]
+TrunkQuantization = Literal[TRUNK_QUANTIZATIONS]
+LR_SCHEDULERS = typing.get_args(LrScheduler)
+MIXED_PRECISIONS = typing.get_args(MixedPrecision)
+KL_PENALTIES = typing.get_args(KlPenalty)
+LORA_LAYERS = typing.get_args(LoraLayers)
+OPTIMIZERS = typing.get_args(Optimizer)
+SAMPLERS = typing.get_args(Sampler)
+
+
+@dataclass(frozen=True)
+class Range:
+    """`low <= value <= high` (strict where `*_open`); None bounds are unbounded. `fix` says
+    what to set instead (default: the option's default value as an example)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    fix: str | None = None
+
+    def holds(self, value) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            return False
+        return True
+
+    def describe(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"must be in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"must be {'>' if self.low_open else '>='} {_num(self.low)}"
+        if self.high is not None:
+            return f"must be {'<' if self.high_open else '<='} {_num(self.high)}"
+        return "must be a finite number"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+AT_LEAST_1 = Range(1)
+NOT_NEGATIVE = Range(0)
+POSITIVE = Range(0, low_open=True)
+FINITE = Range()
+UNIT = Range(0, 1)
