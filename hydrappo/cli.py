@@ -450,8 +450,10 @@ def _main(argv: list[str] | None) -> int:
         return 0 if argv else 2
     command = COMMANDS[argv[0]][0]
     prog = f"hydrappo {argv[0]}" + (f" (process {rank} of {world_size})" if world_size > 1 else "")
+    code = 1
     try:
-        return command(argv[1:])
+        code = command(argv[1:])
+        return code
     except SystemExit as done:  # argparse's own (--help, a usage error it printed); any other is an error
         last = traceback.extract_tb(done.__traceback__)[-1]
         if Path(last.filename).name != "argparse.py":
@@ -472,11 +474,10 @@ def _main(argv: list[str] | None) -> int:
         return _fail(prog, f"unexpected error: {type(error).__name__}: {error}. This is a bug (or a case hydrappo "
                      "does not check yet): rerun with --debug for the traceback and report it.", 1, debug)  # fmt: skip
     finally:
-        if "torch.distributed" in sys.modules:
-            import torch.distributed as dist
+        if "torch.distributed" in sys.modules:  # a command that ran under a launcher
+            from .train.distributed import end_process_group
 
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
+            end_process_group(succeeded=code == 0)
 
 
 def _fail(prog: str, message: str, code: int, debug: bool) -> int:

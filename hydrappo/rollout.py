@@ -17,7 +17,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from .config import GenerationArgs
 from .data import left_pad
 from .model import HydraModel, HydraOutput
-from .model.arch import cache_argument
+from .model.arch import cache_argument, output_cache
 from .model.heads import widened
 from .model.split import position_ids_from_mask
 
@@ -263,7 +263,7 @@ def shared_prefill(hydra: HydraModel, chunk, input_ids, attention_mask, record_s
     with hydra.recording_split() if record_split else nullcontext() as steps:
         out = hydra.model(input_ids=unique_ids, attention_mask=unique_mask, position_ids=position_ids_from_mask(unique_mask),
                           use_cache=True, logits_to_keep=1)  # fmt: skip
-    cache = out.past_key_values
+    cache = output_cache(out)
     cache.batch_select_indices(repeat)
     return SharedPrefill(cache=cache, split_hidden=steps[0][repeat] if record_split else None)
 
@@ -280,7 +280,7 @@ def record_split_hidden(hydra: HydraModel, steps, out, prompt_mask, prompt_lengt
     width, generated = prompt_mask.shape[1], out.sequences.shape[1] - prompt_mask.shape[1]
     if generated and hydra.reward_branch is not None and any(len(row) == generated for row in rows):
         mask = torch.cat([prompt_mask, torch.ones_like(out.sequences[:, width:])], dim=1)
-        last = hydra.split_of_next_token(out.sequences[:, -1:], mask, out.past_key_values)
+        last = hydra.split_of_next_token(out.sequences[:, -1:], mask, output_cache(out))
         recorded = torch.cat([recorded, last], dim=1)
     return [
         recorded[i, width - length : width + len(row)].clone() for i, (length, row) in enumerate(zip(prompt_lengths, rows))

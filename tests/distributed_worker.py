@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hydrappo.config import parse_config
 from hydrappo.rollout import Responses
+from hydrappo.train.distributed import end_process_group
 from hydrappo.train.harness import Harness
 from hydrappo.train.ppo import PPOTrainer
 
@@ -87,22 +88,11 @@ def die_after_first_save(argv: list[str]) -> int:
     return main(argv)
 
 
-def end_process_group() -> None:
-    """What `hydrappo`'s command line does when a command ends: both processes meet, then the
-    group is taken down. A process that exits with a live gloo group while the other still
-    talks to it can abort in gloo's destructors ("terminate called without an active exception")."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
     if mode == "ppo":
         ppo_variants(Path(rest[0]))
-        end_process_group()
+        end_process_group(succeeded=True)  # as the command line ends a run
     elif mode == "die-after-first-save":
         sys.exit(die_after_first_save(rest))
     else:

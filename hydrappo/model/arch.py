@@ -185,3 +185,10 @@ def cache_argument(model: nn.Module, cache) -> dict:
 
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     return {name: cache}
+
+
+def output_cache(output):
+    """The KV cache a forward or `generate` returned: `output.cache` since transformers 5
+    renamed it (reading `past_key_values` warns), `past_key_values` on older 5.x."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values

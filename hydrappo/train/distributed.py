@@ -295,6 +295,31 @@ class ProcessGroup:
         return all_finite
 
 
+def end_process_group(succeeded: bool, timeout_s: float = 120.0) -> None:
+    """Take this process's group down when a command ends (the command line calls this last).
+
+    After a run that succeeded on this process, the processes first meet at a barrier: a
+    process that leaves while another still talks to it (the last gather, the store that
+    process 0 serves) can make gloo's threads abort the other in its destructors ("terminate
+    called without an active exception", exit -6 after a run that finished). The barrier is
+    monitored with a short timeout, so a peer that died after its last collective costs
+    `timeout_s`, not the group's timeout. After a failure there is no meeting: the processes
+    that failed already agreed on it (`phase`), and one that died must not be waited for."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if succeeded:
+        try:
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+            else:
+                dist.barrier()
+        except Exception as error:  # a peer gone: take the group down all the same
+            logger.warning("the processes did not all reach the end of the run together: %s", _describe(error))
+    dist.destroy_process_group()
+
+
 def shard_frozen_trunk(hydra, group: ProcessGroup, device: torch.device) -> int:
     """FSDP2 (torch.distributed.fsdp.fully_shard) for the frozen trunk: every bottom decoder
     layer and every frozen reference copy of a top layer becomes its own FSDP unit over all
