@@ -118,34 +118,50 @@ class PIKLController(_KLController):
     horizon in rollouts that dwarfs a short run the target is never reached. Here the gains
     are per step. After a step whose sequences have mean KL ``current_kl`` (nats):
 
-        e_t = clip(log(current_kl / target), -error_clip, error_clip)   (-error_clip if KL <= 0)
-        I_t = I_{t-1} + e_t                                              (I_0 = 0)
+        e_t = clip(log(current_kl / target), -clip_low, clip_high)   (-clip_low if KL <= 0)
+        I_t = I_{t-1} + e_t                                           (I_0 = 0)
         beta_{t+1} = beta_0 * exp(kp * e_t + ki * I_t)
 
     This is the PI form of Stooke, Achiam and Abbeel (2020, eq. 8: lambda = Kp e + Ki I) with
     the Lagrange multiplier replaced by log(beta), so beta stays positive without a
     projection and the error is a ratio, matching the roughly multiplicative response of KL to
-    beta. With an immediate response KL = c / beta and kp = 0, the log-error shrinks by a
-    factor (1 - ki) a step: 1 / ki is the horizon in steps. The clip bounds how far one noisy
-    batch (or the first steps, where KL = 0) can move beta: at most by exp(kp + ki) a step
-    from the integral's change plus the proportional term's swing.
+    beta.
+
+    The defaults come from the KL measured in PPO runs (docs/kl-control.md): the KL does not
+    jump to where a coefficient would hold it, it drifts, each step's change set by beta
+    (sentiment example: dKL ~ 0.83 - 10 beta nats a step, +-1.1 nats of noise), an
+    integrating plant. Against it:
+      - the proportional gain does the damping (kp = 2): beta answers the KL's level at once,
+        where the integral alone would let it swing past the target and back;
+      - the error is clipped asymmetrically: over the target by up to e^1, under it by at
+        most e^-0.5. A KL target is a budget: beta must rise fast when the KL exceeds it,
+        while a KL under it in the first steps only says the policy has not moved yet; with a
+        symmetric clip those steps wound the integral down (beta 0.05 -> 0.012 in 9 steps of
+        the sentiment run) and the KL then overshot to 2.4x the target. (Stooke et al. bound
+        their integral at 0 for the same reason; a bounded negative error keeps beta able to
+        fall when the start was too large.)
+    On an instantaneous plant (KL = c / beta the next step) a proportional gain above 1 makes
+    beta alternate; no measured run behaves so, and the tests simulate the measured plant.
     """
 
     kind = "pi"
 
-    def __init__(self, init_kl_coef: float, target: float, kp: float = 0.5, ki: float = 0.2, error_clip: float = 1.0):
+    def __init__(self, init_kl_coef: float, target: float, kp: float = 2.0, ki: float = 0.2, clip_low: float = 0.5,
+                 clip_high: float = 1.0):  # fmt: skip
         self.init = _finite_float("init_kl_coef", init_kl_coef)
         self.target = _finite_float("kl target", target)
         self.kp = _finite_float("kl_pi_kp", kp)
         self.ki = _finite_float("kl_pi_ki", ki)
-        self.error_clip = _finite_float("error_clip", error_clip)
+        self.clip_low = _finite_float("clip_low", clip_low)
+        self.clip_high = _finite_float("clip_high", clip_high)
         if self.init <= 0:
             raise ValueError(f"the PI KL controller steers log(beta), so init_kl_coef must be > 0, got {self.init}")
         if self.target <= 0:
             raise ValueError(f"the PI KL controller's target must be > 0, got {self.target}")
-        if self.kp < 0 or self.ki < 0 or self.error_clip <= 0:
+        if self.kp < 0 or self.ki < 0 or self.clip_low <= 0 or self.clip_high <= 0:
             raise ValueError(
-                f"the PI KL controller needs kp >= 0, ki >= 0 and error_clip > 0, got {self.kp}, {self.ki}, {self.error_clip}"
+                f"the PI KL controller needs kp >= 0, ki >= 0 and positive error clips, got kp {self.kp}, ki {self.ki}, "
+                f"clips {self.clip_low}, {self.clip_high}"
             )
         self.integral = 0.0
         self.value = self.init
@@ -153,8 +169,8 @@ class PIKLController(_KLController):
     def error(self, current_kl: float) -> float:
         """The clipped log-ratio of the measured KL to the target."""
         if current_kl <= 0:
-            return -self.error_clip
-        return min(max(math.log(current_kl / self.target), -self.error_clip), self.error_clip)
+            return -self.clip_low
+        return min(max(math.log(current_kl / self.target), -self.clip_low), self.clip_high)
 
     def update(self, current_kl: float, n_steps: int = 1) -> None:
         """One step's update (``n_steps``, the rollouts of the step, is accepted for the common
@@ -166,11 +182,12 @@ class PIKLController(_KLController):
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "value": self.value, "init": self.init, "integral": self.integral,
-                "target": self.target, "kp": self.kp, "ki": self.ki, "error_clip": self.error_clip}  # fmt: skip
+                "target": self.target, "kp": self.kp, "ki": self.ki, "clip_low": self.clip_low,
+                "clip_high": self.clip_high}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
-        for key in ("value", "init", "integral", "target", "kp", "ki", "error_clip"):
+        for key in ("value", "init", "integral", "target", "kp", "ki", "clip_low", "clip_high"):
             setattr(self, key, float(state[key]))
 
     def __repr__(self) -> str:
@@ -204,7 +221,7 @@ class FixedKLController(_KLController):
 
 def build_kl_controller(
     kind: str, init_kl_coef: float, target: float | None = None, horizon: float | None = None,
-    kp: float = 0.5, ki: float = 0.2,
+    kp: float = 2.0, ki: float = 0.2,
 ) -> AdaptiveKLController | PIKLController | FixedKLController:
     """``"adaptive"`` -> AdaptiveKLController (needs target and horizon); ``"pi"`` ->
     PIKLController (needs target; gains kp, ki); ``"fixed"`` -> FixedKLController."""

@@ -226,7 +226,7 @@ class PPOArgs(OptimizerArgs):
     init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient beta (trlX: 0.05; TRL: 0.2).", "range": NOT_NEGATIVE})
     kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive and pi controllers (nats per sequence).", "range": POSITIVE})
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive controller's horizon (in rollouts).", "range": AT_LEAST_1})
-    kl_pi_kp: float = field(default=0.5, metadata={"help": "pi controller: proportional gain on log(KL / kl_target), clipped to [-1, 1].", "range": NOT_NEGATIVE})
+    kl_pi_kp: float = field(default=2.0, metadata={"help": "pi controller: proportional gain on log(KL / kl_target), clipped to [-0.5, 1].", "range": NOT_NEGATIVE})
     kl_pi_ki: float = field(default=0.2, metadata={"help": "pi controller: integral gain per step (1 / ki is roughly its horizon in steps).", "range": NOT_NEGATIVE})
     kl_estimator: KlEstimator = field(default="k1", metadata={"help": "k1 | k2 | k3 | abs: per-token KL estimate."})
     kl_penalty: KlPenalty = field(default="reward", metadata={"help": "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."})

@@ -10,14 +10,14 @@ from hydrappo.algo.kl import AdaptiveKLController, PIKLController, build_kl_cont
 
 
 def test_pi_controller_trajectory_by_hand():
-    # beta_{t+1} = 0.1 * exp(0.5 e_t + 0.2 I_t), e_t = clip(log(KL_t / 6), -1, 1), I_t = sum of e.
-    ctl = PIKLController(0.1, target=6.0, kp=0.5, ki=0.2)
+    # The defaults: beta_{t+1} = 0.1 * exp(2 e_t + 0.2 I_t), e_t = clip(log(KL_t / 6), -0.5, 1), I_t = sum of e.
+    ctl = PIKLController(0.1, target=6.0)
     steps = [
-        (0.0, -1.0, -1.0, 0.1 * 0.4965853037914095),  # KL = 0 (policy = reference): e = -1; exp(-0.7)
-        (6.0 * math.e, 1.0, 0.0, 0.1 * 1.6487212707001282),  # e = 1, I back to 0: exp(0.5)
-        (6.0 * math.exp(0.5), 0.5, 0.5, 0.1 * 1.4190675485932573),  # exp(0.25 + 0.1)
-        (60.0, 1.0, 1.5, 0.1 * 2.225540928492468),  # log 10 clipped to 1: exp(0.5 + 0.3)
-        (6.0, 0.0, 1.5, 0.1 * 1.3498588075760032),  # on target: only the integral stays, exp(0.3)
+        (0.0, -0.5, -0.5, 0.1 * math.exp(-1.0 - 0.1)),  # KL = 0 (policy = reference): e = -0.5, the lower clip
+        (6.0 * math.e, 1.0, 0.5, 0.1 * math.exp(2.0 + 0.1)),  # e = log e = 1
+        (6.0 * math.exp(-2.0), -0.5, 0.0, 0.1 * math.exp(-1.0)),  # log-ratio -2 clipped to -0.5; I back to 0
+        (60.0, 1.0, 1.0, 0.1 * math.exp(2.0 + 0.2)),  # log 10 clipped to 1
+        (6.0, 0.0, 1.0, 0.1 * math.exp(0.2)),  # on target: only the integral stays
     ]
     for kl, error, integral, beta in steps:
         ctl.update(kl, 32)
@@ -53,27 +53,53 @@ def test_pi_controller_validates_and_is_built_by_name():
         AdaptiveKLController(0.05, 6.0, 100).load_state_dict(ctl.state_dict())
 
 
-def _simulate(controller, c: float, steps: int, lag: float, noise: float, seed: int) -> list[float]:
-    """A synthetic run: the KL the policy settles at is c / beta (a larger coefficient holds it
-    nearer the reference); the measured KL moves a share `lag` of the way there each step and
-    carries multiplicative noise, as a batch estimate does. Returns the measured KL per step."""
-    rng, kl, measured = random.Random(seed), c / controller.value if lag == 1 else 0.0, []
+def _simulate(controller, steps: int, seed: int, plant: str) -> list[float]:
+    """A synthetic run; returns the measured KL per step.
+
+    "drift": the plant measured in the sentiment example's PPO run (docs/kl-control.md): the KL
+    starts at 0 and changes each step by 0.83 - 10 beta nats (a least-squares fit over 30
+    steps) plus Gaussian noise of the fit's residual, 1.1 nats; beta = 0.083 would hold it.
+    "lag": the KL the policy settles at is c / beta (c = 0.75: beta must grow 2.5 times from
+    0.05 to hold 6) and the KL moves 20% of the way there each step, with 10% noise."""
+    rng, kl, measured = random.Random(seed), 0.0, []
     for _ in range(steps):
-        kl += lag * (c / controller.value - kl)
-        observed = kl * math.exp(rng.gauss(0.0, noise))
+        if plant == "drift":
+            observed = kl
+        else:
+            kl += 0.2 * (0.75 / controller.value - kl)
+            observed = kl * math.exp(rng.gauss(0.0, 0.1))
         measured.append(observed)
         controller.update(observed, 32)
+        if plant == "drift":
+            kl = max(0.0, kl + 0.83 - 10.0 * controller.value + rng.gauss(0.0, 1.1))
     return measured
 
 
-@pytest.mark.parametrize("lag", [1.0, 0.2])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_pi_holds_the_target_where_ziegler_with_a_long_horizon_cannot(lag, seed):
-    # beta_0 = 0.05 lets KL settle at 15 against a target of 6: beta must grow 2.5 times.
-    target, c, steps = 6.0, 0.75, 40
-    pi = _simulate(PIKLController(0.05, target), c, steps, lag, 0.1, seed)
-    ziegler = _simulate(AdaptiveKLController(0.05, target, horizon=1000), c, steps, lag, 0.1, seed)
-    last = slice(-10, None)
-    pi_mean, ziegler_mean = sum(pi[last]) / 10, sum(ziegler[last]) / 10
-    assert abs(pi_mean / target - 1) <= 0.25, pi
-    assert ziegler_mean / target - 1 > 0.25, ziegler  # 32 rollouts / 1000: at most 0.64% a step
+def _held(make_controller, plant: str, seeds: int = 50, target: float = 6.0, steps: int = 45) -> int:
+    """On how many of `seeds` simulated runs of `steps` (the sentiment example's length) the mean
+    KL of the last 10 steps is within +-25% of the target (the batch estimate's noise makes a
+    10-step mean scatter, so a share of seeds is what can be asserted, not every seed)."""
+    held = 0
+    for seed in range(seeds):
+        measured = _simulate(make_controller(), steps, seed, plant)
+        held += abs(sum(measured[-10:]) / 10 / target - 1) <= 0.25
+    return held
+
+
+@pytest.mark.parametrize(("plant", "at_least"), [("drift", 42), ("lag", 50)])
+def test_pi_holds_the_target_where_ziegler_with_a_long_horizon_cannot(plant, at_least):
+    # Measured when this was written: drift 45 of 50 seeds (the earlier gains, kp 0.5 and a
+    # symmetric clip: 20), lag 50; Ziegler's rule 3 and 0: with 32 rollouts and a horizon of
+    # 1,000 beta moves at most 0.64% a step, so the KL goes where beta_0 lets it.
+    assert _held(lambda: PIKLController(0.05, 6.0), plant) >= at_least
+    assert _held(lambda: AdaptiveKLController(0.05, 6.0, horizon=1000), plant) <= 5
+
+
+def test_the_asymmetric_clip_keeps_the_first_steps_from_winding_beta_down():
+    # While the policy is still at the reference (KL = 0) beta falls by exp(-(kp + ki) * 0.5) a
+    # step at first, not exp(-(kp + ki)): a budget's controller lowers beta slowly, raises it fast.
+    ctl = PIKLController(0.05, 6.0)
+    ctl.update(0.0, 32)
+    assert ctl.value == pytest.approx(0.05 * math.exp(-1.1), rel=1e-12)
+    ctl.update(60.0, 32)  # far over the budget: the full upper clip
+    assert ctl.value == pytest.approx(0.05 * math.exp(2.0 + 0.2 * 0.5), rel=1e-12)
