@@ -2,7 +2,7 @@
 level ones too), resolved to modules. Arrows point down the layers, never up, and there is
 no cycle between modules:
 
-    cli -> train (and evaluate) -> {rollout, sampling, rewards, data, storage, planner} -> config -> {model, algo} -> errors
+    cli -> train (and evaluate) -> {rollout, sampling, serving, rewards, data, storage, planner} -> config -> {model, algo} -> errors
 
 model/ imports torch, transformers and peft only (besides the standard library); algo/ torch only."""
 
