@@ -151,7 +151,11 @@ class VllmEngine:
     external_launcher keeps vLLM's engine core and its one worker in this process (it turns
     VLLM_ENABLE_V1_MULTIPROCESSING off) and joins the torchrun process group, one engine per
     process (tensor parallel size 1). So `apply_model` hands the pushed tensors to the model by
-    reference: no copy through a pipe, no serialisation. Not validated on a GPU yet
+    reference: no copy through a pipe, no serialisation. Read in vLLM 0.32's source:
+    `LLM.apply_model(fn)` runs fn(model) in each worker (v1/worker/worker_base.py), and
+    config/parallel.py switches multiprocessing off for external_launcher. Its worker's
+    `reload_weights(weights_iterator=...)` is not used: it reloads layer by layer from the meta
+    device, made for a whole set of weights, not the few that train. Not validated on a GPU yet
     (docs/sampling.md, open points)."""
 
     def __init__(self, folder: str, *, dtype: str, gpu_memory: float, seed: int):

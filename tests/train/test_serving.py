@@ -238,14 +238,19 @@ def test_the_config_refuses_what_the_engine_cannot_serve(monkeypatch):
     message = str(error.value)
     assert "generation.sampler='vllm' cannot serve a trunk sharded over processes (train.fsdp_trunk)" in message
     assert "generation.sampler='vllm' cannot sample from model.trunk_quantization='int8''s trunk" in message
-    assert "generation.sampler='vllm' runs vLLM's engine on a CUDA GPU, and this run has none (train.device=cpu)" in message
+    assert (
+        "generation.sampler='vllm' runs vLLM's engine on a CUDA GPU, and this run has none (train.device=cpu)"
+        in message
+    )
     assert "needs vLLM, which is not installed. Run `pip install 'hydrappo[vllm]'`" in message
     with pytest.raises(ConfigError, match="generation.engine_gpu_memory=0.5 only sizes the engine of sampler: vllm"):
         parse_config(TINY / "config.yaml", ["--engine_gpu_memory", "0.5", "--output_dir", "/tmp/unused"])
     monkeypatch.setattr(checks, "_vllm_installed", lambda: True)
     monkeypatch.setattr(checks, "_cuda_available", lambda: True)
     with pytest.raises(ConfigError, match=r"generation.engine_gpu_memory=1.5 must be in \(0, 1\]"):
-        parse_config(TINY / "config.yaml", ["--sampler", "vllm", "--engine_gpu_memory", "1.5", "--output_dir", "/tmp/unused"])
+        parse_config(
+            TINY / "config.yaml", ["--sampler", "vllm", "--engine_gpu_memory", "1.5", "--output_dir", "/tmp/unused"]
+        )
     parse_config(TINY / "config.yaml", ["--sampler", "vllm", "--output_dir", "/tmp/unused"])  # with both: accepted
 
 
@@ -253,7 +258,9 @@ def test_the_config_refuses_what_the_engine_cannot_serve(monkeypatch):
 def fake_vllm(monkeypatch):
     """The trainer's path to vLLM with the fake engine at its end: the checks told that vLLM and a GPU are there."""
     engines = []
-    monkeypatch.setattr(serving, "vllm_engine", lambda hydra, tokenizer, args: engines.append(FakeEngine(hydra)) or engines[-1])
+    monkeypatch.setattr(
+        serving, "vllm_engine", lambda hydra, tokenizer, args: engines.append(FakeEngine(hydra)) or engines[-1]
+    )
     monkeypatch.setattr(checks, "_vllm_installed", lambda: True)
     monkeypatch.setattr(checks, "_cuda_available", lambda: True)
     return engines
@@ -269,7 +276,9 @@ def test_ppo_steps_sample_with_the_engine_and_push_once_per_update(tmp_path, fak
     assert history[0]["ppo/updates"] == 16  # 4 epochs x 4 minibatches: 16 optimizer steps, one push
     engine, model = fake_vllm[0], trainer.hydra.model
     trained = {name for name, param in model.named_parameters() if param.requires_grad}
-    assert trained == {n for n, _ in model.named_parameters() if n.startswith(("model.layers.2.", "model.layers.3.", "lm_head."))}
+    assert trained == {
+        n for n, _ in model.named_parameters() if n.startswith(("model.layers.2.", "model.layers.3.", "lm_head."))
+    }
     assert len(engine.pushes) == 2
     assert set(engine.pushes[0]) == {name for name, _ in model.named_parameters()}
     assert set(engine.pushes[1]) == trained
