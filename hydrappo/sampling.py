@@ -15,6 +15,9 @@ serving engine) never enter the loss.
                          rows leave the batch as they end and waiting ones take their place.
                          Records no split states (its batches are packed token lists), so the
                          experience pass runs the whole trunk again.
+    vllm                 a serving engine (vLLM) colocated in the process, holding its own copy of
+                         the policy: every weight pushed once, then only the trained ones after
+                         each update (serving.py). Records no split states. An optional extra.
 
 `generation.sampler: auto` picks per device the one measured fastest there (DEFAULT_SAMPLER;
 docs/sampling.md has the numbers and the command that measures them).
@@ -55,6 +58,11 @@ class Sampler(Protocol):
         Responses.split_hidden holds each row's split states."""
         ...
 
+    def weights_changed(self) -> None:
+        """The trainer updated the policy. A sampler that reads the hydra's own weights has
+        nothing to do; one that holds a copy (serving.py) refreshes it before its next sample."""
+        ...
+
 
 class GenerateSampler:
     """transformers' `generate` on the hydra's model (rollout.generate_responses). `synced`: the
@@ -70,6 +78,9 @@ class GenerateSampler:
         return generate_responses(
             self.hydra, self.tokenizer, prompt_ids, args, synced=self.synced, record_split=record_split, greedy=greedy
         )
+
+    def weights_changed(self) -> None:
+        pass  # generate runs the hydra's own weights
 
 
 class ContinuousBatchingSampler:
@@ -88,6 +99,9 @@ class ContinuousBatchingSampler:
 
     def __init__(self, hydra: HydraModel, tokenizer, page_size: int = 32):
         self.hydra, self.tokenizer, self.page_size = hydra, tokenizer, page_size
+
+    def weights_changed(self) -> None:
+        pass  # generate_batch runs the hydra's own weights
 
     def cache_config(self, prompt_ids: list[list[int]], max_new_tokens: int):
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -137,4 +151,8 @@ def build_sampler(args: GenerationArgs, hydra: HydraModel, tokenizer, *, synced:
     name = resolve_sampler(args.sampler, hydra.device)
     if name == "continuous_batching":
         return ContinuousBatchingSampler(hydra, tokenizer)
+    if name == "vllm":
+        from .serving import ServingEngineSampler, vllm_engine  # vLLM itself only inside vllm_engine
+
+        return ServingEngineSampler(hydra, tokenizer, vllm_engine(hydra, tokenizer, args))
     return GenerateSampler(hydra, tokenizer, synced=synced)

@@ -17,11 +17,23 @@ import os
 import re
 import typing
 
+import torch
+
 from ..algo.advantages import GROUP_ESTIMATORS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
-from .sections import DTYPE_RULE, Config, ConfigError, PPOArgs, RewardConfig, SFTConfig, canonical_dtype, choices_of
+from .sections import (
+    DTYPE_RULE,
+    Config,
+    ConfigError,
+    GenerationArgs,
+    PPOArgs,
+    RewardConfig,
+    SFTConfig,
+    canonical_dtype,
+    choices_of,
+)
 
 logger = logging.getLogger("hydrappo")
 
@@ -250,6 +262,11 @@ def _check_ppo(config: Config, problems: Problems) -> None:
             problems.add("generation.sampler", gen.sampler, "cannot run a trunk sharded over processes "
                          "(train.fsdp_trunk: every process must run every token step in lockstep)",
                          "use sampler: generate (or auto), or fsdp_trunk: false")  # fmt: skip
+    if gen.sampler == "vllm":
+        _check_serving_engine(config, problems)
+    elif gen.engine_gpu_memory != _default(GenerationArgs, "engine_gpu_memory"):
+        problems.add("generation.engine_gpu_memory", gen.engine_gpu_memory, "only sizes the engine of sampler: vllm, and "
+                     f"generation.sampler is {gen.sampler!r}", "set sampler: vllm, or remove engine_gpu_memory")  # fmt: skip
     if ppo.kl_controller == "fixed":
         for name in ("kl_target", "kl_horizon"):
             value = getattr(ppo, name)
@@ -281,6 +298,37 @@ def _check_ppo(config: Config, problems: Problems) -> None:
     if config.data.prompts is None:
         problems.add("data.prompts", None, "is required", "name a jsonl/json/csv/parquet/txt file, a directory of them or a "
                      "datasets name")  # fmt: skip
+
+
+def _check_serving_engine(config: Config, problems: Problems) -> None:
+    """generation.sampler: vllm, an engine in each process holding its own whole copy of the model on a GPU
+    (serving.py): not where the trunk is sharded or quantized to save that memory, nor without CUDA or vLLM."""
+    model, train = config.model, config.train
+    if train.fsdp_trunk:
+        problems.add("generation.sampler", "vllm", "cannot serve a trunk sharded over processes (train.fsdp_trunk): the "
+                     "engine holds a whole copy of the model in every process, the memory sharding is there to save",
+                     "use sampler: auto (generate), or fsdp_trunk: false")  # fmt: skip
+    if model.trunk_quantization in TRUNK_QUANTIZATIONS[1:]:
+        problems.add("generation.sampler", "vllm", f"cannot sample from model.trunk_quantization={model.trunk_quantization!r}'s "
+                     "trunk: bitsandbytes' quantized bottom has no vLLM counterpart with the same numbers, and a "
+                     "full-precision copy in the engine would take back the memory the quantization saves",
+                     "use sampler: auto (generate), or trunk_quantization: none")  # fmt: skip
+    device = train.device
+    if device in ("cpu", "mps") or (device in ("auto", "cuda") and not _cuda_available()):
+        where = f"train.device={device}" + ("" if device in ("cpu", "mps") else ", and no CUDA device is visible")
+        problems.add("generation.sampler", "vllm", f"runs vLLM's engine on a CUDA GPU, and this run has none ({where})",
+                     "use sampler: auto (generate) here")  # fmt: skip
+    if not _vllm_installed():
+        problems.note("generation.sampler='vllm': needs vLLM, which is not installed. Run `pip install 'hydrappo[vllm]'` "
+                      "(vLLM 0.29 to 0.32, the releases built for torch 2.13), or use sampler: auto.")  # fmt: skip
+
+
+def _vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
 
 
 def check_process_shares(ppo, group: int, processes: int, problems: Problems, who: str) -> None:

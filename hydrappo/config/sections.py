@@ -151,9 +151,18 @@ class GenerationArgs:
         metadata={"help": "What samples the responses: generate (transformers' generate: records the frozen bottom's "
                           "outputs for the experience pass, shares a prompt's prefill) | continuous_batching "
                           "(transformers' generate_batch, a paged KV cache where rows leave as they end; records "
-                          "nothing, no min_new_tokens, no train.fsdp_trunk) | auto (the one measured fastest on "
-                          "the device: generate on CPU; docs/sampling.md). The old log-probs come from the "
+                          "nothing, no min_new_tokens, no train.fsdp_trunk) | vllm (a vLLM engine in the process "
+                          "on the GPU, holding its own copy of the policy: every weight loaded once, then only the "
+                          "trained ones after each update; records nothing, no train.fsdp_trunk or "
+                          "model.trunk_quantization; pip install 'hydrappo[vllm]') | auto (the one measured fastest "
+                          "on the device: generate on CPU; docs/sampling.md). The old log-probs come from the "
                           "experience pass either way."},
+    )
+    engine_gpu_memory: float = field(
+        default=0.3,
+        metadata={"help": "With sampler: vllm, the share of the GPU's memory the engine may take for its copy of the "
+                          "model and its KV cache (vLLM's gpu_memory_utilization); the rest stays for training.",
+                  "range": Range(0, 1, low_open=True, fix="use e.g. 0.3")},
     )
     reuse_trunk_pass: bool = field(
         default=True,

@@ -62,6 +62,7 @@ from .harness import TrainingError, TrainingLoop, as_float, enable_activation_ch
 from .heldout import HeldOutEvaluation, evaluation_due
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
 
+
 class PPOTrainer(TrainingLoop):
     """PPO-RLHF on one HydraModel.
 
@@ -124,7 +125,10 @@ class PPOTrainer(TrainingLoop):
         # Sampling runs the frozen bottom over every token; keep its outputs for the experience pass
         # (a sharded trunk generates in lockstep with padding steps, so it runs the pass again).
         self.rollout_sampler = build_sampler(config.generation, hydra, tokenizer, synced=self.harness.trunk_sharded)
-        self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
+        # One sampler for both unless the rollouts run in lockstep: a serving engine holds a copy of the model.
+        self.eval_sampler = self.rollout_sampler
+        if self.harness.trunk_sharded:
+            self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
         recordable = hydra.has_frozen_split and self.rollout_sampler.records_split and not self.harness.trunk_sharded
         self.records_split = config.generation.reuse_trunk_pass and recordable
 
@@ -179,6 +183,8 @@ class PPOTrainer(TrainingLoop):
         self.hydra.train(self.config.model.gradient_checkpointing)
         stats.update(self.ppo_update(experience))
         self.hydra.eval()
+        if stats["ppo/updates"] and not stats["ppo/critic_warmup"]:  # the warm-up updates the value head alone
+            self.rollout_sampler.weights_changed()
         if experience.ref_logprobs is not None:  # the KL was measured (a coefficient of 0 skips the reference)
             self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
         step, train = self.harness.step + 1, self.config.train

@@ -126,6 +126,6 @@ def test_config_refuses_what_continuous_batching_cannot_do():
     assert "generation.min_new_tokens=2 has no continuous-batching version" in message
     assert "generation.sampler='continuous_batching' cannot run a trunk sharded" in message
     with pytest.raises(
-        ConfigError, match="generation.sampler='vllm' is not one of: auto, generate, continuous_batching"
+        ConfigError, match="generation.sampler='sglang' is not one of: auto, generate, continuous_batching, vllm"
     ):
-        parse_config(TINY / "config.yaml", ["--sampler", "vllm", "--output_dir", "/tmp/unused"])
+        parse_config(TINY / "config.yaml", ["--sampler", "sglang", "--output_dir", "/tmp/unused"])
