@@ -137,11 +137,15 @@ class Harness:
             num_training_steps=max(1, total_updates),
         )
 
-    def optimizer_step(self, loss_is_finite: bool = True) -> float | None:
+    def optimizer_step(self, loss_is_finite: bool = True, only=None) -> float | None:
         """Clip and apply the accumulated gradients; returns the gradient norm, or None when
         the update was skipped (a non-finite loss or gradient, or an fp16 overflow). Under
         torch.distributed the gradients are first summed over the processes (each loss was
-        divided by the global count), and every process takes or skips the same step."""
+        divided by the global count), and every process takes or skips the same step.
+        `only`: the parameters this step may move (a critic warm-up's value head); the others'
+        gradients are dropped first, so the optimizer leaves them as they are, weight decay included."""
+        if only is not None:
+            self._drop_gradients_except(only)
         loss_is_finite = self.dist.reduce_gradients(self.params, loss_is_finite)
         grad_norm = self.precision.clip_grad_norm_(self.optimizer, self.params, self.max_grad_norm) if loss_is_finite else math.nan
         try:
@@ -160,6 +164,12 @@ class Harness:
             return None
         finally:
             self.optimizer.zero_grad(set_to_none=True)
+
+    def _drop_gradients_except(self, kept) -> None:
+        kept = {id(param) for param in kept}
+        for param in self.params:
+            if id(param) not in kept:
+                param.grad = None
 
     def _skip_nonfinite_update(self) -> None:
         self.nonfinite_in_a_row += 1

@@ -393,8 +393,8 @@ class PPOTrainer(TrainingLoop):
             weights = aggregation_weights(experience.action_mask, ppo.loss_agg_mode).cpu()
         first, share = dist.rank * len(experience), len(experience)
         warmup = harness.step < ppo.critic_warmup_steps
-        critic = {id(p) for p in self.hydra.value_head.parameters()} if warmup else set()
-        held_still = [p for p in self.hydra.trainable_parameters() if id(p) not in critic] if warmup else []
+        # The critic warms up: only the value head's parameters step, the policy does not move.
+        stepping = list(self.hydra.value_head.parameters()) if warmup else None
         for _ in range(ppo.ppo_epochs):
             for rows in minibatch_plan(len(weights), ppo.mini_batch_size, self.shuffle_generator):
                 denominator = float(weights[rows].sum().clamp(min=1))
@@ -409,9 +409,7 @@ class PPOTrainer(TrainingLoop):
                             break
                         harness.backward(loss)
                         meter.add(stats, float(micro.action_mask.sum()))
-                for param in held_still:  # the critic warms up: only the value head's gradients reach the optimizer
-                    param.grad = None
-                grad_norm = harness.optimizer_step(loss_is_finite)
+                grad_norm = harness.optimizer_step(loss_is_finite, only=stepping)
                 if grad_norm is not None:
                     meter.grad_norms.append(grad_norm)
                     updates += 1
