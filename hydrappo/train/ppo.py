@@ -307,9 +307,9 @@ class PPOTrainer(TrainingLoop):
 
     def experience_rows(self, rollout: Rollout, shaped: dict) -> Experience:
         """This process's rows of the shaped batch, with its own sequences and pass outputs."""
-        dist, evaluation = self.harness.dist, rollout.evaluation
-        count, width = len(rollout.indices), rollout.action_mask.shape[1]
-        rows = slice(dist.rank * count, (dist.rank + 1) * count)
+        evaluation, count, width = rollout.evaluation, len(rollout.indices), rollout.action_mask.shape[1]
+        first_row = self.harness.dist.rank * count
+        rows = slice(first_row, first_row + count)
 
         def mine(tensor):
             return tensor[rows, :width] if tensor is not None else None
@@ -319,7 +319,7 @@ class PPOTrainer(TrainingLoop):
             action_mask=mine(shaped["loss_mask"]), split_hidden=evaluation.split_hidden, logprobs=evaluation.logprobs,
             ref_logprobs=evaluation.ref_logprobs, values=evaluation.values, rewards=mine(shaped["rewards"]),
             advantages=mine(shaped["advantages"]), returns=mine(shaped["returns"]), prompt_width=rollout.prompt_width,
-            batch_weights=aggregation_weights(shaped["loss_mask"], self.config.ppo.loss_agg_mode).cpu() if dist.enabled else None,
+            batch_weights=aggregation_weights(shaped["loss_mask"], self.config.ppo.loss_agg_mode).cpu(), first_row=first_row,
         )  # fmt: skip
 
     def rollout_statistics(self, batch: dict, shaped: dict, kl_coef: float) -> dict:
@@ -388,18 +388,12 @@ class PPOTrainer(TrainingLoop):
         ppo, harness, dist = self.config.ppo, self.harness, self.harness.dist
         start = time.perf_counter()
         meter, updates = UpdateMeter(), 0
-        weights = experience.batch_weights
-        if weights is None:  # this process holds the whole batch
-            weights = aggregation_weights(experience.action_mask, ppo.loss_agg_mode).cpu()
-        first, share = dist.rank * len(experience), len(experience)
         warmup = harness.step < ppo.critic_warmup_steps
         # The critic warms up: only the value head's parameters step, the policy does not move.
         stepping = list(self.hydra.value_head.parameters()) if warmup else None
         for _ in range(ppo.ppo_epochs):
-            for rows in minibatch_plan(len(weights), ppo.mini_batch_size, self.shuffle_generator):
-                denominator = float(weights[rows].sum().clamp(min=1))
-                local = rows[(rows >= first) & (rows < first + share)] - first
-                minibatch = experience.minibatch(local.to(experience.input_ids.device))
+            plan = minibatch_plan(experience.whole_batch_size, ppo.mini_batch_size, self.shuffle_generator)
+            for minibatch, denominator in experience.minibatches(plan):
                 loss_is_finite = True
                 with dist.phase("updating the policy"):
                     for micro in minibatch.split(ppo.gradient_accumulation_steps):
@@ -413,7 +407,7 @@ class PPOTrainer(TrainingLoop):
                 if grad_norm is not None:
                     meter.grad_norms.append(grad_norm)
                     updates += 1
-        minibatches = ppo.ppo_epochs * (len(weights) // ppo.mini_batch_size)
+        minibatches = ppo.ppo_epochs * (experience.whole_batch_size // ppo.mini_batch_size)
         return {
             **meter.means(dist, minibatches, "ppo/"),
             "ppo/updates": updates,
