@@ -48,7 +48,6 @@ class Rollout:
     action_mask: torch.Tensor
     prompt_width: int
     evaluation: object  # evaluate_sequences' output
-    kl_coef: float
 
 
 @dataclass
@@ -87,12 +86,12 @@ class Experience:
         """Rows of the whole batch, over every process."""
         return len(self.batch_weights)
 
-    def minibatches(self, plan: torch.Tensor):
-        """One epoch of `plan` (minibatch_plan's rows of the WHOLE batch): for each minibatch, this
+    def minibatches(self, minibatch_rows: torch.Tensor):
+        """One epoch of minibatches (minibatch_plan's rows of the WHOLE batch): for each, this
         process's rows of it and the minibatch's loss denominator, its count of tokens (or rows)
         over every process, so that the losses of its parts, however split, add up to its loss."""
         first, end = self.first_row, self.first_row + len(self)
-        for rows in plan:
+        for rows in minibatch_rows:
             denominator = float(self.batch_weights[rows].sum().clamp(min=1))
             local = rows[(rows >= first) & (rows < end)] - first
             yield self.minibatch(local.to(self.input_ids.device)), denominator

@@ -60,7 +60,9 @@ from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model, trainer_inputs
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
+from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
+
 
 class PPOTrainer(TrainingLoop):
     """PPO-RLHF on one HydraModel.
@@ -172,20 +174,25 @@ class PPOTrainer(TrainingLoop):
 
     # ------------------------------------------------------------------ the step
     def train_step(self) -> tuple[dict, list[dict]]:
+        plan = self.step_plan()
         # Dropout is off either way; the mode matters because transformers checkpoints layers
         # only in train mode, and turns the KV cache off there: generate in eval mode.
         self.hydra.eval()
-        experience, stats, samples = self.make_experience()
+        experience, stats, samples = self.make_experience(plan)
         self.hydra.train(self.config.model.gradient_checkpointing)
-        stats.update(self.ppo_update(experience))
+        stats.update(self.ppo_update(experience, plan))
         self.hydra.eval()
-        if experience.ref_logprobs is not None:  # the KL was measured (a coefficient of 0 skips the reference)
+        if plan.reference:  # the KL was measured
             self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
         step, train = self.harness.step + 1, self.config.train
         if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
             eval_stats, eval_samples = self.evaluate_held_out(step)
             return {**stats, **eval_stats}, {"samples": samples, "eval_samples": eval_samples}
         return stats, samples
+
+    def step_plan(self) -> StepPlan:
+        """What the next step runs (train/step_plan.py), at the KL coefficient the controller holds now."""
+        return StepPlan.for_step(self.config.ppo, self.kl_controller.value, self.harness.step)
 
     def before_training(self):
         """The held-out baseline at step 0, before any update."""
@@ -216,20 +223,20 @@ class PPOTrainer(TrainingLoop):
         return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 
     @torch.no_grad()
-    def make_experience(self) -> tuple[Experience, dict, list[dict]]:
+    def make_experience(self, plan: StepPlan) -> tuple[Experience, dict, list[dict]]:
         """Sample, score, shape and estimate one PPO batch: (this process's rows, stats, samples)."""
         start = time.perf_counter()
-        rollout = self.rollout()
+        rollout = self.rollout(plan)
         with self.harness.dist.phase("scoring responses"):
             raw_scores = self.score_rollout(rollout)
         batch = self.gather_batch(rollout, raw_scores)
-        shaped = self.shape(batch, rollout.kl_coef)
+        shaped = self.shape(batch, plan)
         experience = self.experience_rows(rollout, shaped)
-        stats = {**self.rollout_statistics(batch, shaped, rollout.kl_coef), "time/rollout": time.perf_counter() - start}
+        stats = {**self.rollout_statistics(batch, shaped, plan), "time/rollout": time.perf_counter() - start}
         texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
         return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]
 
-    def rollout(self) -> Rollout:
+    def rollout(self, plan: StepPlan) -> Rollout:
         """This process's share of the batch's prompts, each sampled G times (one group in
         consecutive rows), packed and passed through the hydra once (log-probs, reference,
         values, the reward branch)."""
@@ -246,14 +253,12 @@ class PPOTrainer(TrainingLoop):
             )
             split = pack_split_hidden(responses, prompt_width, input_ids.shape[1])  # recorded while sampling, or None
             responses.split_hidden = None  # the per-row copies: packed now
-            kl_coef = self.kl_controller.value
-            # With a KL coefficient of 0 the reference branch never runs.
-            evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0, split_hidden=split)
+            evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=plan.reference, split_hidden=split)
         return Rollout(
             indices=indices, prompt_texts=[self.prompts.texts[i] for i in indices], responses=responses,
             response_texts=self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True),
             input_ids=input_ids, attention_mask=attention_mask, action_mask=action_mask.to(self.device),
-            prompt_width=prompt_width, evaluation=evaluation, kl_coef=kl_coef,
+            prompt_width=prompt_width, evaluation=evaluation,
         )  # fmt: skip
 
     def score_rollout(self, rollout: Rollout) -> torch.Tensor:
@@ -276,7 +281,7 @@ class PPOTrainer(TrainingLoop):
             "parts": {name: gather(part) for name, part in self.reward_source.last.items()},
         }  # fmt: skip
 
-    def shape(self, batch: dict, kl_coef: float) -> dict:
+    def shape(self, batch: dict, plan: StepPlan) -> dict:
         """Scores -> per-token rewards -> advantages (and returns) of the whole batch, and the
         loss mask: normalisation, DAPO's overlong penalty, the KL penalty, the estimator."""
         ppo, reward_cfg, group = self.config.ppo, self.config.reward, self.config.generation.samples_per_prompt
@@ -290,8 +295,8 @@ class PPOTrainer(TrainingLoop):
                                           reward_cfg.overlong_buffer, reward_cfg.overlong_penalty)  # fmt: skip
         scores = scores + length_penalty.to(scores)
         rewards, reward_stats = shape_rewards(
-            scores.to(self.device), batch["logprobs"], batch["ref_logprobs"], mask, kl_coef,
-            kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
+            scores.to(self.device), batch["logprobs"], batch["ref_logprobs"], mask, plan.kl_coef,
+            kl_estimator=ppo.kl_estimator, kl_in_reward=plan.kl_in_reward,
             cliprange_reward=reward_cfg.cliprange_reward, ended_with_eos=ended.to(self.device),
             missing_eos_penalty=reward_cfg.missing_eos_penalty,
             group_baseline=group if ESTIMATORS[ppo.advantage_estimator].baseline_on_scores else 0,
@@ -322,7 +327,7 @@ class PPOTrainer(TrainingLoop):
             batch_weights=aggregation_weights(shaped["loss_mask"], self.config.ppo.loss_agg_mode).cpu(), first_row=first_row,
         )  # fmt: skip
 
-    def rollout_statistics(self, batch: dict, shaped: dict, kl_coef: float) -> dict:
+    def rollout_statistics(self, batch: dict, shaped: dict, plan: StepPlan) -> dict:
         """env/*, objective/*, tokens/* and ppo/advantages statistics of the whole batch."""
         mask, raw = batch["mask"], batch["raw_scores"]
         stats = {
@@ -335,17 +340,17 @@ class PPOTrainer(TrainingLoop):
             "env/degenerate_frac": batch["degenerate"].mean().item(),  # a looping tail (algo/degeneration.py)
             "env/overlong_penalty_mean": shaped["length_penalty"].mean().item(),
             **group_statistics(raw, self.config.generation.samples_per_prompt),
-            "objective/kl_coef": kl_coef,
+            "objective/kl_coef": plan.kl_coef,
             "objective/entropy": masked_mean(batch["entropy"], mask).item(),
             "tokens/responses_len_mean": mask.sum(-1).mean().item(),
             "tokens/prompts_len_mean": batch["prompt_lengths"].mean().item(),
             "ppo/advantages/mean": masked_mean(shaped["advantages"], mask).item(),
         }
-        if batch["ref_logprobs"] is not None:
+        if plan.reference:
             # KL of the sampled sequences, summed over tokens (k1), as the adaptive controller expects.
             stats["objective/kl"] = masked_sum(batch["logprobs"] - batch["ref_logprobs"], mask, dim=-1).mean().item()
             stats.update({f"objective/{key}": as_float(value) for key, value in shaped["reward_stats"].items()})
-        if shaped["returns"] is not None:
+        if plan.critic:
             stats["ppo/returns/mean"] = masked_mean(shaped["returns"], mask).item()
         return stats
 
@@ -380,7 +385,7 @@ class PPOTrainer(TrainingLoop):
         return scores
 
     # ------------------------------------------------------------------ the update
-    def ppo_update(self, experience: Experience) -> dict:
+    def ppo_update(self, experience: Experience, plan: StepPlan) -> dict:
         """ppo_epochs passes of minibatches (rollout.minibatch_plan) over the batch. Each
         micro-batch's loss is its share of its whole minibatch's (divided by the minibatch's
         token or row count, over every process), so the accumulated gradients, summed over the
@@ -388,16 +393,15 @@ class PPOTrainer(TrainingLoop):
         ppo, harness, dist = self.config.ppo, self.harness, self.harness.dist
         start = time.perf_counter()
         meter, updates = UpdateMeter(), 0
-        warmup = harness.step < ppo.critic_warmup_steps
         # The critic warms up: only the value head's parameters step, the policy does not move.
-        stepping = list(self.hydra.value_head.parameters()) if warmup else None
+        stepping = list(self.hydra.value_head.parameters()) if plan.critic_only else None
         for _ in range(ppo.ppo_epochs):
-            plan = minibatch_plan(experience.whole_batch_size, ppo.mini_batch_size, self.shuffle_generator)
-            for minibatch, denominator in experience.minibatches(plan):
+            minibatch_rows = minibatch_plan(experience.whole_batch_size, ppo.mini_batch_size, self.shuffle_generator)
+            for minibatch, denominator in experience.minibatches(minibatch_rows):
                 loss_is_finite = True
                 with dist.phase("updating the policy"):
                     for micro in minibatch.split(ppo.gradient_accumulation_steps):
-                        loss, stats = self.minibatch_loss(micro, denominator)
+                        loss, stats = self.minibatch_loss(micro, plan, denominator)
                         if not torch.isfinite(loss):
                             loss_is_finite = False
                             break
@@ -411,32 +415,32 @@ class PPOTrainer(TrainingLoop):
         return {
             **meter.means(dist, minibatches, "ppo/"),
             "ppo/updates": updates,
-            "ppo/critic_warmup": float(warmup),
+            "ppo/critic_warmup": float(plan.critic_only),
             "ppo/nonfinite_skipped_total": harness.nonfinite_total,
             **harness.optimizer_stats("ppo/"),
             "time/update": time.perf_counter() - start,
         }
 
-    def minibatch_loss(self, batch: Experience, denominator: float | None = None) -> tuple[torch.Tensor, dict]:
+    def minibatch_loss(self, batch: Experience, plan: StepPlan,
+                       denominator: float | None = None) -> tuple[torch.Tensor, dict]:  # fmt: skip
         """The clipped PPO loss of a (micro-)batch, running only the top layers on its cached split;
         with `denominator`, its share of a minibatch of that count (see algo.losses.aggregate)."""
         ppo = self.config.ppo
         with self.harness.autocast():
             out = self.hydra.forward_top(
-                batch.split_hidden, batch.input_ids, batch.attention_mask, return_entropy=ppo.ent_coef != 0,
+                batch.split_hidden, batch.input_ids, batch.attention_mask, return_entropy=plan.entropy_bonus,
                 temperature=self.config.generation.temperature, logprobs_from=batch.prompt_width - 1,
             )
         new = response_part(out, batch.prompt_width)
-        kl_in_loss = ppo.kl_penalty == "loss" and self.kl_controller.value != 0
         loss, stats = ppo_loss(
             new.logprobs, batch.logprobs, batch.advantages, new.values, batch.values, batch.returns, batch.action_mask,
             cliprange=ppo.cliprange, cliprange_high=ppo.cliprange_high, cliprange_value=ppo.cliprange_value,
             vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef, entropy=new.entropy, dual_clip=ppo.dual_clip,
             loss_agg_mode=ppo.loss_agg_mode, importance_sampling_level=ppo.importance_sampling_level,
-            ref_logprobs=batch.ref_logprobs if kl_in_loss else None,
-            kl_coef=self.kl_controller.value if kl_in_loss else 0.0, loss_denominator=denominator,
+            ref_logprobs=batch.ref_logprobs if plan.kl_in_loss else None,
+            kl_coef=plan.kl_coef if plan.kl_in_loss else 0.0, loss_denominator=denominator,
         )
-        if new.values is not None:
+        if plan.critic:
             parts = explained_variance_parts(new.values.detach(), batch.returns, batch.action_mask).tolist()
             stats.update(zip(EXPLAINED_VARIANCE_PARTS, parts))
         return loss, stats
