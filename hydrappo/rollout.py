@@ -67,8 +67,8 @@ class Experience:
     returns: torch.Tensor | None  # (B, R) value targets; None without a critic
     prompt_width: int
     # The whole batch this process holds a share of, for minibatches(): every row's weight in the
-    # loss's count (algo.losses.aggregation_weights), (whole batch,), the rows of ALL processes in
-    # rank order; and where this process's rows begin among them. Minibatches carry neither.
+    # loss's count (algo.losses.aggregation_weights), over the rows of ALL processes in rank order,
+    # and the index of this process's first row among them. Minibatches carry neither.
     batch_weights: torch.Tensor | None = None
     first_row: int = 0
 
