@@ -48,7 +48,6 @@ class Rollout:
     action_mask: torch.Tensor
     prompt_width: int
     evaluation: object  # evaluate_sequences' output
-    kl_coef: float
 
 
 @dataclass
@@ -67,18 +66,35 @@ class Experience:
     advantages: torch.Tensor  # (B, R)
     returns: torch.Tensor | None  # (B, R) value targets; None without a critic
     prompt_width: int
-    # (whole batch,) every row's weight in the loss's count (algo.losses.aggregation_weights),
-    # the rows of ALL processes in rank order, when this process holds only its share of the
-    # batch; None when it holds the whole batch. Not carried into minibatches.
+    # The whole batch this process holds a share of, for minibatches(): every row's weight in the
+    # loss's count (algo.losses.aggregation_weights), over the rows of ALL processes in rank order,
+    # and the index of this process's first row among them. Minibatches carry neither.
     batch_weights: torch.Tensor | None = None
+    first_row: int = 0
 
     def minibatch(self, index: torch.Tensor) -> Experience:
+        """The rows `index` of this process's rows."""
         parts = {}
         for f in fields(self):
             value = getattr(self, f.name)
             parts[f.name] = value[index] if isinstance(value, torch.Tensor) and f.name != "batch_weights" else value
-        parts["batch_weights"] = None
+        parts.update(batch_weights=None, first_row=0)
         return Experience(**parts)
+
+    @property
+    def whole_batch_size(self) -> int:
+        """Rows of the whole batch, over every process."""
+        return len(self.batch_weights)
+
+    def minibatches(self, minibatch_rows: torch.Tensor):
+        """One epoch of minibatches (minibatch_plan's rows of the WHOLE batch): for each, this
+        process's rows of it and the minibatch's loss denominator, its count of tokens (or rows)
+        over every process, so that the losses of its parts, however split, add up to its loss."""
+        first, end = self.first_row, self.first_row + len(self)
+        for rows in minibatch_rows:
+            denominator = float(self.batch_weights[rows].sum().clamp(min=1))
+            local = rows[(rows >= first) & (rows < end)] - first
+            yield self.minibatch(local.to(self.input_ids.device)), denominator
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -79,12 +79,12 @@ def die_after_first_save(argv: list[str]) -> int:
         saved.append(self.step)
         return path
 
-    def update(self, experience):
+    def update(self, experience, plan):
         os._exit(3)  # killed in the middle of the step after the checkpoint
 
     Harness.save = save
     real_update = PPOTrainer.ppo_update
-    PPOTrainer.ppo_update = lambda self, experience: update(self, experience) if saved else real_update(self, experience)
+    PPOTrainer.ppo_update = lambda self, *args: update(self, *args) if saved else real_update(self, *args)
     return main(argv)
 
 

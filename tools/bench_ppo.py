@@ -2,13 +2,14 @@
 
 Both sides get the same settings and the same work: sample responses, score them with
 the policy, the frozen reference, the critic and the reward model, shape rewards, GAE,
-then PPO epochs of clipped-loss AdamW steps (ppo.py's functions on both sides).
+then PPO epochs of clipped-loss AdamW steps (hydrappo.algo's functions on both sides).
 
-  hydrappo  one HydraModel: frozen shared bottom, top N layers train, a frozen copy of
-            them is the reference, an MLP value head, and a frozen reward branch
-            (hydra.new_reward_branch() + attach_reward_branch). The real code path:
-            rollout.generate_responses / pack_sequences / evaluate_sequences, then
-            forward_top on the cached split hidden state in the update.
+  hydrappo  the trainer itself: a PPOTrainer built in this process around one HydraModel
+            of the benchmark's model (frozen shared bottom, top N layers train, a frozen
+            copy of them is the reference, an MLP value head, and a frozen reward branch,
+            hydra.new_reward_branch() + attach_reward_branch, that scores), timed in its
+            own methods: make_experience (its sampling, `generate`, timed inside it) and
+            ppo_update, which runs forward_top on the cached split hidden state.
   classic   four separate models, as TRL's PPOTrainer (v0.12+) builds them: the policy
             (every weight trains), a frozen reference copy, a value model and a frozen
             reward model, each a full copy of the base transformer with a scalar
@@ -22,11 +23,12 @@ Measured (timing side by side in ONE process, repetitions interleaved, medians):
      peak resident memory of each layout in its own spawned child process
      (ru_maxrss after the run minus ru_maxrss after imports); parameter, gradient and
      AdamW-state bytes.
-  2. generation throughput: generate_responses(hydra) against plain model.generate on
-     the unwrapped model with the same GenerationConfig (target ratio >= 0.95).
-  3. the update phase: forward_top on the cached split hidden state against the same
-     update recomputing the whole trunk for every mini-batch (forward_hydra with
-     return_reference=False) (target ratio <= 0.35).
+  2. generation throughput: the trainer's generate (generate_responses on the hydra) against
+     plain model.generate on the unwrapped model with the same GenerationConfig (target
+     ratio >= 0.95).
+  3. the update phase: the trainer's ppo_update (forward_top on the cached split hidden state)
+     against the same update recomputing the whole trunk for every mini-batch
+     (forward_hydra with return_reference=False in place of forward_top) (target ratio <= 0.35).
 
 Responses always have exactly --new-tokens tokens (min_new_tokens = max_new_tokens),
 so both sides process the same number of tokens.
@@ -46,29 +48,36 @@ import resource
 import shlex
 import statistics
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import transformers
 from torch import nn
 
-from hydrappo import HydraModel
-from hydrappo.model.arch import locate, logits_transform, output_embeddings
-from hydrappo.config import GenerationArgs, PPOArgs
-from hydrappo.data import left_pad
-from hydrappo.model.hydra import disable_dropout
-from hydrappo.model.split import last_token_index, position_ids_from_mask
-from hydrappo.model.logprobs import token_logprobs
-from hydrappo.planner.counts import unique_bytes
-from hydrappo.algo.advantages import gae
-from hydrappo.algo.losses import ppo_loss
-from hydrappo.algo.masked import whiten
-from hydrappo.algo.scores import shape_rewards
-from hydrappo.planner.presets import PRESETS, preset_config
-from hydrappo.rollout import (
-    Experience, evaluate_sequences, generate_responses, generation_config, pack_sequences, pack_split_hidden,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from validate_memory import word_tokenizer  # noqa: E402
+
+from hydrappo import HydraModel  # noqa: E402
+from hydrappo.algo.advantages import gae  # noqa: E402
+from hydrappo.algo.losses import ppo_loss  # noqa: E402
+from hydrappo.algo.masked import whiten  # noqa: E402
+from hydrappo.algo.scores import shape_rewards  # noqa: E402
+from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs  # noqa: E402
+from hydrappo.data import left_pad  # noqa: E402
+from hydrappo.model.arch import locate, logits_transform, output_embeddings  # noqa: E402
+from hydrappo.model.hydra import disable_dropout  # noqa: E402
+from hydrappo.model.logprobs import token_logprobs  # noqa: E402
+from hydrappo.model.split import last_token_index, position_ids_from_mask  # noqa: E402
+from hydrappo.planner.counts import unique_bytes  # noqa: E402
+from hydrappo.planner.presets import PRESETS, preset_config  # noqa: E402
+from hydrappo.rewards import build_reward_source  # noqa: E402
+from hydrappo.rollout import Experience, generate_responses, generation_config, pack_sequences  # noqa: E402
+from hydrappo.train.ppo import PPOTrainer  # noqa: E402
 
 MIB = 2**20
 PPO = PPOArgs()  # the library's defaults: clip ranges, vf_coef, KL coefficient, GAE, AdamW
@@ -165,7 +174,8 @@ def generation_args(args) -> GenerationArgs:
     )
 
 
-# ---------------------------------------------------------------------------- PPO pieces shared by both layouts
+# ---------------------------------------------------------------------------- the classic layout's PPO pieces
+# (hydrappo's side runs the trainer's own step: PPOTrainer.make_experience and ppo_update.)
 def advantages_of(scores, logprobs, ref_logprobs, values, action_mask):
     """Shaped rewards (KL in the reward), GAE and whitened advantages, as the trainer does."""
     rewards, _ = shape_rewards(
@@ -208,7 +218,8 @@ def optimizer_state_bytes(optimizer) -> int:
 
 class Layout:
     """One way of holding policy, reference, critic and reward model. Subclasses define
-    rollout(), make_experience(responses), update(experience), modules() and params."""
+    rollout(), modules(), params and optimizer, and either make_experience(responses) and
+    update(experience), which iteration() times, or an iteration() of their own."""
 
     def __init__(self, args):
         self.args = args
@@ -240,8 +251,42 @@ class Layout:
 
 
 # ---------------------------------------------------------------------------- hydrappo
+def fixed_scores(completions, **columns):
+    """Scores without a reward branch (the LoRA comparison, --no-reward-branch): -1 .. 1 over the
+    batch, the same work for every layout."""
+    return torch.linspace(-1, 1, len(completions)).tolist()
+
+
+def build_trainer(hydra: HydraModel, args, prompts: list[list[int]], reward_branch: bool, reuse_trunk: bool) -> PPOTrainer:
+    """A PPOTrainer around `hydra` with the benchmark's settings (the library's defaults for the
+    rest), on the CPU in float32. Its prompt table holds each distinct prompt of `prompts` once (it
+    samples each G times itself), written in a word tokenizer whose word 'wN' is token N, so that it
+    tokenizes back to the same ids. `reward_branch`: the attached branch scores, as
+    reward.use_reward_branch has it score (the branch comes from model.reward_branch_path in a run;
+    here it is built in memory); else fixed_scores. `reuse_trunk`: the experience pass on the split
+    states recorded while sampling, one prefill per distinct prompt (the defaults); False: neither."""
+    group = args.samples_per_prompt
+    generation = replace(generation_args(args), samples_per_prompt=group, reuse_trunk_pass=reuse_trunk,
+                         share_prompt_prefill=reuse_trunk)  # fmt: skip
+    config = Config(
+        model=ModelConfig(num_layers_unfrozen=args.num_layers_unfrozen), generation=generation,
+        ppo=PPOArgs(batch_size=args.batch, mini_batch_size=args.mini_batch, ppo_epochs=args.ppo_epochs),
+        data=DataArgs(max_prompt_length=args.prompt_len),
+        # Nothing is written there: the benchmark times the step's methods, never harness.run.
+        train=TrainArgs(output_dir=str(Path(tempfile.gettempdir()) / "bench_ppo"), device="cpu", mixed_precision="no",
+                        progress_bar=False),
+    )  # fmt: skip
+    rows = [{"prompt": " ".join(f"w{token}" for token in prompt)} for prompt in prompts[::group]]
+    trainer = PPOTrainer(config, hydra=hydra, tokenizer=word_tokenizer(hydra.config.vocab_size),
+                         reward_funcs=[fixed_scores], train_dataset=rows)  # fmt: skip
+    if reward_branch:
+        trainer.reward_source = build_reward_source(RewardArgs(use_reward_branch=True))
+    return trainer
+
+
 class HydraLayout(Layout):
-    """hydrappo: one trunk with policy, reference, value head and reward branch."""
+    """hydrappo: a PPOTrainer on one trunk with policy, reference, value head and reward branch,
+    timed in its own methods."""
 
     name = "hydrappo"
 
@@ -253,56 +298,59 @@ class HydraLayout(Layout):
         ).eval()
         if reward_branch:
             self.hydra.attach_reward_branch(self.hydra.new_reward_branch())
-        self.sampler = self.hydra
-        self.tokenizer = bench_tokenizer(base_model)
         self.prompts = make_prompts(args, base_model.config.vocab_size)
-        self.params = self.hydra.trainable_parameters()
-        self.optimizer = make_optimizer(self.params)
-        # As PPOTrainer does: sampling records the frozen bottom's outputs for the experience pass,
-        # and G samples of a prompt share its prefill. reuse_trunk=False: neither (the code before).
-        self.records_split = reuse_trunk and self.hydra.has_frozen_split
-        self.gen_args.share_prompt_prefill = reuse_trunk
+        self.trainer = build_trainer(self.hydra, args, self.prompts, reward_branch, reuse_trunk)
+        self.tokenizer, self.gen_args = self.trainer.tokenizer, self.trainer.config.generation
+        self.params, self.optimizer = self.trainer.harness.params, self.trainer.harness.optimizer
+        self.generate_seconds = 0.0
+        self.trainer.generate = self._timed(self.trainer.generate)
+
+    def _timed(self, generate):
+        """The trainer's sampling, its seconds kept: the generate phase inside make_experience."""
+
+        def timed(prompt_ids):
+            start = time.perf_counter()
+            try:
+                return generate(prompt_ids)
+            finally:
+                self.generate_seconds = time.perf_counter() - start
+
+        return timed
 
     def modules(self):
         return [self.hydra]
 
     def rollout(self):
-        return generate_responses(self.hydra, self.tokenizer, self.prompts, self.gen_args, record_split=self.records_split)
+        """Sampling alone: the trainer's generate (recording the split if it does) on the benchmark's prompts."""
+        return self.trainer.generate(self.prompts)
 
-    def make_experience(self, responses) -> Experience:
-        ids, mask, action_mask, prompt_width = pack_sequences(
-            responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
-        )
-        split = pack_split_hidden(responses, prompt_width, ids.shape[1])
-        ev = evaluate_sequences(self.hydra, ids, mask, prompt_width, chunk_size=self.args.batch, split_hidden=split)
-        # Without a reward branch (the LoRA comparison), a fixed score: the same work for every layout.
-        scores = ev.scores if ev.scores is not None else torch.linspace(-1, 1, ids.shape[0])
-        rewards, advantages, returns = advantages_of(scores, ev.logprobs, ev.ref_logprobs, ev.values, action_mask)
-        return Experience(
-            ids, mask, action_mask, ev.split_hidden, ev.logprobs, ev.ref_logprobs, ev.values,
-            rewards, advantages, returns, prompt_width,
-        )
+    def iteration(self) -> dict[str, float]:
+        """One PPO step of the trainer (train_step's work, without the KL controller and the logs)."""
+        trainer, plan = self.trainer, self.trainer.step_plan()
+        start = time.perf_counter()
+        experience, _, _ = trainer.make_experience(plan)
+        made = time.perf_counter()
+        trainer.ppo_update(experience, plan)
+        end = time.perf_counter()
+        generate = self.generate_seconds
+        return {"generate": generate, "experience": made - start - generate, "update": end - made, "total": end - start}
 
-    def update(self, experience: Experience, recompute_trunk: bool = False) -> None:
-        forward = self._forward_full if recompute_trunk else self._forward_cached
-        ppo_epochs(experience, forward, self.params, self.optimizer, self.args.ppo_epochs, self.args.mini_batch)
 
-    def _forward_cached(self, batch: Experience):
-        offset = batch.logprob_offset
-        out = self.hydra.forward_top(batch.split_hidden, batch.input_ids, batch.attention_mask, logprobs_from=offset)
-        return out.logprobs[:, offset:], out.values[:, offset:-1]
+@contextmanager
+def whole_trunk_updates(hydra: HydraModel):
+    """Within it, the update's forward_top runs the whole trunk again (forward_hydra without the
+    reference and the reward branch; the frozen bottom builds no graph): an update without the cache."""
+    branch = hydra.reward_branch
 
-    def _forward_full(self, batch: Experience):
-        """The whole trunk again (bottom without a graph: nothing there trains)."""
-        offset = batch.logprob_offset
-        branch, self.hydra.reward_branch = self.hydra.reward_branch, None  # no reward work in the update
-        try:
-            out = self.hydra.forward_hydra(
-                batch.input_ids, batch.attention_mask, return_reference=False, logprobs_from=offset
-            )
-        finally:
-            self.hydra.reward_branch = branch
-        return out.logprobs[:, offset:], out.values[:, offset:-1]
+    def whole_trunk(split_hidden, input_ids, attention_mask=None, **options):
+        return hydra.forward_hydra(input_ids, attention_mask, return_reference=False, **options)
+
+    hydra.forward_top, hydra.reward_branch = whole_trunk, None
+    try:
+        yield
+    finally:
+        del hydra.forward_top  # the method again
+        hydra.reward_branch = branch
 
 
 # ---------------------------------------------------------------------------- classic four-model layout
@@ -447,7 +495,7 @@ def bench_iteration(hydra: HydraLayout, classic: ClassicLayout, repeats: int) ->
 
 
 def bench_generation(hydra: HydraLayout, repeats: int) -> dict[str, float]:
-    """generate_responses(hydra) against the unwrapped model's own generate, same config."""
+    """The trainer's generate (generate_responses on the hydra) against the unwrapped model's own generate, same config."""
     config = generation_config(hydra.gen_args, hydra.tokenizer)
     ids, mask = left_pad(hydra.prompts, hydra.tokenizer.pad_token_id)
     model = hydra.hydra.model
@@ -465,15 +513,18 @@ def bench_generation(hydra: HydraLayout, repeats: int) -> dict[str, float]:
 
 
 def bench_update(hydra: HydraLayout, repeats: int) -> dict[str, float]:
-    """The update phase on one batch of experience: cached split vs the whole trunk."""
-    experience = hydra.make_experience(hydra.rollout())
-    return interleaved_medians(
-        {
-            "forward_top on cached split": lambda: hydra.update(experience),
-            "whole trunk every mini-batch": lambda: hydra.update(experience, recompute_trunk=True),
-        },
-        repeats,
-    )
+    """The trainer's ppo_update on one batch of experience: cached split vs the whole trunk."""
+    trainer, plan = hydra.trainer, hydra.trainer.step_plan()
+    experience, _, _ = trainer.make_experience(plan)
+
+    def cached() -> None:
+        trainer.ppo_update(experience, plan)
+
+    def whole_trunk() -> None:
+        with whole_trunk_updates(hydra.hydra):
+            trainer.ppo_update(experience, plan)
+
+    return interleaved_medians({"forward_top on cached split": cached, "whole trunk every mini-batch": whole_trunk}, repeats)
 
 
 # ---------------------------------------------------------------------------- report

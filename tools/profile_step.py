@@ -1,8 +1,8 @@
 """Where the time of one PPO step goes: prefill, decode per token (against the FLOP bound of
 the model on this CPU), the operators inside generation, stop handling, packing, the
 experience pass and the update, for hydrappo's real code path (tools/bench_ppo.py's
-HydraLayout: rollout.generate_responses, pack_sequences, evaluate_sequences, the cached
-update), and each phase against its FLOP floor (its matmul FLOPs at the measured matmul rate).
+HydraLayout: a PPOTrainer's own generate, make_experience and ppo_update on the cached split),
+and each phase against its FLOP floor (its matmul FLOPs at the measured matmul rate).
 
     python tools/profile_step.py                                   # the main job's shape
     python tools/profile_step.py --batch 64 --new-tokens 32 -N 2   # a GRPO shape: 8 prompts x 8 samples
@@ -145,9 +145,11 @@ def main(argv=None) -> None:
             lambda: pack_sequences(responses.prompt_ids, responses.response_ids, layout.tokenizer.pad_token_id),
             args.repeats),
     }  # fmt: skip
-    experience = layout.make_experience(responses)
-    phases["experience"] = median_seconds(lambda: layout.make_experience(responses), args.repeats)
-    phases["update"] = median_seconds(lambda: layout.update(experience), args.repeats)
+    # The trainer's make_experience without its sampling (packing, the experience pass, scoring,
+    # shaping), and its ppo_update: PPO steps after one warm-up.
+    steps = [layout.iteration() for _ in range(args.repeats + 1)][1:]
+    phases["experience"] = statistics.median(step["experience"] for step in steps)
+    phases["update"] = statistics.median(step["update"] for step in steps)
     decode = (phases["generate"] - phases["prefill (generate 1 token)"]) / max(1, gen.max_new_tokens - 1)
 
     peak = matmul_gflops(1024, 1024, 1024)

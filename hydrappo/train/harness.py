@@ -55,7 +55,7 @@ from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
-from .precision import MixedPrecision, pick_mixed_precision
+from .precision import MixedPrecision, keep_float32_master_weights, pick_mixed_precision
 
 logger = logging.getLogger("hydrappo")
 
@@ -88,25 +88,6 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def keep_float32_master_weights(params: list[torch.nn.Parameter], mixed_precision: str) -> None:
-    """Trainable parameters of a bf16/fp16 model are kept in float32.
-
-    AdamW on bf16 weights rounds most updates away: a step of 1e-5 on a weight of 0.02 is
-    below bf16's resolution there. The frozen trunk stays in low precision (that is where
-    the memory is); autocast runs the mixed model, so it must be on."""
-    low_precision = [p for p in params if p.dtype in (torch.bfloat16, torch.float16)]
-    if not low_precision:
-        return
-    if mixed_precision == "no":
-        raise ConfigError(
-            f"the model's weights are {low_precision[0].dtype} but train.mixed_precision is 'no': hydrappo keeps the "
-            "trainable weights in float32 and needs autocast to run the mixed model. Set train.mixed_precision to "
-            "auto/bf16/fp16, or model.dtype to float32."
-        )
-    for param in low_precision:
-        param.data = param.data.float()
-
-
 class Harness:
     """Seed, device, precision, optimizer, logs, non-finite policy and checkpoints of one run."""
 
@@ -135,7 +116,7 @@ class Harness:
 
     def setup_optimizer(self, params, args, total_updates: int) -> None:
         """AdamW (or `args.optimizer`, train/optimizers.py) over `params` (float32 master weights, see
-        keep_float32_master_weights) and the LR schedule, from any options object with learning_rate,
+        precision.keep_float32_master_weights) and the LR schedule, from any options object with learning_rate,
         weight_decay, adam_beta1/2, adam_eps, max_grad_norm, lr_scheduler and warmup_steps."""
         from transformers import get_scheduler
 
@@ -156,11 +137,15 @@ class Harness:
             num_training_steps=max(1, total_updates),
         )
 
-    def optimizer_step(self, loss_is_finite: bool = True) -> float | None:
+    def optimizer_step(self, loss_is_finite: bool = True, only=None) -> float | None:
         """Clip and apply the accumulated gradients; returns the gradient norm, or None when
         the update was skipped (a non-finite loss or gradient, or an fp16 overflow). Under
         torch.distributed the gradients are first summed over the processes (each loss was
-        divided by the global count), and every process takes or skips the same step."""
+        divided by the global count), and every process takes or skips the same step.
+        `only`: the parameters this step may move (a critic warm-up's value head); the others'
+        gradients are dropped first, so the optimizer leaves them as they are, weight decay included."""
+        if only is not None:
+            self._drop_gradients_except(only)
         loss_is_finite = self.dist.reduce_gradients(self.params, loss_is_finite)
         grad_norm = self.precision.clip_grad_norm_(self.optimizer, self.params, self.max_grad_norm) if loss_is_finite else math.nan
         try:
@@ -179,6 +164,12 @@ class Harness:
             return None
         finally:
             self.optimizer.zero_grad(set_to_none=True)
+
+    def _drop_gradients_except(self, kept) -> None:
+        kept = {id(param) for param in kept}
+        for param in self.params:
+            if id(param) not in kept:
+                param.grad = None
 
     def _skip_nonfinite_update(self) -> None:
         self.nonfinite_in_a_row += 1

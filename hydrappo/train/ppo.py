@@ -60,6 +60,7 @@ from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model, trainer_inputs
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
+from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
 
 
@@ -176,22 +177,27 @@ class PPOTrainer(TrainingLoop):
 
     # ------------------------------------------------------------------ the step
     def train_step(self) -> tuple[dict, list[dict]]:
+        plan = self.step_plan()
         # Dropout is off either way; the mode matters because transformers checkpoints layers
         # only in train mode, and turns the KV cache off there: generate in eval mode.
         self.hydra.eval()
-        experience, stats, samples = self.make_experience()
+        experience, stats, samples = self.make_experience(plan)
         self.hydra.train(self.config.model.gradient_checkpointing)
-        stats.update(self.ppo_update(experience))
+        stats.update(self.ppo_update(experience, plan))
         self.hydra.eval()
-        if stats["ppo/updates"] and not stats["ppo/critic_warmup"]:  # the warm-up updates the value head alone
+        if stats["ppo/updates"] and not plan.critic_only:  # the warm-up updates the value head alone
             self.rollout_sampler.weights_changed()
-        if experience.ref_logprobs is not None:  # the KL was measured (a coefficient of 0 skips the reference)
+        if plan.reference:  # the KL was measured
             self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
         step, train = self.harness.step + 1, self.config.train
         if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
             eval_stats, eval_samples = self.evaluate_held_out(step)
             return {**stats, **eval_stats}, {"samples": samples, "eval_samples": eval_samples}
         return stats, samples
+
+    def step_plan(self) -> StepPlan:
+        """What the next step runs (train/step_plan.py), at the KL coefficient the controller holds now."""
+        return StepPlan.for_step(self.config.ppo, self.kl_controller.value, self.harness.step)
 
     def before_training(self):
         """The held-out baseline at step 0, before any update."""
@@ -222,20 +228,20 @@ class PPOTrainer(TrainingLoop):
         return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 
     @torch.no_grad()
-    def make_experience(self) -> tuple[Experience, dict, list[dict]]:
+    def make_experience(self, plan: StepPlan) -> tuple[Experience, dict, list[dict]]:
         """Sample, score, shape and estimate one PPO batch: (this process's rows, stats, samples)."""
         start = time.perf_counter()
-        rollout = self.rollout()
+        rollout = self.rollout(plan)
         with self.harness.dist.phase("scoring responses"):
             raw_scores = self.score_rollout(rollout)
         batch = self.gather_batch(rollout, raw_scores)
-        shaped = self.shape(batch, rollout.kl_coef)
+        shaped = self.shape(batch, plan)
         experience = self.experience_rows(rollout, shaped)
-        stats = {**self.rollout_statistics(batch, shaped, rollout.kl_coef), "time/rollout": time.perf_counter() - start}
+        stats = {**self.rollout_statistics(batch, shaped, plan), "time/rollout": time.perf_counter() - start}
         texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
         return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]
 
-    def rollout(self) -> Rollout:
+    def rollout(self, plan: StepPlan) -> Rollout:
         """This process's share of the batch's prompts, each sampled G times (one group in
         consecutive rows), packed and passed through the hydra once (log-probs, reference,
         values, the reward branch)."""
@@ -252,14 +258,12 @@ class PPOTrainer(TrainingLoop):
             )
             split = pack_split_hidden(responses, prompt_width, input_ids.shape[1])  # recorded while sampling, or None
             responses.split_hidden = None  # the per-row copies: packed now
-            kl_coef = self.kl_controller.value
-            # With a KL coefficient of 0 the reference branch never runs.
-            evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=kl_coef != 0, split_hidden=split)
+            evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=plan.reference, split_hidden=split)
         return Rollout(
             indices=indices, prompt_texts=[self.prompts.texts[i] for i in indices], responses=responses,
             response_texts=self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True),
             input_ids=input_ids, attention_mask=attention_mask, action_mask=action_mask.to(self.device),
-            prompt_width=prompt_width, evaluation=evaluation, kl_coef=kl_coef,
+            prompt_width=prompt_width, evaluation=evaluation,
         )  # fmt: skip
 
     def score_rollout(self, rollout: Rollout) -> torch.Tensor:
@@ -282,7 +286,7 @@ class PPOTrainer(TrainingLoop):
             "parts": {name: gather(part) for name, part in self.reward_source.last.items()},
         }  # fmt: skip
 
-    def shape(self, batch: dict, kl_coef: float) -> dict:
+    def shape(self, batch: dict, plan: StepPlan) -> dict:
         """Scores -> per-token rewards -> advantages (and returns) of the whole batch, and the
         loss mask: normalisation, DAPO's overlong penalty, the KL penalty, the estimator."""
         ppo, reward_cfg, group = self.config.ppo, self.config.reward, self.config.generation.samples_per_prompt
@@ -296,8 +300,8 @@ class PPOTrainer(TrainingLoop):
                                           reward_cfg.overlong_buffer, reward_cfg.overlong_penalty)  # fmt: skip
         scores = scores + length_penalty.to(scores)
         rewards, reward_stats = shape_rewards(
-            scores.to(self.device), batch["logprobs"], batch["ref_logprobs"], mask, kl_coef,
-            kl_estimator=ppo.kl_estimator, kl_in_reward=ppo.kl_penalty == "reward",
+            scores.to(self.device), batch["logprobs"], batch["ref_logprobs"], mask, plan.kl_coef,
+            kl_estimator=ppo.kl_estimator, kl_in_reward=plan.kl_in_reward,
             cliprange_reward=reward_cfg.cliprange_reward, ended_with_eos=ended.to(self.device),
             missing_eos_penalty=reward_cfg.missing_eos_penalty,
             group_baseline=group if ESTIMATORS[ppo.advantage_estimator].baseline_on_scores else 0,
@@ -313,9 +317,9 @@ class PPOTrainer(TrainingLoop):
 
     def experience_rows(self, rollout: Rollout, shaped: dict) -> Experience:
         """This process's rows of the shaped batch, with its own sequences and pass outputs."""
-        dist, evaluation = self.harness.dist, rollout.evaluation
-        count, width = len(rollout.indices), rollout.action_mask.shape[1]
-        rows = slice(dist.rank * count, (dist.rank + 1) * count)
+        evaluation, count, width = rollout.evaluation, len(rollout.indices), rollout.action_mask.shape[1]
+        first_row = self.harness.dist.rank * count
+        rows = slice(first_row, first_row + count)
 
         def mine(tensor):
             return tensor[rows, :width] if tensor is not None else None
@@ -325,10 +329,10 @@ class PPOTrainer(TrainingLoop):
             action_mask=mine(shaped["loss_mask"]), split_hidden=evaluation.split_hidden, logprobs=evaluation.logprobs,
             ref_logprobs=evaluation.ref_logprobs, values=evaluation.values, rewards=mine(shaped["rewards"]),
             advantages=mine(shaped["advantages"]), returns=mine(shaped["returns"]), prompt_width=rollout.prompt_width,
-            batch_weights=aggregation_weights(shaped["loss_mask"], self.config.ppo.loss_agg_mode).cpu() if dist.enabled else None,
+            batch_weights=aggregation_weights(shaped["loss_mask"], self.config.ppo.loss_agg_mode).cpu(), first_row=first_row,
         )  # fmt: skip
 
-    def rollout_statistics(self, batch: dict, shaped: dict, kl_coef: float) -> dict:
+    def rollout_statistics(self, batch: dict, shaped: dict, plan: StepPlan) -> dict:
         """env/*, objective/*, tokens/* and ppo/advantages statistics of the whole batch."""
         mask, raw = batch["mask"], batch["raw_scores"]
         stats = {
@@ -341,17 +345,17 @@ class PPOTrainer(TrainingLoop):
             "env/degenerate_frac": batch["degenerate"].mean().item(),  # a looping tail (algo/degeneration.py)
             "env/overlong_penalty_mean": shaped["length_penalty"].mean().item(),
             **group_statistics(raw, self.config.generation.samples_per_prompt),
-            "objective/kl_coef": kl_coef,
+            "objective/kl_coef": plan.kl_coef,
             "objective/entropy": masked_mean(batch["entropy"], mask).item(),
             "tokens/responses_len_mean": mask.sum(-1).mean().item(),
             "tokens/prompts_len_mean": batch["prompt_lengths"].mean().item(),
             "ppo/advantages/mean": masked_mean(shaped["advantages"], mask).item(),
         }
-        if batch["ref_logprobs"] is not None:
+        if plan.reference:
             # KL of the sampled sequences, summed over tokens (k1), as the adaptive controller expects.
             stats["objective/kl"] = masked_sum(batch["logprobs"] - batch["ref_logprobs"], mask, dim=-1).mean().item()
             stats.update({f"objective/{key}": as_float(value) for key, value in shaped["reward_stats"].items()})
-        if shaped["returns"] is not None:
+        if plan.critic:
             stats["ppo/returns/mean"] = masked_mean(shaped["returns"], mask).item()
         return stats
 
@@ -386,7 +390,7 @@ class PPOTrainer(TrainingLoop):
         return scores
 
     # ------------------------------------------------------------------ the update
-    def ppo_update(self, experience: Experience) -> dict:
+    def ppo_update(self, experience: Experience, plan: StepPlan) -> dict:
         """ppo_epochs passes of minibatches (rollout.minibatch_plan) over the batch. Each
         micro-batch's loss is its share of its whole minibatch's (divided by the minibatch's
         token or row count, over every process), so the accumulated gradients, summed over the
@@ -394,63 +398,54 @@ class PPOTrainer(TrainingLoop):
         ppo, harness, dist = self.config.ppo, self.harness, self.harness.dist
         start = time.perf_counter()
         meter, updates = UpdateMeter(), 0
-        weights = experience.batch_weights
-        if weights is None:  # this process holds the whole batch
-            weights = aggregation_weights(experience.action_mask, ppo.loss_agg_mode).cpu()
-        first, share = dist.rank * len(experience), len(experience)
-        warmup = harness.step < ppo.critic_warmup_steps
-        critic = {id(p) for p in self.hydra.value_head.parameters()} if warmup else set()
-        held_still = [p for p in self.hydra.trainable_parameters() if id(p) not in critic] if warmup else []
+        # The critic warms up: only the value head's parameters step, the policy does not move.
+        stepping = list(self.hydra.value_head.parameters()) if plan.critic_only else None
         for _ in range(ppo.ppo_epochs):
-            for rows in minibatch_plan(len(weights), ppo.mini_batch_size, self.shuffle_generator):
-                denominator = float(weights[rows].sum().clamp(min=1))
-                local = rows[(rows >= first) & (rows < first + share)] - first
-                minibatch = experience.minibatch(local.to(experience.input_ids.device))
+            minibatch_rows = minibatch_plan(experience.whole_batch_size, ppo.mini_batch_size, self.shuffle_generator)
+            for minibatch, denominator in experience.minibatches(minibatch_rows):
                 loss_is_finite = True
                 with dist.phase("updating the policy"):
                     for micro in minibatch.split(ppo.gradient_accumulation_steps):
-                        loss, stats = self.minibatch_loss(micro, denominator)
+                        loss, stats = self.minibatch_loss(micro, plan, denominator)
                         if not torch.isfinite(loss):
                             loss_is_finite = False
                             break
                         harness.backward(loss)
                         meter.add(stats, float(micro.action_mask.sum()))
-                for param in held_still:  # the critic warms up: only the value head's gradients reach the optimizer
-                    param.grad = None
-                grad_norm = harness.optimizer_step(loss_is_finite)
+                grad_norm = harness.optimizer_step(loss_is_finite, only=stepping)
                 if grad_norm is not None:
                     meter.grad_norms.append(grad_norm)
                     updates += 1
-        minibatches = ppo.ppo_epochs * (len(weights) // ppo.mini_batch_size)
+        minibatches = ppo.ppo_epochs * (experience.whole_batch_size // ppo.mini_batch_size)
         return {
             **meter.means(dist, minibatches, "ppo/"),
             "ppo/updates": updates,
-            "ppo/critic_warmup": float(warmup),
+            "ppo/critic_warmup": float(plan.critic_only),
             "ppo/nonfinite_skipped_total": harness.nonfinite_total,
             **harness.optimizer_stats("ppo/"),
             "time/update": time.perf_counter() - start,
         }
 
-    def minibatch_loss(self, batch: Experience, denominator: float | None = None) -> tuple[torch.Tensor, dict]:
+    def minibatch_loss(self, batch: Experience, plan: StepPlan,
+                       denominator: float | None = None) -> tuple[torch.Tensor, dict]:  # fmt: skip
         """The clipped PPO loss of a (micro-)batch, running only the top layers on its cached split;
         with `denominator`, its share of a minibatch of that count (see algo.losses.aggregate)."""
         ppo = self.config.ppo
         with self.harness.autocast():
             out = self.hydra.forward_top(
-                batch.split_hidden, batch.input_ids, batch.attention_mask, return_entropy=ppo.ent_coef != 0,
+                batch.split_hidden, batch.input_ids, batch.attention_mask, return_entropy=plan.entropy_bonus,
                 temperature=self.config.generation.temperature, logprobs_from=batch.prompt_width - 1,
             )
         new = response_part(out, batch.prompt_width)
-        kl_in_loss = ppo.kl_penalty == "loss" and self.kl_controller.value != 0
         loss, stats = ppo_loss(
             new.logprobs, batch.logprobs, batch.advantages, new.values, batch.values, batch.returns, batch.action_mask,
             cliprange=ppo.cliprange, cliprange_high=ppo.cliprange_high, cliprange_value=ppo.cliprange_value,
             vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef, entropy=new.entropy, dual_clip=ppo.dual_clip,
             loss_agg_mode=ppo.loss_agg_mode, importance_sampling_level=ppo.importance_sampling_level,
-            ref_logprobs=batch.ref_logprobs if kl_in_loss else None,
-            kl_coef=self.kl_controller.value if kl_in_loss else 0.0, loss_denominator=denominator,
+            ref_logprobs=batch.ref_logprobs if plan.kl_in_loss else None,
+            kl_coef=plan.kl_coef if plan.kl_in_loss else 0.0, loss_denominator=denominator,
         )
-        if new.values is not None:
+        if plan.critic:
             parts = explained_variance_parts(new.values.detach(), batch.returns, batch.action_mask).tolist()
             stats.update(zip(EXPLAINED_VARIANCE_PARTS, parts))
         return loss, stats

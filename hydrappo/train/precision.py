@@ -1,4 +1,5 @@
-"""Device and mixed precision for one process: torch.autocast, and loss scaling for fp16.
+"""Device and mixed precision for one process: torch.autocast, loss scaling for fp16, and the
+float32 master weights a low-precision model trains with.
 
 bf16 autocast on GPUs that have it, fp16 with loss scaling on older GPUs, float32 on
 the CPU. Plain torch, not accelerate's Accelerator: that one keeps process-wide state
@@ -13,6 +14,7 @@ from contextlib import nullcontext
 import torch
 
 from ..algo.masked import widened
+from ..config import ConfigError
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -73,3 +75,22 @@ class MixedPrecision:
     def load_state_dict(self, state: dict) -> None:
         if state:
             self.scaler.load_state_dict(state)
+
+
+def keep_float32_master_weights(params: list[torch.nn.Parameter], mixed_precision: str) -> None:
+    """Trainable parameters of a bf16/fp16 model are kept in float32.
+
+    AdamW on bf16 weights rounds most updates away: a step of 1e-5 on a weight of 0.02 is
+    below bf16's resolution there. The frozen trunk stays in low precision (that is where
+    the memory is); autocast runs the mixed model, so it must be on."""
+    low_precision = [p for p in params if p.dtype in (torch.bfloat16, torch.float16)]
+    if not low_precision:
+        return
+    if mixed_precision == "no":
+        raise ConfigError(
+            f"the model's weights are {low_precision[0].dtype} but train.mixed_precision is 'no': hydrappo keeps the "
+            "trainable weights in float32 and needs autocast to run the mixed model. Set train.mixed_precision to "
+            "auto/bf16/fp16, or model.dtype to float32."
+        )
+    for param in low_precision:
+        param.data = param.data.float()

@@ -85,10 +85,10 @@ GROUPS = ["--reward_fn", VERIFIABLE, "--samples_per_prompt", "4", "--advantage_e
 def interrupt_in_step_3(trainer, monkeypatch) -> None:
     real_update = trainer.ppo_update
 
-    def die_in_step_3(experience):
+    def die_in_step_3(experience, plan):
         if trainer.harness.step == 2:
             raise KeyboardInterrupt
-        return real_update(experience)
+        return real_update(experience, plan)
 
     monkeypatch.setattr(trainer, "ppo_update", die_in_step_3)
 
