@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from . import usercode
+from .config.reward_sources import reward_source_names
 from .errors import HydrappoError, refused_pickle
 from .model.heads import widened
 
@@ -419,17 +420,6 @@ class RewardSources:
             self.last[name] = scores
             total = scores if total is None and weight == 1.0 else weight * scores if total is None else total + weight * scores
         return total
-
-
-def reward_source_names(reward_args) -> list[tuple[str, str]]:
-    """[(kind, what)] of every source `RewardArgs` names, in the order of reward.reward_weights:
-    each reward function, then the reward model, then the reward branch."""
-    sources = [("function", spec) for spec in reward_args.function_specs]
-    if reward_args.reward_model:
-        sources.append(("model", reward_args.reward_model))
-    if reward_args.use_reward_branch:
-        sources.append(("branch", "reward branch"))
-    return sources
 
 
 def reward_functions(reward_args, base_dir: str | Path | None = None, columns=None) -> list[FunctionReward]:

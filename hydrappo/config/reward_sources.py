@@ -6,12 +6,23 @@ from __future__ import annotations
 import math
 
 
+def reward_source_names(reward) -> list[tuple[str, str]]:
+    """[(kind, what)] of every source a reward section names, in the order of
+    reward.reward_weights: each reward function, then the reward model, then the reward branch.
+    The one "which sources" rule: the checks below count it, rewards.build_reward_source builds it."""
+    sources = [("function", spec) for spec in reward.function_specs]
+    if reward.reward_model:
+        sources.append(("model", reward.reward_model))
+    if reward.use_reward_branch:
+        sources.append(("branch", "reward branch"))
+    return sources
+
+
 def check_reward_sources(config, problems) -> None:
     """Problems of reward.reward_fn / reward_model / use_reward_branch, reward_weights, timeout_s and
     the reference score statistics, added to `problems` (config/checks.py's Problems)."""
     reward = config.reward
-    specs = reward.function_specs
-    sources = len(specs) + bool(reward.reward_model) + bool(reward.use_reward_branch)
+    sources = len(reward_source_names(reward))
     if not sources:
         problems.note(
             "reward: no reward source is set. Set reward_fn ('module:function' or 'file.py:function', or a list of "
