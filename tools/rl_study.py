@@ -206,6 +206,16 @@ def rusage_note() -> str:
 
 
 # ---------------------------------------------------------------------------- the frontier
+def run_arguments(parser, defaults: dict) -> None:
+    """The options every study script shares: the runs' length, config and held-out measurement."""
+    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: the config's)")
+    parser.add_argument("--config", default=str(defaults["config"]))
+    parser.add_argument("--eval_prompts", default=str(defaults["eval_prompts"]))
+    parser.add_argument("--reward_fn", default=str(defaults["reward_fn"]), help="the held-out reward")
+    parser.add_argument("--limit", type=int, default=None, help="held-out prompts to use (default: all)")
+    parser.add_argument("--output_dir", default=str(defaults["output_dir"]))
+
+
 def frontier_main(defaults: dict, doc: str, argv=None) -> int:
     """Held-out reward against KL for several values of one KL knob (a target of the config's
     controller, or a fixed coefficient): one run per value, one PNG, a markdown table and the
@@ -217,12 +227,7 @@ def frontier_main(defaults: dict, doc: str, argv=None) -> int:
     parser.add_argument("--values", nargs="+", type=float, default=defaults["values"],
                         help=f"values of --{defaults['knob']} (default: {defaults['values']})")  # fmt: skip
     parser.add_argument("--knob", default=defaults["knob"], choices=("kl_target", "init_kl_coef"))
-    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: the config's)")
-    parser.add_argument("--config", default=str(defaults["config"]))
-    parser.add_argument("--eval_prompts", default=str(defaults["eval_prompts"]))
-    parser.add_argument("--reward_fn", default=str(defaults["reward_fn"]), help="the held-out reward")
-    parser.add_argument("--limit", type=int, default=None, help="held-out prompts to use (default: all)")
-    parser.add_argument("--output_dir", default=str(defaults["output_dir"]))
+    run_arguments(parser, defaults)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
@@ -295,12 +300,7 @@ def study_main(defaults: dict, doc: str, argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--variants", nargs="+", default=list(STUDY_VARIANTS), choices=list(STUDY_VARIANTS))
-    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: the config's)")
-    parser.add_argument("--config", default=str(defaults["config"]))
-    parser.add_argument("--eval_prompts", default=str(defaults["eval_prompts"]))
-    parser.add_argument("--reward_fn", default=str(defaults["reward_fn"]), help="the held-out reward")
-    parser.add_argument("--limit", type=int, default=None, help="held-out prompts to use (default: all)")
-    parser.add_argument("--output_dir", default=str(defaults["output_dir"]))
+    run_arguments(parser, defaults)
     parser.add_argument("--preset", default="llama-3.1-8b", help="the planner's model for the memory column")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
     args = parser.parse_args(argv)
