@@ -61,6 +61,7 @@ from hydrappo.model.hydra import disable_dropout
 from hydrappo.model.split import last_token_index, position_ids_from_mask
 from hydrappo.model.logprobs import token_logprobs
 from hydrappo.planner.counts import unique_bytes
+from hydrappo.train.optimizers import make_optimizer as trainer_optimizer
 from hydrappo.algo.advantages import gae
 from hydrappo.algo.losses import ppo_loss
 from hydrappo.algo.masked import whiten
@@ -176,10 +177,8 @@ def advantages_of(scores, logprobs, ref_logprobs, values, action_mask):
 
 
 def make_optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        params, lr=PPO.learning_rate, betas=(PPO.adam_beta1, PPO.adam_beta2), eps=PPO.adam_eps,
-        weight_decay=PPO.weight_decay,
-    )
+    """The trainer's AdamW (train/optimizers.py: torch's fused kernel where it runs) with PPO's defaults."""
+    return trainer_optimizer(params, PPO)
 
 
 def ppo_epochs(experience: Experience, forward, params, optimizer, ppo_epochs: int, mini_batch: int) -> None:
@@ -262,6 +261,8 @@ class HydraLayout(Layout):
         # and G samples of a prompt share its prefill. reuse_trunk=False: neither (the code before).
         self.records_split = reuse_trunk and self.hydra.has_frozen_split
         self.gen_args.share_prompt_prefill = reuse_trunk
+        # Log-probs at the sampling temperature, as the trainer takes them (tools that set none: 1).
+        self.temperature = getattr(args, "temperature", 1.0)
 
     def modules(self):
         return [self.hydra]
@@ -274,7 +275,8 @@ class HydraLayout(Layout):
             responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
         )
         split = pack_split_hidden(responses, prompt_width, ids.shape[1])
-        ev = evaluate_sequences(self.hydra, ids, mask, prompt_width, chunk_size=self.args.batch, split_hidden=split)
+        ev = evaluate_sequences(self.hydra, ids, mask, prompt_width, chunk_size=self.args.batch, split_hidden=split,
+                                temperature=self.temperature)  # fmt: skip
         # Without a reward branch (the LoRA comparison), a fixed score: the same work for every layout.
         scores = ev.scores if ev.scores is not None else torch.linspace(-1, 1, ids.shape[0])
         rewards, advantages, returns = advantages_of(scores, ev.logprobs, ev.ref_logprobs, ev.values, action_mask)
@@ -289,7 +291,8 @@ class HydraLayout(Layout):
 
     def _forward_cached(self, batch: Experience):
         offset = batch.logprob_offset
-        out = self.hydra.forward_top(batch.split_hidden, batch.input_ids, batch.attention_mask, logprobs_from=offset)
+        out = self.hydra.forward_top(batch.split_hidden, batch.input_ids, batch.attention_mask, logprobs_from=offset,
+                                     temperature=self.temperature)  # fmt: skip
         return out.logprobs[:, offset:], out.values[:, offset:-1]
 
     def _forward_full(self, batch: Experience):
@@ -298,7 +301,8 @@ class HydraLayout(Layout):
         branch, self.hydra.reward_branch = self.hydra.reward_branch, None  # no reward work in the update
         try:
             out = self.hydra.forward_hydra(
-                batch.input_ids, batch.attention_mask, return_reference=False, logprobs_from=offset
+                batch.input_ids, batch.attention_mask, return_reference=False, logprobs_from=offset,
+                temperature=self.temperature,
             )
         finally:
             self.hydra.reward_branch = branch
