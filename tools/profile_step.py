@@ -9,8 +9,8 @@ update), and each phase against its FLOP floor (its matmul FLOPs at the measured
 
 Defaults follow examples/sentiment/config.yaml: a SmolLM2-135M-shaped Llama with random
 weights, 32 responses of exactly 24 new tokens, N = 4, 40-token prompts, 4 PPO epochs of
-mini-batch 4 (the example uses a mini-batch of 8 x gradient accumulation; the work is the
-same). Times are medians of --repeats after one warm-up; on a shared machine read them as
+mini-batch 8 (the example's mini_batch_size; before 2026-11-25 this tool's default was 4: the
+same FLOPs in twice the optimizer steps). Times are medians of --repeats after one warm-up; on a shared machine read them as
 indicative and compare phases within one run.
 """
 
@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=40)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--ppo-epochs", type=int, default=4)
-    parser.add_argument("--mini-batch", type=int, default=4)
+    parser.add_argument("--mini-batch", type=int, default=8)
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="G: each prompt in G consecutive rows")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
