@@ -32,11 +32,13 @@ mean logit) and the backward walks the blocks again. A head that is not a plain
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.amp.autocast_mode import is_autocast_available
 from torch.utils.checkpoint import checkpoint
 
 from .arch import raw_logits
@@ -77,9 +79,16 @@ def _matmul_dtype(weight: torch.Tensor) -> torch.dtype:
     """The dtype `lm_head(hidden)` computes in: autocast's lower precision where autocast is on
     (it casts float32 and half inputs of a linear layer, never float64), else the weight's."""
     device = weight.device.type
-    if weight.dtype != torch.float64 and torch.is_autocast_enabled(device):
+    if weight.dtype != torch.float64 and is_autocast_available(device) and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
     return weight.dtype
+
+
+def _without_autocast(device: torch.device):
+    """The fused pass casts for itself (settings.dtype): autocast off inside it, where it exists."""
+    if is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _block(hidden, weight, bias, start, settings: _Settings, slopes: bool):
@@ -240,7 +249,7 @@ class _FusedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, settings: _Settings):
-        with torch.autocast(hidden.device.type, enabled=False):
+        with _without_autocast(hidden.device):
             chosen, entropy, log_normaliser, mean_logit, grads = _forward(hidden, weight, bias, labels, settings)
         ctx.settings, ctx.hidden_dtype = settings, hidden.dtype
         ctx.set_materialize_grads(False)
@@ -273,7 +282,7 @@ class _FusedLogprobs(torch.autograd.Function):
         hidden, weight, bias, labels, log_normaliser, mean_logit = ctx.saved_tensors
         bias = bias if ctx.has_bias else None
         needs = ctx.needs_input_grad[:3]
-        with torch.autocast(hidden.device.type, enabled=False):
+        with _without_autocast(hidden.device):
             grads = _backward(hidden, weight, bias, labels, log_normaliser, mean_logit, grad_chosen, grad_entropy,
                               settings, needs)  # fmt: skip
         grad_hidden, grad_weight, grad_bias = (
@@ -357,7 +366,7 @@ def token_logprobs(
 
 def _apply(rows, weight, bias, labels, settings: _Settings, needs_graph: bool):
     if not needs_graph:
-        with torch.no_grad(), torch.autocast(rows.device.type, enabled=False):
+        with torch.no_grad(), _without_autocast(rows.device):
             chosen, entropy, *_ = _forward(rows, weight, bias, labels, settings)
         return chosen, entropy
     chosen, entropy = _FusedLogprobs.apply(rows, weight, bias, labels, settings)
