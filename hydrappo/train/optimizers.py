@@ -2,8 +2,8 @@
 
     adamw      torch.optim.AdamW (Loshchilov & Hutter 2019): two float32 moments per weight; torch's
                fused kernel where it runs (plain CPU or CUDA tensors): one pass over each weight,
-               its gradient and moments instead of about ten elementwise operations, 2.5x faster
-               on the main job's CPU update (docs/benchmarks.md), the same update up to rounding.
+               its gradient and moments instead of about ten elementwise operations (5% of the
+               main job's update on the CPU, docs/benchmarks.md), the same update up to rounding.
     adamw8bit  bitsandbytes' AdamW8bit: the same update with both moments stored in 8 bits,
                block-wise quantized with dynamic quantization (Dettmers et al. 2022, "8-bit
                Optimizers via Block-wise Quantization"): about 2 bytes of state per weight
