@@ -17,10 +17,10 @@ Measured in ONE process, candidates interleaved, medians of --repeats after a wa
      1024^3 matmul rate measured in the same run;
   2. the update phase at the main job's shape (tools/bench_ppo.py's HydraLayout: 32 responses x
      (40 + 24) tokens, N = 4, 4 epochs of mini-batch 8, log-probs at --temperature), with the
-     hydra's token_logprobs and the optimizer swapped: before (both as of 3916af5), the fused
-     log-probs alone, and with the trainer's fused AdamW too (train/optimizers.py); against its
-     FLOP floor (tools/profile_step.py's table). --profile adds torch.profiler's top operators
-     of one update of each.
+     hydra's token_logprobs swapped (the trainer's AdamW), and the fused log-probs with torch's
+     fused AdamW kernel (an option measured, not the default: it is not bit-identical to the
+     loop); against its FLOP floor (tools/profile_step.py's table). --profile adds
+     torch.profiler's top operators of one update of each.
 
     python tools/bench_logprobs.py --threads 1
     python tools/bench_logprobs.py --threads 1 --skip-update    # the lm_head alone (seconds)
@@ -40,7 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_ppo import HydraLayout, build_base_model, configure, make_optimizer  # noqa: E402
+from bench_ppo import HydraLayout, build_base_model, configure  # noqa: E402
 from profile_step import MATMUL_OPS, flop_floors  # noqa: E402
 
 import hydrappo.model.hydra as hydra_module  # noqa: E402
@@ -191,15 +191,15 @@ def update_phase(model, args) -> None:
     layout = HydraLayout(model, args)
     responses = layout.rollout()
     experience = layout.make_experience(responses)
-    # torch's AdamW as the trainer built it before train/optimizers.py chose the fused kernel
-    # (on the CPU: a loop of elementwise operations per tensor), and the trainer's own.
+    # The trainer's optimizer (torch's AdamW: on the CPU a loop of elementwise operations per
+    # tensor), and torch's fused AdamW kernel, measured but not the default (docs/benchmarks.md).
     hyper = layout.optimizer.defaults
-    loop_adamw = torch.optim.AdamW(layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
-                                   weight_decay=hyper["weight_decay"])  # fmt: skip
+    fused_adamw = torch.optim.AdamW(layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
+                                    weight_decay=hyper["weight_decay"], fused=True)  # fmt: skip
     candidates = {  # name: (token_logprobs, optimizer)
-        "before": (previous_token_logprobs, loop_adamw),
-        "fused log-probs": (token_logprobs, loop_adamw),
-        "after (+ fused AdamW)": (token_logprobs, make_optimizer(layout.params)),
+        "before": (previous_token_logprobs, layout.optimizer),
+        "after": (token_logprobs, layout.optimizer),
+        "after + fused AdamW": (token_logprobs, fused_adamw),
     }
 
     def update(function, optimizer):

@@ -177,7 +177,7 @@ def advantages_of(scores, logprobs, ref_logprobs, values, action_mask):
 
 
 def make_optimizer(params) -> torch.optim.Optimizer:
-    """The trainer's AdamW (train/optimizers.py: torch's fused kernel where it runs) with PPO's defaults."""
+    """The trainer's optimizer (train/optimizers.py) with PPO's defaults."""
     return trainer_optimizer(params, PPO)
 
 
