@@ -169,8 +169,10 @@ def make_prompts(args, vocab_size: int) -> list[list[int]]:
 
 
 def generation_args(args) -> GenerationArgs:
+    # Sampling, and the log-probs the trainer takes, at the tool's temperature (tools that set none: 1).
     return GenerationArgs(
-        max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, generation_batch_size=args.batch
+        max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, generation_batch_size=args.batch,
+        temperature=getattr(args, "temperature", 1.0),
     )
 
 

@@ -9,9 +9,11 @@ and each phase against its FLOP floor (its matmul FLOPs at the measured matmul r
 
 Defaults follow examples/sentiment/config.yaml: a SmolLM2-135M-shaped Llama with random
 weights, 32 responses of exactly 24 new tokens, N = 4, 40-token prompts, 4 PPO epochs of
-mini-batch 4 (the example uses a mini-batch of 8 x gradient accumulation; the work is the
-same). Times are medians of --repeats after one warm-up; on a shared machine read them as
-indicative and compare phases within one run.
+mini-batch 8 (the example's mini_batch_size; before 2026-11-25 this tool's default was 4: the
+same FLOPs in twice the optimizer steps), log-probs at temperature 0.7 (the example's; before
+2026-11-25: 1). Times are medians of --repeats after one warm-up; on a shared machine read them
+as indicative and compare phases within one run. The floors take the median of the 1024^3
+matmul rate measured before each phase and at the end.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=40)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--ppo-epochs", type=int, default=4)
-    parser.add_argument("--mini-batch", type=int, default=4)
+    parser.add_argument("--mini-batch", type=int, default=8)
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="G: each prompt in G consecutive rows")
+    parser.add_argument("--temperature", type=float, default=0.7, help="of the log-probs, as the example samples")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     return parser.parse_args(argv)
@@ -134,6 +137,9 @@ def main(argv=None) -> None:
     one_token = generation_args(argparse.Namespace(**{**vars(args), "new_tokens": 1}))
     responses = layout.rollout()
 
+    # The 1024^3 matmul rate before each phase and at the end; the floors use their median (on a
+    # shared machine the load moves it by up to 2x within minutes: one measurement is not enough).
+    rates = [matmul_gflops(1024, 1024, 1024)]
     phases = {
         "generate": median_seconds(layout.rollout, args.repeats),
         "prefill (generate 1 token)": median_seconds(
@@ -147,12 +153,14 @@ def main(argv=None) -> None:
     }  # fmt: skip
     # The trainer's make_experience without its sampling (packing, the experience pass, scoring,
     # shaping), and its ppo_update: PPO steps after one warm-up.
+    rates.append(matmul_gflops(1024, 1024, 1024))
     steps = [layout.iteration() for _ in range(args.repeats + 1)][1:]
     phases["experience"] = statistics.median(step["experience"] for step in steps)
     phases["update"] = statistics.median(step["update"] for step in steps)
     decode = (phases["generate"] - phases["prefill (generate 1 token)"]) / max(1, gen.max_new_tokens - 1)
 
-    peak = matmul_gflops(1024, 1024, 1024)
+    rates.append(matmul_gflops(1024, 1024, 1024))
+    peak = statistics.median(rates)
     hidden = model.config.hidden_size
     at_decode = matmul_gflops(args.batch, hidden, model.config.intermediate_size)
     bound = decode_flops_per_token(model, args.batch) / (peak * 1e9)
@@ -166,7 +174,7 @@ def main(argv=None) -> None:
         print(f"{name:48} {seconds:8.3f} {seconds / step:8.1%}")
     print(f"{'decode, per token (all rows)':48} {decode:8.4f}")
     print(f"{'  its FLOP bound at the peak matmul rate':48} {bound:8.4f}   ({decode / bound:.1f}x the bound)")
-    print(f"matmul GFLOP/s: 1024^3 {peak:.1f}; decode shape {args.batch}x{hidden}x{model.config.intermediate_size} "
+    print(f"matmul GFLOP/s: 1024^3 {peak:.1f} (median of {', '.join(f'{r:.1f}' for r in rates)}); decode shape {args.batch}x{hidden}x{model.config.intermediate_size} "
           f"{at_decode:.1f}")  # fmt: skip
     floors = flop_floors(layout, args, sum(len(row) for row in responses.response_ids))
     measured = {"prefill": phases["prefill (generate 1 token)"], "decode, per token (all rows)": decode,

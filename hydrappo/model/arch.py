@@ -147,10 +147,16 @@ def heads_are_tied(model: nn.Module) -> bool:
     return head.weight.device.type != "meta" and head.weight.data_ptr() == inputs.weight.data_ptr()
 
 
+def raw_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The logits of a model that does nothing to `lm_head(hidden)` (logits_transform returns
+    this very function then, so that model/logprobs.py can skip differentiating through it)."""
+    return logits
+
+
 def logits_transform(model: nn.Module):
     """What the model's own forward does to `lm_head(hidden)` before returning logits.
 
-    Returns a function of the raw logits. The table covers the post-processing found
+    Returns an elementwise function of the raw logits (`raw_logits` when there is none). The table covers the post-processing found
     in transformers' causal LMs; `HydraModel` checks the result against the model's own
     logits at construction, so a model that does something else fails loudly.
     """
@@ -166,6 +172,8 @@ def logits_transform(model: nn.Module):
         steps.append(lambda x: x / divide)
     if softcap:
         steps.append(lambda x: torch.tanh(x / softcap) * softcap)
+    if not steps:
+        return raw_logits
 
     def transform(logits: torch.Tensor) -> torch.Tensor:
         for step in steps:

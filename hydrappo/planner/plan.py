@@ -238,7 +238,7 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
         Component("gradients", grads, "update", "trainable parameters"),
         Component("activations", layers_act + trace.tail, "update",
                   f"top {n} layers, micro-batch {micro} x {T}" + (", checkpointed" if s.gradient_checkpointing else "")),
-        Component("log-prob chunks", logits_update, "update", "chunked lm_head, recomputed in backward"),
+        Component("log-prob chunks", logits_update, "update", "chunked lm_head, fused with its gradient"),
         Component("backward workspace", trace.layer // 2, "update", "gradients of one layer's activations"),
     ]
     hydra_plan = LayoutPlan("hydrappo", hydra, trainable_low + trainable_fp32)

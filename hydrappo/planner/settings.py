@@ -16,9 +16,12 @@ FRAGMENTATION = 1.10
 CUDA_CONTEXT_GIB = 0.75
 DTYPES = tuple(name for canonical, aliases in DTYPE_NAMES.items() for name in (canonical, *aliases))
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
-# Float32 copies of one logits chunk alive at the peak of a log-prob chunk: forward with
-# entropy (logits, exp for logsumexp, softmax, softmax*logits) and backward (recomputed
-# logits, their gradient, one temporary). See hydrappo/model/logprobs.py.
+# Float32 copies of one logits chunk alive at the peak of a log-prob chunk, as counted for the
+# chunked code before the fused pass over the vocabulary (commit 27cf8e9): forward with entropy
+# (logits, exp for logsumexp, softmax, softmax*logits) and backward (recomputed logits, their
+# gradient, one temporary). The fused pass (hydrappo/model/logprobs.py) holds at most the
+# block's logits, its exponentials and one product (on the GPU one block is the whole chunk),
+# so these bound it from above; they were not re-measured on a GPU since.
 CHUNK_COPIES_EVAL = 4
 CHUNK_COPIES_UPDATE = 3
 
