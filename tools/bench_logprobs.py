@@ -17,9 +17,9 @@ Measured in ONE process, candidates interleaved, medians of --repeats after a wa
      1024^3 matmul rate measured in the same run;
   2. the update phase at the main job's shape (tools/bench_ppo.py's HydraLayout: 32 responses x
      (40 + 24) tokens, N = 4, 4 epochs of mini-batch 8, log-probs at --temperature), with the
-     hydra's token_logprobs swapped (the trainer's AdamW), and the fused log-probs with torch's
-     fused AdamW kernel (an option measured, not the default: it is not bit-identical to the
-     loop); against its FLOP floor (tools/profile_step.py's table). --profile adds
+     hydra's token_logprobs swapped, with torch's AdamW loop of elementwise operations (the
+     optimizer before) and with its fused kernel (the trainer's optimizer now); against its
+     FLOP floor (tools/profile_step.py's table). --profile adds
      torch.profiler's top operators of one update of each.
 
     python tools/bench_logprobs.py --threads 1
@@ -192,15 +192,15 @@ def update_phase(model, args) -> None:
     trainer, responses = layout.trainer, layout.rollout()
     plan = trainer.step_plan()
     experience, _, _ = trainer.make_experience(plan)  # the trainer's own step, as bench_ppo times it
-    # The trainer's optimizer (torch's AdamW: on the CPU a loop of elementwise operations per
-    # tensor), and torch's fused AdamW kernel, measured but not the default (docs/benchmarks.md).
+    # The trainer's optimizer (torch's fused AdamW kernel where it runs), and torch's AdamW as a
+    # loop of elementwise operations per tensor, the optimizer before (docs/benchmarks.md).
     hyper = layout.optimizer.defaults
-    fused_adamw = torch.optim.AdamW(layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
-                                    weight_decay=hyper["weight_decay"], fused=True)  # fmt: skip
+    adamw_loop = torch.optim.AdamW(layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
+                                   weight_decay=hyper["weight_decay"])  # torch's default  # fmt: skip
     candidates = {  # name: (token_logprobs, optimizer)
-        "before": (previous_token_logprobs, layout.optimizer),
-        "after": (token_logprobs, layout.optimizer),
-        "after + fused AdamW": (token_logprobs, fused_adamw),
+        "before": (previous_token_logprobs, adamw_loop),
+        "fused log-probs": (token_logprobs, adamw_loop),
+        "fused log-probs + fused AdamW (the trainer's)": (token_logprobs, layout.optimizer),
     }
 
     def update(function, optimizer):
