@@ -21,6 +21,7 @@ DEFAULTS = {"config": TINY / "config.yaml", "eval_prompts": TINY / "prompts.json
             "knob": "init_kl_coef", "values": [0.3], "output_dir": "unused"}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_frontier_and_study_run_measure_and_plot(tmp_path):
     args = ["--steps", "2", "--limit", "8", "--output_dir", str(tmp_path / "frontier")]
     assert rl_study.frontier_main(DEFAULTS, "frontier", args) == 0

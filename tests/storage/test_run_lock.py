@@ -50,6 +50,7 @@ def test_a_folder_locked_by_another_process_is_refused_naming_the_holder(tmp_pat
     release_output_dir(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_into_one_folder_one_trains_and_the_other_is_refused(tmp_path):
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST]
@@ -64,6 +65,7 @@ def test_two_runs_started_together_into_one_folder_one_trains_and_the_other_is_r
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_step_leaves_a_lock_that_does_not_block_resume(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST, "--total_steps", "2", "--save_every", "1"]

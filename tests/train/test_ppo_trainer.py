@@ -112,6 +112,7 @@ def test_stop_strings_end_responses():
             assert "w50" not in text and len(tokens) == 8
 
 
+@pytest.mark.slow
 def test_nonfinite_losses_are_skipped_then_stop_with_the_checkpoint_intact(tmp_path, monkeypatch):
     trainer = tiny_trainer(tmp_path, "--total_steps", "3", "--save_every", "1", "--batch_size", "8",
                            "--mini_batch_size", "4", "--ppo_epochs", "1", "--max_nonfinite_steps", "3")
@@ -155,6 +156,7 @@ def test_config_errors_list_the_valid_choices(tmp_path):
     assert cli_main(["train", str(bad)]) == 2
 
 
+@pytest.mark.slow
 def test_cli_train_runs_the_tiny_example(tmp_path, capsys):
     code = cli_main(["train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path), "--total_steps", "2",
                      "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"])
@@ -175,6 +177,7 @@ def test_gradient_checkpointing_gives_the_same_training(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_bf16_model_trains_float32_master_weights_under_autocast(tmp_path):
     trainer = tiny_trainer(tmp_path, "--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4",
                            "--dtype", "bfloat16", "--mixed_precision", "bf16", "--save_every", "100")

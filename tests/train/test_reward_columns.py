@@ -75,6 +75,7 @@ def check_run(out: Path, log: Path, processes: int) -> None:
         assert line["env/reward_mean"] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_columns_reach_both_signatures_weighted_and_logged(tmp_path):
     prompts, checker, log = write_inputs(tmp_path)
     out = tmp_path / "out"
@@ -83,6 +84,7 @@ def test_columns_reach_both_signatures_weighted_and_logged(tmp_path):
     check_run(out, log, 1)
 
 
+@pytest.mark.slow
 def test_columns_under_two_processes_each_scoring_its_own_rows(tmp_path):
     prompts, checker, log = write_inputs(tmp_path)
     out = tmp_path / "out"

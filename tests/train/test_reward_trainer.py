@@ -62,6 +62,7 @@ def test_eval_split_holds_out_whole_prompts():
     assert split_by_prompt(prompts, 0.0, seed=0) == (list(range(40)), [])
 
 
+@pytest.mark.slow
 def test_reward_branch_learns_the_preference_rule_and_logs(trained):
     tmp, trainer, history = trained
     evals = [row for row in history if "eval/accuracy" in row]
@@ -89,6 +90,7 @@ def test_reward_branch_learns_the_preference_rule_and_logs(trained):
     assert info["eval"]["eval/accuracy"] == evals[-1]["eval/accuracy"]
 
 
+@pytest.mark.slow
 def test_saved_branch_scores_like_the_trainer_in_a_fresh_hydra(trained):
     tmp, trainer, _ = trained
     pairs = trainer.eval_pairs
@@ -212,6 +214,7 @@ def test_whole_text_pairs_with_margins(tmp_path):
     assert stats["eval/loss"] != pytest.approx(preference_loss(chosen, rejected)[0].item(), rel=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling", ["last", "mean"])
 def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_path, pooling):
     """The branch's pooling is recorded in its checkpoint and forward_hydra (PPO's scoring,
@@ -264,6 +267,7 @@ def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_
         assert (last - expected).abs().max() > 1e-3
 
 
+@pytest.mark.slow
 def test_checkpoints_without_pooling_mean_last(trained, tmp_path):
     import shutil
 
@@ -307,6 +311,7 @@ def test_value_head_from_the_reward_head_is_its_linear_map():
         ValueHead(3, expansion=1).init_from_reward_head(head)
 
 
+@pytest.mark.slow
 def test_ppo_value_head_starts_from_the_reward_head(trained, tmp_path):
     tmp, trainer, _ = trained
     from hydrappo.config import ConfigError

@@ -66,6 +66,7 @@ def test_non_daemon_threads_user_code_leaves_running_are_noted():
         usercode.LEFT_BEHIND.clear()
 
 
+@pytest.mark.slow
 def test_a_thread_left_running_by_the_reward_function_does_not_keep_the_process_alive(tmp_path):
     argv = train(tmp_path, "import threading, time\n\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n"
                            "    threading.Thread(target=time.sleep, args=(3600,), name='poller').start()\n"

@@ -120,6 +120,7 @@ def test_trainer_records_only_where_a_frozen_split_exists(tmp_path):
     assert not trainer("--num_layers_unfrozen", "-1").records_split
 
 
+@pytest.mark.slow
 def test_one_ppo_step_is_the_same_with_and_without_reuse(tmp_path):
     """A whole step in float64 with AdamW's eps 1e-6: rollouts identical, every logged scalar and
     the updated weights equal within float64 noise. The two passes differ only in the order of
@@ -162,6 +163,7 @@ def test_lora_on_the_top_layers_records_the_untouched_bottom():
     assert not HydraModel(tiny64("llama"), 2, lora=lora, lora_layers="all").has_frozen_split
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_groups_share_one_prefill(family):
     """G = 3 samples per prompt, chunks of 4 rows (a group split over two chunks): the shared

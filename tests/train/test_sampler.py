@@ -108,6 +108,7 @@ def test_build_sampler_follows_the_option_and_auto_is_generate_on_cpu():
     assert built["generate"].records_split and not built["continuous_batching"].records_split
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["generate", "continuous_batching"])
 def test_the_trainer_runs_a_step_with_each_sampler(tmp_path, sampler):
     trainer = tiny_trainer(tmp_path, "--total_steps", "1", "--save_every", "0", "--sampler", sampler)
