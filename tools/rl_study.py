@@ -32,7 +32,7 @@ import torch
 from hydrappo.algo.degeneration import degeneration_flags
 from hydrappo.algo.masked import masked_sum
 from hydrappo.config import RewardArgs
-from hydrappo.data import load_prompt_texts, tokenize_prompts
+from hydrappo.data import load_prompt_table, tokenize_prompts
 from hydrappo.rewards import build_reward_source
 from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences
 from hydrappo.storage.checkpoint import find_checkpoint, load_checkpoint_config, load_trainable_weights, seed_everything
@@ -133,8 +133,8 @@ def heldout(run_dir: Path | None, prompts: Path, reward_fn: str, *, base_config:
         load_trainable_weights(hydra, checkpoint)
     hydra.eval()
     data, generation = config.data, config.generation
-    texts = load_prompt_texts(str(prompts), data.prompt_column)
-    texts = texts[:limit] if limit else texts
+    texts, columns = load_prompt_table(str(prompts), data.prompt_column)  # the other columns go to the reward
+    texts, columns = texts[:limit], {name: values[:limit] for name, values in columns.items()}
     prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
     torch.manual_seed(seed)
     responses = generate_responses(hydra, tokenizer, prompt_set.input_ids, generation)
@@ -146,7 +146,9 @@ def heldout(run_dir: Path | None, prompts: Path, reward_fn: str, *, base_config:
     kl = masked_sum(out.logprobs.float() - out.ref_logprobs.float(), action_mask.to(out.logprobs.device), dim=-1).cpu()
     response_texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
     source = build_reward_source(RewardArgs(reward_fn=reward_fn))
-    scores = [float(s) for s in source([p + r for p, r in zip(texts, response_texts)], texts, response_texts)]
+    samples_text = [p + r for p, r in zip(texts, response_texts)]
+    scores = [float(s) for s in source(samples_text, texts, response_texts, columns=columns,
+                                       completion_ids=responses.response_ids)]  # fmt: skip
     flags = degeneration_flags(responses.response_ids, responses.ended)
     eos = [s for s, ended in zip(responses.response_ids, responses.ended) if ended]
     return {
