@@ -41,7 +41,7 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_ppo import HydraLayout, build_base_model, configure  # noqa: E402
-from profile_step import MATMUL_OPS, flop_floors  # noqa: E402
+from profile_step import MATMUL_OPS, flop_floors, step_shape_arguments  # noqa: E402
 
 import hydrappo.model.hydra as hydra_module  # noqa: E402
 from hydrappo.model.heads import widened  # noqa: E402
@@ -118,16 +118,7 @@ CANDIDATES = {"before": previous_token_logprobs, "after": token_logprobs}
 # ---------------------------------------------------------------------------- measuring
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--num-layers", type=int, default=None)
-    parser.add_argument("-N", "--num-layers-unfrozen", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=32, help="responses per step")
-    parser.add_argument("--prompt-len", type=int, default=40)
-    parser.add_argument("--new-tokens", type=int, default=24)
-    parser.add_argument("--ppo-epochs", type=int, default=4)
-    parser.add_argument("--mini-batch", type=int, default=8)
-    parser.add_argument("--samples-per-prompt", type=int, default=1)
-    parser.add_argument("--temperature", type=float, default=0.7, help="as examples/sentiment/config.yaml")
+    step_shape_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument("--skip-update", action="store_true", help="only the lm_head alone")

@@ -39,8 +39,8 @@ SAMPLING_OPS = ("aten::softmax", "aten::_softmax", "aten::multinomial", "aten::t
                 "aten::cumsum", "aten::div", "aten::argmax", "aten::log_softmax")  # fmt: skip
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def step_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and the PPO step's shape (the main job's by default); bench_logprobs.py takes them too."""
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--num-layers", type=int, default=None)
     parser.add_argument("-N", "--num-layers-unfrozen", type=int, default=4)
@@ -51,6 +51,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--mini-batch", type=int, default=8)
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="G: each prompt in G consecutive rows")
     parser.add_argument("--temperature", type=float, default=0.7, help="of the log-probs, as the example samples")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    step_shape_arguments(parser)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     return parser.parse_args(argv)
