@@ -178,8 +178,9 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str
 
 
 def plot(points: list[dict], x: str, y: str, path: Path, title: str, xlabel: str, ylabel: str, label: str = "name",
-         base: dict | None = None) -> None:  # fmt: skip
-    """A scatter of `points` (dicts) with their labels, optionally the base model as a star, to a PNG."""
+         base: dict | None = None, joined: bool = True) -> None:  # fmt: skip
+    """A scatter of `points` (dicts) with their labels, joined in order (a frontier) or not (settings
+    that form no curve), optionally the base model as a star, to a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,7 +188,7 @@ def plot(points: list[dict], x: str, y: str, path: Path, title: str, xlabel: str
 
     fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
     xs, ys = [p[x] for p in points], [p[y] for p in points]
-    ax.plot(xs, ys, "o-" if len(points) > 1 else "o", color="tab:blue")
+    ax.plot(xs, ys, "o-" if joined and len(points) > 1 else "o", color="tab:blue")
     for p in points:
         ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     if base is not None:
@@ -269,6 +270,8 @@ STUDY_VARIANTS = {
     "N=8": ["--num_layers_unfrozen", "8"],
     "LoRA r=16, all layers": ["--lora_r", "16", "--lora_layers", "all"],
     "full (N=-1)": ["--num_layers_unfrozen", "-1"],
+    # Every layer trains at the example's learning rate above; full fine-tuning usually wants a smaller one.
+    "full lr=1e-5 (N=-1)": ["--num_layers_unfrozen", "-1", "--learning_rate", "1e-5"],
 }
 
 
@@ -324,6 +327,6 @@ def study_main(defaults: dict, doc: str, argv=None) -> int:
     table = markdown_table(rows, columns)
     (out / "study.md").write_text(table + "\n")
     plot(rows, "median_step_s", "reward", out / "study.png", f"{Path(args.config).parent.name}: top-N vs LoRA vs full",
-         "median step time (s, this machine)", "held-out reward")  # fmt: skip
+         "median step time (s, this machine)", "held-out reward", joined=False)  # fmt: skip
     print(table)
     return 0
