@@ -78,7 +78,7 @@ TRL_VERSION = "1.12.0"
 TRL_MISSING = (
     "--sides includes trl, but TRL is not installed in this Python ({python}). TRL is not a hydrappo "
     "dependency: install it in a venv of its own (`pip install trl==1.12.0` there, beside "
-    "`pip install -e \".[examples]\"`; the module docstring has the commands) and run this tool with that "
+    '`pip install -e ".[examples]"`; the module docstring has the commands) and run this tool with that '
     "venv's python, or leave TRL out: --sides hydrappo hydrappo-full."
 )
 MIB = 2**20
@@ -98,7 +98,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=1e-5, help="the same on both sides (hydrappo's default)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps of each side, after one warm-up step")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in each child (0: leave as is)")
-    parser.add_argument("--prompts", default=str(SENTIMENT / "prompts.jsonl"), help="a jsonl file with a 'prompt' column")
+    parser.add_argument(
+        "--prompts", default=str(SENTIMENT / "prompts.jsonl"), help="a jsonl file with a 'prompt' column"
+    )
     args = parser.parse_args(argv)
     problem = option_problem(args)
     if problem:
@@ -128,8 +130,10 @@ def option_problem(args) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"--prompts={args.prompts} cannot be read as jsonl rows with a 'prompt' ({error}); give such a file."
     if len(args.prompt_texts) < args.batch:
-        return (f"--prompts={args.prompts} holds {len(args.prompt_texts)} prompts, fewer than --batch={args.batch}; "
-                "give more prompts or a smaller batch.")
+        return (
+            f"--prompts={args.prompts} holds {len(args.prompt_texts)} prompts, fewer than --batch={args.batch}; "
+            "give more prompts or a smaller batch."
+        )
     if "trl" in args.sides and importlib.util.find_spec("trl") is None:
         return TRL_MISSING.format(python=sys.executable)
     return None
@@ -300,12 +304,16 @@ def vader_reward_model(tokenizer, reward_fn, response_length: int):
             start = time.perf_counter()
             prompt_width = input_ids.shape[1] - response_length
             if prompt_width < 1:
-                raise ValueError(f"{input_ids.shape[1]} tokens a row cannot hold a prompt and {response_length} response tokens")
+                raise ValueError(
+                    f"{input_ids.shape[1]} tokens a row cannot hold a prompt and {response_length} response tokens"
+                )
             prompts, responses = [], []
             for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
                 # TRL's truncation: a response ends before its first pad (attention_mask is ids != pad)
                 end = prompt_width + (mask[prompt_width:] + [False]).index(False)
-                prompts.append(tokenizer.decode([t for t, m in zip(ids[:prompt_width], mask) if m], skip_special_tokens=True))
+                prompts.append(
+                    tokenizer.decode([t for t, m in zip(ids[:prompt_width], mask) if m], skip_special_tokens=True)
+                )
                 responses.append(tokenizer.decode(ids[prompt_width:end], skip_special_tokens=True))
             scores = reward_fn(samples=[p + r for p, r in zip(prompts, responses)], prompts=prompts, outputs=responses)
             hidden = torch.tensor(scores, dtype=torch.float32).view(-1, 1, 1).expand(-1, input_ids.shape[1], 1)
@@ -335,10 +343,9 @@ def run_trl(args, lockstep: Lockstep) -> None:
     import warnings
 
     import torch
+    from datasets import Dataset
     from transformers import AutoModelForSequenceClassification, PrinterCallback, TrainerCallback
     from transformers.trainer_callback import ProgressCallback
-
-    from datasets import Dataset
 
     from hydrappo.config import ModelConfig
     from hydrappo.data import tokenize_prompts
@@ -443,7 +450,9 @@ def race(args) -> dict:
             raise RaceError("the sides tokenized the prompts differently: " + "; ".join(
                 f"{side}: {[len(ids) for ids in rows]} tokens" for side, rows in prompts.items()))  # fmt: skip
         widths = [len(ids) for ids in next(iter(prompts.values()))]
-        print(f"prompts: {len(widths)} a step, {min(widths)}-{max(widths)} tokens (padded to {max(widths)})", flush=True)
+        print(
+            f"prompts: {len(widths)} a step, {min(widths)}-{max(widths)} tokens (padded to {max(widths)})", flush=True
+        )
         for round_index in range(args.steps + 1):
             order = args.sides if round_index % 2 == 0 else list(reversed(args.sides))
             for side in order:
@@ -491,14 +500,20 @@ def report(args, results: dict) -> None:
     """The table: a column per side, then TRL / each hydrappo side (how many times TRL's seconds or bytes)."""
     numbers = {side: side_numbers(result) for side, result in results.items()}
     hydras = [side for side in results if side != "trl"] if "trl" in results else []
-    header = ["", *(label(side, args) for side in results), *(f"TRL / {label(s, args).removeprefix('hydrappo ')}" for s in hydras)]
+    header = [
+        "",
+        *(label(side, args) for side in results),
+        *(f"TRL / {label(s, args).removeprefix('hydrappo ')}" for s in hydras),
+    ]
     rows = []
     for key in next(iter(numbers.values())):
         digits = 0 if "MiB" in key else 2
         ratios = ["" if "after imports" in key else f"{numbers['trl'][key] / numbers[s][key]:.2f}x" for s in hydras]
         rows.append([key, *(f"{numbers[side][key]:.{digits}f}" for side in results), *ratios])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    print(f"\nmedian of {args.steps} step(s) after one warm-up, interleaved; peak memory of each side in its own process")
+    print(
+        f"\nmedian of {args.steps} step(s) after one warm-up, interleaved; peak memory of each side in its own process"
+    )
     for cells in [header, ["-" * w for w in widths], *rows]:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
     if "trl" in results:
