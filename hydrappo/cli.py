@@ -286,8 +286,13 @@ def export_command(argv: list[str]) -> int:
     prog = "hydrappo export" if command == "checkpoint" else f"hydrappo export {command}"
     args = _export_parser(command, prog).parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from .storage.hub import hub_snapshot
+    from .storage.models import is_hub_id
     from .storage.rundir import claim_output_path
 
+    for option in ("base_model", "tokenizer"):  # a Hub id: cached or downloaded before anything is written
+        if getattr(args, option, None) and is_hub_id(getattr(args, option)):
+            hub_snapshot(getattr(args, option), option="--" + option.replace("_", "-"))
     if command == "checkpoint":
         from .storage.checkpoint import find_checkpoint
         from .storage.export import export_checkpoint, parse_shard_size

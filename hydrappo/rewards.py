@@ -329,7 +329,7 @@ class ClassifierReward:
 
         from .storage.models import local_source
 
-        path = local_source(path)  # a Hub id: its snapshot in the Hugging Face cache
+        path = local_source(path, option="reward.reward_model")  # a Hub id: its snapshot in the Hugging Face cache
         if not path.is_dir():
             raise RewardError(f"reward model directory {str(path)!r} does not exist.")
         try:
