@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import random
+from pathlib import Path
 
 import torch
+import yaml
 
 from ..algo.losses import preference_loss
 from ..algo.scores import score_statistics
@@ -30,7 +32,13 @@ from ..errors import UsageError
 from ..model import HydraModel
 from ..rollout import generate_responses, pack_sequences
 from ..storage.checkpoint import latest_checkpoint
-from ..storage.reward_branch import REWARD_FORMAT_VERSION, REWARD_KIND, base_model_identity, load_reward_branch
+from ..storage.reward_branch import (
+    REWARD_FORMAT_VERSION,
+    REWARD_KIND,
+    base_model_identity,
+    load_reward_branch,
+    save_reward_folder,
+)
 from .api import trainer_inputs
 from .harness import TrainingError, as_float, prepare
 from .inputs import StageInputs
@@ -42,8 +50,10 @@ logger = logging.getLogger("hydrappo")
 class RewardTrainer(SupervisedStage):
     """Trains a reward branch on a frozen hydra trunk from preference pairs.
 
-    Build it from a `RewardConfig` (`hydrappo reward` does); pass `hydra`/`tokenizer` to
-    use a model you built yourself. `config_dir` anchors relative paths of the config."""
+    Build it from a `RewardConfig` (`hydrappo reward` does), or from objects as PPOTrainer is
+    (train/api.py: `model`, `train_dataset` / `eval_dataset` of pairs, `args`,
+    `processing_class`); pass `hydra`/`tokenizer` to use a model you built yourself.
+    `config_dir` anchors relative paths of the config."""
 
     name = "reward"
     progress = {"loss": "train/loss", "acc": "train/accuracy"}
@@ -104,6 +114,14 @@ class RewardTrainer(SupervisedStage):
         history = super().train(resume)
         self.checkpoint_path = latest_checkpoint(self.harness.output_dir)
         return history
+
+    def save_model(self, output_dir) -> Path:
+        """The reward branch as a reward checkpoint folder (storage/reward_branch.py), with the
+        reference score statistics once training ended: `model.reward_branch_path: output_dir`
+        in a PPO config loads it, as it loads the run's own checkpoints."""
+        info = {key: value for key, value in self.state_dict().items() if key != "batches"}
+        config_yaml = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
+        return save_reward_folder(output_dir, self.branch, {**info, "step": self.step}, config_yaml)
 
     def summary(self, history: list[dict]) -> str:
         evaluation = ", ".join(f"{k} {v:.3f}" for k, v in self.final_eval.items() if k in ("eval/accuracy", "eval/loss"))

@@ -46,7 +46,9 @@ CONFIG_NAME = "sft_config.yaml"
 
 class SFTTrainer(SupervisedStage):
     """Supervised fine-tuning of a hydra's policy (its top N layers, optionally the lm_head
-    and final norm, or LoRA adapters) on prompt/response pairs."""
+    and final norm, or LoRA adapters) on prompt/response pairs. Build it from an `SFTConfig`
+    (`hydrappo sft` does) or from objects as PPOTrainer is (train/api.py: `model`,
+    `train_dataset` / `eval_dataset` of prompt/response rows, `args`, `processing_class`)."""
 
     name = "sft"
     progress = {"loss": "train/loss"}
@@ -187,9 +189,10 @@ class SFTTrainer(SupervisedStage):
                 logger.info("sft model saved to %s", self.output_dir)
         return {}
 
-    def save_model(self) -> Path:
-        """The fine-tuned model (or LoRA adapter) into output_dir; trained on a quantized trunk, the
-        model is written in full precision (its frozen bottom re-read from the original weights)."""
+    def save_model(self, output_dir=None) -> Path:
+        """The fine-tuned model (or LoRA adapter) into `output_dir` (default train.output_dir, where
+        a finished run writes it); trained on a quantized trunk, the model is written in full
+        precision (its frozen bottom re-read from the original weights)."""
         if self.hydra.uses_lora:
             model = self.hydra.peft_model
         elif self.hydra.trunk_quantization != "none":
@@ -197,7 +200,7 @@ class SFTTrainer(SupervisedStage):
         else:
             model = self.hydra.model
         config_yaml = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
-        return save_model_dir(model, self.tokenizer, self.output_dir, {CONFIG_NAME: config_yaml})
+        return save_model_dir(model, self.tokenizer, output_dir or self.output_dir, {CONFIG_NAME: config_yaml})
 
     def state_dict(self) -> dict:
         return {"batches": self.batches.state_dict()}
