@@ -55,7 +55,8 @@ def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: Generat
     if reward_source is not None:
         samples = [p + r for p, r in zip(prompts.texts, texts)]
         scores = [float(s) for s in reward_source(samples, prompts.texts, texts, columns=columns,
-                                                  completion_ids=responses.response_ids)]  # fmt: skip
+                                                  completion_ids=responses.response_ids,
+                                                  prompt_messages=prompts.messages)]  # fmt: skip
     return [
         {"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
         for p, r, s, e, d in zip(prompts.texts, texts, scores, responses.ended,

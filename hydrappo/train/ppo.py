@@ -214,7 +214,9 @@ class PPOTrainer(TrainingLoop):
             branch_scores = self.evaluate(ids.to(self.device), mask.to(self.device), width, with_reference=False).scores
         texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
         columns = {name: [values[i] for i in rows] for name, values in self.eval_columns.items()}
-        scores = self.score(prompt_texts, texts, branch_scores, columns, responses.response_ids)
+        messages = self.held_out.prompts.messages
+        scores = self.score(prompt_texts, texts, branch_scores, columns, responses.response_ids,
+                            [messages[i] for i in rows] if messages else None)  # fmt: skip
         return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 
     @torch.no_grad()
@@ -259,8 +261,9 @@ class PPOTrainer(TrainingLoop):
     def score_rollout(self, rollout: Rollout) -> torch.Tensor:
         """The reward sources' weighted sum for this process's rows, with their dataset columns."""
         columns = {name: [values[i] for i in rollout.indices] for name, values in self.columns.items()}
+        messages = [self.prompts.messages[i] for i in rollout.indices] if self.prompts.messages else None
         return self.score(rollout.prompt_texts, rollout.response_texts, rollout.evaluation.scores, columns,
-                          rollout.responses.response_ids)  # fmt: skip
+                          rollout.responses.response_ids, messages)  # fmt: skip
 
     def gather_batch(self, rollout: Rollout, raw_scores: torch.Tensor) -> dict:
         """The WHOLE batch (every process's rows, gathered, the same on every process): what
@@ -367,13 +370,14 @@ class PPOTrainer(TrainingLoop):
         )
 
     def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores, columns=None,
-              completion_ids=None) -> torch.Tensor:  # fmt: skip
-        """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources)."""
+              completion_ids=None, messages=None) -> torch.Tensor:  # fmt: skip
+        """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources);
+        `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py)."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
         step = self.harness.step + 1  # named in the error of a reward source that fails
         scores = self.reward_source(
             samples, prompt_texts, response_texts, step=step, columns=columns, completion_ids=completion_ids,
-            branch_scores=branch_scores,
+            branch_scores=branch_scores, prompt_messages=messages,
         )
         if not torch.isfinite(scores).all():
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
