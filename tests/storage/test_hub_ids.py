@@ -3,6 +3,7 @@ in huggingface_hub's own layout: models--ORG--NAME/{blobs, refs/<branch>, snapsh
 No test reaches the network: socket connections and name look-ups raise and are recorded."""
 
 import hashlib
+import json
 import os
 import socket
 from pathlib import Path
@@ -263,4 +264,36 @@ def test_train_export_generate_and_compare_from_a_hub_id(hub_cache, no_network, 
     assert main(["compare", f"base={HUB_ID}", f"trained={checkpoint}", "--prompts", str(TINY / "prompts.jsonl"),
                  "--limit", "2", "--max_new_tokens", "4", "--reward_fn", f"{TINY / 'reward.py'}:reward_fn"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+    assert no_network == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["sft", "reward"])
+def test_the_sft_and_reward_stages_from_a_hub_id(hub_cache, no_network, tmp_path, stage):
+    from runs import reward_config, write_sft_config
+
+    cache, snapshots = hub_cache
+    if stage == "sft":
+        config = write_sft_config(tmp_path)
+    else:
+        reward_config(tmp_path)
+        config = tmp_path / "reward.yaml"
+    out = tmp_path / "out"
+    assert main([stage, str(config), "--name_or_path", HUB_ID, "--random_init", "false", "--revision", "v2",
+                 "--output_dir", str(out), "--max_steps", "1", "--save_every", "1"]) == 0  # fmt: skip
+    checkpoint = out / "checkpoint-1"
+    recorded = yaml.safe_load((checkpoint / "config.yaml").read_text())["model"]
+    assert (recorded["name_or_path"], recorded["revision"]) == (HUB_ID, "v2")
+    base = AutoModelForCausalLM.from_pretrained(snapshots["v2"])
+    if stage == "sft":  # the model it writes: v2's frozen bottom, untouched
+        written = AutoModelForCausalLM.from_pretrained(out)
+        assert torch.equal(written.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight)
+    else:  # the branch starts from v2's top layers and records the trunk it sits on
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        assert state["base_model"]["name_or_path"] == HUB_ID
+        from hydrappo.storage.reward_branch import trunk_fingerprint
+        from hydrappo.model import HydraModel
+
+        hydra = HydraModel(base, num_layers_unfrozen=2)
+        assert state["base_model"]["trunk_fingerprint"] == trunk_fingerprint(hydra)  # the same weights, summed alike
     assert no_network == []
