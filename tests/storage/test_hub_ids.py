@@ -267,7 +267,6 @@ def test_train_export_generate_and_compare_from_a_hub_id(hub_cache, no_network, 
     assert no_network == []
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["sft", "reward"])
 def test_the_sft_and_reward_stages_from_a_hub_id(hub_cache, no_network, tmp_path, stage):
     from runs import reward_config, write_sft_config

@@ -100,7 +100,6 @@ def test_a_prompt_column_holds_text_or_message_lists(tmp_path):
         load_prompt_table(str(path))
 
 
-@pytest.mark.slow
 def test_a_run_on_message_lists_passes_trls_shapes_and_trlxs_text(tmp_path):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY / "model"))

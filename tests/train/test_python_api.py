@@ -116,7 +116,6 @@ def stage_args(tmp_path: Path, **train) -> dict:
     }  # fmt: skip
 
 
-@pytest.mark.slow
 def test_sft_from_objects_trains_saves_and_reloads_with_transformers(tmp_path):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY / "model"))

@@ -177,7 +177,6 @@ def tiny_classifier(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.slow  # building the classifier takes seconds (transformers' first model of the kind)
 def test_a_classifier_and_a_function_combine(tmp_path):
     path = write(tmp_path, "def length(completions, **kw):\n    return [float(len(c)) for c in completions]\n")
     source = build_reward_source(RewardArgs(reward_fn=f"{path}:length", reward_model=str(tiny_classifier(tmp_path / "rm")),
@@ -190,7 +189,6 @@ def test_a_classifier_and_a_function_combine(tmp_path):
     assert torch.equal(total, parts["length"] + 0.5 * parts["reward_model"])  # the same float32 operations, in order
 
 
-@pytest.mark.slow
 def test_a_classifier_and_a_function_in_training_log_each_part(tmp_path):
     """The per-source means reach metrics.jsonl and TensorBoard's scalars, and the logged reward is
     their weighted sum."""
