@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .prompts import PromptSet, conversation_column, format_prompt, tokenize_prompts  # noqa: F401 (also this module's API)
 from .config import looks_like_a_path
 from .errors import DataError
+from .prompts import PromptSet, conversation_column, format_prompt, tokenize_prompts  # noqa: F401 (also this module's API)
 
 logger = logging.getLogger("hydrappo")
 
