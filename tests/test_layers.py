@@ -21,6 +21,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.algo": 1,
     "hydrappo.config": 2,
     "hydrappo.data": 3,
+    "hydrappo.prompts": 3,
     "hydrappo.rollout": 3,
     "hydrappo.decode": 3,
     "hydrappo.sampling": 3,
