@@ -10,6 +10,9 @@ the same distribution with less work per token, which is what the CPU profile bl
 - Rows that ended leave the batch: their rows of the KV cache are dropped once a quarter of the
   batch is done (dropping copies the cache, so not after every row), instead of decoding
   padding to the longest row as `generate` does.
+- The KV cache grows in place (`PreallocatedLayer`): a step writes its position into buffers
+  sized for the whole response, where transformers' DynamicLayer concatenates, copying the
+  whole cache of every layer at every step (quadratic in the length).
 - No per-step logits-processor and stopping-criteria objects: the few rules of
   `rollout.generation_config` (temperature, top-k, top-p, EOS and stop ids, min_new_tokens) are
   applied here directly, in `generate`'s order and with its formulas.
@@ -26,6 +29,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from .model import HydraModel
 from .model.arch import cache_argument, output_cache
@@ -84,6 +89,69 @@ def next_tokens(logits: torch.Tensor, rule: SamplingRule) -> torch.Tensor:
     return sample_from_probs(probs, torch.rand(probs.shape[0], device=probs.device, dtype=probs.dtype))
 
 
+class PreallocatedLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values live in buffers with room for `capacity` positions:
+    `update` writes the new positions in place and returns views of the filled part (attention
+    reads strided views as they are), instead of concatenating a new tensor every step. It
+    grows (doubling) if asked for more. Everything else of DynamicLayer reads `keys`/`values`,
+    which stay views of the buffers."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._buffers = [states.new_empty(*states.shape[:2], self.capacity, states.shape[-1])
+                         for states in (key_states, value_states)]  # fmt: skip
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self._buffers[0].shape[-2]:
+            grown = max(end, 2 * self._buffers[0].shape[-2])
+            self._buffers = [torch.cat([b, b.new_empty(*b.shape[:2], grown - b.shape[-2], b.shape[-1])], dim=-2)
+                             for b in self._buffers]  # fmt: skip
+        for buffer, states in zip(self._buffers, (key_states, value_states)):
+            buffer[:, :, self.length : end] = states
+        self.length = end
+        self._expose()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self._buffers = [buffer[indices] for buffer in self._buffers]
+            self._expose()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self._buffers = [buffer.repeat_interleave(repeats, dim=0) for buffer in self._buffers]
+            self._expose()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        if self.is_initialized:
+            self.length = self.keys.shape[-2]
+
+    def _expose(self) -> None:
+        self.keys, self.values = (buffer[:, :, : self.length] for buffer in self._buffers)
+
+
+def with_room(cache, model, capacity: int):
+    """A cache whose full-attention layers grow in place up to `capacity` positions: a new
+    DynamicCache for `model` (cache None), or `cache` with its filled DynamicLayers copied
+    into PreallocatedLayers. Sliding-window layers keep their own kind (they stay short)."""
+    cache = DynamicCache(config=model.config) if cache is None else cache
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer:
+            room = PreallocatedLayer(capacity)
+            if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                room.update(layer.keys, layer.values)
+            cache.layers[index] = room
+    return cache
+
+
 @dataclass
 class Decoded:
     tokens: list[list[int]]  # per row: the sampled tokens, up to and including its stop
@@ -120,6 +188,7 @@ def decode(
     batch = torch.arange(rows, device=device)  # the row of the prompt table at each row of the batch
     states = None  # (rows, width + max_new_tokens, H) when recording, made at the first pass
     start = 0 if cache is None else cache.get_seq_length()
+    cache = with_room(cache, model, width + max_new_tokens)
     step_ids, mask = input_ids[:, start:], attention_mask
     positions = position_ids_from_mask(attention_mask)[:, start:]
     column = start  # where the states of this step's tokens go

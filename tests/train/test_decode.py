@@ -25,7 +25,7 @@ from tiny import FAMILIES, VOCAB, first_family_quick, tiny_model, tiny_tokenizer
 
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
-from hydrappo.decode import SamplingRule, filtered_logits, sample_from_probs
+from hydrappo.decode import PreallocatedLayer, SamplingRule, filtered_logits, sample_from_probs, with_room
 from hydrappo.rollout import generate_responses
 
 # States of the two loops: the same float64 computation up to the order of a few sums (see
@@ -191,3 +191,27 @@ def test_seeded_sampling_is_reproducible(family):
     torch.manual_seed(3)
     again = generate_responses(hydra, tokenizer, prompts, args, loop="decode")
     assert (first.response_ids, first.ended) == (again.response_ids, again.ended)
+
+
+def test_the_preallocated_cache_layer_holds_what_a_dynamic_layer_holds():
+    from transformers.cache_utils import DynamicLayer
+
+    generator = torch.Generator().manual_seed(0)
+    room, plain = PreallocatedLayer(capacity=4), DynamicLayer()
+    for width in (3, 1, 1, 5, 1):  # past its capacity twice: it grows
+        keys, values = (torch.randn(4, 2, width, 8, generator=generator) for _ in range(2))
+        got, expected = room.update(keys, values), plain.update(keys, values)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert room.get_seq_length() == plain.get_seq_length() == 11
+    for layer in (room, plain):
+        layer.batch_select_indices(torch.tensor([3, 0]))
+    keys, values = (torch.randn(2, 2, 1, 8, generator=generator) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(room.update(keys, values), plain.update(keys, values)))
+
+
+def test_the_loop_runs_on_preallocated_layers():
+    """Full-attention layers become PreallocatedLayers; sliding-window ones keep their kind."""
+    for family, expected in (("llama", {"PreallocatedLayer"}), ("qwen2", {"PreallocatedLayer", "DynamicSlidingWindowLayer"})):
+        model = tiny_model(family)
+        cache = with_room(None, model, capacity=16)
+        assert {type(layer).__name__ for layer in cache.layers} == expected, family
