@@ -53,6 +53,7 @@ from ..storage.checkpoint import (
 from ..storage.models import build_hydra, fetch_hub_models
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
+from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, keep_float32_master_weights, pick_mixed_precision
@@ -368,17 +369,16 @@ class TrainingLoop:
 
 
 def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
-            value_head: bool = True, before_model=None, model=None):  # fmt: skip
+            value_head: bool = True, inputs=None, model=None):  # fmt: skip
     """What every trainer does first, in this order (a random-init model depends on the seed):
-    anchor the config's relative paths at `config_dir` and check it, run `before_model()` (the
-    loop's checks of its data and reward functions, which must fail before a model loads),
-    seed, pick the device and precision, and build the hydra the config names unless one is given
-    (`model`: a transformers model in memory to wrap instead of loading one). Returns
-    (harness, hydra, tokenizer)."""
+    anchor the config's relative paths at `config_dir` and check it, read the stage's inputs
+    (train/inputs.py: its data and reward functions, checked before a model loads) unless the
+    command line read them already (`inputs`), seed, pick the device and precision, and build the
+    hydra the config names unless one is given (`model`: a transformers model in memory to wrap
+    instead of loading one). Returns (harness, hydra, tokenizer, inputs)."""
     config.resolve_paths(config_dir)
     validate(config)
-    if before_model is not None:
-        before_model()
+    inputs = inputs if inputs is not None else read_inputs(config)
     if hydra is None and model is None:
         fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
@@ -397,7 +397,7 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
         hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head, loaded=loaded)
     if tokenizer is None:
         raise ConfigError("pass the tokenizer together with a hydra model.")
-    return harness, hydra, tokenizer
+    return harness, hydra, tokenizer, inputs
 
 
 class RunLog:
