@@ -15,7 +15,7 @@ The same work on every side:
   model       SmolLM2-135M-Instruct (the bundled `smollm2-135m-instruct`, or --model), loaded with
               hydrappo.storage.models.load_model_and_tokenizer, float32, on the CPU
   prompts     the first --batch prompts of examples/sentiment/prompts.jsonl through the chat template
-              (hydrappo.data.tokenize_prompts on both sides; the children check that the ids agree),
+              (hydrappo.prompts.tokenize_prompts on both sides; the children check that the ids agree),
               every step: each step holds the same prompts, so the padded shapes are the same
   generation  temperature 0.7, top_k 0, top_p 1.0 (TRL fixes the last two), exactly --new-tokens new
               tokens a row: TRL without a stop token samples on through an EOS (and keeps the row's
@@ -152,7 +152,7 @@ def configure(args) -> None:
 # Imported by every child before its memory baseline: what either side loads on its way (hydrappo's
 # trainer pulls datasets, pandas and peft in lazily, ~200 MiB), so that the growth is the run's, not code.
 COMMON_MODULES = ("torch", "transformers", "transformers.trainer", "datasets", "accelerate", "peft", "pandas",
-                  "hydrappo.train.ppo", "hydrappo.storage.models", "hydrappo.data")  # fmt: skip
+                  "hydrappo.train.ppo", "hydrappo.storage.models", "hydrappo.prompts")  # fmt: skip
 
 
 def import_common_modules() -> None:
@@ -348,7 +348,7 @@ def run_trl(args, lockstep: Lockstep) -> None:
     from transformers.trainer_callback import ProgressCallback
 
     from hydrappo.config import ModelConfig
-    from hydrappo.data import tokenize_prompts
+    from hydrappo.prompts import tokenize_prompts
     from hydrappo.storage.models import load_model_and_tokenizer
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renaming of gradient checkpointing
