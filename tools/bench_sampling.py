@@ -135,18 +135,23 @@ def candidates(args, hydra, tokenizer, prompts, gen: GenerationArgs) -> dict:
     return found
 
 
-def interleaved_medians(functions: dict, repeats: int) -> tuple[dict, dict]:
-    """(median seconds, the first call's result) per candidate: one warm-up call each, then
-    `repeats` rounds alternating the order."""
+def interleaved_medians(functions: dict, repeats: int) -> tuple[dict, dict, dict]:
+    """(median wall seconds, median CPU seconds of this process, the first call's result) per
+    candidate: one warm-up call each, then `repeats` rounds alternating the order. On a shared
+    machine the CPU seconds move less than the wall seconds: time spent waiting for a core is not
+    counted (with one thread they are the work itself)."""
     results = {name: fn() for name, fn in functions.items()}
-    samples: dict[str, list[float]] = {name: [] for name in functions}
+    walls: dict[str, list[float]] = {name: [] for name in functions}
+    cpus: dict[str, list[float]] = {name: [] for name in functions}
     names = list(functions)
     for round_index in range(repeats):
         for name in names if round_index % 2 == 0 else reversed(names):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             functions[name]()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}, results
+            walls[name].append(time.perf_counter() - start)
+            cpus[name].append(time.process_time() - cpu)
+    median = statistics.median
+    return {n: median(v) for n, v in walls.items()}, {n: median(v) for n, v in cpus.items()}, results
 
 
 def operator_times(function) -> tuple[dict[str, float], str]:
@@ -183,20 +188,23 @@ def main(argv=None) -> None:
     gen = GenerationArgs(max_new_tokens=args.new_tokens, generation_batch_size=args.prompts,
                          temperature=args.temperature or 1.0)  # fmt: skip
     functions = candidates(args, hydra, tokenizer, prompts, gen)
-    medians, results = interleaved_medians(functions, args.repeats)
+    medians, cpu_medians, results = interleaved_medians(functions, args.repeats)
 
     reference = results["generate"].response_ids
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}"
     source = args.prompts_file or f"random prompts of {args.prompt_len} tokens"
     print(f"{args.model}: {len(prompts)} {source} x {args.new_tokens} new tokens ({mode}), "
           f"N = {args.num_layers_unfrozen}, threads {torch.get_num_threads()}, medians of {args.repeats} interleaved rounds")  # fmt: skip
-    print(f"{'sampler':48} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'vs generate':>12} {'same responses':>15}")
-    reference_rate = sum(len(row) for row in reference) / medians["generate"]
+    print(f"{'sampler':40} {'seconds':>8} {'CPU s':>7} {'tokens':>7} {'tokens/s':>9} {'vs generate':>12} "
+          f"{'(CPU time)':>11} {'same responses':>15}")  # fmt: skip
+    reference_tokens = sum(len(row) for row in reference)
     for name, seconds in medians.items():
         tokens = sum(len(row) for row in results[name].response_ids)
         same = sum(a == b for a, b in zip(results[name].response_ids, reference))
-        print(f"{name:48} {seconds:8.2f} {tokens:7d} {tokens / seconds:9.1f} {tokens / seconds / reference_rate:11.2f}x "
-              f"{same:>9}/{len(reference)}")  # fmt: skip
+        speed = tokens / seconds / (reference_tokens / medians["generate"])
+        cpu_speed = tokens / cpu_medians[name] / (reference_tokens / cpu_medians["generate"])
+        print(f"{name:40} {seconds:8.2f} {cpu_medians[name]:7.2f} {tokens:7d} {tokens / seconds:9.1f} {speed:11.2f}x "
+              f"{cpu_speed:10.2f}x {same:>9}/{len(reference)}")  # fmt: skip
     if args.profile:
         print("one call under torch.profiler, seconds by operator kind (self CPU time, all threads):")
         table = {name: operator_times(fn) for name, fn in functions.items()}

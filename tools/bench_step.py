@@ -1,0 +1,101 @@
+"""The main job's whole PPO step before and after the step-speed work, side by side in one process.
+
+    before  the step as of commit 3916af5: transformers' `generate` samples (GenerateSampler), the
+            chunked log-probs of that commit (bench_logprobs.previous_token_logprobs) and torch's
+            AdamW as a loop of elementwise operations per tensor;
+    after   the trainer's defaults: hydrappo's decode loop (generation.sampler: auto on the CPU),
+            the fused lm_head log-probs and torch's fused AdamW kernel.
+
+One PPOTrainer (tools/bench_ppo.py's HydraLayout: a SmolLM2-135M-shaped model with seeded random
+weights, the main job's shape by default: 32 responses x (40 + 24) tokens, N = 4, 4 epochs of
+mini-batch 8, temperature 0.7) runs both, the two alternating step by step (the order reversed
+every round), medians of --repeats after one warm-up step each; per phase: sampling, the
+experience pass (with scoring and advantages), the update, and the whole step; wall seconds and
+the CPU seconds of this process (which on a shared machine move less: waiting for a core is not
+counted). Random weights rarely emit EOS, so every row runs to the limit: the decode loop's
+ended-row saving is not in these numbers.
+
+    python tools/bench_step.py --threads 2
+    python tools/bench_step.py --threads 1 --batch 8 --prompt-len 32 --new-tokens 32 -N 2   # the race shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_logprobs import previous_token_logprobs  # noqa: E402
+from bench_ppo import HydraLayout, build_base_model, configure  # noqa: E402
+from profile_step import step_shape_arguments  # noqa: E402
+
+import hydrappo.model.hydra as hydra_module  # noqa: E402
+from hydrappo.model.logprobs import token_logprobs  # noqa: E402
+from hydrappo.sampling import GenerateSampler  # noqa: E402
+
+PHASES = ("generate", "experience", "update", "total")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    step_shape_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    configure(args)
+    # The learning-rate schedule belongs to the trainer's optimizer; with the other one swapped in it
+    # warns that it steps without its optimizer (the rate is constant here).
+    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+    layout = HydraLayout(build_base_model(args), args, reward_branch=False)  # the main job scores with a function
+    trainer = layout.trainer
+    hyper = layout.optimizer.defaults
+    adamw_loop = torch.optim.AdamW(layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
+                                   weight_decay=hyper["weight_decay"])  # torch's default on the CPU  # fmt: skip
+    settings = {  # name: (sampler, log-prob function, optimizer)
+        "before": (GenerateSampler(layout.hydra, trainer.tokenizer), previous_token_logprobs, adamw_loop),
+        "after": (trainer.rollout_sampler, token_logprobs, layout.optimizer),
+    }
+    print(f"after: sampler {trainer.rollout_sampler.name}, fused AdamW {layout.optimizer.defaults.get('fused')}; "
+          f"threads {torch.get_num_threads()}")  # fmt: skip
+
+    def step(name: str) -> dict[str, float]:
+        sampler, logprobs, optimizer = settings[name]
+        kept = trainer.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer
+        trainer.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer = sampler, logprobs, optimizer
+        try:
+            cpu = time.process_time()
+            seconds = layout.iteration()
+            return {**seconds, "cpu": time.process_time() - cpu}
+        finally:
+            trainer.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer = kept
+
+    for name in settings:  # warm-up
+        step(name)
+    samples: dict[str, list[dict]] = {name: [] for name in settings}
+    for round_index in range(args.repeats):
+        for name in settings if round_index % 2 == 0 else reversed(list(settings)):
+            samples[name].append(step(name))
+    median = {name: {key: statistics.median(s[key] for s in rows) for key in (*PHASES, "cpu")}
+              for name, rows in samples.items()}  # fmt: skip
+    print(f"{args.batch} responses x ({args.prompt_len} + {args.new_tokens}) tokens, N = {args.num_layers_unfrozen}, "
+          f"{args.ppo_epochs} epochs of mini-batch {args.mini_batch}; medians of {args.repeats} interleaved steps")  # fmt: skip
+    print(f"{'phase':12} {'before s':>9} {'after s':>9} {'after / before':>15}")
+    for key in (*PHASES, "cpu"):
+        label = "step, CPU s" if key == "cpu" else key
+        before, after = median["before"][key], median["after"][key]
+        print(f"{label:12} {before:9.2f} {after:9.2f} {after / before:15.2f}")
+
+
+if __name__ == "__main__":
+    main()
