@@ -41,6 +41,7 @@ class OutputDirError(UsageError):
 
 LOCK_NAME = ".hydrappo.lock"
 _HELD: dict[Path, int] = {}  # output folder -> descriptor of its locked file, in this process
+_NAMED: set[int] = set()  # the descriptors whose file names this process as the holder
 
 
 def lock_output_dir(output_dir: str | os.PathLike, option: str = "train.output_dir") -> list[Path]:
@@ -88,15 +89,18 @@ def name_lock_holder(output_dir: str | os.PathLike) -> None:
     """Write who holds the run lock of `output_dir` into its file (host, PID, start time),
     once the folder is this run's: a refused run leaves an earlier run's lock file as it was."""
     fd = _HELD.get(Path(output_dir).expanduser().absolute())
-    if fd is not None:
+    if fd is not None and fd not in _NAMED:  # a second claim of the same run keeps the first start time
+        line = f"host {socket.gethostname()}, PID {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n"
         os.ftruncate(fd, 0)
-        os.write(fd, f"host {socket.gethostname()}, PID {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode())
+        os.pwrite(fd, line.encode(), 0)  # at the start: the descriptor's own offset may lie past the end
+        _NAMED.add(fd)
 
 
 def release_output_dir(output_dir: str | os.PathLike) -> None:
     """Let go of the run lock of `output_dir` if this process holds it (the file stays)."""
     fd = _HELD.pop(Path(output_dir).expanduser().absolute(), None)
     if fd is not None:
+        _NAMED.discard(fd)
         os.close(fd)
 
 
