@@ -10,8 +10,10 @@ While a run trains, its process (process 0 under a launcher) holds an OS lock (f
 `OUTPUT_DIR/.hydrappo.lock`, which names the holder (host, PID, start time): a second run
 started into the same folder, even at the same moment, is refused before it writes anything.
 The OS drops the lock when the process ends, however it ends, so the file a crashed run
-leaves behind never blocks `--resume`. (On file systems without flock support, e.g. some
-network mounts, locking is skipped with a warning.)
+leaves behind never blocks `--resume`. Nothing is moved aside (`--overwrite_output_dir`, `export
+--out ... --overwrite`) that is, contains or lies inside the folder of a run that another live
+process holds. (On file systems without flock support, e.g. some network mounts, locking is
+skipped with a warning.)
 """
 
 from __future__ import annotations
@@ -102,6 +104,48 @@ def release_output_dir(output_dir: str | os.PathLike) -> None:
     if fd is not None:
         _NAMED.discard(fd)
         os.close(fd)
+
+
+def live_run_holder(folder: Path) -> str | None:
+    """Who holds the run lock of `folder` (the line its lock file names) when another live
+    process holds it; None when nobody does (no lock file, or a stale one of a dead run)."""
+    path = folder / LOCK_NAME
+    if folder.absolute() in _HELD or path.is_symlink() or not path.is_file():
+        return None  # this process's own run is the caller's business
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go of at once: this only asks
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        return os.read(fd, 4096).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
+    except OSError:  # a file system without locks: nobody can be told to hold it
+        return None
+    finally:
+        os.close(fd)
+
+
+def refuse_moving_live_runs(path: Path, option: str) -> None:
+    """OutputDirError if moving `path` aside would take a live run's files from under it: `path`
+    is, lies inside or contains the folder of a run that another process is training."""
+    folders = [path, *path.parents]
+    if path.is_dir() and not path.is_symlink():
+        folders += [Path(top) for top, _, files in os.walk(path) if LOCK_NAME in files and Path(top) != path]
+    for folder in folders:
+        holder = live_run_holder(folder)
+        if holder is None:
+            continue
+        how = "is" if folder == path else ("lies inside" if folder in path.parents else "contains")
+        raise OutputDirError(
+            f"{option} {path}: {how} the folder of a run that is training ({folder}, held by {holder}); moving it "
+            f"aside would pull files from under that run. Wait for the run to end (or stop it), or choose "
+            f"another {option}."
+        )
 
 
 def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False) -> None:
@@ -200,6 +244,7 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool) 
         )
     if not move:
         return None
+    refuse_moving_live_runs(Path(output_dir).expanduser().absolute(), option)  # (its own lock is this process's)
     moved = move_aside(output_dir)
     lock_output_dir(output_dir, option)  # the lock file went with the earlier run: lock the new folder
     logger.warning("%s: the earlier run in %s was moved to %s", option, output_dir, moved)
@@ -240,6 +285,7 @@ def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option
                 f"{option} {path}: already exists{' and is not empty' if folder else ''}. Choose another, or pass "
                 "--overwrite_output_dir to move the existing one to a sibling (NAME.previous-<time>); nothing is deleted."
             )
+        refuse_moving_live_runs(path, option)
         moved = move_aside(path)
         logger.warning("%s: the existing %s was moved to %s", option, path, moved)
     return path

@@ -2,14 +2,19 @@
 is moved: `export RUN/checkpoint-2 --out RUN/checkpoint-2 --overwrite_output_dir` (or `--out
 RUN`) used to move the checkpoint aside and then fail, leaving the run without it."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hydrappo.cli import main
-from hydrappo.storage.rundir import OutputDirError, refuse_own_inputs
+from hydrappo.storage.rundir import LOCK_NAME, OutputDirError, claim_output_dir, claim_output_path, refuse_own_inputs
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "examples" / "tiny"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +60,58 @@ def test_names_that_are_not_local_paths_are_not_inputs(tmp_path):
     with pytest.raises(OutputDirError, match="contains --x"):
         (tmp_path / "in").mkdir()
         refuse_own_inputs(tmp_path, {"--x": tmp_path / "in"}, "--out")
+
+
+@pytest.fixture
+def live_run(tmp_path):
+    """A folder with a run's files whose lock another (live) process holds, as a training run does."""
+    folder = tmp_path / "live"
+    (folder / "checkpoint-1").mkdir(parents=True)
+    (folder / "checkpoint-1" / "trainable.safetensors").write_bytes(b"weights")
+    (folder / "metrics.jsonl").write_text("{}\n")
+    code = ("import time\nfrom hydrappo.storage.rundir import lock_output_dir, name_lock_holder\n"
+            f"lock_output_dir({str(folder)!r})\nname_lock_holder({str(folder)!r})\nprint('locked', flush=True)\ntime.sleep(600)\n")  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    yield folder, holder
+    holder.kill()
+    holder.wait()
+
+
+def test_export_over_a_run_that_is_training_is_refused_naming_the_holder(run, live_run, capsys):
+    folder, holder = live_run
+    before = listing(folder.parent)
+    code = main(["export", str(run / "checkpoint-1"), "--out", str(folder), "--overwrite_output_dir"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--out {folder}: is the folder of a run that is training ({folder}, held by host " in err, err
+    assert f"PID {holder.pid}, started " in err and "Wait for the run to end (or stop it)" in err
+    assert listing(folder.parent) == before
+
+
+@pytest.mark.parametrize(("where", "how"), [("live/checkpoint-1", "lies inside"), (".", "contains")])
+def test_claiming_a_path_in_or_around_a_run_that_is_training_is_refused(live_run, where, how):
+    folder, holder = live_run
+    target = (folder.parent / where).resolve()
+    before = listing(folder.parent)
+    with pytest.raises(OutputDirError, match=f"{how} the folder of a run that is training .*PID {holder.pid},"):
+        claim_output_path(target, overwrite=True, option="--out")
+    assert listing(folder.parent) == before
+
+
+def test_a_stale_lock_of_a_dead_run_does_not_block_overwriting(live_run):
+    folder, holder = live_run
+    holder.kill()
+    holder.wait()
+    assert (folder / LOCK_NAME).is_file()
+    claim_output_path(folder, overwrite=True, option="--out")
+    assert not folder.exists() and len(list(folder.parent.glob("live.previous-*"))) == 1
+
+
+def test_a_new_run_over_a_folder_that_holds_a_run_in_training_is_refused(live_run):
+    folder, holder = live_run
+    (folder.parent / "metrics.jsonl").write_text("{}\n")  # an earlier run in the parent, and the live one inside it
+    before = listing(folder.parent)
+    with pytest.raises(OutputDirError, match=f"contains the folder of a run that is training .*PID {holder.pid},"):
+        claim_output_dir(folder.parent, overwrite=True)
+    assert listing(folder.parent) == before
