@@ -53,7 +53,7 @@ def _report(text: str) -> None:
 def _config_command(argv: list[str], prog: str, description: str, config_cls):
     """The front of every command that takes CONFIG.yaml, `--resume [PATH]` and `--option value`
     overrides. Returns the parsed config and the resume argument, or an exit code after the help."""
-    from .config import config_parser, parse_config
+    from .config import config_parser, input_paths, parse_config, startup_inputs
 
     parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
     parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
@@ -72,9 +72,8 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
 
     fetch_hub_models(config)  # a Hub id that is not cached and cannot be downloaded fails before anything is written
 
-    inputs = {name: getattr(getattr(config, name.split(".")[0], None), name.split(".")[1], None) for name in config.PATHS}
     resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
-                       writer=_process()[0] == 0, inputs=inputs)  # fmt: skip
+                       writer=_process()[0] == 0, inputs=input_paths(config), read_once=startup_inputs(config))  # fmt: skip
     return config, resume
 
 
@@ -156,15 +155,17 @@ def generate_command(argv: list[str]) -> int:
     parser.add_argument("--no_base", action="store_true", help="skip the base model's responses")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the comparison to FILE (.md table, .html or .jsonl rows)")
+    _overwrite_option(parser)
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, generate, side_by_side_text, write_comparison
 
-    check_arguments(output=args.output, inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts})
+    check_arguments(output=args.output, inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts},
+                    overwrite=args.overwrite)  # fmt: skip
     columns = generate(args.checkpoint, args.prompts, args.prompt_column, args.reward_fn, args.limit,
                        args.max_new_tokens, args.temperature, args.no_base, args.seed,
                        trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
-    return _show(columns, args.output, side_by_side_text, write_comparison)
+    return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
 
 
 def compare_command(argv: list[str]) -> int:
@@ -186,15 +187,22 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument("--max_prompt_length", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the table to FILE (.md, .html or .jsonl)")
+    _overwrite_option(parser)
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, compare, side_by_side_text, write_comparison
 
-    check_arguments(output=args.output, inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}})
+    check_arguments(output=args.output, inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}},
+                    overwrite=args.overwrite)  # fmt: skip
     columns = compare(args.models, args.prompts, args.prompt_column, args.reward_fn, args.chat_template, args.limit,
                       args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed,
                       trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
-    return _show(columns, args.output, side_by_side_text, write_comparison)
+    return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
+
+
+def _overwrite_option(parser) -> None:
+    parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true",
+                        help="replace an existing --output file: it is moved to a sibling NAME.previous-<time>, never deleted")
 
 
 def _show(columns, output, as_text, write) -> int:

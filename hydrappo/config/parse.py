@@ -235,6 +235,7 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     config = config_cls(**built)
     if config_path is not None:
         config.resolve_paths(Path(config_path).resolve().parent)
+        config.config_file = str(Path(config_path).resolve())
     if check:
         validate(config)
     return config

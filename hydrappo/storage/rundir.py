@@ -148,11 +148,14 @@ def refuse_moving_live_runs(path: Path, option: str) -> None:
         )
 
 
-def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False) -> None:
+def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False,
+                      contains: bool = True) -> None:  # fmt: skip
     """OutputDirError if the path a command writes (`out`, given as `option`) is, contains or
     lies inside one of its `inputs` ({option name: path}; names that are no local path, such as
-    a Hub id, are skipped): checked before anything is moved aside or written. A `file` written
-    in place (a report) may lie inside an input folder; it must not be an input."""
+    a Hub id, are skipped): checked before anything is moved aside or written. A new `file`
+    written in place (a report) may lie inside an input folder, never over a file there.
+    `contains=False`: an output folder may hold these inputs (files read once as a run starts,
+    which stay where they are unless the folder is moved aside)."""
     if out is None:
         return
     target = Path(out).expanduser().resolve()
@@ -162,9 +165,9 @@ def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, 
         source = Path(str(value)).expanduser().resolve()
         if source == target:
             how = "is"
-        elif target in source.parents:
+        elif target in source.parents and contains:
             how = "contains"
-        elif source in target.parents and not file:
+        elif source in target.parents and (not file or target.exists()):
             how = "lies inside"
         else:
             continue
@@ -172,6 +175,19 @@ def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, 
             f"{option}={str(out)!r} {how} {name} ({source}), which this command reads: writing there would move "
             "aside or overwrite its own input. Choose an output outside it."
         )
+
+
+_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
+
+
+def with_run_folders(inputs: dict) -> dict:
+    """`inputs` and, for each that is a checkpoint-<step> folder, the run folder that holds it
+    (its metrics, logs and other checkpoints are that run's too)."""
+    more = dict(inputs)
+    for name, value in inputs.items():
+        if value and _CHECKPOINT.match(Path(str(value)).name):
+            more[f"the run of {name}"] = str(Path(str(value)).parent)
+    return more
 
 
 def earlier_run(output_dir: str | os.PathLike) -> list[str]:
@@ -202,18 +218,27 @@ def resumes_in(resume, output_dir: str | os.PathLike) -> bool:
 
 
 def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: bool = False,
-                     option: str = "train.output_dir", move: bool = True) -> Path | None:  # fmt: skip
+                     option: str = "train.output_dir", move: bool = True, inputs: dict | None = None,
+                     read_once: dict | None = None) -> Path | None:  # fmt: skip
     """Check, before a run writes anything, that `output_dir` is its own. Returns the folder
     the earlier run was moved to (with `overwrite`), else None. Resuming the run in
     `output_dir` is what it is for; resuming from a checkpoint elsewhere is a new run here.
     `move=False` (every process of a launcher run but process 0, which writes): the same
-    checks, but an earlier run is left for process 0 to move."""
+    checks, but an earlier run is left for process 0 to move. `inputs` ({option: path}, what
+    the run keeps reading): output_dir must not be, contain or lie inside one. `read_once`
+    (the config file, reward code; the checkpoint resumed from elsewhere is added here):
+    output_dir must not be or lie inside one, nor be moved aside while it holds one."""
     problem = writable_folder_problem(output_dir)
     if problem:
         raise OutputDirError(f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder.")
+    inputs, read_once = dict(inputs or {}), dict(read_once or {})
+    if resume and not resumes_in(resume, output_dir):
+        read_once["the checkpoint to resume from"] = str(resume)
+    refuse_own_inputs(output_dir, inputs, option)
+    refuse_own_inputs(output_dir, read_once, option, contains=False)
     created = lock_output_dir(output_dir, option) if move else []  # no other run may claim the folder from here on
     try:
-        moved = _claim_locked(output_dir, resume, overwrite, option, move)
+        moved = _claim_locked(output_dir, resume, overwrite, option, move, {**inputs, **read_once})
     except BaseException:  # refused: leave the folder as it was
         for path in reversed(created):
             path.unlink() if path.is_file() else path.rmdir()
@@ -224,7 +249,7 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
     return moved
 
 
-def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool) -> Path | None:
+def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, inputs: dict) -> Path | None:
     if resume and resumes_in(resume, output_dir):
         if overwrite:
             raise OutputDirError(
@@ -242,6 +267,7 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool) 
             "over it with --overwrite_output_dir (the earlier run is moved to a sibling folder, not deleted), or "
             "choose another output_dir."
         )
+    refuse_own_inputs(output_dir, inputs, option)  # moved aside, it would take them along
     if not move:
         return None
     refuse_moving_live_runs(Path(output_dir).expanduser().absolute(), option)  # (its own lock is this process's)
@@ -251,14 +277,14 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool) 
     return moved
 
 
-def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True, inputs: dict | None = None):
+def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True, inputs: dict | None = None,
+              read_once: dict | None = None):  # fmt: skip
     """What a training command does before any model loads: claim `output_dir` for this run and
     find the checkpoint `--resume` names (damaged newer ones set aside). Returns the
     checkpoint to resume from, or None. Under a launcher every process checks the same, and
-    only process 0 (`writer`) renames anything. `inputs` ({option: path}): what the run reads,
-    which output_dir must not be, contain or lie inside."""
-    refuse_own_inputs(output_dir, inputs or {}, "train.output_dir")
-    claim_output_dir(output_dir, resume=resume_arg, overwrite=overwrite, move=writer)
+    only process 0 (`writer`) renames anything. `inputs` and `read_once`: what the run reads
+    (claim_output_dir)."""
+    claim_output_dir(output_dir, resume=resume_arg, overwrite=overwrite, move=writer, inputs=inputs, read_once=read_once)
     return resolve_resume(resume_arg, output_dir, set_aside=writer) if resume_arg else None
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import ConfigError, validate
+from ..config import ConfigError, input_paths, startup_inputs, validate
 from ..config.resume import resume_changes
 from ..errors import HydrappoError
 from ..storage.atomic import remove_orphaned_temporaries
@@ -51,7 +51,7 @@ from ..storage.checkpoint import (
     trainable_state_dict,
 )
 from ..storage.models import build_hydra, fetch_hub_models
-from ..storage.rundir import claim_output_dir, release_output_dir
+from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .interrupt import StopNow, StopOnSignal
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
@@ -205,7 +205,8 @@ class Harness:
             if resume or self.step == 0:  # (a second call of run() continues in memory)
                 with dist.phase("claiming the output folder"):
                     if dist.is_main:  # process 0 writes (and moves an earlier run aside)
-                        claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False))
+                        claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False),
+                                         inputs=input_paths(self.config), read_once=startup_inputs(self.config))  # fmt: skip
             if resume:
                 with dist.phase("loading the checkpoint to resume from"):
                     self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
@@ -377,6 +378,8 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     (harness, hydra, tokenizer)."""
     config.resolve_paths(config_dir)
     validate(config)
+    # The Python API's first chance (the command line checked before): no model loads for a run that would be refused.
+    refuse_own_inputs(run.output_dir, input_paths(config), "train.output_dir")
     if before_model is not None:
         before_model()
     if hydra is None and model is None:
