@@ -55,7 +55,7 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     overrides. Returns the parsed config and the resume argument, or an exit code after the help."""
     from .config import config_parser, input_paths, parse_config, startup_inputs
 
-    parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
+    parser = usercode.CommandParser(prog=prog, description=description, add_help=False)
     parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
     parser.add_argument("--resume", nargs="?", const="latest", default=None,
                         help="continue from the latest checkpoint in train.output_dir, or from PATH")  # fmt: skip
@@ -139,7 +139,7 @@ TRUST_HELP = (
 
 
 def generate_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = usercode.CommandParser(
         prog="hydrappo generate",
         description="Generate with a checkpoint's policy (and its base model) for a prompts file, score the responses "
         "and print them side by side with the mean score of each.",
@@ -169,7 +169,7 @@ def generate_command(argv: list[str]) -> int:
 
 
 def compare_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = usercode.CommandParser(
         prog="hydrappo compare",
         description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
         "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
@@ -244,7 +244,7 @@ TRLX_EPILOG = (
 def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     if command == "checkpoint":
-        parser = argparse.ArgumentParser(prog=prog, epilog=EXPORT_EPILOG, formatter_class=raw, description=(
+        parser = usercode.CommandParser(prog=prog, epilog=EXPORT_EPILOG, formatter_class=raw, description=(
             "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
             "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone."))  # fmt: skip
         parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
@@ -257,7 +257,7 @@ def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
         parser.add_argument("--reward-branch", help="also write the run's reward branch to this .safetensors file")
         parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
     elif command == "trlx":
-        parser = argparse.ArgumentParser(prog=prog, epilog=TRLX_EPILOG, formatter_class=raw, description=(
+        parser = usercode.CommandParser(prog=prog, epilog=TRLX_EPILOG, formatter_class=raw, description=(
             "Convert a trlX hydra checkpoint (AutoModelForCausalLMWithHydraValueHead: base_model.*, v_head.*, "
             "frozen_head.*) to a hydrappo checkpoint, to keep training with hydrappo."))  # fmt: skip
         parser.add_argument("source", help="trlX checkpoint: a directory (pytorch_model.bin, model.safetensors, shards) or a file")
@@ -271,7 +271,7 @@ def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
     else:
         from .storage.models import BUNDLED_MODELS
 
-        parser = argparse.ArgumentParser(prog=prog, description=(
+        parser = usercode.CommandParser(prog=prog, description=(
             "Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer); the same as "
             "tools/convert_gguf.py."))  # fmt: skip
         parser.add_argument("source", help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file")
@@ -356,7 +356,7 @@ def memory_command(argv: list[str]) -> int:
     from .planner.settings import DTYPES, OPTIMIZERS, TrainingSettings
 
     d = TrainingSettings()
-    parser = argparse.ArgumentParser(
+    parser = usercode.CommandParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan the GPU memory of PPO-RLHF with hydrappo (one trunk) and with the classic four-model "
         "layout, per component, and list the GPU sizes it fits.",
@@ -435,6 +435,7 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:  # the program does not wait for threads user code left (usercode)
+    usercode.COMMAND_LINE = True
     return usercode.leave_threads_behind(_main(argv), end_process=argv is None)
 
 
@@ -462,11 +463,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         code = command(argv[1:])
         return code
-    except SystemExit as done:  # argparse's own (--help, a usage error it printed); any other is an error
-        last = traceback.extract_tb(done.__traceback__)[-1]
-        if Path(last.filename).name != "argparse.py":
-            return _fail(prog, f"sys.exit({done.code!r}) was called ({Path(last.filename).name}, line {last.lineno}).", 1, debug)
+    except usercode.ParserExit as done:  # one of our parsers' (--help, a usage error it printed)
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+    except SystemExit as done:  # anyone else's (user code a check did not wrap): an error
+        last = traceback.extract_tb(done.__traceback__)[-1]
+        return _fail(prog, f"sys.exit({done.code!r}) was called ({Path(last.filename).name}, line {last.lineno}).", 1, debug)
     except HydrappoError as error:  # raised on purpose, with a message that says what to fix: show just that
         return _fail(prog, str(error), error.exit_code, debug)
     except KeyboardInterrupt:

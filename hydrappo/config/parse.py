@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from ..usercode import ParserExit
 from .checks import validate
 from .sections import Config, ConfigError, sections_of
 
@@ -153,6 +154,12 @@ def _parser_class():
         def __init__(self, *args, **kwargs):
             self.options = []
             super().__init__(*args, **kwargs)
+
+        def exit(self, status=0, message=None):  # hydrappo's own parser (usercode.CommandParser)
+            try:
+                super().exit(status, message)
+            except SystemExit as done:
+                raise ParserExit(done.code) from None
 
         def add_argument(self, *args, **kwargs):
             kwargs.pop("range", None)  # hydrappo's own field metadata (config/values.py), not argparse's

@@ -33,6 +33,7 @@ import yaml
 
 from ..config import ConfigError, input_paths, startup_inputs, validate
 from ..config.resume import resume_changes
+from .. import usercode
 from ..errors import HydrappoError
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.checkpoint import (
@@ -247,6 +248,7 @@ class Harness:
             stop.uninstall()
             log.close()
             release_output_dir(self.output_dir)
+            usercode.warn_at_end_of_run()  # the Python API: threads a reward function left running
         return history
 
     # ------------------------------------------------------------------ checkpoints
