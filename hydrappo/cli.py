@@ -477,7 +477,8 @@ def _main(argv: list[str] | None) -> int:
         if described is not None or isinstance(error, OSError):
             # The operating system refused something (a full disk, a permission): not a bug.
             reason, fix = described or (error.strerror.lower() if error.strerror else str(error), "check the path")
-            where = f" at {error.filename}" if getattr(error, "filename", None) else ""
+            paths = [os.fsdecode(p) for p in (getattr(error, "filename", None), getattr(error, "filename2", None)) if p]
+            where = f" at {' -> '.join(paths)}" if paths else ""  # (a path given as bytes, e.g. by TensorBoard, as text)
             return _fail(prog, f"the operating system refused a file operation{where}: {reason}; {fix}. Files "
                          "written completely before it are intact.", 1, debug)  # fmt: skip
         return _fail(prog, f"unexpected error: {type(error).__name__}: {error}. This is a bug (or a case hydrappo "
