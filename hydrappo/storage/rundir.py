@@ -28,7 +28,7 @@ from pathlib import Path
 from ..config import writable_folder_problem
 from ..errors import UsageError
 from .atomic import rename_to_sibling
-from .checkpoint import resolve_resume
+from .checkpoint import CheckpointError, checkpoint_dirs, resolve_resume
 
 logger = logging.getLogger("hydrappo")
 
@@ -250,22 +250,30 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
 
 
 def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, inputs: dict) -> Path | None:
+    found = earlier_run(output_dir)
+    shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
     if resume and resumes_in(resume, output_dir):
         if overwrite:
             raise OutputDirError(
                 f"--resume continues the run in {option}={str(output_dir)!r} and --overwrite_output_dir would move it "
                 "aside: give one of them."
             )
+        if resume in (True, "latest", "") and not checkpoint_dirs(output_dir):  # (the same test as resolve_resume's)
+            raise CheckpointError(
+                f"--resume: no checkpoint found in {option}={str(output_dir)!r}, so there is nothing to continue; "
+                + (f"it holds the files of a run that ended before its first checkpoint ({shown}): start a new run "
+                   "over them with --overwrite_output_dir instead of --resume (they are moved to a sibling folder, not "
+                   "deleted), or choose another output_dir." if found else "start without --resume.")
+            )  # fmt: skip
         return None
-    found = earlier_run(output_dir)
     if not found:
         return None
     if not overwrite:
-        shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+        how = ("Continue it with --resume, start a new run over it with --overwrite_output_dir" if checkpoint_dirs(output_dir)
+               else "It wrote no checkpoint, so there is nothing to resume: start a new run over it with --overwrite_output_dir")  # fmt: skip
         raise OutputDirError(
-            f"{option}={str(output_dir)!r} already holds a run ({shown}). Continue it with --resume, start a new run "
-            "over it with --overwrite_output_dir (the earlier run is moved to a sibling folder, not deleted), or "
-            "choose another output_dir."
+            f"{option}={str(output_dir)!r} already holds a run ({shown}). {how} (the earlier run is moved to a sibling "
+            "folder, not deleted), or choose another output_dir."
         )
     refuse_own_inputs(output_dir, inputs, option)  # moved aside, it would take them along
     if not move:

@@ -469,6 +469,22 @@ def test_truncated_sampling_is_said_once(caplog):
     assert len(said) == 1 and "generation.top_p=0.93" in said[0]
 
 
+def test_a_run_that_ended_before_its_first_checkpoint_is_not_offered_resume(ws, capsys, caplog, tmp_path):
+    # What a run that failed during step 1 leaves: its TensorBoard folder, no checkpoint.
+    out = tmp_path / "failed"
+    (out / "tensorboard").mkdir(parents=True)
+    (out / "tensorboard" / "events.out.tfevents.1").write_bytes(b"events")
+    good = ["--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
+    err = cli(["train", CONFIG, "--output_dir", out, *good], 2, "already holds a run (tensorboard). It wrote no checkpoint, "
+              "so there is nothing to resume: start a new run over it with --overwrite_output_dir", capsys=capsys,
+              caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    assert "Continue it with --resume" not in err
+    cli(["train", CONFIG, "--output_dir", out, "--resume", *good], 2, f"--resume: no checkpoint found in "
+        f"train.output_dir={str(out)!r}, so there is nothing to continue; it holds the files of a run that ended before "
+        "its first checkpoint (tensorboard): start a new run over them with --overwrite_output_dir instead of --resume",
+        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+
+
 def test_resume_without_a_complete_checkpoint_and_resume_past_the_end(ws, capsys, caplog, tmp_path):
     good = ["--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
     cli(["train", CONFIG, "--output_dir", tmp_path / "empty", "--resume", *good], 2, "no checkpoint found", "empty",
