@@ -316,7 +316,9 @@ def test_a_folder_with_an_earlier_run_is_refused(ws, kind, earlier, capsys, capl
         out.mkdir()
         (out / earlier).write_text("{}\n")
         argv = [kind, stage_config(tmp_path, ws, kind)]
-    err = cli(argv, 2, "already holds a run", "--resume", "--overwrite_output_dir", capsys=capsys, caplog=caplog,
+    # --resume is offered where there is a checkpoint to resume (the workspace's run), not in a folder without one.
+    resume = "Continue it with --resume" if kind == "train" else "It wrote no checkpoint, so there is nothing to resume"
+    err = cli(argv, 2, "already holds a run", resume, "--overwrite_output_dir", capsys=capsys, caplog=caplog,
               watch=[ws, tmp_path])  # fmt: skip
     assert str(out) in err
 
