@@ -74,6 +74,10 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
 
     resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
                        writer=_process()[0] == 0, inputs=input_paths(config), read_once=startup_inputs(config))  # fmt: skip
+    if resume is not None:  # an option that may not change on resume is refused before the model loads
+        from .train.harness import resume_check
+
+        resume_check(resume, config)
     return config, resume
 
 

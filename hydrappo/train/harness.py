@@ -285,9 +285,7 @@ class Harness:
         )
 
     def load(self, path: Path, loop) -> None:
-        refusals, changes = resume_changes(path / CONFIG_NAME, self.config.to_dict())  # config/resume.py
-        if refusals:
-            raise CheckpointError(f"--resume {path}: " + " ".join(f"{refusal}." for refusal in refusals))
+        changes = resume_check(path, self.config)
         if changes and self.dist.is_main:
             logger.warning("--resume %s: options changed, in effect from the next step: %s", path, "; ".join(changes))
         load_trainable_weights(loop.trained_module, path)
@@ -368,6 +366,16 @@ class TrainingLoop:
     def summary(self, history: list[dict]) -> str:
         """What the command line prints when a run ends."""
         return f"done: step {self.step}."
+
+
+def resume_check(checkpoint: Path, config) -> list[str]:
+    """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
+    CheckpointError naming them when one of them may not change. Nothing loads: the command line
+    asks before the model is built, the harness again before the checkpoint's weights load."""
+    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config.to_dict())
+    if refusals:
+        raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
+    return changes
 
 
 def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,

@@ -487,6 +487,22 @@ def test_a_run_that_ended_before_its_first_checkpoint_is_not_offered_resume(ws, 
         capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
 
 
+def test_an_option_that_may_not_change_on_resume_is_refused_before_the_model_loads(ws, capsys, caplog, tmp_path,
+                                                                                  monkeypatch):  # fmt: skip
+    import hydrappo.train.harness as harness
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the refusal")
+
+    monkeypatch.setattr(harness, "build_hydra", no_model)
+    run = tmp_path / "run"
+    shutil.copytree(ws / "run", run)
+    cli(["train", CONFIG, "--output_dir", run, "--resume", "--reward_fn", f"{ws / 'rewards.py'}:good", *FAST,
+         "--num_layers_unfrozen", "1"], 2, f"--resume {run / 'checkpoint-2'}: model.num_layers_unfrozen: 2 in the "
+        "checkpoint, 1 now; it decides which weights the checkpoint holds; resume with 2 or start a new run",
+        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+
+
 def test_resume_without_a_complete_checkpoint_and_resume_past_the_end(ws, capsys, caplog, tmp_path):
     good = ["--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
     cli(["train", CONFIG, "--output_dir", tmp_path / "empty", "--resume", *good], 2, "no checkpoint found", "empty",
