@@ -52,8 +52,9 @@ def _report(text: str) -> None:
 
 def _config_command(argv: list[str], prog: str, description: str, config_cls):
     """The front of every command that takes CONFIG.yaml, `--resume [PATH]` and `--option value`
-    overrides. Returns the parsed config and the resume argument, or an exit code after the help."""
-    from .config import config_parser, input_paths, parse_config, startup_inputs
+    overrides. Returns the parsed config, the checkpoint to resume from and the stage's inputs
+    (train/inputs.py), or an exit code after the help."""
+    from .config import config_parser, parse_config
 
     parser = usercode.CommandParser(prog=prog, description=description, add_help=False)
     parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
@@ -69,16 +70,14 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     config = parse_config(args.config, overrides, config_cls)
     from .storage.models import fetch_hub_models
     from .storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
+    from .train.inputs import read_inputs
 
-    fetch_hub_models(config)  # a Hub id that is not cached and cannot be downloaded fails before anything is written
-
-    resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
-                       writer=_process()[0] == 0, inputs=input_paths(config), read_once=startup_inputs(config))  # fmt: skip
-    if resume is not None:  # an option that may not change on resume is refused before the model loads
-        from .train.harness import resume_check
-
-        resume_check(resume, config)
-    return config, resume
+    # Before anything is written: the data and reward functions, checked (train/inputs.py), and
+    # every Hub id, cached or downloaded.
+    stage_inputs = read_inputs(config)
+    fetch_hub_models(config)
+    resume = start_run(config, args.resume, writer=_process()[0] == 0)
+    return config, resume, stage_inputs
 
 
 def _trainer(stage: str):
@@ -123,8 +122,8 @@ def stage_command(name: str, argv: list[str]) -> int:
     parsed = _config_command(argv, f"hydrappo {name}", stage.description, getattr(configs, stage.config))
     if isinstance(parsed, int):
         return parsed
-    config, resume = parsed
-    trainer = stage.trainer()(config)
+    config, resume, inputs = parsed
+    trainer = stage.trainer()(config, inputs=inputs)
     history = trainer.train(resume=resume)
     if not history:
         more = trainer.more_steps_option
@@ -140,6 +139,9 @@ TRUST_HELP = (
     "score with the reward function named in the checkpoint's config.yaml. That is running code that came with "
     "the checkpoint: only for checkpoints you trust (otherwise name the function yourself with --reward_fn)"
 )
+
+
+OVERWRITE_HELP = "replace an existing --output file: it is moved to a sibling NAME.previous-<time>, never deleted"
 
 
 def generate_command(argv: list[str]) -> int:
@@ -159,7 +161,7 @@ def generate_command(argv: list[str]) -> int:
     parser.add_argument("--no_base", action="store_true", help="skip the base model's responses")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the comparison to FILE (.md table, .html or .jsonl rows)")
-    _overwrite_option(parser)
+    parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, generate, side_by_side_text, write_comparison
@@ -191,7 +193,7 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument("--max_prompt_length", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the table to FILE (.md, .html or .jsonl)")
-    _overwrite_option(parser)
+    parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, compare, side_by_side_text, write_comparison
@@ -202,11 +204,6 @@ def compare_command(argv: list[str]) -> int:
                       args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed,
                       trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
     return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
-
-
-def _overwrite_option(parser) -> None:
-    parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true",
-                        help="replace an existing --output file: it is moved to a sibling NAME.previous-<time>, never deleted")
 
 
 def _show(columns, output, as_text, write) -> int:
@@ -294,8 +291,13 @@ def export_command(argv: list[str]) -> int:
     prog = "hydrappo export" if command == "checkpoint" else f"hydrappo export {command}"
     args = _export_parser(command, prog).parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from .storage.hub import hub_snapshot
+    from .storage.models import is_hub_id
     from .storage.rundir import claim_output_path
 
+    for option in ("base_model", "tokenizer"):  # a Hub id: cached or downloaded before anything is written
+        if getattr(args, option, None) and is_hub_id(getattr(args, option)):
+            hub_snapshot(getattr(args, option), option="--" + option.replace("_", "-"))
     if command == "checkpoint":
         from .storage.checkpoint import find_checkpoint
         from .storage.export import export_checkpoint, parse_shard_size

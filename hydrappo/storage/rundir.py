@@ -25,10 +25,11 @@ import socket
 import time
 from pathlib import Path
 
-from ..config import writable_folder_problem
+from ..config import input_paths, startup_inputs, writable_folder_problem
+from ..config.resume import resume_changes
 from ..errors import UsageError
 from .atomic import rename_to_sibling
-from .checkpoint import CheckpointError, checkpoint_dirs, resolve_resume
+from .checkpoint import CONFIG_NAME, CheckpointError, checkpoint_dirs, resolve_resume
 
 logger = logging.getLogger("hydrappo")
 
@@ -285,15 +286,30 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, 
     return moved
 
 
-def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True, inputs: dict | None = None,
-              read_once: dict | None = None):  # fmt: skip
-    """What a training command does before any model loads: claim `output_dir` for this run and
-    find the checkpoint `--resume` names (damaged newer ones set aside). Returns the
-    checkpoint to resume from, or None. Under a launcher every process checks the same, and
-    only process 0 (`writer`) renames anything. `inputs` and `read_once`: what the run reads
-    (claim_output_dir)."""
-    claim_output_dir(output_dir, resume=resume_arg, overwrite=overwrite, move=writer, inputs=inputs, read_once=read_once)
-    return resolve_resume(resume_arg, output_dir, set_aside=writer) if resume_arg else None
+def start_run(config, resume_arg, *, writer: bool = True):
+    """What a training command does before any model loads: claim `config`'s train.output_dir for
+    this run (checked against what the run reads: config.input_paths, config.startup_inputs) and
+    find the checkpoint `--resume` names (damaged newer ones set aside), refusing an option that
+    may not change on resume. Returns the checkpoint to resume from, or None. Under a launcher
+    every process checks the same, and only process 0 (`writer`) renames anything."""
+    output_dir = config.train.output_dir
+    claim_output_dir(output_dir, resume=resume_arg, overwrite=config.train.overwrite_output_dir, move=writer,
+                     inputs=input_paths(config), read_once=startup_inputs(config))  # fmt: skip
+    if not resume_arg:
+        return None
+    checkpoint = resolve_resume(resume_arg, output_dir, set_aside=writer)
+    resume_check(checkpoint, config)
+    return checkpoint
+
+
+def resume_check(checkpoint: Path, config) -> list[str]:
+    """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
+    CheckpointError naming them when one of them may not change. Nothing loads: the command line
+    asks before the model is built, the harness again before the checkpoint's weights load."""
+    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config.to_dict())
+    if refusals:
+        raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
+    return changes
 
 
 def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True,

@@ -32,13 +32,10 @@ import torch
 import yaml
 
 from ..config import ConfigError, input_paths, startup_inputs, validate
-from ..config.resume import resume_changes
 from .. import usercode
 from ..errors import HydrappoError
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.checkpoint import (
-    CONFIG_NAME,
-    CheckpointError,
     latest_checkpoint,
     load_trainable_weights,
     load_training_state,
@@ -52,8 +49,9 @@ from ..storage.checkpoint import (
     trainable_state_dict,
 )
 from ..storage.models import build_hydra, fetch_hub_models
-from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir
+from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir, resume_check
 from .distributed import ProcessGroup, shard_frozen_trunk
+from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, keep_float32_master_weights, pick_mixed_precision
@@ -368,30 +366,19 @@ class TrainingLoop:
         return f"done: step {self.step}."
 
 
-def resume_check(checkpoint: Path, config) -> list[str]:
-    """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
-    CheckpointError naming them when one of them may not change. Nothing loads: the command line
-    asks before the model is built, the harness again before the checkpoint's weights load."""
-    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config.to_dict())
-    if refusals:
-        raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
-    return changes
-
-
 def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
-            value_head: bool = True, before_model=None, model=None):  # fmt: skip
+            value_head: bool = True, inputs=None, model=None):  # fmt: skip
     """What every trainer does first, in this order (a random-init model depends on the seed):
-    anchor the config's relative paths at `config_dir` and check it, run `before_model()` (the
-    loop's checks of its data and reward functions, which must fail before a model loads),
-    seed, pick the device and precision, and build the hydra the config names unless one is given
-    (`model`: a transformers model in memory to wrap instead of loading one). Returns
-    (harness, hydra, tokenizer)."""
+    anchor the config's relative paths at `config_dir` and check it, read the stage's inputs
+    (train/inputs.py: its data and reward functions, checked before a model loads) unless the
+    command line read them already (`inputs`), seed, pick the device and precision, and build the
+    hydra the config names unless one is given (`model`: a transformers model in memory to wrap
+    instead of loading one). Returns (harness, hydra, tokenizer, inputs)."""
     config.resolve_paths(config_dir)
     validate(config)
     # The Python API's first chance (the command line checked before): no model loads for a run that would be refused.
     refuse_own_inputs(run.output_dir, input_paths(config), "train.output_dir")
-    if before_model is not None:
-        before_model()
+    inputs = inputs if inputs is not None else read_inputs(config)
     if hydra is None and model is None:
         fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
     harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
@@ -410,7 +397,7 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
         hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head, loaded=loaded)
     if tokenizer is None:
         raise ConfigError("pass the tokenizer together with a hydra model.")
-    return harness, hydra, tokenizer
+    return harness, hydra, tokenizer, inputs
 
 
 class RunLog:
