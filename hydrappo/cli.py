@@ -56,7 +56,7 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     (train/inputs.py), or an exit code after the help."""
     from .config import config_parser, parse_config
 
-    parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
+    parser = usercode.CommandParser(prog=prog, description=description, add_help=False)
     parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
     parser.add_argument("--resume", nargs="?", const="latest", default=None,
                         help="continue from the latest checkpoint in train.output_dir, or from PATH")  # fmt: skip
@@ -76,9 +76,7 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     # every Hub id, cached or downloaded.
     stage_inputs = read_inputs(config)
     fetch_hub_models(config)
-    inputs = {name: getattr(getattr(config, name.split(".")[0], None), name.split(".")[1], None) for name in config.PATHS}
-    resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
-                       writer=_process()[0] == 0, inputs=inputs)  # fmt: skip
+    resume = start_run(config, args.resume, writer=_process()[0] == 0)
     return config, resume, stage_inputs
 
 
@@ -143,8 +141,11 @@ TRUST_HELP = (
 )
 
 
+OVERWRITE_HELP = "replace an existing --output file: it is moved to a sibling NAME.previous-<time>, never deleted"
+
+
 def generate_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = usercode.CommandParser(
         prog="hydrappo generate",
         description="Generate with a checkpoint's policy (and its base model) for a prompts file, score the responses "
         "and print them side by side with the mean score of each.",
@@ -160,19 +161,21 @@ def generate_command(argv: list[str]) -> int:
     parser.add_argument("--no_base", action="store_true", help="skip the base model's responses")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the comparison to FILE (.md table, .html or .jsonl rows)")
+    parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, generate, side_by_side_text, write_comparison
 
-    check_arguments(output=args.output, inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts})
+    check_arguments(output=args.output, inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts},
+                    overwrite=args.overwrite)  # fmt: skip
     columns = generate(args.checkpoint, args.prompts, args.prompt_column, args.reward_fn, args.limit,
                        args.max_new_tokens, args.temperature, args.no_base, args.seed,
                        trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
-    return _show(columns, args.output, side_by_side_text, write_comparison)
+    return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
 
 
 def compare_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = usercode.CommandParser(
         prog="hydrappo compare",
         description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
         "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
@@ -190,15 +193,17 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument("--max_prompt_length", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the table to FILE (.md, .html or .jsonl)")
+    parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     from .evaluate import check_arguments, compare, side_by_side_text, write_comparison
 
-    check_arguments(output=args.output, inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}})
+    check_arguments(output=args.output, inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}},
+                    overwrite=args.overwrite)  # fmt: skip
     columns = compare(args.models, args.prompts, args.prompt_column, args.reward_fn, args.chat_template, args.limit,
                       args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed,
                       trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
-    return _show(columns, args.output, side_by_side_text, write_comparison)
+    return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
 
 
 def _show(columns, output, as_text, write) -> int:
@@ -240,7 +245,7 @@ TRLX_EPILOG = (
 def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     if command == "checkpoint":
-        parser = argparse.ArgumentParser(prog=prog, epilog=EXPORT_EPILOG, formatter_class=raw, description=(
+        parser = usercode.CommandParser(prog=prog, epilog=EXPORT_EPILOG, formatter_class=raw, description=(
             "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
             "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone."))  # fmt: skip
         parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
@@ -253,7 +258,7 @@ def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
         parser.add_argument("--reward-branch", help="also write the run's reward branch to this .safetensors file")
         parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
     elif command == "trlx":
-        parser = argparse.ArgumentParser(prog=prog, epilog=TRLX_EPILOG, formatter_class=raw, description=(
+        parser = usercode.CommandParser(prog=prog, epilog=TRLX_EPILOG, formatter_class=raw, description=(
             "Convert a trlX hydra checkpoint (AutoModelForCausalLMWithHydraValueHead: base_model.*, v_head.*, "
             "frozen_head.*) to a hydrappo checkpoint, to keep training with hydrappo."))  # fmt: skip
         parser.add_argument("source", help="trlX checkpoint: a directory (pytorch_model.bin, model.safetensors, shards) or a file")
@@ -267,7 +272,7 @@ def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
     else:
         from .storage.models import BUNDLED_MODELS
 
-        parser = argparse.ArgumentParser(prog=prog, description=(
+        parser = usercode.CommandParser(prog=prog, description=(
             "Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer); the same as "
             "tools/convert_gguf.py."))  # fmt: skip
         parser.add_argument("source", help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file")
@@ -357,7 +362,7 @@ def memory_command(argv: list[str]) -> int:
     from .planner.settings import DTYPES, OPTIMIZERS, TrainingSettings
 
     d = TrainingSettings()
-    parser = argparse.ArgumentParser(
+    parser = usercode.CommandParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan the GPU memory of PPO-RLHF with hydrappo (one trunk) and with the classic four-model "
         "layout, per component, and list the GPU sizes it fits.",
@@ -436,6 +441,7 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:  # the program does not wait for threads user code left (usercode)
+    usercode.COMMAND_LINE = True
     return usercode.leave_threads_behind(_main(argv), end_process=argv is None)
 
 
@@ -463,11 +469,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         code = command(argv[1:])
         return code
-    except SystemExit as done:  # argparse's own (--help, a usage error it printed); any other is an error
-        last = traceback.extract_tb(done.__traceback__)[-1]
-        if Path(last.filename).name != "argparse.py":
-            return _fail(prog, f"sys.exit({done.code!r}) was called ({Path(last.filename).name}, line {last.lineno}).", 1, debug)
+    except usercode.ParserExit as done:  # one of our parsers' (--help, a usage error it printed)
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+    except SystemExit as done:  # anyone else's (user code a check did not wrap): an error
+        last = traceback.extract_tb(done.__traceback__)[-1]
+        return _fail(prog, f"sys.exit({done.code!r}) was called ({Path(last.filename).name}, line {last.lineno}).", 1, debug)
     except HydrappoError as error:  # raised on purpose, with a message that says what to fix: show just that
         return _fail(prog, str(error), error.exit_code, debug)
     except KeyboardInterrupt:
@@ -477,7 +483,8 @@ def _main(argv: list[str] | None) -> int:
         if described is not None or isinstance(error, OSError):
             # The operating system refused something (a full disk, a permission): not a bug.
             reason, fix = described or (error.strerror.lower() if error.strerror else str(error), "check the path")
-            where = f" at {error.filename}" if getattr(error, "filename", None) else ""
+            paths = [os.fsdecode(p) for p in (getattr(error, "filename", None), getattr(error, "filename2", None)) if p]
+            where = f" at {' -> '.join(paths)}" if paths else ""  # (a path given as bytes, e.g. by TensorBoard, as text)
             return _fail(prog, f"the operating system refused a file operation{where}: {reason}; {fix}. Files "
                          "written completely before it are intact.", 1, debug)  # fmt: skip
         return _fail(prog, f"unexpected error: {type(error).__name__}: {error}. This is a bug (or a case hydrappo "

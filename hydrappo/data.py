@@ -100,17 +100,33 @@ def _check_utf8(file: Path, setting: str) -> None:
             raise DataError(f"{setting}: {file}: not UTF-8 text: it ends inside a character (cut short?). Save it as UTF-8.") from None
 
 
+def _empty(file: Path, setting: str, column: str) -> DataError:
+    return DataError(f"{setting}: {file} is empty: it holds no rows. Fill it (e.g. one JSON object per line with a "
+                     f"{column!r} field for .jsonl, one text per line for .txt), or point {setting} at another file.")  # fmt: skip
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json's object_pairs_hook: KeyError for a key given twice in one object (json keeps the last, pyarrow fails)."""
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise KeyError(next(key for key in keys if keys.count(key) > 1))
+    return dict(pairs)
+
+
 def _check_rows(file: Path, setting: str, column: str) -> None:
-    """Name an empty file, or a .jsonl line that is no object or holds a lone surrogate, before datasets fails on it."""
+    """Name an empty file, or a .jsonl line that is no object, gives a key twice or holds a lone
+    surrogate, before datasets fails on it."""
     if not file.read_bytes().strip():
-        raise DataError(f"{setting}: {file} is empty: it holds no rows. Fill it (e.g. one JSON object per line with a "
-                        f"{column!r} field for .jsonl, one text per line for .txt), or point {setting} at another file.")  # fmt: skip
+        raise _empty(file, setting, column)
     if file.suffix.lower() != ".jsonl":
         return
     with open(file, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             try:
-                row = json.loads(line) if line.strip() else {}
+                row = json.loads(line, object_pairs_hook=_unique_keys) if line.strip() else {}
+            except KeyError as error:
+                raise DataError(f"{setting}: {file}: line {number} gives the key {error.args[0]!r} twice; a JSON object "
+                                "holds each key once: keep one of them.") from None  # fmt: skip
             except ValueError as error:
                 raise DataError(f"{setting}: {file}: line {number} is not one JSON object ({getattr(error, 'msg', error)} "
                                 f"at column {getattr(error, 'colno', '?')}); a .jsonl file holds one per line: fix it.") from None  # fmt: skip
@@ -189,6 +205,8 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
                     dataset = load_dataset(builder, data_files=str(file), split="train")
             except Exception as error:  # datasets raises many types for malformed files
                 cause = _root_cause(error)
+                if "corresponds to no data" in str(cause):  # a header line alone, `[]`, a parquet file of no rows
+                    raise _empty(file, setting, columns[0]) from None
                 raise DataError(
                     f"{setting}: {file} could not be read as {builder}: {type(cause).__name__}: {str(cause)[:300]}. "
                     f"Check that it is valid {builder} ({'one JSON object per line' if file.suffix == '.jsonl' else 'see the datasets docs'})."
@@ -339,11 +357,8 @@ class PromptSampler:
             raise DataError("PromptSampler needs at least one prompt.")
         if seed < 0:
             raise DataError(f"the data seed must be non-negative, not {seed}.")
-        self.num_prompts = num_prompts
-        self.seed = seed
-        self.epoch = 0
-        self.position = 0  # next index within this epoch's permutation
-        self._order = None
+        self.num_prompts, self.seed = num_prompts, seed
+        self.epoch, self.position, self._order = 0, 0, None  # position: the next index within this epoch's permutation
 
     def _permutation(self) -> np.ndarray:
         if self._order is None:
@@ -384,9 +399,7 @@ def split_by_prompt(prompts: list[str], eval_fraction: float, seed: int) -> tupl
         return list(range(len(prompts))), []
     order = np.random.default_rng(seed).permutation(len(unique))
     held = {unique[i] for i in order[: max(1, round(eval_fraction * len(unique)))]}
-    train = [i for i, p in enumerate(prompts) if p not in held]
-    held_rows = [i for i, p in enumerate(prompts) if p in held]
-    return train, held_rows
+    return [i for i, p in enumerate(prompts) if p not in held], [i for i, p in enumerate(prompts) if p in held]
 
 
 def tokenize_responses(texts: list[str], tokenizer, max_length: int, append_eos: bool, add_special_tokens: bool = False):

@@ -34,7 +34,7 @@ from .storage.checkpoint import (
 )
 from .storage.export import load_checkpoint_hydra
 from .storage.models import build_hydra, load_model_and_tokenizer
-from .storage.rundir import refuse_own_inputs
+from .storage.rundir import move_aside, refuse_own_inputs, with_run_folders
 from .train.precision import pick_device
 
 logger = logging.getLogger("hydrappo")
@@ -126,9 +126,13 @@ def side_by_side_html(columns: dict[str, list[dict]]) -> str:
     return f"<table border=1 cellpadding=4>\n{head}\n" + "\n".join(rows) + "\n</table>\n"
 
 
-def write_comparison(columns: dict[str, list[dict]], path: Path) -> None:
-    """The comparison as a .jsonl (a row per model and prompt), .html or markdown table file."""
+def write_comparison(columns: dict[str, list[dict]], path: Path, overwrite: bool = False) -> None:
+    """The comparison as a .jsonl (a row per model and prompt), .html or markdown table file.
+    A file already there is moved to a sibling NAME.previous-<time> (`overwrite`, checked
+    before: check_arguments), never overwritten."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if overwrite and path.exists():
+        logger.warning("--output: the existing %s was moved to %s", path, move_aside(path))
     if path.suffix == ".html":
         path.write_text(side_by_side_html(columns))
     elif path.suffix == ".jsonl":
@@ -148,11 +152,15 @@ def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperatur
 
 
 def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=None, temperature=None, output=None,
-                    max_prompt_length=None, models=(), inputs=None) -> None:  # fmt: skip
-    """The options of `generate` and `compare`, all checked before any model loads; --output must
-    not be, contain or lie inside one of `inputs` ({option: path})."""
-    refuse_own_inputs(output, inputs or {}, "--output", file=True)
+                    max_prompt_length=None, models=(), inputs=None, overwrite: bool = False) -> None:  # fmt: skip
+    """The options of `generate` and `compare`, all checked before any model loads. --output must
+    not be or contain one of `inputs` ({option: path}), nor replace a file inside one (or inside
+    the run that holds an input checkpoint); an existing file only with `overwrite`."""
+    refuse_own_inputs(output, with_run_folders(inputs or {}), "--output", file=True)
     problems = Problems()
+    if output is not None and Path(output).is_file() and not overwrite:
+        problems.add("--output", output, "already exists", "choose another file, or pass --overwrite to move the "
+                     "existing one to a sibling NAME.previous-<time> (nothing is deleted)")  # fmt: skip
     for option, value in (("--limit", limit), ("--max_new_tokens", max_new_tokens), ("--max_prompt_length", max_prompt_length)):
         if value is not None and value < 1:
             problems.add(option, value, "must be at least 1", f"give a positive number, or leave {option} out")

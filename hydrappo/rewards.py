@@ -234,7 +234,10 @@ class FunctionReward:
     @staticmethod
     def _import(module_name: str):
         try:
-            return importlib.import_module(module_name)
+            with usercode.running(f"reward function module {module_name!r}", at_import=True):
+                return importlib.import_module(module_name)
+        except usercode.UserCodeError:
+            raise
         except ModuleNotFoundError as error:
             if error.name is None or not (module_name == error.name or module_name.startswith(error.name + ".")):
                 raise _import_failed(f"reward function module {module_name!r}", error) from error
@@ -259,10 +262,11 @@ class FunctionReward:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
+            with usercode.running(f"reward function file {str(path)!r}", at_import=True):
+                spec.loader.exec_module(module)
         except BaseException as error:
             del sys.modules[module_name]
-            if isinstance(error, Exception):
+            if isinstance(error, Exception) and not isinstance(error, usercode.UserCodeError):
                 raise _import_failed(f"reward function file {str(path)!r}", error) from error
             raise
         return module

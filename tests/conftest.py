@@ -6,6 +6,7 @@ subfolder (tests/model, tests/train, ...) imports the shared helpers by their ba
                    test kills a run before resuming it (kill_after_next_save, kill_during_step)
     recorded.py    sampling with recorded split states and the two experience passes over it
     processes.py   launching K processes the way torchrun does
+    bounds.py      the float64 bound for two training runs that must end with the same weights
 
 Tests that train, launch processes or convert a real model are marked `slow` (registered in
 setup.cfg): `python -m pytest -m "not slow"` is the quick loop, `python -m pytest -q` runs all."""

@@ -23,7 +23,7 @@ TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
 # One PPO step of 8 responses: 2 epochs x 2 minibatches of 4, each split in 2 micro-batches per
 # process; running score normalisation, whitening and the adaptive KL controller all see the batch.
 # In float64, AdamW's eps 1e-6: the comparison with one process tests the logic, not the order of
-# float sums (test_distributed.WEIGHT_NOISE says why).
+# float sums (tests/bounds.py says why).
 COMMON = [
     "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4", "--gradient_accumulation_steps", "2",
     "--ppo_epochs", "2", "--learning_rate", "1e-4", "--score_normalization", "running", "--kl_controller", "adaptive",

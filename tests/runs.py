@@ -51,13 +51,15 @@ def write_pairs(path: Path, pairs_per_prompt: int = 3, seed: int = 0) -> None:
                 handle.write(json.dumps(row) + "\n")
 
 
-def reward_config(tmp: Path, **train) -> RewardConfig:
+def reward_config(tmp: Path, dtype: str | None = None, **train) -> RewardConfig:
+    """A reward stage on synthetic pairs (write_pairs) over the tiny trunk; `dtype`: model.dtype."""
     write_pairs(tmp / "pairs.jsonl")
     options = {"output_dir": str(tmp / "reward"), "epochs": 2, "batch_size": 16, "learning_rate": 1e-3,
                "warmup_steps": 5, "cache_split_hidden": True, "progress_bar": False, "seed": 0, **train}
     text = yaml.safe_dump({
         # The same random trunk as examples/tiny/config.yaml (random_init from seed 0).
-        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2},
+        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2,
+                  **({"dtype": dtype} if dtype else {})},
         "data": {"train_file": "pairs.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
         "train": options,
     })

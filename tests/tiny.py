@@ -75,6 +75,21 @@ def tiny_model(family: str = "llama", seed: int = 0, **kwargs):
     return model.eval()
 
 
+# Tests that compare two ways of computing the same numbers with a tiny model (a padded batch vs
+# single rows, the cached split vs the whole pass, adapters merged vs added, an exported model vs
+# the hydra) run it in float64: the two ways compute the same values with other sums. A log-prob is
+# a chain of <= 10 sums of <= 1e3 terms (<= 14 positions x 64 features) of magnitude <= 10 (logits
+# of a random model), off by <= 10 * 1e3 * 2**-53 * 10 ~ 1.1e-11; with a factor 10 for what later
+# layers amplify, FLOAT64_ATOL = 1e-10. (In float32 the same bound is ~6e-2; a bare 1e-5 was a
+# guess the machine's kernels decide.) A wrong branch, adapter, mask or position is off by ~1e-1.
+FLOAT64_ATOL = 1e-10
+
+
+def tiny64(family: str = "llama", seed: int = 0, **kwargs):
+    """tiny_model in float64 (the initialisation drawn in float32, as tiny_model's)."""
+    return tiny_model(family, seed, **kwargs).double()
+
+
 WORDS = [f"w{i}" for i in range(VOCAB - 4)]
 
 

@@ -3,7 +3,7 @@ command-line overrides (parse.py) and checked as a whole before anything loads (
 
 from .checks import Problems, is_device_name, validate
 from .parse import config_parser, parse_config
-from .paths import check_reward_fn, looks_like_a_path, writable_folder_problem
+from .paths import check_reward_fn, input_paths, looks_like_a_path, startup_inputs, writable_folder_problem
 from .sections import (
     DTYPE_NAMES, REWARD_SECTIONS, SECTIONS, SFT_SECTIONS, Config, ConfigError, DataArgs, GenerationArgs, LoraArgs,
     ModelConfig, PPOArgs, PreferenceDataArgs, RewardArgs, RewardConfig, RewardTrainArgs, RunArgs, SFTConfig,
@@ -12,7 +12,7 @@ from .sections import (
 from .values import KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, Range
 
 __all__ = [
-    "Problems", "check_reward_fn", "is_device_name", "looks_like_a_path", "writable_folder_problem", "DTYPE_NAMES", "Range",
+    "Problems", "check_reward_fn", "input_paths", "startup_inputs", "is_device_name", "looks_like_a_path", "writable_folder_problem", "DTYPE_NAMES", "Range",
     "KL_PENALTIES", "LORA_LAYERS", "LR_SCHEDULERS", "MIXED_PRECISIONS", "OPTIMIZERS", "REWARD_SECTIONS", "SECTIONS",
     "SFT_SECTIONS", "Config", "ConfigError", "DataArgs", "GenerationArgs", "LoraArgs", "ModelConfig", "PPOArgs",
     "PreferenceDataArgs", "RewardArgs", "RewardConfig", "RewardTrainArgs", "RunArgs", "SFTConfig", "SFTDataArgs",

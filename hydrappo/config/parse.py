@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from ..usercode import ParserExit
 from .checks import validate
 from .sections import Config, ConfigError, sections_of
 
@@ -21,18 +22,34 @@ class DuplicateKeyError(yaml.YAMLError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last).
+    Merge keys (`<<: *defaults`) work as in yaml.safe_load: a key written in the mapping
+    overrides the merged one, which is what they are for, not a repeat."""
 
 
-def _mapping_without_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _refuse_repeated_keys(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> None:
+    """DuplicateKeyError for a key written twice in `node` itself, or in a mapping it merges."""
     seen: dict = {}
-    for key_node, _ in node.value:
+    for key_node, value_node in node.value:
+        if key_node.tag == _MERGE_TAG:
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for mapping in merged:
+                if isinstance(mapping, yaml.MappingNode):
+                    _refuse_repeated_keys(loader, mapping)
+            continue
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         if key in seen:
             raise DuplicateKeyError(f"key {key!r} is given twice (lines {seen[key]} and {line}); keep one of them")
         seen[key] = line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+def _mapping_without_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    _refuse_repeated_keys(loader, node)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)  # (which merges the `<<` keys)
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
@@ -154,6 +171,12 @@ def _parser_class():
             self.options = []
             super().__init__(*args, **kwargs)
 
+        def exit(self, status=0, message=None):  # hydrappo's own parser (usercode.CommandParser)
+            try:
+                super().exit(status, message)
+            except SystemExit as done:
+                raise ParserExit(done.code) from None
+
         def add_argument(self, *args, **kwargs):
             kwargs.pop("range", None)  # hydrappo's own field metadata (config/values.py), not argparse's
             choices = kwargs.pop("choices", None)
@@ -235,6 +258,7 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     config = config_cls(**built)
     if config_path is not None:
         config.resolve_paths(Path(config_path).resolve().parent)
+        config.config_file = str(Path(config_path).resolve())
     if check:
         validate(config)
     return config

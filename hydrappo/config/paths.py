@@ -8,6 +8,7 @@ Relative input paths were anchored at the config file's folder when the file was
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 # File types a table source may have (data.read_table); a value with one of these suffixes,
@@ -129,3 +130,59 @@ def check_reward_fn(spec, problems, label: str = "reward.reward_fn") -> None:
     is_file = target.endswith(".py") or "/" in target or "\\" in target
     if is_file and not Path(target).expanduser().is_file():
         _missing(problems, label, spec, f"file {target!r}")
+
+
+# ---------------------------------------------------------------------------- what a run reads
+def input_paths(config) -> dict[str, str]:
+    """{option: path} of the inputs a run keeps reading (its config.PATHS): its output folder
+    must never be, contain or lie inside one of them. Objects given through the Python API (a
+    dataset, a list of rows) are no paths and are left out."""
+    paths = {}
+    for entry in config.PATHS:
+        section, name = entry.split(".")
+        value = getattr(getattr(config, section, None), name, None)
+        if isinstance(value, (str, os.PathLike)) and str(value):
+            paths[entry] = str(value)
+    return paths
+
+
+def startup_inputs(config) -> dict[str, str]:
+    """{what: path} of the files a run reads once as it starts: the config file and the code of
+    every reward function (a file a spec names, the module file an import would find, the
+    file that defines a function object). Its output folder must not be moved aside with them."""
+    paths = {}
+    if getattr(config, "config_file", None):
+        paths["the config file"] = str(config.config_file)
+    reward = getattr(config, "reward", None)
+    for spec in reward.function_specs if reward is not None else []:
+        if callable(spec):
+            file = getattr(sys.modules.get(getattr(spec, "__module__", "") or ""), "__file__", None)
+            label = f"the file of reward function {getattr(spec, '__qualname__', spec)!r}"
+        else:
+            target = spec.rpartition(":")[0]
+            is_file = target.endswith(".py") or "/" in target or "\\" in target
+            file = target if is_file else module_file(target)
+            label = f"reward.reward_fn={spec!r}"
+        if file:
+            paths[label] = str(file)
+    return paths
+
+
+def module_file(name: str) -> str | None:
+    """The file an import of module `name` would run (found on sys.path as importlib would,
+    without importing it or its packages), or None."""
+    if not all(part.isidentifier() for part in name.split(".")):
+        return None
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__file__", None)
+    from importlib.machinery import PathFinder
+
+    parts, locations, spec = name.split("."), None, None
+    for depth in range(1, len(parts) + 1):
+        spec = PathFinder.find_spec(".".join(parts[:depth]), locations)
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+        if depth < len(parts) and locations is None:
+            return None
+    return spec.origin if spec.has_location else None

@@ -1,7 +1,9 @@
 """Which options a resumed run may change, and how a changed one is reported.
 
 A checkpoint holds the configuration of its run (config.yaml). `--resume` compares it with
-this run's, option by option, before anything is loaded:
+this run's, option by option: the command line before the model is built, the harness again
+before the checkpoint's weights load (through the Python API, `train(resume=...)` comes after
+the trainer built its model):
 
 - refused: an option that decides what the checkpoint holds or what its state means (which
   weights: the model, num_layers_unfrozen, train_lm_head/final_norm, LoRA's shape and scale;

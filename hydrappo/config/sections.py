@@ -467,6 +467,7 @@ class _Sections:
     """What the three config containers share: a dict form, and path anchoring."""
 
     PATHS: tuple[str, ...] = ()  # "section.field" entries that hold input paths
+    config_file: str | None = None  # the YAML file it was read from (parse_config sets it); not an option
 
     def to_dict(self) -> dict:
         """The options as plain data, what a run's config.yaml records: a function object given

@@ -3,10 +3,10 @@
 Every folder hydrappo writes (checkpoints, exported models, converted GGUF models) is
 filled in a hidden temporary sibling, `.NAME.tmp-PID@HOST-XXXX`, and renamed into place
 when complete; a rename within one file system is atomic. A folder it replaces is renamed
-aside first and deleted only after the new one is in place. Temporary folders of dead
-processes (a killed run) are removed by the next writer on the same host: the host name in
-the name keeps a writer from deleting what another machine of a shared file system is
-writing (its PIDs mean nothing here), and a symbolic link is never followed or removed.
+aside first and deleted only after the new one is in place. Temporary folders (and files, of
+write_text) of dead processes (a killed run) are removed by the next writer on the same host:
+the host name in the name keeps a writer from deleting what another machine of a shared file
+system is writing (its PIDs mean nothing here), and a symbolic link is never followed or removed.
 
 The one exception is a model directory that also holds other files (the SFT stage
 writes its model into its output_dir next to its logs and checkpoints): its files are
@@ -56,20 +56,21 @@ def _process_is_alive(pid: int) -> bool:
 
 
 def remove_orphaned_temporaries(parent: Path) -> list[Path]:
-    """Delete `.NAME.tmp-PID@HOST-*` / `.NAME.old-PID@HOST-*` folders in `parent` that a process
-    of this host wrote and that is gone. Another host's (a shared file system), one in the
-    format of an older version (no host: whose it is cannot be told) and symbolic links stay."""
+    """Delete `.NAME.tmp-PID@HOST-*` / `.NAME.old-PID@HOST-*` folders and files (write_text's) in
+    `parent` that a process of this host wrote and that is gone. Another host's (a shared file
+    system), one in the format of an older version (no host: whose it is cannot be told) and
+    symbolic links stay."""
     removed = []
     if not parent.is_dir():
         return removed
     here = host_name()
     for child in parent.iterdir():
         match = _TEMPORARY.match(child.name)
-        if not match or match["host"] != here or child.is_symlink() or not child.is_dir():
+        if not match or match["host"] != here or child.is_symlink() or not (child.is_dir() or child.is_file()):
             continue
         pid = int(match["pid"])
         if pid != os.getpid() and not _process_is_alive(pid):
-            shutil.rmtree(child, ignore_errors=True)
+            shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
             removed.append(child)
     return removed
 

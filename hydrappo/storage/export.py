@@ -142,7 +142,7 @@ def checkpoint_dtype(checkpoint: Path) -> torch.dtype | None:
     """The dtype the trunk was trained in: that of the checkpoint's model weights."""
     from safetensors import safe_open
 
-    names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    names = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
     with safe_open(str(checkpoint / WEIGHTS_NAME), "pt") as handle:
         for key in handle.keys():
             if key.startswith("model.") and "lora_" not in key:

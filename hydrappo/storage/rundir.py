@@ -10,8 +10,10 @@ While a run trains, its process (process 0 under a launcher) holds an OS lock (f
 `OUTPUT_DIR/.hydrappo.lock`, which names the holder (host, PID, start time): a second run
 started into the same folder, even at the same moment, is refused before it writes anything.
 The OS drops the lock when the process ends, however it ends, so the file a crashed run
-leaves behind never blocks `--resume`. (On file systems without flock support, e.g. some
-network mounts, locking is skipped with a warning.)
+leaves behind never blocks `--resume`. Nothing is moved aside (`--overwrite_output_dir`, `export
+--out ... --overwrite`) that is, contains or lies inside the folder of a run that another live
+process holds. (On file systems without flock support, e.g. some network mounts, locking is
+skipped with a warning.)
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import socket
 import time
 from pathlib import Path
 
-from ..config import writable_folder_problem
+from ..config import input_paths, startup_inputs, writable_folder_problem
+from ..config.resume import resume_changes
 from ..errors import UsageError
 from .atomic import rename_to_sibling
-from .checkpoint import resolve_resume
+from .checkpoint import CONFIG_NAME, CheckpointError, checkpoint_dirs, resolve_resume
 
 logger = logging.getLogger("hydrappo")
 
@@ -41,6 +44,7 @@ class OutputDirError(UsageError):
 
 LOCK_NAME = ".hydrappo.lock"
 _HELD: dict[Path, int] = {}  # output folder -> descriptor of its locked file, in this process
+_NAMED: set[int] = set()  # the descriptors whose file names this process as the holder
 
 
 def lock_output_dir(output_dir: str | os.PathLike, option: str = "train.output_dir") -> list[Path]:
@@ -88,23 +92,71 @@ def name_lock_holder(output_dir: str | os.PathLike) -> None:
     """Write who holds the run lock of `output_dir` into its file (host, PID, start time),
     once the folder is this run's: a refused run leaves an earlier run's lock file as it was."""
     fd = _HELD.get(Path(output_dir).expanduser().absolute())
-    if fd is not None:
+    if fd is not None and fd not in _NAMED:  # a second claim of the same run keeps the first start time
+        line = f"host {socket.gethostname()}, PID {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n"
         os.ftruncate(fd, 0)
-        os.write(fd, f"host {socket.gethostname()}, PID {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode())
+        os.pwrite(fd, line.encode(), 0)  # at the start: the descriptor's own offset may lie past the end
+        _NAMED.add(fd)
 
 
 def release_output_dir(output_dir: str | os.PathLike) -> None:
     """Let go of the run lock of `output_dir` if this process holds it (the file stays)."""
     fd = _HELD.pop(Path(output_dir).expanduser().absolute(), None)
     if fd is not None:
+        _NAMED.discard(fd)
         os.close(fd)
 
 
-def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False) -> None:
+def live_run_holder(folder: Path) -> str | None:
+    """Who holds the run lock of `folder` (the line its lock file names) when another live
+    process holds it; None when nobody does (no lock file, or a stale one of a dead run)."""
+    path = folder / LOCK_NAME
+    if folder.absolute() in _HELD or path.is_symlink() or not path.is_file():
+        return None  # this process's own run is the caller's business
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go of at once: this only asks
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        return os.read(fd, 4096).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
+    except OSError:  # a file system without locks: nobody can be told to hold it
+        return None
+    finally:
+        os.close(fd)
+
+
+def refuse_moving_live_runs(path: Path, option: str) -> None:
+    """OutputDirError if moving `path` aside would take a live run's files from under it: `path`
+    is, lies inside or contains the folder of a run that another process is training."""
+    folders = [path, *path.parents]
+    if path.is_dir() and not path.is_symlink():
+        folders += [Path(top) for top, _, files in os.walk(path) if LOCK_NAME in files and Path(top) != path]
+    for folder in folders:
+        holder = live_run_holder(folder)
+        if holder is None:
+            continue
+        how = "is" if folder == path else ("lies inside" if folder in path.parents else "contains")
+        raise OutputDirError(
+            f"{option} {path}: {how} the folder of a run that is training ({folder}, held by {holder}); moving it "
+            f"aside would pull files from under that run. Wait for the run to end (or stop it), or choose "
+            f"another {option}."
+        )
+
+
+def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False,
+                      contains: bool = True) -> None:  # fmt: skip
     """OutputDirError if the path a command writes (`out`, given as `option`) is, contains or
     lies inside one of its `inputs` ({option name: path}; names that are no local path, such as
-    a Hub id, are skipped): checked before anything is moved aside or written. A `file` written
-    in place (a report) may lie inside an input folder; it must not be an input."""
+    a Hub id, are skipped): checked before anything is moved aside or written. A new `file`
+    written in place (a report) may lie inside an input folder, never over a file there.
+    `contains=False`: an output folder may hold these inputs (files read once as a run starts,
+    which stay where they are unless the folder is moved aside)."""
     if out is None:
         return
     target = Path(out).expanduser().resolve()
@@ -114,9 +166,9 @@ def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, 
         source = Path(str(value)).expanduser().resolve()
         if source == target:
             how = "is"
-        elif target in source.parents:
+        elif target in source.parents and contains:
             how = "contains"
-        elif source in target.parents and not file:
+        elif source in target.parents and (not file or target.exists()):
             how = "lies inside"
         else:
             continue
@@ -124,6 +176,19 @@ def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, 
             f"{option}={str(out)!r} {how} {name} ({source}), which this command reads: writing there would move "
             "aside or overwrite its own input. Choose an output outside it."
         )
+
+
+_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
+
+
+def with_run_folders(inputs: dict) -> dict:
+    """`inputs` and, for each that is a checkpoint-<step> folder, the run folder that holds it
+    (its metrics, logs and other checkpoints are that run's too)."""
+    more = dict(inputs)
+    for name, value in inputs.items():
+        if value and _CHECKPOINT.match(Path(str(value)).name):
+            more[f"the run of {name}"] = str(Path(str(value)).parent)
+    return more
 
 
 def earlier_run(output_dir: str | os.PathLike) -> list[str]:
@@ -154,18 +219,27 @@ def resumes_in(resume, output_dir: str | os.PathLike) -> bool:
 
 
 def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: bool = False,
-                     option: str = "train.output_dir", move: bool = True) -> Path | None:  # fmt: skip
+                     option: str = "train.output_dir", move: bool = True, inputs: dict | None = None,
+                     read_once: dict | None = None) -> Path | None:  # fmt: skip
     """Check, before a run writes anything, that `output_dir` is its own. Returns the folder
     the earlier run was moved to (with `overwrite`), else None. Resuming the run in
     `output_dir` is what it is for; resuming from a checkpoint elsewhere is a new run here.
     `move=False` (every process of a launcher run but process 0, which writes): the same
-    checks, but an earlier run is left for process 0 to move."""
+    checks, but an earlier run is left for process 0 to move. `inputs` ({option: path}, what
+    the run keeps reading): output_dir must not be, contain or lie inside one. `read_once`
+    (the config file, reward code; the checkpoint resumed from elsewhere is added here):
+    output_dir must not be or lie inside one, nor be moved aside while it holds one."""
     problem = writable_folder_problem(output_dir)
     if problem:
         raise OutputDirError(f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder.")
+    inputs, read_once = dict(inputs or {}), dict(read_once or {})
+    if resume and not resumes_in(resume, output_dir):
+        read_once["the checkpoint to resume from"] = str(resume)
+    refuse_own_inputs(output_dir, inputs, option)
+    refuse_own_inputs(output_dir, read_once, option, contains=False)
     created = lock_output_dir(output_dir, option) if move else []  # no other run may claim the folder from here on
     try:
-        moved = _claim_locked(output_dir, resume, overwrite, option, move)
+        moved = _claim_locked(output_dir, resume, overwrite, option, move, {**inputs, **read_once})
     except BaseException:  # refused: leave the folder as it was
         for path in reversed(created):
             path.unlink() if path.is_file() else path.rmdir()
@@ -176,41 +250,66 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
     return moved
 
 
-def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool) -> Path | None:
+def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, inputs: dict) -> Path | None:
+    found = earlier_run(output_dir)
+    shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
     if resume and resumes_in(resume, output_dir):
         if overwrite:
             raise OutputDirError(
                 f"--resume continues the run in {option}={str(output_dir)!r} and --overwrite_output_dir would move it "
                 "aside: give one of them."
             )
+        if resume in (True, "latest", "") and not checkpoint_dirs(output_dir):  # (the same test as resolve_resume's)
+            raise CheckpointError(
+                f"--resume: no checkpoint found in {option}={str(output_dir)!r}, so there is nothing to continue; "
+                + (f"it holds the files of a run that ended before its first checkpoint ({shown}): start a new run "
+                   "over them with --overwrite_output_dir instead of --resume (they are moved to a sibling folder, not "
+                   "deleted), or choose another output_dir." if found else "start without --resume.")
+            )  # fmt: skip
         return None
-    found = earlier_run(output_dir)
     if not found:
         return None
     if not overwrite:
-        shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+        how = ("Continue it with --resume, start a new run over it with --overwrite_output_dir" if checkpoint_dirs(output_dir)
+               else "It wrote no checkpoint, so there is nothing to resume: start a new run over it with --overwrite_output_dir")  # fmt: skip
         raise OutputDirError(
-            f"{option}={str(output_dir)!r} already holds a run ({shown}). Continue it with --resume, start a new run "
-            "over it with --overwrite_output_dir (the earlier run is moved to a sibling folder, not deleted), or "
-            "choose another output_dir."
+            f"{option}={str(output_dir)!r} already holds a run ({shown}). {how} (the earlier run is moved to a sibling "
+            "folder, not deleted), or choose another output_dir."
         )
+    refuse_own_inputs(output_dir, inputs, option)  # moved aside, it would take them along
     if not move:
         return None
+    refuse_moving_live_runs(Path(output_dir).expanduser().absolute(), option)  # (its own lock is this process's)
     moved = move_aside(output_dir)
     lock_output_dir(output_dir, option)  # the lock file went with the earlier run: lock the new folder
     logger.warning("%s: the earlier run in %s was moved to %s", option, output_dir, moved)
     return moved
 
 
-def start_run(output_dir: str | os.PathLike, resume_arg, *, overwrite: bool, writer: bool = True, inputs: dict | None = None):
-    """What a training command does before any model loads: claim `output_dir` for this run and
-    find the checkpoint `--resume` names (damaged newer ones set aside). Returns the
-    checkpoint to resume from, or None. Under a launcher every process checks the same, and
-    only process 0 (`writer`) renames anything. `inputs` ({option: path}): what the run reads,
-    which output_dir must not be, contain or lie inside."""
-    refuse_own_inputs(output_dir, inputs or {}, "train.output_dir")
-    claim_output_dir(output_dir, resume=resume_arg, overwrite=overwrite, move=writer)
-    return resolve_resume(resume_arg, output_dir, set_aside=writer) if resume_arg else None
+def start_run(config, resume_arg, *, writer: bool = True):
+    """What a training command does before any model loads: claim `config`'s train.output_dir for
+    this run (checked against what the run reads: config.input_paths, config.startup_inputs) and
+    find the checkpoint `--resume` names (damaged newer ones set aside), refusing an option that
+    may not change on resume. Returns the checkpoint to resume from, or None. Under a launcher
+    every process checks the same, and only process 0 (`writer`) renames anything."""
+    output_dir = config.train.output_dir
+    claim_output_dir(output_dir, resume=resume_arg, overwrite=config.train.overwrite_output_dir, move=writer,
+                     inputs=input_paths(config), read_once=startup_inputs(config))  # fmt: skip
+    if not resume_arg:
+        return None
+    checkpoint = resolve_resume(resume_arg, output_dir, set_aside=writer)
+    resume_check(checkpoint, config)
+    return checkpoint
+
+
+def resume_check(checkpoint: Path, config) -> list[str]:
+    """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
+    CheckpointError naming them when one of them may not change. Nothing loads: the command line
+    asks before the model is built, the harness again before the checkpoint's weights load."""
+    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config.to_dict())
+    if refusals:
+        raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
+    return changes
 
 
 def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True,
@@ -236,6 +335,7 @@ def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option
                 f"{option} {path}: already exists{' and is not empty' if folder else ''}. Choose another, or pass "
                 "--overwrite_output_dir to move the existing one to a sibling (NAME.previous-<time>); nothing is deleted."
             )
+        refuse_moving_live_runs(path, option)
         moved = move_aside(path)
         logger.warning("%s: the existing %s was moved to %s", option, path, moved)
     return path

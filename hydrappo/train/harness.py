@@ -31,13 +31,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import ConfigError, validate
-from ..config.resume import resume_changes
+from ..config import ConfigError, input_paths, startup_inputs, validate
+from .. import usercode
 from ..errors import HydrappoError
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.checkpoint import (
-    CONFIG_NAME,
-    CheckpointError,
     latest_checkpoint,
     load_trainable_weights,
     load_training_state,
@@ -51,7 +49,7 @@ from ..storage.checkpoint import (
     trainable_state_dict,
 )
 from ..storage.models import build_hydra, fetch_hub_models
-from ..storage.rundir import claim_output_dir, release_output_dir
+from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir, resume_check
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
@@ -206,7 +204,8 @@ class Harness:
             if resume or self.step == 0:  # (a second call of run() continues in memory)
                 with dist.phase("claiming the output folder"):
                     if dist.is_main:  # process 0 writes (and moves an earlier run aside)
-                        claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False))
+                        claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False),
+                                         inputs=input_paths(self.config), read_once=startup_inputs(self.config))  # fmt: skip
             if resume:
                 with dist.phase("loading the checkpoint to resume from"):
                     self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
@@ -247,6 +246,7 @@ class Harness:
             stop.uninstall()
             log.close()
             release_output_dir(self.output_dir)
+            usercode.warn_at_end_of_run()  # the Python API: threads a reward function left running
         return history
 
     # ------------------------------------------------------------------ checkpoints
@@ -283,9 +283,7 @@ class Harness:
         )
 
     def load(self, path: Path, loop) -> None:
-        refusals, changes = resume_changes(path / CONFIG_NAME, self.config.to_dict())  # config/resume.py
-        if refusals:
-            raise CheckpointError(f"--resume {path}: " + " ".join(f"{refusal}." for refusal in refusals))
+        changes = resume_check(path, self.config)
         if changes and self.dist.is_main:
             logger.warning("--resume %s: options changed, in effect from the next step: %s", path, "; ".join(changes))
         load_trainable_weights(loop.trained_module, path)
@@ -378,6 +376,8 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     instead of loading one). Returns (harness, hydra, tokenizer, inputs)."""
     config.resolve_paths(config_dir)
     validate(config)
+    # The Python API's first chance (the command line checked before): no model loads for a run that would be refused.
+    refuse_own_inputs(run.output_dir, input_paths(config), "train.output_dir")
     inputs = inputs if inputs is not None else read_inputs(config)
     if hydra is None and model is None:
         fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load

@@ -184,3 +184,19 @@ def test_an_os_error_outside_the_wrapped_writers_is_plain_too(tmp_path, capsys, 
     monkeypatch.setitem(cli_module.COMMANDS, "export", (fails, "x"))
     code, err = _run(["export", "x"], capsys)
     assert code == 1 and "no space left on device; free space" in err
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    (PermissionError(errno.EACCES, "Permission denied", b"/runs/out/tensorboard/events.out"),
+     "at /runs/out/tensorboard/events.out: permission denied"),
+    (OSError(errno.EXDEV, "Invalid cross-device link", "/runs/a", None, "/mnt/b"), "at /runs/a -> /mnt/b: invalid cross-device link"),
+])  # fmt: skip
+def test_an_os_errors_paths_are_printed_as_text(capsys, monkeypatch, error, said):
+    import hydrappo.cli as cli_module
+
+    def fails(argv):
+        raise error
+
+    monkeypatch.setitem(cli_module.COMMANDS, "export", (fails, "x"))
+    code, err = _run(["export", "x"], capsys)
+    assert code == 1 and said in err and "b'" not in err, err

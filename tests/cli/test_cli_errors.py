@@ -316,7 +316,9 @@ def test_a_folder_with_an_earlier_run_is_refused(ws, kind, earlier, capsys, capl
         out.mkdir()
         (out / earlier).write_text("{}\n")
         argv = [kind, stage_config(tmp_path, ws, kind)]
-    err = cli(argv, 2, "already holds a run", "--resume", "--overwrite_output_dir", capsys=capsys, caplog=caplog,
+    # --resume is offered where there is a checkpoint to resume (the workspace's run), not in a folder without one.
+    resume = "Continue it with --resume" if kind == "train" else "It wrote no checkpoint, so there is nothing to resume"
+    err = cli(argv, 2, "already holds a run", resume, "--overwrite_output_dir", capsys=capsys, caplog=caplog,
               watch=[ws, tmp_path])  # fmt: skip
     assert str(out) in err
 
@@ -467,6 +469,38 @@ def test_truncated_sampling_is_said_once(caplog):
         parse_config(CONFIG, ["--top_p", "0.93"])
     said = [r.getMessage() for r in caplog.records if "truncated distribution" in r.getMessage()]
     assert len(said) == 1 and "generation.top_p=0.93" in said[0]
+
+
+def test_a_run_that_ended_before_its_first_checkpoint_is_not_offered_resume(ws, capsys, caplog, tmp_path):
+    # What a run that failed during step 1 leaves: its TensorBoard folder, no checkpoint.
+    out = tmp_path / "failed"
+    (out / "tensorboard").mkdir(parents=True)
+    (out / "tensorboard" / "events.out.tfevents.1").write_bytes(b"events")
+    good = ["--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
+    err = cli(["train", CONFIG, "--output_dir", out, *good], 2, "already holds a run (tensorboard). It wrote no checkpoint, "
+              "so there is nothing to resume: start a new run over it with --overwrite_output_dir", capsys=capsys,
+              caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    assert "Continue it with --resume" not in err
+    cli(["train", CONFIG, "--output_dir", out, "--resume", *good], 2, f"--resume: no checkpoint found in "
+        f"train.output_dir={str(out)!r}, so there is nothing to continue; it holds the files of a run that ended before "
+        "its first checkpoint (tensorboard): start a new run over them with --overwrite_output_dir instead of --resume",
+        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+
+
+def test_an_option_that_may_not_change_on_resume_is_refused_before_the_model_loads(ws, capsys, caplog, tmp_path,
+                                                                                  monkeypatch):  # fmt: skip
+    import hydrappo.train.harness as harness
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the refusal")
+
+    monkeypatch.setattr(harness, "build_hydra", no_model)
+    run = tmp_path / "run"
+    shutil.copytree(ws / "run", run)
+    cli(["train", CONFIG, "--output_dir", run, "--resume", "--reward_fn", f"{ws / 'rewards.py'}:good", *FAST,
+         "--num_layers_unfrozen", "1"], 2, f"--resume {run / 'checkpoint-2'}: model.num_layers_unfrozen: 2 in the "
+        "checkpoint, 1 now; it decides which weights the checkpoint holds; resume with 2 or start a new run",
+        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
 
 
 def test_resume_without_a_complete_checkpoint_and_resume_past_the_end(ws, capsys, caplog, tmp_path):

@@ -5,15 +5,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hydrappo import HydraModel
 from hydrappo.model.arch import UnsupportedModelError
 from hydrappo.model.hydra import last_token_index
-from tiny import FAMILIES, LAYERS, VOCAB, first_family_quick, left_padded_batch, tiny_model
+from tiny import FAMILIES, FLOAT64_ATOL, LAYERS, VOCAB, first_family_quick, left_padded_batch, tiny64, tiny_model
 
 # Longer than the sliding windows of the tiny Mistral/Qwen2 configs (8), so that
-# per-layer sliding-window masks are exercised.
+# per-layer sliding-window masks are exercised. The tests that compare the hydra's numbers with
+# the model's own (padded batch vs single row) or two of its passes (the cached split vs the
+# whole pass) run the tiny models in float64, within FLOAT64_ATOL (tests/tiny.py says why).
 ROWS = [list(range(5, 19)), [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
 
 
 def unpadded_logprobs(model, row):
-    logits = model(torch.tensor([row])).logits[0, :-1].float()
+    logits = model(torch.tensor([row])).logits[0, :-1]
     return logits.log_softmax(-1).gather(-1, torch.tensor(row[1:])[:, None])[:, 0]
 
 
@@ -33,7 +35,7 @@ def ppo_like_step(hydra, ids, mask):
 
 @pytest.mark.parametrize("family", first_family_quick())
 def test_reference_equals_policy_equals_unwrapped_model(family):
-    model = tiny_model(family)
+    model = tiny64(family)
     hydra = HydraModel(model, num_layers_unfrozen=2)
     ids, mask = left_padded_batch(ROWS)
     out = hydra.forward_hydra(ids, mask, return_entropy=True)
@@ -42,8 +44,8 @@ def test_reference_equals_policy_equals_unwrapped_model(family):
     assert torch.equal(out.ref_logprobs, out.logprobs)
     for i, row in enumerate(ROWS):
         expected = unpadded_logprobs(model, row)
-        torch.testing.assert_close(row_values(out.logprobs, i, len(row) - 1), expected, atol=1e-5, rtol=0)
-        torch.testing.assert_close(row_values(out.ref_logprobs, i, len(row) - 1), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(row_values(out.logprobs, i, len(row) - 1), expected, atol=FLOAT64_ATOL, rtol=0)
+        torch.testing.assert_close(row_values(out.ref_logprobs, i, len(row) - 1), expected, atol=FLOAT64_ATOL, rtol=0)
         # Padding positions hold exactly 0.
         pad = ids.shape[1] - len(row)
         assert torch.all(out.logprobs[i, : max(pad - 1, 0)] == 0)
@@ -52,22 +54,22 @@ def test_reference_equals_policy_equals_unwrapped_model(family):
 
 @pytest.mark.parametrize("family", first_family_quick())
 def test_forward_top_from_cached_split_equals_forward_hydra(family):
-    hydra = HydraModel(tiny_model(family), num_layers_unfrozen=2)
+    hydra = HydraModel(tiny64(family), num_layers_unfrozen=2)
     ids, mask = left_padded_batch(ROWS)
     out = hydra.forward_hydra(ids, mask, return_entropy=True)
     assert out.split_hidden is not None and not out.split_hidden.requires_grad
     top = hydra.forward_top(out.split_hidden, ids, mask, return_entropy=True)
-    torch.testing.assert_close(top.logprobs, out.logprobs, atol=1e-6, rtol=0)
-    torch.testing.assert_close(top.values, out.values, atol=1e-6, rtol=0)
-    torch.testing.assert_close(top.entropy, out.entropy, atol=1e-6, rtol=0)
+    torch.testing.assert_close(top.logprobs, out.logprobs, atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(top.values, out.values, atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(top.entropy, out.entropy, atol=FLOAT64_ATOL, rtol=0)
     # A minibatch slice of the cache gives that slice's numbers.
     part = hydra.forward_top(out.split_hidden[1:], ids[1:], mask[1:])
-    torch.testing.assert_close(part.logprobs, out.logprobs[1:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(part.logprobs, out.logprobs[1:], atol=FLOAT64_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_training_step_moves_policy_only_through_top_layers_and_heads(family):
-    model = tiny_model(family)
+    model = tiny64(family)
     hydra = HydraModel(model, num_layers_unfrozen=2)
     ids, mask = left_padded_batch(ROWS)
     before = hydra.forward_hydra(ids, mask)
@@ -87,10 +89,10 @@ def test_training_step_moves_policy_only_through_top_layers_and_heads(family):
     assert (after.logprobs - before.logprobs).abs().max() > 1e-3
     assert torch.equal(after.split_hidden, before.split_hidden)
     # The reference still equals the untouched original model.
-    original = tiny_model(family)
+    original = tiny64(family)
     for i, row in enumerate(ROWS):
         expected = unpadded_logprobs(original, row)
-        torch.testing.assert_close(row_values(after.ref_logprobs, i, len(row) - 1), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(row_values(after.ref_logprobs, i, len(row) - 1), expected, atol=FLOAT64_ATOL, rtol=0)
 
 
 def _is_top_layer(hydra, model_param_name):
@@ -100,7 +102,7 @@ def _is_top_layer(hydra, model_param_name):
 
 
 def test_zero_unfrozen_layers_trains_only_the_heads():
-    hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=0)
+    hydra = HydraModel(tiny64("llama"), num_layers_unfrozen=0)
     assert [n for n, p in hydra.named_parameters() if p.requires_grad] == [
         n for n, _ in hydra.named_parameters() if n.startswith("value_head.")
     ]
@@ -114,13 +116,13 @@ def test_zero_unfrozen_layers_trains_only_the_heads():
     assert torch.equal(after.logprobs, before.logprobs)
     assert (after.values - before.values).abs().max() > 1e-4
     top = hydra.forward_top(after.split_hidden, ids, mask)
-    torch.testing.assert_close(top.logprobs, after.logprobs, atol=1e-6, rtol=0)
-    torch.testing.assert_close(top.values, after.values, atol=1e-6, rtol=0)
+    torch.testing.assert_close(top.logprobs, after.logprobs, atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(top.values, after.values, atol=FLOAT64_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("num_layers_unfrozen", [-1, LAYERS, LAYERS + 3])
 def test_whole_model_training_keeps_a_complete_frozen_reference(num_layers_unfrozen):
-    model = tiny_model("llama")
+    model = tiny64("llama")
     hydra = HydraModel(model, num_layers_unfrozen=num_layers_unfrozen)
     assert hydra.full_model and hydra.num_layers_unfrozen == LAYERS
     assert all(p.requires_grad for p in model.parameters())
@@ -134,12 +136,12 @@ def test_whole_model_training_keeps_a_complete_frozen_reference(num_layers_unfro
     after = hydra.forward_hydra(ids, mask)
     torch.testing.assert_close(after.ref_logprobs, before.ref_logprobs, atol=0, rtol=0)
     assert (after.logprobs - before.logprobs).abs().max() > 1e-3
-    original = tiny_model("llama")
+    original = tiny64("llama")
     for i, row in enumerate(ROWS):
         expected = unpadded_logprobs(original, row)
-        torch.testing.assert_close(row_values(after.ref_logprobs, i, len(row) - 1), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(row_values(after.ref_logprobs, i, len(row) - 1), expected, atol=FLOAT64_ATOL, rtol=0)
     top = hydra.forward_top(None, ids, mask)
-    torch.testing.assert_close(top.logprobs, after.logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(top.logprobs, after.logprobs, atol=FLOAT64_ATOL, rtol=0)
 
 
 def test_trainable_tied_lm_head_is_untied_and_embeddings_stay_frozen():
@@ -163,7 +165,7 @@ def test_trainable_tied_lm_head_is_untied_and_embeddings_stay_frozen():
 
 
 def test_trainable_final_norm_gets_a_frozen_reference_copy():
-    hydra = HydraModel(tiny_model("qwen2"), num_layers_unfrozen=1, train_final_norm=True)
+    hydra = HydraModel(tiny64("qwen2"), num_layers_unfrozen=1, train_final_norm=True)
     ids, mask = left_padded_batch(ROWS)
     before = hydra.forward_hydra(ids, mask)
     optimizer, _ = ppo_like_step(hydra, ids, mask)
@@ -172,12 +174,12 @@ def test_trainable_final_norm_gets_a_frozen_reference_copy():
     after = hydra.forward_hydra(ids, mask)
     torch.testing.assert_close(after.ref_logprobs, before.ref_logprobs, atol=0, rtol=0)
     top = hydra.forward_top(after.split_hidden, ids, mask)
-    torch.testing.assert_close(top.logprobs, after.logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(top.logprobs, after.logprobs, atol=FLOAT64_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_reward_branch_scores_the_last_real_token(family):
-    model = tiny_model(family)
+    model = tiny64(family)
     hydra = HydraModel(model, num_layers_unfrozen=2)
     torch.manual_seed(3)
     branch = hydra.new_reward_branch()
@@ -191,21 +193,21 @@ def test_reward_branch_scores_the_last_real_token(family):
     for i in range(3):
         real = ids[i][mask[i].bool()]
         final_hidden = model(real[None], output_hidden_states=True).hidden_states[-1][0, -1]
-        torch.testing.assert_close(out.scores[i], branch.head(final_hidden), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.scores[i], branch.head(final_hidden), atol=FLOAT64_ATOL, rtol=0)
     assert last_token_index(mask).tolist() == [ids.shape[1] - 4, ids.shape[1] - 1, ids.shape[1] - 1]
 
 
 def test_entropy_and_logits_match_full_softmax():
-    model = tiny_model("mistral")
+    model = tiny64("mistral")
     hydra = HydraModel(model, num_layers_unfrozen=2, logprob_chunk_tokens=5)
     row = ROWS[0]
     out = hydra.forward_hydra(torch.tensor([row]), return_entropy=True, return_logits=True, temperature=0.7)
     logits = model(torch.tensor([row])).logits
-    torch.testing.assert_close(out.logits, logits, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out.ref_logits, logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logits, logits, atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(out.ref_logits, logits, atol=FLOAT64_ATOL, rtol=0)
     logp = (logits[0, :-1] / 0.7).log_softmax(-1)
-    torch.testing.assert_close(out.logprobs[0], logp.gather(-1, torch.tensor(row[1:])[:, None])[:, 0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(out.entropy[0], -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logprobs[0], logp.gather(-1, torch.tensor(row[1:])[:, None])[:, 0], atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(out.entropy[0], -(logp.exp() * logp).sum(-1), atol=FLOAT64_ATOL, rtol=0)
 
 
 class _LargestLogitsTensor(TorchDispatchMode):
@@ -256,11 +258,11 @@ def test_logit_postprocessing_of_the_model_is_honoured(family):
     else:
         config = CohereConfig(logit_scale=3.0, **common)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval().double()
     hydra = HydraModel(model, num_layers_unfrozen=1)
     row = ROWS[0]
     out = hydra.forward_hydra(torch.tensor([row]))
-    torch.testing.assert_close(out.logprobs[0], unpadded_logprobs(model, row), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logprobs[0], unpadded_logprobs(model, row), atol=FLOAT64_ATOL, rtol=0)
 
 
 def test_parameter_bytes_are_base_plus_top_copies_plus_value_head():
@@ -308,14 +310,14 @@ def test_reward_branch_must_match_the_split():
 
 
 def test_logprobs_from_skips_the_prompt_and_keeps_shapes():
-    hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=2)
+    hydra = HydraModel(tiny64("llama"), num_layers_unfrozen=2)
     ids, mask = left_padded_batch(ROWS)
     full = hydra.forward_hydra(ids, mask, return_entropy=True)
     part = hydra.forward_hydra(ids, mask, return_entropy=True, logprobs_from=9)
     assert part.logprobs.shape == full.logprobs.shape
-    torch.testing.assert_close(part.logprobs[:, 9:], full.logprobs[:, 9:], atol=1e-6, rtol=0)
-    torch.testing.assert_close(part.ref_logprobs[:, 9:], full.ref_logprobs[:, 9:], atol=1e-6, rtol=0)
-    torch.testing.assert_close(part.entropy[:, 9:], full.entropy[:, 9:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(part.logprobs[:, 9:], full.logprobs[:, 9:], atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(part.ref_logprobs[:, 9:], full.ref_logprobs[:, 9:], atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(part.entropy[:, 9:], full.entropy[:, 9:], atol=FLOAT64_ATOL, rtol=0)
     assert torch.all(part.logprobs[:, :9] == 0) and torch.all(part.entropy[:, :9] == 0)
     top = hydra.forward_top(full.split_hidden, ids, mask, logprobs_from=9)
-    torch.testing.assert_close(top.logprobs, part.logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(top.logprobs, part.logprobs, atol=FLOAT64_ATOL, rtol=0)

@@ -8,7 +8,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from hydrappo import HydraModel
 from hydrappo.errors import UsageError
-from tiny import left_padded_batch, tiny_model
+from tiny import FLOAT64_ATOL, left_padded_batch, tiny64, tiny_model
 
 ROWS = [list(range(5, 19)), [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,20 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def lora(**overrides):
     return LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": "all-linear", **overrides})
-
-
-# The model-level tests run the tiny models in float64: the hydra's passes and the models they are
-# compared with (the original, the merged, a peft one) compute the same values with other sums
-# (padded batches vs single rows, adapters merged vs added). A log-prob is a chain of <= 10 sums of
-# <= 1e3 terms (<= 14 positions x 64 features) of magnitude <= 10 (logits of a random model), off
-# by <= 10 * 1e3 * 2**-53 * 10 ~ 1.1e-11; with a factor 10 for what later layers amplify,
-# FLOAT64_ATOL = 1e-10. (In float32 the same bound is ~6e-2; a bare 1e-5 was a guess the
-# machine's kernels decide.) A wrong branch, adapter or position is off by ~1e-1.
-FLOAT64_ATOL = 1e-10
-
-
-def tiny64(family: str = "llama"):
-    return tiny_model(family).double()
 
 
 def unpadded_logprobs(model, row):

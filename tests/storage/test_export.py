@@ -23,21 +23,24 @@ from hydrappo.storage.trlx import convert_trlx
 from hydrappo.cli import main as cli_main
 from hydrappo.model.heads import ValueHead
 from hydrappo.train.ppo import PPOTrainer
-from tiny import tiny_model, tiny_tokenizer
+from tiny import FLOAT64_ATOL, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny"
+# An exported or converted model computes what the hydra computes by another path (its own forward
+# against the edited layer list, adapters merged against added): the models here are float64 and
+# agree within FLOAT64_ATOL (tests/tiny.py says why).
 
 
 def export_main(argv):
     return cli_main(["export", *argv])
 
 
-def _load_plain(directory, capfd):
+def _load_plain(directory, capfd, dtype=torch.float64):
     """AutoModelForCausalLM.from_pretrained alone, with no missing/unexpected/mismatched keys and no
     load report (transformers prints one, to its own stderr handler, when keys do not match)."""
     capfd.readouterr()
-    model, info = AutoModelForCausalLM.from_pretrained(str(directory), output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(str(directory), output_loading_info=True, dtype=dtype)
     assert info["missing_keys"] in (set(), []) and info["unexpected_keys"] in (set(), []), info
     assert not info.get("mismatched_keys"), info
     err = capfd.readouterr().err
@@ -62,7 +65,7 @@ def ppo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ppo")
     config = parse_config(TINY / "config.yaml", ["--output_dir", str(out), "--no_progress_bar", "--total_steps", "1",
                                                   "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
-                                                  "--learning_rate", "0.05"])  # fmt: skip
+                                                  "--learning_rate", "0.05", "--dtype", "float64"])  # fmt: skip
     trainer = PPOTrainer(config, config_dir=TINY)
     trainer.train()
     return trainer, out / "checkpoint-1"
@@ -76,6 +79,7 @@ def test_ppo_checkpoint_exports_to_a_plain_model_with_the_policys_logits(ppo_run
     export_checkpoint(checkpoint, out, value_head=tmp_path / "value_head.safetensors")
 
     model = _load_plain(out, capfd)
+    assert {v.dtype for v in load_file(str(out / "model.safetensors")).values()} == {torch.float64}  # as trained
     assert model.config.tie_word_embeddings is False  # trained lm_head, untied
     assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     ids = torch.randint(4, 60, (3, 10), generator=torch.Generator().manual_seed(1))
@@ -85,11 +89,12 @@ def test_ppo_checkpoint_exports_to_a_plain_model_with_the_policys_logits(ppo_run
         expected = hydra.forward_hydra(ids, mask, return_logits=True)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
     real = mask.bool()
-    assert torch.allclose(logits[real], expected.logits[real], atol=1e-5, rtol=0)
+    assert expected.logits.dtype == logits.dtype == torch.float64
+    assert torch.allclose(logits[real], expected.logits[real], atol=FLOAT64_ATOL, rtol=0)
     # the export is the TRAINED policy, not the reference
     assert not torch.allclose(expected.ref_logits[real], expected.logits[real], atol=1e-3)
 
-    head = ValueHead(hydra.arch.hidden_size)
+    head = ValueHead(hydra.arch.hidden_size).double()
     head.load_state_dict(load_file(str(tmp_path / "value_head.safetensors")))
     for name, tensor in head.state_dict().items():
         assert torch.equal(tensor, hydra.value_head.state_dict()[name]), name
@@ -106,7 +111,7 @@ def test_refuses_a_non_empty_output_directory(ppo_run, tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     # an output_dir resolves to its newest checkpoint; --overwrite replaces; --dtype casts the
-    # policy trained in float32 (the random-init base is still rebuilt in float32)
+    # policy trained in float64 (the random-init base is still rebuilt in float64)
     assert export_main([str(checkpoint.parent), "--out", str(out), "--overwrite", "--dtype", "bfloat16"]) == 0
     assert not (out / "keep.txt").exists()
     written = load_file(str(out / "model.safetensors"))
@@ -122,7 +127,7 @@ def _hydra_checkpoint(tmp_path, family, name_or_path, **hydra_kwargs):
     base_dir = tmp_path / "base"
     base.save_pretrained(base_dir)
     tiny_tokenizer().save_pretrained(base_dir)
-    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(base_dir).eval(), 2, **hydra_kwargs)
+    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64).eval(), 2, **hydra_kwargs)
     with torch.no_grad():
         for param in hydra.trainable_parameters():
             param.add_(torch.randn_like(param) * 0.05)
@@ -148,7 +153,7 @@ def test_gpt2_export_sharded_with_a_moved_base_model(tmp_path, capfd):
     assert model.config.tie_word_embeddings is True  # the head did not train: still tied
     ids = torch.randint(4, 96, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.allclose(model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=1e-5, rtol=0)
+        assert torch.allclose(model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=FLOAT64_ATOL, rtol=0)
 
 
 def test_weights_that_do_not_fit_are_a_clear_error(tmp_path, capsys):
@@ -175,7 +180,7 @@ def _top(model, family):
 def _trlx_checkpoint(tmp_path, family, n=2, train_embeddings=False):
     """What trlX's AutoModelForCausalLMWithHydraValueHead.state_dict() holds after training:
     base_model.* = the trained policy, frozen_head.* = the original top, v_head.* = MLP head."""
-    original = tiny_model(family, seed=5)
+    original = tiny_model(family, seed=5).double()
     policy = copy.deepcopy(original)
     torch.manual_seed(6)
     decoder, layers, norm = _top(policy, family)
@@ -186,7 +191,7 @@ def _trlx_checkpoint(tmp_path, family, n=2, train_embeddings=False):
             embeddings = policy.get_input_embeddings().weight
             embeddings.add_(torch.randn_like(embeddings) * 0.1)
     hidden = original.config.hidden_size
-    v_head = torch.nn.Sequential(torch.nn.Linear(hidden, 2 * hidden), torch.nn.ReLU(), torch.nn.Linear(2 * hidden, 1))
+    v_head = torch.nn.Sequential(torch.nn.Linear(hidden, 2 * hidden), torch.nn.ReLU(), torch.nn.Linear(2 * hidden, 1)).double()
     o_decoder = _top(original, family)[0]
     branch = torch.nn.Module()  # trlX's ModelBranch: deep copies of the original top
     branch.decoder_blocks = copy.deepcopy(getattr(o_decoder, layers)[-n:])
@@ -230,7 +235,7 @@ def test_trlx_hydra_checkpoint_converts_exactly(tmp_path, family, train_embeddin
     assert result.train_lm_head == train_embeddings  # a tied head that trained must be untied
 
     saved = yaml.safe_load((out / "config.yaml").read_text())["model"]
-    model = AutoModelForCausalLM.from_pretrained(str(base)).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float64).eval()
     hydra = HydraModel(model, saved["num_layers_unfrozen"], train_lm_head=saved["train_lm_head"],
                        train_final_norm=saved["train_final_norm"])  # fmt: skip
     load_trainable_weights(hydra, out)
@@ -246,9 +251,10 @@ def test_trlx_hydra_checkpoint_converts_exactly(tmp_path, family, train_embeddin
         plain = policy(ids, output_hidden_states=True)
         ref_logits = _trlx_reference(original, policy, family)(ids).logits
     assert not torch.allclose(plain.logits, ref_logits, atol=1e-3)
-    assert torch.allclose(out_h.logprobs, _logprobs(plain.logits, ids), atol=1e-5, rtol=0)
-    assert torch.allclose(out_h.ref_logprobs, _logprobs(ref_logits, ids), atol=1e-5, rtol=0)
-    assert torch.allclose(out_h.values, v_head(plain.hidden_states[-1]).squeeze(-1), atol=1e-5, rtol=0)
+    assert out_h.logprobs.dtype == torch.float64
+    assert torch.allclose(out_h.logprobs, _logprobs(plain.logits, ids), atol=FLOAT64_ATOL, rtol=0)
+    assert torch.allclose(out_h.ref_logprobs, _logprobs(ref_logits, ids), atol=FLOAT64_ATOL, rtol=0)
+    assert torch.allclose(out_h.values, v_head(plain.hidden_states[-1]).squeeze(-1), atol=FLOAT64_ATOL, rtol=0)
 
 
 def test_trlx_without_frozen_head_infers_n_from_the_original(tmp_path):
@@ -261,11 +267,11 @@ def test_trlx_without_frozen_head_infers_n_from_the_original(tmp_path):
         convert_trlx(source, tmp_path / "a", write_base=tmp_path / "b")
     result = convert_trlx(source, tmp_path / "converted", base_model=original_dir)
     assert (result.num_layers_unfrozen, result.train_final_norm, result.train_lm_head) == (1, True, False)
-    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(original_dir).eval(), 1, train_final_norm=True)
+    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(original_dir, dtype=torch.float64).eval(), 1, train_final_norm=True)
     load_trainable_weights(hydra, tmp_path / "converted")
     ids = torch.randint(4, 96, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.allclose(hydra.forward_hydra(ids).logprobs, _logprobs(policy(ids).logits, ids), atol=1e-5, rtol=0)
+        assert torch.allclose(hydra.forward_hydra(ids).logprobs, _logprobs(policy(ids).logits, ids), atol=FLOAT64_ATOL, rtol=0)
 
 
 def test_not_a_trlx_checkpoint_is_exit_code_2(tmp_path, capsys):
@@ -297,13 +303,13 @@ def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, c
     base_dir = tmp_path / "base"
     base.save_pretrained(base_dir)
     tiny_tokenizer().save_pretrained(base_dir)
-    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(base_dir).eval(), 2,
+    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64).eval(), 2,
                        lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))  # fmt: skip
     with torch.no_grad():
         for param in hydra.trainable_parameters():
             param.add_(torch.randn_like(param) * 0.1)
     config = Config()
-    config.model.name_or_path = str(base_dir)
+    config.model.name_or_path, config.model.dtype = str(base_dir), "float64"  # (a LoRA checkpoint holds no trunk weights)
     config.lora.lora_r, config.lora.lora_alpha = 4, 8
     config.lora.lora_target_modules = ["q_proj", "v_proj", "down_proj"]
     config.model.reward_branch_path = str(base_dir)  # any existing folder: loading is stubbed below
@@ -318,7 +324,7 @@ def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, c
     assert not any("lora" in name for name in model.state_dict())
     ids = torch.randint(4, 96, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.allclose(model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=1e-5, rtol=0)
+        assert torch.allclose(model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=FLOAT64_ATOL, rtol=0)
     saved = load_file(str(tmp_path / "reward.safetensors"))
     assert saved.keys() == branch.state_dict().keys()
     assert all(torch.equal(saved[k], v) for k, v in branch.state_dict().items())

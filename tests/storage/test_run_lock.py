@@ -3,6 +3,7 @@ the same moment into one new folder, one trains and the other is refused naming 
 lock left by a process that died does not block --resume."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from hydrappo.cli import main
-from hydrappo.storage.rundir import LOCK_NAME, OutputDirError, lock_output_dir, name_lock_holder, release_output_dir
+from hydrappo.storage.rundir import (
+    LOCK_NAME,
+    OutputDirError,
+    claim_output_dir,
+    lock_output_dir,
+    name_lock_holder,
+    release_output_dir,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny"
@@ -48,6 +56,40 @@ def test_a_folder_locked_by_another_process_is_refused_naming_the_holder(tmp_pat
     assert f"PID {os.getpid()}," in (tmp_path / "run" / LOCK_NAME).read_text()
     lock_output_dir(tmp_path / "run")  # this process again: the same run claiming twice
     release_output_dir(tmp_path / "run")
+
+
+HOLDER_LINE = re.compile(r"host [^,\s]+, PID \d+, started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S*\n")
+
+
+def try_lock_elsewhere(folder: Path) -> str:
+    """What another process is told when it tries to lock `folder`."""
+    code = (f"from hydrappo.storage.rundir import lock_output_dir\ntry:\n    lock_output_dir({str(folder)!r})\n"
+            "except Exception as error:\n    print(error)\n")  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_a_folder_claimed_twice_by_its_run_names_the_holder_in_one_clean_line(tmp_path):
+    # The command line claims the folder before the model loads, and the harness again when it
+    # starts the run: each names the holder, and the second naming replaces the first.
+    out = tmp_path / "out"
+    claim_output_dir(out)
+    claim_output_dir(out)
+    try:
+        text = (out / LOCK_NAME).read_bytes().decode()
+        assert HOLDER_LINE.fullmatch(text) and f"PID {os.getpid()}," in text, repr(text)
+        refused = try_lock_elsewhere(out)
+        assert f"is in use by another run (host {socket.gethostname()}, PID {os.getpid()}, started " in refused, refused
+        assert "\0" not in refused
+    finally:
+        release_output_dir(out)
+
+
+@pytest.mark.slow
+def test_a_cli_run_leaves_a_lock_file_of_one_clean_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST]) == 0
+    text = (out / LOCK_NAME).read_bytes().decode()
+    assert HOLDER_LINE.fullmatch(text) and f"PID {os.getpid()}," in text, repr(text)
 
 
 @pytest.mark.slow

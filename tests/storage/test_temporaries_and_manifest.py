@@ -32,8 +32,17 @@ def test_only_this_hosts_dead_writers_folders_are_removed(tmp_path):
     (outside / "keep").write_text("precious")
     link = tmp_path / f".checkpoint-5.tmp-{DEAD}@{host_name()}-link"
     link.symlink_to(outside, target_is_directory=True)
-    assert remove_orphaned_temporaries(tmp_path) == [mine]
+    # write_text's temporary files follow the same rules.
+    mine_file = tmp_path / f".notes.txt.tmp-{DEAD}@{host_name()}-file"
+    other_file = tmp_path / f".notes.txt.tmp-{DEAD}@another-machine.cluster-file"
+    alive_file = tmp_path / f".notes.txt.tmp-{os.getpid()}@{host_name()}-file"
+    for file in (mine_file, other_file, alive_file):
+        file.write_text("half")
+    file_link = tmp_path / f".notes.txt.tmp-{DEAD}@{host_name()}-link"
+    file_link.symlink_to(outside / "keep")
+    assert sorted(remove_orphaned_temporaries(tmp_path)) == sorted([mine, mine_file])
     assert not mine.exists() and other_host.is_dir() and older_format.is_dir() and alive.is_dir()
+    assert not mine_file.exists() and other_file.is_file() and alive_file.is_file() and file_link.is_symlink()
     assert link.is_symlink() and (outside / "keep").read_text() == "precious"
 
 

@@ -17,13 +17,14 @@ TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 
 
 @pytest.mark.parametrize("name, content", [("prompts.jsonl", ""), ("prompts.jsonl", "\n  \n"), ("prompts.txt", ""),
-                                           ("prompts.csv", "")])  # fmt: skip
+                                           ("prompts.csv", ""), ("prompts.csv", "prompt\n"), ("prompts.json", "[]"),
+                                           ("prompts.json", " [ ]\n")])  # fmt: skip
 def test_an_empty_file_says_so_naming_the_option_and_the_file(tmp_path, name, content):
     (tmp_path / name).write_text(content)
     with pytest.raises(DataError) as error:
         read_table(tmp_path / name, ["prompt"], setting="data.prompts", allow_text=True)
     assert str(error.value).startswith(f"data.prompts: {tmp_path / name} is empty: it holds no rows.")
-    assert "StopIteration" not in str(error.value)
+    assert "StopIteration" not in str(error.value) and "corresponds to no data" not in str(error.value)
 
 
 def test_a_lone_surrogate_names_the_file_and_the_line(tmp_path, caplog):
@@ -38,7 +39,9 @@ def test_a_lone_surrogate_names_the_file_and_the_line(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("line, words", [('{"prompt": "a" "b"}', "line 2 is not one JSON object (Expecting ',' delimiter"),
-                                         ('["a"]', "line 2 holds a JSON list, not an object")])  # fmt: skip
+                                         ('["a"]', "line 2 holds a JSON list, not an object"),
+                                         ('{"prompt": "b", "prompt": "c"}', "line 2 gives the key 'prompt' twice; a JSON "
+                                          "object holds each key once: keep one of them.")])  # fmt: skip
 def test_a_jsonl_line_that_is_not_an_object_is_named(tmp_path, line, words):
     file = tmp_path / "pairs.jsonl"
     file.write_text('{"prompt": "a"}\n' + line + "\n")

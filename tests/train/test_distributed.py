@@ -21,6 +21,7 @@ from hydrappo.train.distributed import ProcessGroup
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
+from bounds import ADAM_EPS, EXACT, SCALAR_NOISE, assert_close_weights
 from processes import check_ok, describe, launch
 from runs import reward_config, write_sft_config
 
@@ -35,32 +36,6 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-# The runs compared with one process train in float64 (model.dtype) with AdamW's eps at
-# ADAM_EPS, so what differs between them is the order of float64 sums: a sum of n terms of
-# magnitude <= S is off by at most dg = n * 2**-53 * S (n <= 1e4 token terms, S <= 10 here).
-# AdamW divides by sqrt(v) + eps, which turns dg into a weight error of at most lr * dg / eps
-# per optimizer step (where the gradient is near 0; elsewhere far less): weights agree within
-# WEIGHT_NOISE * lr * steps, with a factor 10 for the errors earlier steps feed into later ones.
-# With the default eps 1e-8, dg / eps nears 1 (float32: far above), so a weight whose exact
-# gradient is ~0 may move by a whole lr either way: hence float64 and a larger eps here.
-# Logged scalars are smooth functions of weights that agree that closely (<= 1.3e-6) with O(1)
-# sensitivity: they agree to a relative SCALAR_NOISE; clip fractions exactly unless a ratio lies
-# within ~1e-7 of the clip edge (odds ~1e-4 over the few hundred tokens here). A logic error,
-# one token or row counted twice or missed, moves weights by about lr per step and scalars by
-# percents: orders of magnitude more.
-ADAM_EPS = 1e-6
-WEIGHT_NOISE = 10 * 1e4 * 2**-53 * 10 / ADAM_EPS  # 1.1e-4
-SCALAR_NOISE = 1e-6
-EXACT = ["--dtype", "float64", "--adam_eps", str(ADAM_EPS)]
-
-
-def assert_close_weights(a: dict, b: dict, lr: float, steps: int) -> None:
-    assert a.keys() == b.keys() and a
-    for name in a:
-        assert a[name].dtype == b[name].dtype == torch.float64, name
-        torch.testing.assert_close(a[name], b[name], atol=WEIGHT_NOISE * lr * steps, rtol=0, msg=lambda m: f"{name}: {m}")
-
-
 def assert_equal_weights(a: dict, b: dict) -> None:
     assert a.keys() == b.keys() and a
     for name in a:
@@ -69,7 +44,7 @@ def assert_equal_weights(a: dict, b: dict) -> None:
 
 def assert_same_scalars(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> None:
     """Every logged scalar but the timings (and names ending in `ignore`), within float64 noise
-    (see the note above ADAM_EPS)."""
+    (see tests/bounds.py)."""
     keys = {k for k in a if not k.startswith("time/")}
     assert keys == {k for k in b if not k.startswith("time/")}
     for key in sorted(k for k in keys if not k.endswith(ignore)):
@@ -93,13 +68,23 @@ def test_aggregating_parts_with_the_whole_count_adds_up_to_the_whole():
 
 def test_explained_variance_from_parts_is_that_of_the_whole():
     torch.manual_seed(0)
-    values, returns = torch.randn(6, 5), torch.randn(6, 5) * 2 + 1
+    values, returns = torch.randn(6, 5, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64) * 2 + 1
     mask = torch.rand(6, 5) > 0.3
     whole = explained_variance(values, returns, mask).item()
     parts = [explained_variance_parts(values[rows], returns[rows], mask[rows]) for rows in (slice(0, 2), slice(2, 6))]
     tokens = [mask[:2].sum(), mask[2:].sum()]
-    means = (parts[0] * tokens[0] + parts[1] * tokens[1]).double() / (tokens[0] + tokens[1])
-    assert explained_variance_of_parts(*means.tolist()) == pytest.approx(whole, rel=1e-5)
+    means = (parts[0] * tokens[0] + parts[1] * tokens[1]) / (tokens[0] + tokens[1])
+    # Both ways sum the same n float64 terms in another order: each of the four token means is off
+    # by at most n * 2**-53 * (its largest term), and 1 - (E[e^2] - E[e]^2) / (E[R^2] - E[R]^2) turns
+    # an error d of a mean into at most d * (1 + 2 |mean|) / Var(R) * (1 + Var(e) / Var(R)).
+    # The bound is ~1e-12 here; a token counted twice or missed moves the value by ~1e-2.
+    residual = returns - values
+    n, largest = int(mask.sum()), max(returns[mask].square().max(), residual[mask].square().max()).item()
+    var_r, var_e = (masked.var(unbiased=False).item() for masked in (returns[mask], residual[mask]))
+    spread = 1 + 2 * means.abs().max().item()
+    bound = n * 2**-53 * largest * spread / var_r * (1 + var_e / var_r)
+    assert abs(explained_variance_of_parts(*means.tolist()) - whole) <= bound
+    assert bound < 1e-10  # float64 noise, far below what a logic error moves
 
 
 def test_minibatches_are_stratified_so_every_process_holds_an_equal_share_of_each():
@@ -265,7 +250,7 @@ def test_supervised_stages_on_two_processes_end_with_the_weights_of_one(tmp_path
         path = write_sft_config(tmp_path, max_steps=4, save_every=0)
         trainer_cls, config_cls = SFTTrainer, SFTConfig
         config = parse_config(path, [], config_cls=config_cls)
-    # In float64: see the note above ADAM_EPS.
+    # In float64: see tests/bounds.py.
     check_ok(launch(["-m", "hydrappo", stage, str(path), "--output_dir", str(tmp_path / "two"), *EXACT]))
     config.train.output_dir = str(tmp_path / "one")
     config.model.dtype, config.train.adam_eps = "float64", ADAM_EPS

@@ -45,13 +45,15 @@ def test_ppo_scores_with_a_reward_branch_written_before_the_harness(tmp_path):
 
 def test_adamw_takes_the_fused_kernel_and_steps_as_the_loop_does():
     # torch's fused AdamW (train/optimizers.py) computes the same update as its loop of
-    # elementwise operations, in another order: after 3 steps of lr 1e-3 the weights agree to
-    # float32 rounding of the update (|update| <= ~3e-3, a few 2**-24 relative).
+    # elementwise operations, in another order. In float64 each of the ~10 elementwise operations of
+    # a step rounds by at most 2**-53 of what it holds (|w| <= max|w|, the update <= ~lr): after 3
+    # steps the weights agree within 3 * 10 * 2**-53 * (max|w| + 1). (Gradients ~N(0, 1): none
+    # near 0, where eps would amplify the difference.) A wrong step is off by ~lr = 1e-3.
     from hydrappo.config import PPOArgs
     from hydrappo.train.optimizers import fused_adamw_runs, make_optimizer
 
     torch.manual_seed(0)
-    weights = [torch.randn(64, 32), torch.randn(32)]
+    weights = [torch.randn(64, 32, dtype=torch.float64), torch.randn(32, dtype=torch.float64)]
     fused_params = [torch.nn.Parameter(w.clone()) for w in weights]
     loop_params = [torch.nn.Parameter(w.clone()) for w in weights]
     args = PPOArgs(learning_rate=1e-3, weight_decay=0.01)
@@ -66,5 +68,7 @@ def test_adamw_takes_the_fused_kernel_and_steps_as_the_loop_does():
             for param, grad in zip(params, grads):
                 param.grad = grad.clone()
             optimizer.step()
+    bound = 3 * 10 * 2**-53 * (max(w.abs().max().item() for w in weights) + 1)
     for got, want in zip(fused_params, loop_params):
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want, atol=bound, rtol=0)

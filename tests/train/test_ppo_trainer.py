@@ -12,6 +12,7 @@ from hydrappo.config import ConfigError, parse_config
 from hydrappo.config import GenerationArgs
 from hydrappo.rollout import generate_responses, pack_sequences
 from hydrappo.train.harness import TrainingError
+from bounds import EXACT, assert_close_weights
 from runs import tiny_trainer
 from tiny import tiny_model, tiny_tokenizer
 
@@ -167,14 +168,16 @@ def test_cli_train_runs_the_tiny_example(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_training(tmp_path):
-    args = ["--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4", "--save_every", "100"]
+    # In float64 with the bound of tests/bounds.py: recomputing the activations may sum in another order.
+    args = ["--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4", "--save_every", "100", *EXACT]
     plain = tiny_trainer(tmp_path / "plain", *args)
     plain.train()
     checkpointed = tiny_trainer(tmp_path / "checkpointed", *args, "--gradient_checkpointing", "true")
     assert any(getattr(m, "gradient_checkpointing", False) for m in checkpointed.hydra.model.modules())
     checkpointed.train()
-    for a, b in zip(plain.hydra.trainable_parameters(), checkpointed.hydra.trainable_parameters()):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    trained = [{n: p for n, p in t.hydra.named_parameters() if p.requires_grad} for t in (plain, checkpointed)]
+    updates = 2 * plain.config.ppo.ppo_epochs * 2  # steps x epochs x minibatches
+    assert_close_weights(*trained, lr=plain.config.ppo.learning_rate, steps=updates)
 
 
 @pytest.mark.slow

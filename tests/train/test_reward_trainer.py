@@ -22,12 +22,15 @@ from hydrappo.train.reward import RewardTrainer
 from hydrappo.rollout import pack_sequences
 from hydrappo.train.ppo import PPOTrainer
 from runs import reward_config, write_pairs
+from tiny import FLOAT64_ATOL
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+# The trained branch is compared with fresh hydras, padded batches with single rows: in float64,
+# within FLOAT64_ATOL (tests/tiny.py says why); the trunks it goes on are float64 too.
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reward")
-    trainer = RewardTrainer(reward_config(tmp), config_dir=tmp)
+    trainer = RewardTrainer(reward_config(tmp, dtype="float64"), config_dir=tmp)
     history = trainer.train()
     return tmp, trainer, history
 
@@ -102,13 +105,13 @@ def test_saved_branch_scores_like_the_trainer_in_a_fresh_hydra(trained):
     from hydrappo.config import ModelConfig
 
     torch.manual_seed(0)
-    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
     hydra = HydraModel(model, 2, train_lm_head=True, train_final_norm=True)
     hydra.attach_reward_branch(load_reward_branch(hydra, tmp / "reward"))  # the output_dir: latest checkpoint
     input_ids, attention_mask, _, _ = pack_sequences(prompts, responses, trainer.tokenizer.pad_token_id)
     with torch.no_grad():
         scores = hydra.forward_hydra(input_ids, attention_mask).scores
-    torch.testing.assert_close(scores, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(scores, expected, atol=FLOAT64_ATOL, rtol=0)
     # Not a constant: chosen beats rejected on most of these held-out pairs.
     assert (scores[:12] > scores[12:]).float().mean() >= 0.75
 
@@ -129,7 +132,7 @@ def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
 
     def tiny_example_trunk(seed=0):
         torch.manual_seed(seed)
-        return load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))[0]
+        return load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)[0]
 
     with pytest.raises(CheckpointError, match="num_layers_unfrozen: 2"):
         load_reward_branch(HydraModel(tiny_example_trunk(), 1), tmp / "reward")
@@ -152,7 +155,7 @@ def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
 def test_ppo_optimises_the_learned_reward_with_its_reference_statistics(trained, tmp_path):
     tmp, trainer, _ = trained
     config = yaml.safe_load((TINY / "config.yaml").read_text())
-    config["model"].update(name_or_path=str(TINY / "model"), reward_branch_path=str(tmp / "reward"))
+    config["model"].update(name_or_path=str(TINY / "model"), reward_branch_path=str(tmp / "reward"), dtype="float64")
     config["reward"] = {"use_reward_branch": True, "score_normalization": "ref"}
     config["data"]["prompts"] = str(TINY / "prompts.jsonl")
     config["train"].update(output_dir=str(tmp_path), total_steps=8, save_every=8, progress_bar=False)
@@ -219,7 +222,8 @@ def test_whole_text_pairs_with_margins(tmp_path):
 def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_path, pooling):
     """The branch's pooling is recorded in its checkpoint and forward_hydra (PPO's scoring,
     with logprobs_from as rollout passes it) pools identically, whatever the padding."""
-    trainer = RewardTrainer(reward_config(tmp_path, epochs=1, max_steps=3, pooling=pooling), config_dir=tmp_path)
+    # In float64: padded batches against single rows, within FLOAT64_ATOL (tests/tiny.py says why).
+    trainer = RewardTrainer(reward_config(tmp_path, dtype="float64", epochs=1, max_steps=3, pooling=pooling), config_dir=tmp_path)
     trainer.train()
     info = json.loads((trainer.checkpoint_path / "trainer_state.json").read_text())
     assert info["pooling"] == pooling
@@ -231,7 +235,7 @@ def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_
     from hydrappo.config import ModelConfig
 
     torch.manual_seed(0)
-    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
     hydra = HydraModel(model, 2)
     hydra.attach_reward_branch(load_reward_branch(hydra, trainer.checkpoint_path))
     assert hydra.reward_branch.pooling == pooling
@@ -240,13 +244,13 @@ def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_
     input_ids, attention_mask, _, width = pack_sequences(prompts, responses, pad)
     with torch.no_grad():
         scores = hydra.forward_hydra(input_ids, attention_mask, logprobs_from=width - 1).scores
-    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(scores, expected, atol=FLOAT64_ATOL, rtol=0)
     # ... and each row alone, with no padding at all, scores the same.
     for row in (0, 7):
         ids, mask, _, w = pack_sequences([prompts[row]], [responses[row]], pad)
         with torch.no_grad():
             alone = hydra.forward_hydra(ids, mask, logprobs_from=w - 1).scores
-        torch.testing.assert_close(alone, expected[row : row + 1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(alone, expected[row : row + 1], atol=FLOAT64_ATOL, rtol=0)
     # Right padding of the whole sequence (prompt and response together), mean over the response.
     if pooling == "mean":
         seqs = [prompts[i] + responses[i] for i in (0, 1)]
@@ -259,7 +263,7 @@ def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_
             with torch.no_grad():
                 split = hydra.split_hidden_states(ids[i : i + 1], mask[i : i + 1])
                 got = hydra.reward_scores(split, ids[i : i + 1], mask[i : i + 1], branch, response_start=plen[i])
-            torch.testing.assert_close(got, expected[i : i + 1], atol=1e-5, rtol=0)
+            torch.testing.assert_close(got, expected[i : i + 1], atol=FLOAT64_ATOL, rtol=0)
         # mean and last differ: the option changes what is read.
         branch.pooling = "last"
         with torch.no_grad():
@@ -282,7 +286,7 @@ def test_checkpoints_without_pooling_mean_last(trained, tmp_path):
     from hydrappo.storage.models import load_model_and_tokenizer
     from hydrappo.config import ModelConfig
 
-    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
     assert load_reward_branch(HydraModel(model, 2), old).pooling == "last"
 
 
@@ -320,8 +324,9 @@ def test_ppo_value_head_starts_from_the_reward_head(trained, tmp_path):
         parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "x"), "--value_head_init", "reward_head"])
     config = parse_config(TINY / "config.yaml", [
         "--output_dir", str(tmp_path / "ppo"), "--no_progress_bar", "--reward_branch_path", str(tmp / "reward"),
-        "--value_head_init", "reward_head", "--num_layers_unfrozen", "2",
+        "--value_head_init", "reward_head", "--num_layers_unfrozen", "2", "--dtype", "float64",
     ])
     ppo = PPOTrainer(config, config_dir=TINY)
-    hidden = torch.randn(4, ppo.hydra.value_head.hidden_size)
-    torch.testing.assert_close(ppo.hydra.value_head(hidden), ppo.hydra.reward_branch.head(hidden), atol=1e-5, rtol=0)
+    # In float64: V(h) = w.relu(h) - w.relu(-h) + b sums other terms than w.h + b (tests/tiny.py: FLOAT64_ATOL).
+    hidden = torch.randn(4, ppo.hydra.value_head.hidden_size, dtype=torch.float64)
+    torch.testing.assert_close(ppo.hydra.value_head(hidden), ppo.hydra.reward_branch.head(hidden), atol=FLOAT64_ATOL, rtol=0)

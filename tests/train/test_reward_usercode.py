@@ -76,3 +76,88 @@ def test_a_thread_left_running_by_the_reward_function_does_not_keep_the_process_
     assert "done: step 1" in done.stdout
     assert "1 thread(s) started by user code still running: 'poller' (started by the reward function" in done.stderr
     assert (tmp_path / "out" / "checkpoint-1").is_dir()
+
+
+# --------------------------------------------------------------------------- the reward module's import
+@pytest.mark.parametrize(("body", "said"), [
+    ("import sys\nsys.exit(0)\n", "called sys.exit(0) (SystemExit) while it was imported; code the trainer runs must not end"),
+    ("import argparse\nargparse.ArgumentParser().parse_args()\n",
+     "called sys.exit(2) (SystemExit) while it was imported (argparse: it parsed the command line"),
+    ("raise KeyboardInterrupt\n", "raised KeyboardInterrupt while it was imported; code the trainer runs must not"),
+])  # fmt: skip
+def test_exit_argparse_or_interrupt_at_import_is_an_error_of_the_reward_module(tmp_path, capsys, monkeypatch, body, said):
+    argv = train(tmp_path, body + "\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    return [0.0] * len(outputs)\n")
+    monkeypatch.setattr(sys, "argv", ["hydrappo", *argv])  # what argparse in the module reads
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"hydrappo train: reward function file '{tmp_path / 'user_reward.py'}' {said}" in err, err
+    assert not list((tmp_path / "out").glob("*checkpoint*"))
+
+
+def test_a_real_ctrl_c_while_the_reward_module_imports_stays_a_ctrl_c(tmp_path, capsys):
+    argv = train(tmp_path, "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+    assert main(argv) == 130
+    assert "interrupted (Ctrl-C)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["file", "module"])
+def test_non_daemon_threads_started_at_import_are_noted(tmp_path, monkeypatch, spec):
+    from hydrappo.rewards import FunctionReward
+
+    stop = threading.Event()
+    (tmp_path / "threaded_reward.py").write_text(
+        "import threading\nSTOP = threading.Event()\nthreading.Thread(target=STOP.wait, name='import-poller').start()\n"
+        "\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    return [0.0] * len(outputs)\n"
+    )  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"{tmp_path / 'threaded_reward.py'}:reward_fn" if spec == "file" else "threaded_reward:reward_fn"
+    try:
+        reward = FunctionReward(name)
+        stop = reward.fn.__globals__["STOP"]
+        [(thread, what)] = usercode.threads_left_behind()
+        assert thread.name == "import-poller" and what.endswith("(at import)") and "reward function " in what
+    finally:
+        stop.set()
+        usercode.LEFT_BEHIND.clear()
+        sys.modules.pop("threaded_reward", None)
+
+
+@pytest.mark.slow
+def test_a_thread_started_when_the_reward_module_is_imported_does_not_keep_the_process_alive(tmp_path):
+    argv = train(tmp_path, "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), name='poller').start()\n"
+                           "\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    return [0.0] * len(outputs)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "hydrappo", *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "done: step 1" in done.stdout
+    assert (f"1 thread(s) started by user code still running: 'poller' (started by the reward function file "
+            f"'{tmp_path / 'user_reward.py'}' (at import)); hydrappo exits without waiting for them") in done.stderr  # fmt: skip
+
+
+PYTHON_API = """
+import threading
+from hydrappo import PPOTrainer
+
+STOP = threading.Event()
+
+def reward_fn(completions, **kwargs):
+    if not any(t.name == "poller" for t in threading.enumerate()):
+        threading.Thread(target=STOP.wait, name="poller").start()
+    return [0.0] * len(completions)
+
+trainer = PPOTrainer(model={model!r}, reward_funcs=[reward_fn], train_dataset=[{{"prompt": "n1 n2"}}] * 8, args={{
+    "model": {{"random_init": True}}, "generation": {{"max_new_tokens": 4}},
+    "ppo": {{"batch_size": 4, "mini_batch_size": 4, "ppo_epochs": 1}},
+    "train": {{"output_dir": {out!r}, "total_steps": 1, "progress_bar": False}}}})
+trainer.train()
+print("trained", flush=True)
+STOP.set()  # what the warning asks for: end the thread (the program would wait for it forever)
+"""
+
+
+@pytest.mark.slow
+def test_the_python_api_names_threads_left_running_when_train_returns(tmp_path):
+    script = PYTHON_API.format(model=str(TINY / "model"), out=str(tmp_path / "out"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0 and "trained" in done.stdout, done.stderr
+    assert ("1 thread(s) started by user code still running: 'poller' (started by the reward function '__main__:reward_fn' "
+            "at step 1); this Python program will not end until they do") in done.stderr, done.stderr  # fmt: skip

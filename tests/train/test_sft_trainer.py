@@ -18,6 +18,7 @@ from hydrappo.storage.export import save_model_dir
 from hydrappo.train.sft import SFTTrainer
 from hydrappo.train.ppo import PPOTrainer
 from runs import write_sft_config
+from tiny import FLOAT64_ATOL
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 
@@ -109,7 +110,8 @@ def test_sft_config_errors(tmp_path, capsys):
 def test_lora_sft_writes_a_peft_adapter_that_ppo_starts_from(tmp_path):
     from peft import PeftModel
 
-    lora = ["--lora_r", "4", "--lora_alpha", "8", "--train_lm_head", "false"]
+    # In float64: peft's model and the trainer's compute the policy by other modules (tests/tiny.py: FLOAT64_ATOL).
+    lora = ["--lora_r", "4", "--lora_alpha", "8", "--train_lm_head", "false", "--dtype", "float64"]
     config = parse_config(write_sft_config(tmp_path, epochs=1), [*lora, "--learning_rate", "1e-2"], SFTConfig)
     trainer = SFTTrainer(config)
     history = trainer.train()
@@ -121,11 +123,13 @@ def test_lora_sft_writes_a_peft_adapter_that_ppo_starts_from(tmp_path):
 
     # peft loads it onto the base model, and the result is the trained policy.
     torch.manual_seed(0)  # the base model: the same random init as the SFT run's
-    base, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True))
+    base, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
     loaded = PeftModel.from_pretrained(base, str(out)).eval()
     ids = torch.tensor([[1, 5, 6, 7, 8]])
     with torch.no_grad():
-        torch.testing.assert_close(loaded(input_ids=ids).logits, trainer.hydra.model(input_ids=ids).logits)
+        logits = loaded(input_ids=ids).logits
+        assert logits.dtype == torch.float64
+        torch.testing.assert_close(logits, trainer.hydra.model(input_ids=ids).logits, atol=FLOAT64_ATOL, rtol=0)
 
     # PPO starts from it: the adapter is merged into the base, so the reference is the SFT policy.
     ppo_config = parse_config(TINY / "config.yaml", [
