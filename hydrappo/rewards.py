@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from . import usercode
-from .config.reward_sources import reward_source_names
+from .config.reward_sources import NO_REWARD_SOURCE, reward_source_names, weights_problem
 from .errors import HydrappoError, refused_pickle
 from .model.heads import widened
 
@@ -404,7 +404,7 @@ class RewardSources:
 
     def __init__(self, entries: list[tuple[str, float, object]]):
         if not entries:
-            raise RewardError("no reward source: set reward.reward_fn, reward.reward_model or reward.use_reward_branch.")
+            raise RewardError(NO_REWARD_SOURCE)
         self.entries = entries
         self.last: dict[str, torch.Tensor] = {}
 
@@ -436,16 +436,11 @@ def build_reward_source(reward_args, base_dir: str | Path | None = None, device:
     `reward_functions` already loaded."""
     sources = reward_source_names(reward_args)
     if not sources:
-        raise RewardError(
-            "set a reward source: reward.reward_fn ('module:function' or 'file.py:function', or a list of them), "
-            "reward.reward_model (a sequence-classification model) or reward.use_reward_branch: true."
-        )
-    weights = list(getattr(reward_args, "reward_weights", None) or [1.0] * len(sources))
-    if len(weights) != len(sources):
-        raise RewardError(
-            f"reward.reward_weights has {len(weights)} weight(s) for {len(sources)} reward source(s) "
-            f"({', '.join(what for _, what in sources)}); give one weight per source, in that order."
-        )
+        raise RewardError(NO_REWARD_SOURCE)
+    weights = getattr(reward_args, "reward_weights", None) or None  # none or an empty list: 1 each
+    if (problem := weights_problem(weights, len(sources))) is not None:
+        raise RewardError(str(problem))
+    weights = list(weights or [1.0] * len(sources))
     functions = list(functions) if functions is not None else reward_functions(reward_args, base_dir, columns)
     entries, used = [], set()
     for (kind, what), weight in zip(sources, weights):

@@ -19,7 +19,9 @@ import typing
 
 import torch
 
-from ..algo.advantages import GROUP_ESTIMATORS
+from ..algo.advantages import ESTIMATORS, group_size_problem
+from ..errors import Problem
+from ..model.lora import lora_problems
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
@@ -58,7 +60,11 @@ class Problems:
 
     def add(self, option: str, value, rule: str, fix: str) -> None:
         """One problem, as `option=value rule; fix.`"""
-        self.messages.append(f"{option}={value!r} {rule}; {fix}.")
+        self.report(Problem(option, value, rule, fix))
+
+    def report(self, *found: Problem | None) -> None:
+        """Problems a rule written elsewhere found (None: it holds)."""
+        self.messages.extend(str(problem) for problem in found if problem is not None)
 
     def note(self, message: str) -> None:
         self.messages.append(message)
@@ -145,22 +151,13 @@ def _check_common(config, problems: Problems) -> None:
         problems.add("data.system_prompt", data.system_prompt, "is only used with data.apply_chat_template: true",
                      "set apply_chat_template: true, or remove system_prompt")  # fmt: skip
     lora = getattr(config, "lora", None)
-    if lora is not None and lora.lora_r == 0:
-        if lora.lora_init_adapter:
-            problems.add("lora.lora_init_adapter", lora.lora_init_adapter, "needs LoRA (lora.lora_r > 0), which is off",
-                         "set lora_r to the adapter's rank (e.g. 16), or remove lora_init_adapter")  # fmt: skip
-        if lora.lora_layers != "top":
-            problems.add("lora.lora_layers", lora.lora_layers, "has no effect while lora.lora_r is 0 (LoRA off)",
-                         "set lora_r > 0 (e.g. 16), or remove lora_layers")  # fmt: skip
-    if lora is not None and lora.lora_r > 0:
+    if lora is not None:
         model = config.model
-        if lora.lora_layers == "top" and model.num_layers_unfrozen == 0:
-            problems.add("model.num_layers_unfrozen", 0, "leaves LoRA on the top layers (lora.lora_layers: top) nothing "
-                         "to adapt", "set num_layers_unfrozen >= 1, or lora_layers: all")  # fmt: skip
-        for name in ("train_lm_head", "train_final_norm"):
-            if getattr(model, name):
-                problems.add(f"model.{name}", True, "cannot be combined with LoRA (lora.lora_r > 0): only adapters "
-                             "(and the value head) train", f"set {name}: false, or lora_r: 0")  # fmt: skip
+        problems.report(*lora_problems(lora.lora_r > 0, model.num_layers_unfrozen, lora.lora_layers,
+                                       lora.lora_init_adapter, model.train_lm_head, model.train_final_norm))  # fmt: skip
+    if lora is not None and lora.lora_r == 0 and lora.lora_layers != "top":
+        problems.add("lora.lora_layers", lora.lora_layers, "has no effect while lora.lora_r is 0 (LoRA off)",
+                     "set lora_r > 0 (e.g. 16), or remove lora_layers")  # fmt: skip
 
 
 def _check_trunk(config, problems: Problems) -> None:
@@ -238,10 +235,8 @@ def _check_ppo(config: Config, problems: Problems) -> None:
                      f"generation.samples_per_prompt ({group})", f"set batch_size to a multiple of {group}")  # fmt: skip
     processes = _launched_processes()
     check_process_shares(ppo, group, processes, problems, f"the {processes} processes of this launch (WORLD_SIZE)")
-    if ppo.advantage_estimator in GROUP_ESTIMATORS and group < 2:
-        problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
-                     f"other, but generation.samples_per_prompt is {group}",
-                     "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
+    if ppo.advantage_estimator in ESTIMATORS:
+        problems.report(group_size_problem(ppo.advantage_estimator, group))
     if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.uses_critic):
         problems.add("model.value_head_init", "reward_head", "copies the reward head into the value head, so it needs "
                      "model.reward_branch_path and ppo.advantage_estimator: gae",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from ..errors import Problem
+
 
 def reward_source_names(reward) -> list[tuple[str, str]]:
     """[(kind, what)] of every source a reward section names, in the order of
@@ -18,23 +20,34 @@ def reward_source_names(reward) -> list[tuple[str, str]]:
     return sources
 
 
+NO_REWARD_SOURCE = (
+    "reward: no reward source is set. Set reward_fn ('module:function' or 'file.py:function', or a list of "
+    "them), reward_model (a sequence-classification model directory) or use_reward_branch: true; several "
+    "combine as a weighted sum (reward_weights)."
+)
+
+
+def weights_problem(weights, sources: int) -> Problem | None:
+    """reward.reward_weights gives one weight per source (None: 1 each): checked here and by
+    rewards.build_reward_source."""
+    if weights is None or len(weights) == sources:
+        return None
+    order = "each reward_fn, then reward_model, then the reward branch"
+    return Problem("reward.reward_weights", list(weights), f"has {len(weights)} weight(s) for {sources} reward "
+                   f"source(s) ({order})", f"give {sources} weight(s), one per source in that order, or remove "
+                   "reward_weights (1 each)")  # fmt: skip
+
+
 def check_reward_sources(config, problems) -> None:
     """Problems of reward.reward_fn / reward_model / use_reward_branch, reward_weights, timeout_s and
     the reference score statistics, added to `problems` (config/checks.py's Problems)."""
     reward = config.reward
     sources = len(reward_source_names(reward))
     if not sources:
-        problems.note(
-            "reward: no reward source is set. Set reward_fn ('module:function' or 'file.py:function', or a list of "
-            "them), reward_model (a sequence-classification model directory) or use_reward_branch: true; several "
-            "combine as a weighted sum (reward_weights)."
-        )
+        problems.note(NO_REWARD_SOURCE)
     if reward.reward_weights is not None:
-        order = "each reward_fn, then reward_model, then the reward branch"
         if len(reward.reward_weights) != sources:
-            problems.add("reward.reward_weights", list(reward.reward_weights), f"has {len(reward.reward_weights)} "
-                         f"weight(s) for {sources} reward source(s) ({order})",
-                         f"give {sources} weight(s), one per source in that order, or remove reward_weights (1 each)")  # fmt: skip
+            problems.report(weights_problem(reward.reward_weights, sources))
         elif not all(math.isfinite(w) for w in reward.reward_weights):
             problems.add("reward.reward_weights", list(reward.reward_weights), "must be finite numbers",
                          "use finite weights")  # fmt: skip

@@ -35,6 +35,7 @@ from .arch import (
 )
 from .heads import RewardHead, ValueHead, widened
 from .logprobs import token_logprobs
+from .lora import lora_problems
 from .split import SkipLayer, StopTrunk, last_token_index, position_ids_from_mask, split_hook
 
 
@@ -135,9 +136,11 @@ class HydraModel(nn.Module):
     ):
         super().__init__()
         _check_model_usable(model)
+        broken = lora_problems(lora is not None, num_layers_unfrozen, lora_layers, lora_init_adapter, train_lm_head,
+                               train_final_norm)  # fmt: skip
+        if broken:
+            raise ValueError(" ".join(map(str, broken)))
         if lora_init_adapter is not None:
-            if lora is None:
-                raise ValueError("lora_init_adapter needs a LoRA config (lora_r > 0) for the adapter PPO trains.")
             from .lora import merge_adapter
 
             model = merge_adapter(model, lora_init_adapter)
@@ -147,7 +150,7 @@ class HydraModel(nn.Module):
         self.num_layers_unfrozen = _resolve_num_unfrozen(num_layers_unfrozen, num_layers)
         self.uses_lora = lora is not None
         if self.uses_lora:
-            _check_lora_settings(self.num_layers_unfrozen, lora_layers, train_lm_head, train_final_norm)
+            _check_lora_settings(lora_layers)
             if lora_layers == "all":
                 self.num_layers_unfrozen = num_layers
         self.full_model = self.num_layers_unfrozen == num_layers and not self.uses_lora
@@ -595,15 +598,10 @@ def _resolve_num_unfrozen(requested, num_layers: int) -> int:
     return requested
 
 
-def _check_lora_settings(num_layers_unfrozen: int, lora_layers: str, train_lm_head: bool, train_final_norm: bool):
+def _check_lora_settings(lora_layers: str):
+    """The rules LoRA sets for the other options are lora.lora_problems (checked at the top of __init__)."""
     if lora_layers not in ("top", "all"):
         raise ValueError(f"lora_layers={lora_layers!r}: use 'top' (the top num_layers_unfrozen layers) or 'all'.")
-    if lora_layers == "top" and num_layers_unfrozen == 0:
-        raise ValueError("LoRA on the top layers with num_layers_unfrozen=0 adapts nothing: set num_layers_unfrozen >= 1.")
-    if train_lm_head or train_final_norm:
-        raise ValueError(
-            "with LoRA only adapters (and the heads) train: drop train_lm_head / train_final_norm, or train without LoRA."
-        )
 
 
 def _untie_output_embeddings(model: nn.Module) -> None:

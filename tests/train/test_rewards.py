@@ -180,8 +180,8 @@ def test_build_reward_source(module_dir, tmp_path):
     save_classifier(module_dir / "rm", num_labels=2)
     classifier = build_reward_source(RewardArgs(reward_model="rm", reward_model_label=0), base_dir=module_dir)
     assert isinstance(classifier.entries[0][2], ClassifierReward) and classifier.entries[0][2].label == 0
-    with pytest.raises(RewardError, match="set a reward source"):
+    with pytest.raises(RewardError, match="no reward source is set"):  # the words of the config check
         build_reward_source(RewardArgs())
-    with pytest.raises(RewardError, match="1 weight.* for 2 reward source"):
+    with pytest.raises(RewardError, match=r"reward.reward_weights=\[1.0\] has 1 weight.* for 2 reward source"):
         build_reward_source(RewardArgs(reward_fn="hp_test_rewards_mod.py:word_count", use_reward_branch=True,
                                        reward_weights=[1.0]), base_dir=module_dir)  # fmt: skip
