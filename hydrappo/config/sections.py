@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import UsageError
+from .reward_sources import SOURCE_ORDER
 from .values import (
     AT_LEAST_1, FINITE, NOT_NEGATIVE, POSITIVE, UNIT, AdvantageEstimator, ImportanceSamplingLevel, KlController,
     KlEstimator, KlPenalty, LoraLayers, LossAggMode, LrScheduler, MixedPrecision, Optimizer, Range, RewardPooling,
@@ -264,8 +265,7 @@ class RewardArgs:
     )
     reward_weights: list[float] | None = field(
         default=None,
-        metadata={"help": "One weight per reward source (each reward_fn, then reward_model, then the reward branch); the "
-                          "score is the weighted sum (None: 1 each)."},
+        metadata={"help": f"One weight per reward source ({SOURCE_ORDER}); the score is the weighted sum (None: 1 each)."},
     )
     reward_model: str | None = field(default=None, metadata={"help": "A sequence-classification model (directory or Hub id) scoring prompt+response."})
     reward_model_label: int = field(default=-1, metadata={"help": "Logit index used as the score (-1: the last one).", "range": FINITE})

@@ -6,7 +6,8 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from hydrappo.config import RewardArgs
-from hydrappo.rewards import ClassifierReward, FunctionReward, RewardError, build_reward_source
+from hydrappo.config.reward_sources import SOURCE_KINDS
+from hydrappo.rewards import SOURCE_CLASSES, ClassifierReward, FunctionReward, RewardError, build_reward_source
 from tiny import tiny_config, tiny_model, tiny_tokenizer
 
 PROMPTS = ["w1 w2", "w3", "w4 w5 w6"]
@@ -170,6 +171,11 @@ def test_classifier_errors(tmp_path):
     save_classifier(tmp_path / "rm", num_labels=2)
     with pytest.raises(RewardError, match="reward_model_label=2 is out of range for a model with 2 label"):
         ClassifierReward(str(tmp_path / "rm"), label=2)
+
+
+def test_each_reward_source_kind_has_one_class():
+    # the config's table of kinds (which options name a source) and the classes that build them
+    assert [row.kind for row in SOURCE_KINDS] == list(SOURCE_CLASSES) == ["function", "model", "branch"]
 
 
 def test_build_reward_source(module_dir, tmp_path):
