@@ -181,8 +181,7 @@ def _check_trunk(config, problems: Problems) -> None:
         problems.add("train.fsdp_trunk", True, f"shards the frozen trunk and model.trunk_quantization="
                      f"{model.trunk_quantization!r} quantizes it: choose one",
                      "set fsdp_trunk: false (each process can hold a whole quantized trunk), or trunk_quantization: none")  # fmt: skip
-    optimizer_option = "ppo.optimizer" if isinstance(config, Config) else "train.optimizer"
-    optimizer = config.ppo.optimizer if isinstance(config, Config) else config.train.optimizer
+    optimizer_option, optimizer = f"{config.OPTIMIZER}.optimizer", getattr(config, config.OPTIMIZER).optimizer
     wanted = [f"{name}={value!r}" for name, value, on in (
         ("model.trunk_quantization", model.trunk_quantization, quantized),
         (optimizer_option, optimizer, optimizer == "adamw8bit")) if on]  # fmt: skip
@@ -208,14 +207,10 @@ def validate(config) -> None:
     problems = Problems()
     _check_values(config, problems)
     _check_common(config, problems)
-    if isinstance(config, Config):
-        _check_ppo(config, problems)
-    else:
-        _check_stage(config, problems)
+    OWN_RULES[type(config)](config, problems)
     check_paths(config, problems)
     problems.raise_if_any()
-    if isinstance(config, Config):
-        _warn_ppo(config)
+    _warn_sampling(config)
 
 
 def _check_ppo(config: Config, problems: Problems) -> None:
@@ -347,10 +342,10 @@ def _divisor(total: int, near: int) -> int:
     return min(divisors, key=lambda d: (abs(d - near), d))
 
 
-def _warn_ppo(config: Config) -> None:
+def _warn_sampling(config) -> None:
     """What is legal but probably not meant: said once per process."""
-    gen = config.generation
-    if gen.top_p < 1.0 or gen.top_k > 0:
+    gen = getattr(config, "generation", None)
+    if gen is not None and (gen.top_p < 1.0 or gen.top_k > 0):
         _warn_once(
             f"generation.top_p={gen.top_p}, top_k={gen.top_k}: responses are sampled from a truncated distribution, but "
             "PPO's log-probs, ratios and KL use the full one, so the updates are slightly off-policy. Use top_p: 1.0 and "
@@ -365,23 +360,37 @@ def _warn_once(message: str) -> None:
 
 
 def _check_stage(config, problems: Problems) -> None:
-    data, train, model = config.data, config.train, config.model
+    """What the supervised stages share."""
+    data, train = config.data, config.train
     if not data.train_file:
         problems.add("data.train_file", data.train_file, "is required",
                      "name a jsonl/json/csv/parquet file, a directory of them or a datasets name")  # fmt: skip
     if train.epochs < 1 and train.max_steps < 1 and train.epochs >= 0 and train.max_steps >= 0:
         problems.add("train.epochs", train.epochs, "and train.max_steps are both 0: nothing would train",
                      "set epochs or max_steps to at least 1")  # fmt: skip
-    if isinstance(config, RewardConfig):
-        if model.train_lm_head:
-            problems.add("model.train_lm_head", True, "has no use in the reward stage (only the reward branch trains)",
-                         "remove it")  # fmt: skip
-        if model.num_layers_unfrozen == -1:
-            problems.add("model.num_layers_unfrozen", -1, "leaves no frozen trunk for a reward branch to sit on",
-                         "use the N of the PPO run that will use the branch, e.g. 2")  # fmt: skip
-    if isinstance(config, SFTConfig):
-        if model.reward_branch_path:
-            problems.add("model.reward_branch_path", model.reward_branch_path, "has no use in sft", "remove it")
-        if model.num_layers_unfrozen == 0 and not (model.train_lm_head or model.train_final_norm):
-            problems.add("model.num_layers_unfrozen", 0, "with a frozen lm_head and final norm leaves nothing to train",
-                         "set num_layers_unfrozen >= 1 (or train_lm_head: true)")  # fmt: skip
+
+
+def _check_reward_stage(config: RewardConfig, problems: Problems) -> None:
+    _check_stage(config, problems)
+    model = config.model
+    if model.train_lm_head:
+        problems.add("model.train_lm_head", True, "has no use in the reward stage (only the reward branch trains)",
+                     "remove it")  # fmt: skip
+    if model.num_layers_unfrozen == -1:
+        problems.add("model.num_layers_unfrozen", -1, "leaves no frozen trunk for a reward branch to sit on",
+                     "use the N of the PPO run that will use the branch, e.g. 2")  # fmt: skip
+
+
+def _check_sft_stage(config: SFTConfig, problems: Problems) -> None:
+    _check_stage(config, problems)
+    model = config.model
+    if model.reward_branch_path:
+        problems.add("model.reward_branch_path", model.reward_branch_path, "has no use in sft", "remove it")
+    if model.num_layers_unfrozen == 0 and not (model.train_lm_head or model.train_final_norm):
+        problems.add("model.num_layers_unfrozen", 0, "with a frozen lm_head and final norm leaves nothing to train",
+                     "set num_layers_unfrozen >= 1 (or train_lm_head: true)")  # fmt: skip
+
+
+# Each command's own rules, by its config class (a new stage adds a row); validate runs the
+# rules every config shares before them.
+OWN_RULES = {Config: _check_ppo, RewardConfig: _check_reward_stage, SFTConfig: _check_sft_stage}

@@ -461,9 +461,13 @@ class SFTDataArgs:
 
 # --------------------------------------------------------------------------- one config per command
 class _Sections:
-    """What the three config containers share: a dict form, and path anchoring."""
+    """What the three config containers share: a dict form, and path anchoring. Each declares
+    what the code around it reads instead of asking which command it is:"""
 
     PATHS: tuple[str, ...] = ()  # "section.field" entries that hold input paths
+    OPTIMIZER = "train"  # the section holding the optimizer options (OptimizerArgs)
+    DATASETS = ("train_file", "eval_file")  # the data options train_dataset / eval_dataset fill (train/api.py)
+    SEEDED_DATA = True  # train.seed draws the held-out split and the batches (a resume must keep it)
 
     def to_dict(self) -> dict:
         """The options as plain data, what a run's config.yaml records: a function object given
@@ -503,6 +507,7 @@ class Config(_Sections):
     """`hydrappo train`: PPO."""
 
     PATHS = (*_MODEL_PATHS, "reward.reward_model", "data.prompts", "data.eval_prompts")
+    OPTIMIZER, DATASETS, SEEDED_DATA = "ppo", ("prompts", "eval_prompts"), False
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationArgs = field(default_factory=GenerationArgs)
     ppo: PPOArgs = field(default_factory=PPOArgs)

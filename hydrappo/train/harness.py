@@ -282,7 +282,7 @@ class Harness:
         )
 
     def load(self, path: Path, loop) -> None:
-        refusals, changes = resume_changes(path / CONFIG_NAME, self.config.to_dict())  # config/resume.py
+        refusals, changes = resume_changes(path / CONFIG_NAME, self.config)  # config/resume.py
         if refusals:
             raise CheckpointError(f"--resume {path}: " + " ".join(f"{refusal}." for refusal in refusals))
         if changes and self.dist.is_main:
