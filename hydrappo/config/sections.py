@@ -24,9 +24,9 @@ from typing import Literal
 from ..errors import UsageError
 from .reward_sources import SOURCE_ORDER
 from .values import (
-    AT_LEAST_1, FINITE, NOT_NEGATIVE, POSITIVE, UNIT, AdvantageEstimator, ImportanceSamplingLevel, KlController,
-    KlEstimator, KlPenalty, LoraLayers, LossAggMode, LrScheduler, MixedPrecision, Optimizer, Range, RewardPooling,
-    Sampler, ScoreNormalization, TrunkQuantization, ValueHeadInit,
+    AT_LEAST_1, ESTIMATOR_HELP, FINITE, NOT_NEGATIVE, POSITIVE, UNIT, AdvantageEstimator, ImportanceSamplingLevel,
+    KlController, KlEstimator, KlPenalty, LoraLayers, LossAggMode, LrScheduler, MixedPrecision, Optimizer, Range,
+    RewardPooling, Sampler, ScoreNormalization, TrunkQuantization, ValueHeadInit,
 )
 
 OPTIMIZER_HELP = (
@@ -206,9 +206,7 @@ class PPOArgs(OptimizerArgs):
     lam: float = field(default=0.95, metadata={"help": "GAE lambda.", "range": UNIT})
     advantage_estimator: AdvantageEstimator = field(
         default="gae",
-        metadata={"help": "gae (PPO with the value head) | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline "
-                          "(critic-free: no value head is built; grpo, dr_grpo, rloo and reinforce_pp_baseline need "
-                          "generation.samples_per_prompt >= 2)."},
+        metadata={"help": ESTIMATOR_HELP},
     )
     cliprange: float = field(default=0.2, metadata={"help": "PPO ratio clipping epsilon (the lower one with cliprange_high).", "range": POSITIVE})
     cliprange_high: float | None = field(
