@@ -57,7 +57,7 @@ from ..rollout import (
 from ..sampling import build_sampler
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
-from .api import save_model, trainer_inputs
+from .api import save_model
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
 from .step_plan import StepPlan
@@ -81,18 +81,12 @@ class PPOTrainer(TrainingLoop):
 
     def __init__(self, config: Config | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
                  **objects):  # fmt: skip
-        config, model, tokenizer = trainer_inputs(Config, config, objects, tokenizer)
-        self.config = config
+        prepare(self, Config, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
+                before_model=self._read_inputs)  # fmt: skip
+        config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         ppo, train = config.ppo, config.train
-        self.critic = ppo.uses_critic
-        self.harness, hydra, tokenizer = prepare(
-            config, train, max_nonfinite_steps=ppo.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora, value_head=self.critic, before_model=self._read_inputs, model=model,
-        )
-        if not self.critic:
+        if not ppo.uses_critic:
             hydra.value_head = None  # critic-free: no value head in the optimizer or the checkpoints
-        self.device = self.harness.device
-        self.hydra, self.tokenizer = hydra, tokenizer
         if config.model.gradient_checkpointing:
             enable_activation_checkpointing(hydra.model)
         if config.model.reward_branch_path:
@@ -132,6 +126,9 @@ class PPOTrainer(TrainingLoop):
             self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
         recordable = hydra.has_frozen_split and self.rollout_sampler.records_split and not self.harness.trunk_sharded
         self.records_split = config.generation.reuse_trunk_pass and recordable
+
+    def builds_value_head(self) -> bool:
+        return self.config.ppo.uses_critic
 
     def _read_inputs(self) -> None:
         """The prompt table (the prompts and every other column, which go to the reward
