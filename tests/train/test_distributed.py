@@ -148,7 +148,7 @@ def test_a_ppo_step_on_two_processes_equals_one_process_on_the_whole_batch(tmp_p
     1 process x 8 end with the same weights and log the same statistics, for PPO with a critic
     (GAE, whitened advantages) and two critic-free estimators (GRPO with groups of 2, KL in the
     loss; REINFORCE++, whose token returns are whitened over the whole batch)."""
-    check_ok(launch(["tests/distributed_worker.py", "ppo", str(tmp_path / "two")]))
+    check_ok(launch(["tests/helpers/distributed_worker.py", "ppo", str(tmp_path / "two")]))
     ppo_variants(tmp_path / "one")
     for name in VARIANTS:
         one, two = tmp_path / "one" / name, tmp_path / "two" / name
@@ -172,7 +172,7 @@ SMALL_RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--
 
 
 def train_small(out: Path, *extra: str, worker: str | None = None):
-    command = ["tests/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
+    command = ["tests/helpers/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
     return launch([*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra])
 
 

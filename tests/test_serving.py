@@ -6,7 +6,7 @@ config's refusals, and PPO steps through the trainer.
 The fake builds its model from the policy's config with every weight NaN, as vLLM builds an
 empty one (`load_format="dummy"`), and loads only what is pushed; it samples with that model.
 A weight that was not pushed, or pushed wrong, shows in its responses, which the tests compare
-with generate's on the policy itself (greedy, in float64, as tests/train/test_sampler.py does)."""
+with generate's on the policy itself (greedy, in float64, as tests/test_sampling.py does)."""
 
 import copy
 
