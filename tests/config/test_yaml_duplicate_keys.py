@@ -3,12 +3,9 @@ keeps the last one silently)."""
 
 import pytest
 
-from pathlib import Path
-
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.config.parse import load_yaml
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY
 
 
 def test_a_key_given_twice_in_a_section_names_the_key_and_both_lines(tmp_path):

@@ -8,8 +8,7 @@ import pytest
 
 from hydrappo.cli import main
 from hydrappo.storage.rundir import OutputDirError, refuse_own_inputs
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ the DAPO and GSPO loss options, and the trainer with G samples per prompt and no
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch

@@ -22,9 +22,7 @@ from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
 from processes import check_ok, describe, launch
-from runs import reward_config, write_sft_config
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY, reward_config, write_sft_config
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

@@ -12,10 +12,9 @@ from hydrappo.config import ConfigError, parse_config
 from hydrappo.config import GenerationArgs
 from hydrappo.rollout import generate_responses, pack_sequences
 from hydrappo.train.harness import TrainingError
-from runs import tiny_trainer
+from runs import TINY, tiny_trainer
 from tiny import tiny_model, tiny_tokenizer
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 REQUIRED_SCALARS = [
     "env/reward_mean", "env/reward_std", "objective/kl", "objective/kl_coef", "objective/entropy",
     "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total", "ppo/policy/approxkl", "ppo/policy/clipfrac",

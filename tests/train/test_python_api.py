@@ -14,8 +14,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hydrappo import Config, PPOTrainer
 from hydrappo.config import ConfigError
+from runs import TINY
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 ROWS = [json.loads(line) for line in (TINY / "prompts.jsonl").read_text().splitlines()]
 TRAIN = [{"prompt": row["prompt"], "answer": row["prompt"].split()[-1]} for row in ROWS]
 

@@ -3,7 +3,6 @@ rule, checkpoint round trip into HydraModel's reward slot, PPO on the learned re
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,9 +20,9 @@ from hydrappo.storage.reward_branch import load_reward_branch
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.rollout import pack_sequences
 from hydrappo.train.ppo import PPOTrainer
-from runs import reward_config, write_pairs
+from runs import TINY, reward_config, write_pairs
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reward")

@@ -17,9 +17,7 @@ from hydrappo.algo.losses import response_nll
 from hydrappo.storage.export import save_model_dir
 from hydrappo.train.sft import SFTTrainer
 from hydrappo.train.ppo import PPOTrainer
-from runs import write_sft_config
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY, write_sft_config
 
 
 def test_response_nll_counts_only_response_tokens():
