@@ -439,8 +439,7 @@ class PPOTrainer(TrainingLoop):
             cliprange=ppo.cliprange, cliprange_high=ppo.cliprange_high, cliprange_value=ppo.cliprange_value,
             vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef, entropy=new.entropy, dual_clip=ppo.dual_clip,
             loss_agg_mode=ppo.loss_agg_mode, importance_sampling_level=ppo.importance_sampling_level,
-            ref_logprobs=batch.ref_logprobs if plan.kl_in_loss else None,
-            kl_coef=plan.kl_coef if plan.kl_in_loss else 0.0, loss_denominator=denominator,
+            ref_logprobs=batch.ref_logprobs, kl_coef=plan.loss_kl_coef, loss_denominator=denominator,
         )
         if plan.critic:
             parts = explained_variance_parts(new.values.detach(), batch.returns, batch.action_mask).tolist()
