@@ -52,7 +52,8 @@ def _report(text: str) -> None:
 
 def _config_command(argv: list[str], prog: str, description: str, config_cls):
     """The front of every command that takes CONFIG.yaml, `--resume [PATH]` and `--option value`
-    overrides. Returns the parsed config and the resume argument, or an exit code after the help."""
+    overrides. Returns the parsed config, the checkpoint to resume from and the stage's inputs
+    (train/inputs.py), or an exit code after the help."""
     from .config import config_parser, parse_config
 
     parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
@@ -69,13 +70,16 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     config = parse_config(args.config, overrides, config_cls)
     from .storage.models import fetch_hub_models
     from .storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
+    from .train.inputs import read_inputs
 
-    fetch_hub_models(config)  # a Hub id that is not cached and cannot be downloaded fails before anything is written
-
+    # Before anything is written: the data and reward functions, checked (train/inputs.py), and
+    # every Hub id, cached or downloaded.
+    stage_inputs = read_inputs(config)
+    fetch_hub_models(config)
     inputs = {name: getattr(getattr(config, name.split(".")[0], None), name.split(".")[1], None) for name in config.PATHS}
     resume = start_run(config.train.output_dir, args.resume, overwrite=config.train.overwrite_output_dir,
                        writer=_process()[0] == 0, inputs=inputs)  # fmt: skip
-    return config, resume
+    return config, resume, stage_inputs
 
 
 def _trainer(stage: str):
@@ -122,8 +126,8 @@ def stage_command(name: str, argv: list[str]) -> int:
     parsed = _config_command(argv, f"hydrappo {name}", stage.description, getattr(configs, stage.config))
     if isinstance(parsed, int):
         return parsed
-    config, resume = parsed
-    trainer = stage.trainer()(config)
+    config, resume, inputs = parsed
+    trainer = stage.trainer()(config, inputs=inputs)
     history = trainer.train(resume=resume)
     if not history:
         more = trainer.more_steps_option
@@ -284,8 +288,13 @@ def export_command(argv: list[str]) -> int:
     prog = "hydrappo export" if command == "checkpoint" else f"hydrappo export {command}"
     args = _export_parser(command, prog).parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from .storage.hub import hub_snapshot
+    from .storage.models import is_hub_id
     from .storage.rundir import claim_output_path
 
+    for option in ("base_model", "tokenizer"):  # a Hub id: cached or downloaded before anything is written
+        if getattr(args, option, None) and is_hub_id(getattr(args, option)):
+            hub_snapshot(getattr(args, option), option="--" + option.replace("_", "-"))
     if command == "checkpoint":
         from .storage.checkpoint import find_checkpoint
         from .storage.export import export_checkpoint, parse_shard_size

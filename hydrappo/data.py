@@ -1,5 +1,5 @@
-"""Data: ONE table reader for prompts, preference pairs and SFT rows; formatting,
-tokenization, padding and the resumable prompt order.
+"""Data: ONE table reader for prompts, preference pairs and SFT rows; padding and the
+resumable prompt order (prompts.py formats and tokenizes prompts).
 
 `read_table` reads a column table from any of
   * a local file (.jsonl/.json/.csv/.parquet, and .txt for prompts: one per line);
@@ -29,16 +29,13 @@ import numpy as np
 import torch
 
 from .config import looks_like_a_path
-from .errors import UsageError
+from .errors import DataError
+from .prompts import PromptSet, conversation_column, format_prompt, tokenize_prompts  # noqa: F401 (also this module's API)
 
 logger = logging.getLogger("hydrappo")
 
 # File extension -> `datasets` packaged builder.
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
-
-
-class DataError(UsageError):
-    """Data is unusable; the message says what is wrong and how to fix it."""
 
 
 # --------------------------------------------------------------------------- reading tables
@@ -162,13 +159,14 @@ def _load_datasets(source: str, split: str, subset: str | None, setting: str) ->
 
 
 def read_table(source: str | Path, columns: list[str], optional: list[str] = (), *, setting: str = "data.train_file",
-               split: str = "train", subset: str | None = None, allow_text: bool = False,
-               nonempty: bool = False, others: bool = False) -> dict:  # fmt: skip
+               split: str = "train", subset: str | None = None, allow_text: bool = False, nonempty: bool = False,
+               others: bool = False, options: dict | None = None, conversations: bool = False) -> dict:  # fmt: skip
     """{column: list of values} of `source` (see the module docstring). `columns` must be
-    present in every file and hold text (non-blank text with `nonempty`); an `optional`
-    column missing anywhere maps to None. With `allow_text`, .txt files count too: each
-    line is a row of the first column. With `others`, every other column comes too, as
-    it is (rows of a file without it hold None)."""
+    present in every file and hold text (non-blank text with `nonempty`; the first may hold
+    message lists with `conversations`, prompts.py); an `optional` column missing anywhere maps
+    to None. With `allow_text`, .txt files count too: each line is a row of the first column.
+    With `others`, every other column comes too, as it is (rows of a file without it hold
+    None). `options` {column: the option that names it} go into the message of a missing column."""
     from datasets import load_dataset
 
     if not isinstance(source, (str, os.PathLike)):  # a table object (the Python API)
@@ -176,7 +174,8 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
         source = f"<in-memory table of {len(loaded[0][1])} rows>"
     else:
         source = str(source)
-        loaded = _load_datasets(source, split, subset, setting)
+        with _quiet("datasets"):
+            loaded = _load_datasets(source, split, subset, setting)
     if loaded is None:
         path = Path(source).expanduser()
         loaded = []
@@ -198,7 +197,7 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
                 dataset = dataset.rename_column("text", columns[0]) if columns[0] != "text" else dataset
             loaded.append((str(file), dataset))
     try:
-        return _columns(loaded, source, columns, optional, setting, nonempty, others)
+        return _columns(loaded, source, columns, optional, setting, nonempty, others, options or {}, conversations)
     except DataError:
         raise
     except Exception as error:  # pyarrow and datasets raise many types while decoding columns
@@ -208,14 +207,21 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
 
 @contextlib.contextmanager
 def _quiet(logger_name: str):
-    """Only critical records of `logger_name` (and its children) while the block runs."""
-    logger_ = logging.getLogger(logger_name)
+    """Only critical records of `logger_name` (and its children) while the block runs, and no
+    `datasets` progress bars: a table is read to be checked, and a bar printed before the error
+    that says what is wrong with it only hides that error."""
+    import datasets
+
+    logger_, bars = logging.getLogger(logger_name), datasets.is_progress_bar_enabled()
     level = logger_.level
     logger_.setLevel(logging.CRITICAL)
+    datasets.disable_progress_bars()
     try:
         yield
     finally:
         logger_.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def in_memory_dataset(table, setting: str, split: str = "train"):
@@ -239,7 +245,8 @@ def in_memory_dataset(table, setting: str, split: str = "train"):
     )
 
 
-def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool, others: bool = False) -> dict:
+def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool, others: bool = False,
+             options: dict | None = None, conversations: bool = False) -> dict:  # fmt: skip
     table = {name: [] for name in (*columns, *optional)}
     extra: dict[str, list] = {}
     rows = 0
@@ -254,13 +261,18 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
         unit = "line" if where.endswith(".txt") else "row"
         missing = [c for c in columns if c not in dataset.column_names]
         if missing:
+            named = [options[c] for c in missing if c in (options or {})]
+            fix = f"set {' and '.join(named)} to the column that holds it" if named else "name the right column"
+            inside = f": {where}" if where != source else ""
             raise DataError(
-                f"{setting}={source}: {where} has no column {', '.join(map(repr, missing))}; columns present: "
-                f"{', '.join(dataset.column_names) or '(none)'}. Set the data.*_column options to the right names."
+                f"{setting}={source}{inside} has no column {', '.join(map(repr, missing))}; columns present: "
+                f"{', '.join(dataset.column_names) or '(none)'}. {fix[0].upper()}{fix[1:]}, or rename that column."
             )
         for name in columns:
             values = list(dataset[name])
-            for row, value in enumerate(values):
+            if conversations and name == columns[0] and any(isinstance(value, (list, tuple)) for value in values):
+                values = conversation_column(values, where, unit, name)  # message lists (prompts.py)
+            for row, value in enumerate(values if not (values and isinstance(values[0], list)) else ()):
                 if not isinstance(value, str):
                     raise DataError(f"{where}: {unit} {row + 1} has a {type(value).__name__} {name} ({value!r}); it must be text.")
                 if nonempty and not value.strip():
@@ -273,6 +285,8 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
                 table[name] = None
     if not table[columns[0]]:
         raise DataError(f"{setting}: {source!r} holds no rows: the data is empty.")
+    if len({isinstance(value, list) for value in table[columns[0]]}) > 1:  # files of text and files of message lists
+        raise DataError(f"{setting}={source}: some files hold the {columns[0]} as text, others as message lists; give one kind.")
     table.update(extra)
     return table
 
@@ -281,78 +295,21 @@ def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", s
                       setting: str = "data.prompts") -> list[str]:  # fmt: skip
     """All prompts of `path` (see `read_table`); for .txt files each line is a prompt.
     `setting` names the option in errors."""
-    return read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True)[column]
+    return read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True,
+                      options={column: "data.prompt_column"})[column]  # fmt: skip
 
 
 def load_prompt_table(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,
-                      setting: str = "data.prompts") -> tuple[list[str], dict[str, list]]:  # fmt: skip
-    """(prompts, {other column: values, row-aligned}) of `path`: the other columns go to the
-    reward functions as keyword arguments."""
+                      setting: str = "data.prompts", option: str = "data.prompt_column") -> tuple[list, dict[str, list]]:  # fmt: skip
+    """(prompts: texts or message lists, {other column: values, row-aligned}) of `path`: the
+    other columns go to the reward functions as keyword arguments. `option` names the column."""
     table = read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True,
-                       others=True)  # fmt: skip
+                       others=True, options={column: option}, conversations=True)  # fmt: skip
     texts = table.pop(column)
     return texts, table
 
 
-# --------------------------------------------------------------------------- formatting and tokenizing
-def format_prompt(text: str, tokenizer, apply_chat_template: bool, system_prompt: str | None = None) -> str:
-    """The text the model continues: `text` as a user turn of the tokenizer's chat
-    template (after an optional system turn), or `text` unchanged."""
-    if not apply_chat_template:
-        return text
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError(
-            "data.apply_chat_template is set but the tokenizer has no chat template; "
-            "turn apply_chat_template off or use a tokenizer with a chat_template."
-        )
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": text})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-@dataclass
-class PromptSet:
-    texts: list[str]  # as loaded
-    formatted: list[str]  # after the chat template (equal to texts without one)
-    input_ids: list[list[int]]  # formatted and tokenized, at most max_prompt_length tokens
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-
-def tokenize_prompts(
-    texts: list[str],
-    tokenizer,
-    max_prompt_length: int,
-    apply_chat_template: bool = False,
-    system_prompt: str | None = None,
-) -> PromptSet:
-    """Format and tokenize prompts; longer ones keep their last `max_prompt_length`
-    tokens (the end is what the model continues), with one warning for all of them."""
-    if max_prompt_length < 1:
-        raise DataError(f"data.max_prompt_length must be at least 1, not {max_prompt_length}.")
-    if not texts:
-        raise DataError("no prompts to tokenize.")
-    formatted = [format_prompt(t, tokenizer, apply_chat_template, system_prompt) for t in texts]
-    # A chat template already writes the special tokens (BOS etc.); adding them again
-    # would give the model a prompt it never saw in training.
-    encoded = tokenizer(formatted, add_special_tokens=not apply_chat_template)["input_ids"]
-    input_ids, truncated = [], 0
-    for i, ids in enumerate(encoded):
-        if not ids:
-            raise DataError(f"prompt {i} ({texts[i]!r}) tokenizes to no tokens; remove it.")
-        if len(ids) > max_prompt_length:
-            ids = ids[-max_prompt_length:]
-            truncated += 1
-        input_ids.append(list(ids))
-    if truncated:
-        logger.warning(
-            "%d of %d prompts are longer than max_prompt_length=%d tokens and were truncated from the left to %d tokens.",
-            truncated, len(texts), max_prompt_length, max_prompt_length,
-        )
-    return PromptSet(texts=list(texts), formatted=formatted, input_ids=input_ids)
-
-
+# --------------------------------------------------------------------------- padding and the prompt order
 def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded (input_ids, attention_mask), both LongTensor (B, longest row).
 
@@ -468,12 +425,31 @@ class PreferencePairs:
         )
 
 
-def load_preference_pairs(path: str | Path, tokenizer, data, setting: str = "data.train_file",
-                          split: str | None = None) -> PreferencePairs:  # fmt: skip
-    """Read and tokenize (prompt, chosen, rejected[, margin]) rows, as `PreferenceDataArgs` says."""
+def read_preference_table(path, data, setting: str = "data.train_file", split: str | None = None) -> dict:
+    """The (prompt, chosen, rejected[, margin]) columns `PreferenceDataArgs` names, checked (the
+    margins as floats): what can be refused before a tokenizer loads."""
+    names = {data.prompt_column: "data.prompt_column", data.chosen_column: "data.chosen_column",
+             data.rejected_column: "data.rejected_column"}  # fmt: skip
     columns = ([data.prompt_column] if data.prompt_column else []) + [data.chosen_column, data.rejected_column]
     table = read_table(path, columns, [data.margin_column] if data.margin_column else [], setting=setting,
-                       split=split or data.split, subset=data.subset)
+                       split=split or data.split, subset=data.subset, options=names)  # fmt: skip
+    if data.margin_column:
+        where = f"{setting}={path}"
+        if table[data.margin_column] is None:
+            raise DataError(f"{where}: no margin column {data.margin_column!r}; unset data.margin_column or add it.")
+        try:
+            table[data.margin_column] = [float(m) for m in table[data.margin_column]]
+        except (TypeError, ValueError) as error:
+            raise DataError(f"{where}: margin column {data.margin_column!r} holds a value that is not a number ({error}).") from None
+        if not all(math.isfinite(m) for m in table[data.margin_column]):
+            raise DataError(f"{where}: margin column {data.margin_column!r} holds non-finite values.")
+    return table
+
+
+def load_preference_pairs(path: str | Path, tokenizer, data, setting: str = "data.train_file",
+                          split: str | None = None, table: dict | None = None) -> PreferencePairs:  # fmt: skip
+    """Read (or take the `table` read_preference_table read) and tokenize (prompt, chosen, rejected[, margin]) rows."""
+    table = table if table is not None else read_preference_table(path, data, setting, split)
     chosen, rejected = table[data.chosen_column], table[data.rejected_column]
     if data.prompt_column:
         prompts = table[data.prompt_column]
@@ -482,29 +458,26 @@ def load_preference_pairs(path: str | Path, tokenizer, data, setting: str = "dat
     else:
         # Whole texts in chosen/rejected: they are tokenized like a prompt (with BOS etc.).
         prompts, prompt_ids, special = [""] * len(chosen), [[] for _ in chosen], True
-    margins = None
-    if data.margin_column:
-        if table[data.margin_column] is None:
-            raise DataError(f"{path}: no margin column {data.margin_column!r}; unset data.margin_column or add it.")
-        try:
-            margins = [float(m) for m in table[data.margin_column]]
-        except (TypeError, ValueError) as error:
-            raise DataError(f"{path}: margin column {data.margin_column!r} holds a value that is not a number ({error}).") from None
-        if not all(math.isfinite(m) for m in margins):
-            raise DataError(f"{path}: margin column {data.margin_column!r} holds non-finite values.")
     return PreferencePairs(
         prompts=list(prompts),
         prompt_ids=prompt_ids,
         chosen_ids=tokenize_responses(chosen, tokenizer, data.max_response_length, data.append_eos, special),
         rejected_ids=tokenize_responses(rejected, tokenizer, data.max_response_length, data.append_eos, special),
-        margins=margins,
+        margins=table[data.margin_column] if data.margin_column else None,
     )
 
 
-def load_sft_rows(path: str | Path, tokenizer, data, setting: str = "data.train_file", split: str | None = None):
-    """(prompt texts, prompt ids, response ids) of prompt/response rows, as `SFTDataArgs` says."""
-    table = read_table(path, [data.prompt_column, data.response_column], setting=setting,
-                       split=split or data.split, subset=data.subset)  # fmt: skip
+def read_sft_table(path, data, setting: str = "data.train_file", split: str | None = None) -> dict:
+    """The prompt and response columns `SFTDataArgs` names, checked."""
+    names = {data.prompt_column: "data.prompt_column", data.response_column: "data.response_column"}
+    return read_table(path, [data.prompt_column, data.response_column], setting=setting, split=split or data.split,
+                      subset=data.subset, options=names)  # fmt: skip
+
+
+def load_sft_rows(path: str | Path, tokenizer, data, setting: str = "data.train_file", split: str | None = None,
+                  table: dict | None = None):  # fmt: skip
+    """(prompt texts, prompt ids, response ids) of prompt/response rows (or of the `table` read_sft_table read)."""
+    table = table if table is not None else read_sft_table(path, data, setting, split)
     prompts = table[data.prompt_column]
     response_ids = tokenize_responses(table[data.response_column], tokenizer, data.max_response_length, data.append_eos)
     return prompts, encode_prompts(prompts, tokenizer, data), response_ids

@@ -44,6 +44,10 @@ class Problem:
         return f"{self.option}={self.value!r} {self.rule}; {self.fix}."
 
 
+class DataError(UsageError):
+    """Data is unusable; the message says what is wrong and how to fix it."""
+
+
 class WriteError(HydrappoError):
     """The operating system refused a write (a full disk, a permission, a read-only file system):
     the message says what could not be written, where, why in plain words, and what survives."""

@@ -27,7 +27,7 @@ from .config import Config, GenerationArgs, ModelConfig, Problems, RewardArgs, c
 from .config.paths import check_model_location, writable_folder_problem
 from .data import PromptSet, load_prompt_table, tokenize_prompts
 from .rewards import build_reward_source
-from .rollout import generate_responses
+from .sampling import build_sampler
 from .storage.checkpoint import (
     CheckpointError, find_checkpoint, is_checkpoint_folder, load_checkpoint_config, load_trainable_weights,
     seed_everything,
@@ -48,14 +48,15 @@ def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: Generat
     torch.manual_seed(seed)
     was_training = hydra.training
     hydra.eval()
-    responses = generate_responses(hydra, tokenizer, prompts.input_ids, generation)
+    responses = build_sampler(generation, hydra, tokenizer).sample(prompts.input_ids, generation)
     hydra.train(was_training)
     texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
     scores = [None] * len(texts)
     if reward_source is not None:
         samples = [p + r for p, r in zip(prompts.texts, texts)]
         scores = [float(s) for s in reward_source(samples, prompts.texts, texts, columns=columns,
-                                                  completion_ids=responses.response_ids)]  # fmt: skip
+                                                  completion_ids=responses.response_ids,
+                                                  prompt_messages=prompts.messages)]  # fmt: skip
     return [
         {"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
         for p, r, s, e, d in zip(prompts.texts, texts, scores, responses.ended,

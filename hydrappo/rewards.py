@@ -37,6 +37,7 @@ from . import usercode
 from .config.reward_sources import NO_REWARD_SOURCE, reward_source_names, weights_problem
 from .errors import HydrappoError, refused_pickle
 from .model.heads import widened
+from .prompts import trl_arguments
 
 
 class RewardError(HydrappoError, ValueError):
@@ -158,7 +159,7 @@ def function_convention(fn, spec: str) -> tuple[str, dict, bool]:
     positional_only = [n for n, p in params.items() if p.kind is kinds.POSITIONAL_ONLY]
     if convention is None or positional_only:
         raise RewardError(
-            f"reward.reward_fn={spec!r} has parameters ({signature}) that fit neither reward function convention: "
+            f"reward.reward_fn={spec!r} has the parameters {signature}, which fit neither reward function convention: "
             "trlX's fn(samples, prompts, outputs, **kwargs) (first parameter `samples`) or TRL's "
             "fn(prompts, completions, **kwargs) (first parameter `prompts` or `completions`); every argument is "
             "passed by name, dataset columns as keyword arguments. Rename its parameters to one of them."
@@ -182,7 +183,9 @@ class FunctionReward:
     """A Python function returning one number per sample, called with keyword arguments in
     trlX's convention `fn(samples=, prompts=, outputs=, **columns)` or TRL's
     `fn(prompts=, completions=, completion_ids=, **columns)` (`function_convention`);
-    each argument and column goes only to a function that names it or takes **kwargs. `prompts` is the prompt text as the data holds it (before any chat template).
+    each argument and column goes only to a function that names it or takes **kwargs. `prompts` is
+    the prompt text as the data holds it (before any chat template); conversational prompts (message
+    lists) reach TRL's convention as TRL passes them, and trlX's as their formatted text (prompts.py).
 
     `spec` is "package.module:function" (imported from sys.path) or
     "path/to/file.py:function" (loaded from the file; a relative path is relative to
@@ -194,12 +197,13 @@ class FunctionReward:
     def build(cls, what, reward_args, *, base_dir, device, functions):
         return functions.pop(0)  # loaded before any model (reward_functions), in the order named
 
-    def __init__(self, spec, base_dir: str | Path | None = None, timeout_s: float | None = None, columns=None):
+    def __init__(self, spec, base_dir: str | Path | None = None, timeout_s: float | None = None, columns=None,
+                 setting: str = "data.prompts"):  # fmt: skip
         if callable(spec):  # a function object (the Python API): no import
             self.fn, self.spec, self.timeout_s, self.name = spec, callable_spec(spec), timeout_s, callable_name(spec)
             self.convention, self.parameters, self.takes_any = function_convention(self.fn, self.spec)
             if columns is not None:
-                self.check_columns(columns)
+                self.check_columns(columns, setting)
             return
         target, _, name = spec.rpartition(":")
         if not target or not name.isidentifier():
@@ -223,14 +227,15 @@ class FunctionReward:
         self.name = name
         self.convention, self.parameters, self.takes_any = function_convention(self.fn, spec)
         if columns is not None:
-            self.check_columns(columns)
+            self.check_columns(columns, setting)
 
     def accepts(self, argument: str) -> bool:
         return self.takes_any or argument in self.parameters
 
     def check_columns(self, columns, setting: str = "data.prompts") -> None:
         """Refuse, before anything runs, a column named like an argument the convention
-        passes, and a parameter without a default that neither the convention nor a column fills."""
+        passes, and a parameter without a default that neither the convention nor a column fills.
+        `setting` names the table in the message (`data.prompts=PATH`)."""
         columns = list(columns)
         reserved = [c for c in columns if c in RESERVED_ARGUMENTS]
         if reserved:
@@ -285,15 +290,19 @@ class FunctionReward:
         return module
 
     def __call__(self, samples: list[str], prompts: list[str], outputs: list[str], step: int | None = None, *,
-                 columns: dict | None = None, completion_ids=None, branch_scores=None) -> torch.Tensor:  # fmt: skip
+                 columns: dict | None = None, completion_ids=None, branch_scores=None,
+                 prompt_messages=None) -> torch.Tensor:  # fmt: skip
         """Scores (B,) of one batch; `step` (the training step) goes into error messages;
         `columns` {name: B values} and `completion_ids` (B lists of token ids) go to a function
-        that takes them."""
+        that takes them. `prompt_messages`: the message lists of conversational prompts (then
+        `prompts` are their formatted texts), which TRL's convention gets in TRL's shapes."""
         if not len(samples) == len(prompts) == len(outputs):
             raise ValueError(f"samples, prompts and outputs differ in length: {len(samples)}, {len(prompts)}, {len(outputs)}.")
         where = _where(f"reward function {self.spec!r}", step)
         if self.convention == "trlX":
             kwargs = {"samples": list(samples), "prompts": list(prompts), "outputs": list(outputs)}
+        elif prompt_messages is not None:  # TRL's conversational format (prompts.trl_arguments)
+            kwargs = dict(zip(("prompts", "completions"), trl_arguments(prompt_messages, outputs)))
         else:
             kwargs = {"prompts": list(prompts), "completions": list(outputs)}
             if completion_ids is not None:
@@ -349,7 +358,7 @@ class ClassifierReward:
 
         from .storage.models import local_source
 
-        path = local_source(path)  # a Hub id: its snapshot in the Hugging Face cache
+        path = local_source(path, option="reward.reward_model")  # a Hub id: its snapshot in the Hugging Face cache
         if not path.is_dir():
             raise RewardError(f"reward model directory {str(path)!r} does not exist.")
         try:
@@ -458,11 +467,13 @@ class RewardSources:
         return total
 
 
-def reward_functions(reward_args, base_dir: str | Path | None = None, columns=None) -> list[FunctionReward]:
+def reward_functions(reward_args, base_dir: str | Path | None = None, columns=None,
+                     setting: str = "data.prompts") -> list[FunctionReward]:  # fmt: skip
     """The reward functions `RewardArgs` names, imported and checked against the data's
-    `columns` (when given): what can be refused before any model loads."""
+    `columns` (when given; `setting` names the table): what can be refused before any model loads."""
     timeout_s = getattr(reward_args, "timeout_s", None)
-    return [FunctionReward(spec, base_dir=base_dir, timeout_s=timeout_s, columns=columns) for spec in reward_args.function_specs]
+    return [FunctionReward(spec, base_dir=base_dir, timeout_s=timeout_s, columns=columns, setting=setting)
+            for spec in reward_args.function_specs]  # fmt: skip
 
 
 def build_reward_source(reward_args, base_dir: str | Path | None = None, device: str = "cpu", columns=None,

@@ -8,6 +8,11 @@ the experience pass (rollout.evaluate_sequences), never from the sampler: a samp
 to draw from the policy's distribution, and its own numerics (paged attention, kernels of a
 serving engine) never enter the loss.
 
+    decode               hydrappo's own decode loop (decode.py, through rollout.generate_responses):
+                         generate's distribution with less work per token (one uniform number per
+                         row instead of an exponential draw over the vocabulary, no per-step
+                         processor objects) and rows that ended leave the batch; records the split
+                         states and shares the prefill as generate does. Not under FSDP.
     generate             transformers' `generate` on the hydra's model (rollout.generate_responses):
                          a KV cache per chunk of `generation_batch_size` rows, records the split
                          states, shares the prefill of a prompt's G samples, runs under FSDP.
@@ -36,11 +41,12 @@ from .model import HydraModel
 from .rollout import Responses, first_stop, generate_responses, generation_config
 
 # The default of `generation.sampler: auto` per device type. CPU: measured (docs/sampling.md,
-# tools/bench_sampling.py): continuous batching is slower there at every page size tried
-# (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's tokens/s, 32 x 24: 0.68x; a 4-layer toy: 0.11x, its
-# ~0.8 s fixed cost per call), and it records no split states, so the experience pass costs
-# more too. Other devices: not measured yet, so generate stays their default.
-DEFAULT_SAMPLER = {"cpu": "generate"}
+# tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
+# than generate at every page size tried (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's
+# tokens/s, 32 x 24: 0.68x; a 4-layer toy: 0.11x, its ~0.8 s fixed cost per call), and it records
+# no split states, so the experience pass costs more too. Other devices: not measured yet, so
+# transformers' generate stays their default.
+DEFAULT_SAMPLER = {"cpu": "decode"}
 
 
 @runtime_checkable
@@ -76,11 +82,22 @@ class GenerateSampler:
 
     def sample(self, prompt_ids, args, *, greedy=False, record_split=False) -> Responses:
         return generate_responses(
-            self.hydra, self.tokenizer, prompt_ids, args, synced=self.synced, record_split=record_split, greedy=greedy
-        )
+            self.hydra, self.tokenizer, prompt_ids, args, synced=self.synced, record_split=record_split,
+            greedy=greedy, loop=self.name,
+        )  # fmt: skip
 
     def weights_changed(self) -> None:
         pass  # generate runs the hydra's own weights
+
+
+class DecodeSampler(GenerateSampler):
+    """hydrappo's decode loop (decode.py) on the hydra's model: generate's chunks, shared prefill
+    and recorded split states, with the loop's cheaper steps. Never synced."""
+
+    name = "decode"
+
+    def __init__(self, hydra: HydraModel, tokenizer):
+        super().__init__(hydra, tokenizer, synced=False)
 
 
 class ContinuousBatchingSampler:
@@ -139,16 +156,19 @@ class ContinuousBatchingSampler:
         return Responses(prompt_ids=prompts, response_ids=responses, ended=ended)
 
 
-def resolve_sampler(name: str, device) -> str:
-    """The sampler `generation.sampler` names; `auto`: DEFAULT_SAMPLER's for the device type."""
+def resolve_sampler(name: str, device, synced: bool = False) -> str:
+    """The sampler `generation.sampler` names; `auto`: DEFAULT_SAMPLER's for the device type,
+    and generate for a trunk sharded over processes (only it runs in lockstep)."""
     if name != "auto":
         return name
-    return DEFAULT_SAMPLER.get(torch.device(device).type, "generate")
+    return "generate" if synced else DEFAULT_SAMPLER.get(torch.device(device).type, "generate")
 
 
 def build_sampler(args: GenerationArgs, hydra: HydraModel, tokenizer, *, synced: bool = False) -> Sampler:
     """The sampler of `args.sampler` for this hydra (built once per run)."""
-    name = resolve_sampler(args.sampler, hydra.device)
+    name = resolve_sampler(args.sampler, hydra.device, synced)
+    if name == "decode":
+        return DecodeSampler(hydra, tokenizer)
     if name == "continuous_batching":
         return ContinuousBatchingSampler(hydra, tokenizer)
     if name == "vllm":

@@ -21,7 +21,9 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.algo": 1,
     "hydrappo.config": 2,
     "hydrappo.data": 3,
+    "hydrappo.prompts": 3,
     "hydrappo.rollout": 3,
+    "hydrappo.decode": 3,
     "hydrappo.sampling": 3,
     "hydrappo.serving": 3,  # imports vllm inside functions: an optional extra
     "hydrappo.rewards": 3,

@@ -165,6 +165,63 @@ def test_branch_and_function_combine(tmp_path):
     assert source(["a", "b"], ["a", "b"], ["", ""], branch_scores=torch.tensor([1.0, -1.0])).tolist() == [2.5, -1.5]
 
 
+def tiny_classifier(folder: Path) -> Path:
+    """A one-label sequence-classification model built from the tiny example's config (random
+    weights, seed 0), saved with its tokenizer: a reward model as reward.reward_model names one."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(TINY / "model", num_labels=1)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(TINY / "model").save_pretrained(folder)
+    return folder
+
+
+def test_a_classifier_and_a_function_combine(tmp_path):
+    path = write(tmp_path, "def length(completions, **kw):\n    return [float(len(c)) for c in completions]\n")
+    source = build_reward_source(RewardArgs(reward_fn=f"{path}:length", reward_model=str(tiny_classifier(tmp_path / "rm")),
+                                            reward_weights=[1.0, 0.5]))  # fmt: skip
+    assert source.names == ["length", "reward_model"]
+    outputs = [" g1 g2", " n3", ""]
+    total = source([f"n1{o}" for o in outputs], ["n1"] * 3, outputs)
+    parts = source.last
+    assert parts["length"].tolist() == [6.0, 3.0, 0.0] and parts["reward_model"].abs().sum() > 0
+    assert torch.equal(total, parts["length"] + 0.5 * parts["reward_model"])  # the same float32 operations, in order
+
+
+def test_a_classifier_and_a_function_in_training_log_each_part(tmp_path):
+    """The per-source means reach metrics.jsonl and TensorBoard's scalars, and the logged reward is
+    their weighted sum."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hydrappo.train.ppo import PPOTrainer
+
+    def length(completions, **kwargs):
+        return [float(len(c.split())) for c in completions]
+
+    trainer = PPOTrainer(model=str(TINY / "model"), reward_funcs=length, reward_weights=[1.0, 0.5], train_dataset=TINY / "prompts.jsonl",
+                         args={"model": {"random_init": True, "num_layers_unfrozen": 2},
+                               "reward": {"reward_model": str(tiny_classifier(tmp_path / "rm"))},
+                               "generation": {"max_new_tokens": 4},
+                               "ppo": {"batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1},
+                               "train": {"output_dir": str(tmp_path / "run"), "total_steps": 2, "save_every": 0,
+                                         "progress_bar": False}})  # fmt: skip
+    history = trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2] and history == rows
+    last = trainer.reward_source.last  # step 2's unweighted scores, per source
+    # Each total is fl(f + fl(0.5 c)) in float32 (2 roundings of at most 2**-24 relative), and torch's float32
+    # means of 8 values add at most 8 more; so the logged mean and the weighted sum of the logged means agree
+    # within (2 + 2 * 8) * 2**-24 * (max |f| + 0.5 max |c|).
+    bound = 18 * 2**-24 * (last["length"].abs().max().item() + 0.5 * last["reward_model"].abs().max().item())
+    parts = rows[-1]["env/reward/length"], rows[-1]["env/reward/reward_model"]
+    assert rows[-1]["env/reward_mean"] == pytest.approx(parts[0] + 0.5 * parts[1], rel=0, abs=bound)
+    assert parts[0] == last["length"].mean().item() and parts[1] == last["reward_model"].mean().item()
+    scalars = EventAccumulator(str(tmp_path / "run" / "tensorboard")).Reload()
+    for tag in ("env/reward/length", "env/reward/reward_model", "env/reward_mean"):
+        logged = [(event.step, event.value) for event in scalars.Scalars(tag)]
+        assert logged == [(row["step"], pytest.approx(row[tag], rel=2**-23)) for row in rows], tag  # stored as float32
+
+
 def test_errors_come_before_any_model_loads(tmp_path, monkeypatch, capsys):
     import hydrappo.train.harness as harness
 

@@ -52,8 +52,9 @@ def assert_same_experience(again, reused, mask):
     torch.testing.assert_close(reused.split_hidden[real], again.split_hidden[real], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("loop", ["generate", "decode"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_recorded_split_gives_the_whole_pass_outputs(family):
+def test_recorded_split_gives_the_whole_pass_outputs(family, loop):
     tokenizer = tiny_tokenizer()
     hydra = HydraModel(tiny64(family), 2)
     branch = hydra.new_reward_branch()
@@ -61,15 +62,16 @@ def test_recorded_split_gives_the_whole_pass_outputs(family):
     # Prompts of different lengths in chunks of 3 (each chunk left-padded to its own width),
     # EOS allowed: rows stop at different lengths, some at the limit.
     prompts = prompts_of([3, 7, 5, 2, 6, 4, 8])
-    recorded, ids, mask, again, reused = both_passes(hydra, tokenizer, prompts, stop_token_ids=[5, 6, 7, 8, 9, 10])
+    recorded, ids, mask, again, reused = both_passes(hydra, tokenizer, prompts, loop, stop_token_ids=[5, 6, 7, 8, 9, 10])
     lengths = [len(r) for r in recorded.response_ids]
     assert min(lengths) < 9 and max(lengths) == 9, lengths  # both kinds of rows are covered
     assert_same_experience(again, reused, mask)
 
 
+@pytest.mark.parametrize("loop", ["generate", "decode"])
 @pytest.mark.parametrize("pooling", ["last", "mean"])
 @pytest.mark.parametrize("num_layers_unfrozen", [0, 1, 3])
-def test_split_positions_and_pooling(num_layers_unfrozen, pooling):
+def test_split_positions_and_pooling(num_layers_unfrozen, pooling, loop):
     tokenizer = tiny_tokenizer()
     hydra = HydraModel(tiny64("llama"), num_layers_unfrozen)
     if num_layers_unfrozen:
@@ -77,31 +79,33 @@ def test_split_positions_and_pooling(num_layers_unfrozen, pooling):
         branch.pooling = pooling
         hydra.attach_reward_branch(branch)
     prompts = prompts_of([4, 9, 1, 6, 3], seed=2)
-    _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, stop_token_ids=[11, 12, 13], max_new_tokens=7)
+    _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, loop, stop_token_ids=[11, 12, 13], max_new_tokens=7)
     assert_same_experience(again, reused, mask)
 
 
-def test_recording_does_not_change_what_is_sampled():
+@pytest.mark.parametrize("loop", ["generate", "decode"])
+def test_recording_does_not_change_what_is_sampled(loop):
     tokenizer = tiny_tokenizer()
     hydra = HydraModel(tiny64("qwen2"), 2)
     hydra.attach_reward_branch(hydra.new_reward_branch())  # every token's state recorded
     prompts = prompts_of([5, 2, 7, 3])
-    plain = sample(hydra, tokenizer, prompts, False, stop_token_ids=[5, 6, 7])
-    recorded = sample(hydra, tokenizer, prompts, True, stop_token_ids=[5, 6, 7])
+    plain = sample(hydra, tokenizer, prompts, False, loop, stop_token_ids=[5, 6, 7])
+    recorded = sample(hydra, tokenizer, prompts, True, loop, stop_token_ids=[5, 6, 7])
     assert plain.split_hidden is None
     assert recorded.response_ids == plain.response_ids and recorded.ended == plain.ended
     for states, prompt, response in zip(recorded.split_hidden, prompts, recorded.response_ids):
         assert states.shape == (len(prompt) + len(response), hydra.arch.hidden_size)
 
 
-def test_a_response_of_one_token_and_all_rows_at_the_limit():
+@pytest.mark.parametrize("loop", ["generate", "decode"])
+def test_a_response_of_one_token_and_all_rows_at_the_limit(loop):
     """min_new_tokens = max_new_tokens: every row needs the extra pass for its last token."""
     tokenizer = tiny_tokenizer()
     hydra = HydraModel(tiny64("llama"), 2)
     for new_tokens in (1, 5):
         prompts = prompts_of([3, 6, 2])
         recorded, _, mask, again, reused = both_passes(
-            hydra, tokenizer, prompts, max_new_tokens=new_tokens, min_new_tokens=new_tokens
+            hydra, tokenizer, prompts, loop, max_new_tokens=new_tokens, min_new_tokens=new_tokens
         )
         assert all(len(r) == new_tokens for r in recorded.response_ids)
         assert_same_experience(again, reused, mask)

@@ -16,6 +16,7 @@ from hydrappo import HydraModel
 from hydrappo.config import ConfigError, GenerationArgs, parse_config
 from hydrappo.sampling import (
     ContinuousBatchingSampler,
+    DecodeSampler,
     GenerateSampler,
     Sampler,
     build_sampler,
@@ -95,26 +96,29 @@ def test_sampled_responses_have_the_form_of_generates():
         ContinuousBatchingSampler(hydra, tokenizer).sample(prompts, args, record_split=True)
 
 
-def test_build_sampler_follows_the_option_and_auto_is_generate_on_cpu():
+def test_build_sampler_follows_the_option_and_auto_is_decode_on_cpu():
     tokenizer = tiny_tokenizer()
     hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=1)
-    assert resolve_sampler("auto", "cpu") == "generate"
+    assert resolve_sampler("auto", "cpu") == "decode"
+    assert resolve_sampler("auto", "cpu", synced=True) == "generate"  # only generate runs in lockstep
     built = {
         name: build_sampler(GenerationArgs(sampler=name), hydra, tokenizer)
-        for name in ("auto", "generate", "continuous_batching")
+        for name in ("auto", "decode", "generate", "continuous_batching")
     }
-    assert [type(s) for s in built.values()] == [GenerateSampler, GenerateSampler, ContinuousBatchingSampler]
+    assert [type(s) for s in built.values()] == [DecodeSampler, DecodeSampler, GenerateSampler, ContinuousBatchingSampler]
     assert all(isinstance(s, Sampler) for s in built.values())
-    assert built["generate"].records_split and not built["continuous_batching"].records_split
+    assert built["decode"].records_split and built["generate"].records_split
+    assert not built["continuous_batching"].records_split
+    assert type(build_sampler(GenerationArgs(), hydra, tokenizer, synced=True)) is GenerateSampler
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", ["generate", "continuous_batching"])
+@pytest.mark.parametrize("sampler", ["decode", "generate", "continuous_batching"])
 def test_the_trainer_runs_a_step_with_each_sampler(tmp_path, sampler):
     trainer = tiny_trainer(tmp_path, "--total_steps", "1", "--save_every", "0", "--sampler", sampler)
     assert trainer.rollout_sampler.name == sampler
-    # Only generate records the split states; continuous batching leaves the trunk pass to the experience pass.
-    assert trainer.records_split == (sampler == "generate")
+    # decode and generate record the split states; continuous batching leaves the trunk pass to the experience pass.
+    assert trainer.records_split == (sampler != "continuous_batching")
     history = trainer.train()
     assert len(history) == 1 and history[0]["tokens/responses_len_mean"] > 0
 
@@ -126,7 +130,10 @@ def test_config_refuses_what_continuous_batching_cannot_do():
     message = str(error.value)
     assert "generation.min_new_tokens=2 has no continuous-batching version" in message
     assert "generation.sampler='continuous_batching' cannot run a trunk sharded" in message
+    with pytest.raises(ConfigError) as error:
+        parse_config(TINY / "config.yaml", ["--sampler", "decode", "--fsdp_trunk", "true", "--output_dir", "/tmp/unused"])
+    assert "generation.sampler='decode' cannot run a trunk sharded" in str(error.value)
     with pytest.raises(
-        ConfigError, match="generation.sampler='sglang' is not one of: auto, generate, continuous_batching, vllm"
+        ConfigError, match="generation.sampler='sglang' is not one of: auto, decode, generate, continuous_batching, vllm"
     ):
         parse_config(TINY / "config.yaml", ["--sampler", "sglang", "--output_dir", "/tmp/unused"])

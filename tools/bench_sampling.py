@@ -1,12 +1,16 @@
-"""The samplers of hydrappo/rollout.py side by side, interleaved in one process: transformers'
-`generate` (GenerateSampler, as the trainer runs it) against its continuous batching
-(ContinuousBatchingSampler) at several page sizes, on the same prompts, greedy (so every
-candidate produces the same tokens and does the same work; the tool checks it).
+"""The samplers of hydrappo/sampling.py side by side, interleaved in one process: hydrappo's decode
+loop (DecodeSampler) and transformers' `generate` (GenerateSampler), both as the trainer runs them
+(recording the split states), against transformers' continuous batching (ContinuousBatchingSampler)
+at several page sizes, on the same prompts. Greedy by default (so every candidate produces the same
+tokens and does the same work; the tool checks it); with --temperature the candidates sample, as
+training does, and draw different tokens: compare their tokens/s, and their response lengths.
 
     python tools/bench_sampling.py                                  # SmolLM2-135M-Instruct, 16 x 32
     python tools/bench_sampling.py --model tiny                     # a 4-layer random Llama
     python tools/bench_sampling.py --page-sizes 256,32,8 --profile  # where the time goes
     python tools/bench_sampling.py --model tiny --default-cache     # transformers' own cache sizing
+    python tools/bench_sampling.py --prompts 32 --prompt-len 40-40 --new-tokens 24 -N 4 \
+        --temperature 0.7 --page-sizes ""                            # the main job's shape, sampled
 
 Prints per candidate the median seconds of a call, tokens/s and the ratio to generate. With
 --profile, one more call of each under torch.profiler: the CPU time of matmuls, attention and
@@ -40,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hydrappo.config import GenerationArgs, ModelConfig  # noqa: E402
 from hydrappo.model import HydraModel  # noqa: E402
 from hydrappo.model.hydra import disable_dropout  # noqa: E402
-from hydrappo.sampling import ContinuousBatchingSampler, GenerateSampler  # noqa: E402
+from hydrappo.sampling import ContinuousBatchingSampler, DecodeSampler, GenerateSampler  # noqa: E402
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 ATTENTION = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -54,7 +58,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--prompt-len", default="24-40", help="prompt lengths, LOW-HIGH tokens (random ids)")
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--page-sizes", default="256,32", help="continuous batching page sizes to compare")
+    parser.add_argument("--page-sizes", default="256,32", help="continuous batching page sizes to compare ('': none)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature, as training does (0: greedy, the same tokens for all)")
+    parser.add_argument("--prompts-file", default=None,
+                        help="real prompts (a prompt table, e.g. examples/sentiment/prompts.jsonl, through the "
+                             "chat template) instead of random ids: the first --prompts of them")  # fmt: skip
     parser.add_argument("--default-cache", action="store_true",
                         help="also continuous batching with transformers' own cache sizing (60%% of the free RAM "
                              "on a CPU: gigabytes; use with --model tiny on a shared machine)")  # fmt: skip
@@ -87,7 +96,12 @@ def load(args):
     return HydraModel(model, num_layers_unfrozen=args.num_layers_unfrozen), tokenizer
 
 
-def make_prompts(args, vocab_size: int) -> list[list[int]]:
+def make_prompts(args, vocab_size: int, tokenizer=None) -> list[list[int]]:
+    if args.prompts_file:
+        from hydrappo.data import load_prompt_table, tokenize_prompts
+
+        texts, _ = load_prompt_table(args.prompts_file, "prompt", None, None)
+        return tokenize_prompts(texts[: args.prompts], tokenizer, 256, True, None).input_ids
     low, high = (int(x) for x in args.prompt_len.split("-"))
     generator = torch.Generator().manual_seed(1)
     lengths = torch.randint(low, high + 1, (args.prompts,), generator=generator).tolist()
@@ -103,14 +117,21 @@ class DefaultCacheSampler(ContinuousBatchingSampler):
 
 def candidates(args, hydra, tokenizer, prompts, gen: GenerationArgs) -> dict:
     record = hydra.has_frozen_split  # as the trainer samples (generation.reuse_trunk_pass)
-    generate = GenerateSampler(hydra, tokenizer)
-    found = {"generate": lambda: generate.sample(prompts, gen, greedy=True, record_split=record)}
-    for page in (int(p) for p in args.page_sizes.split(",")):
-        sampler = ContinuousBatchingSampler(hydra, tokenizer, page_size=page)
-        found[f"continuous_batching page {page}"] = lambda s=sampler: s.sample(prompts, gen, greedy=True)
+    greedy = args.temperature == 0
+
+    def call(sampler, **options):
+        def run():
+            torch.manual_seed(0)  # sampled calls draw the same tokens every round
+            return sampler.sample(prompts, gen, greedy=greedy, **options)
+
+        return run
+
+    found = {"generate": call(GenerateSampler(hydra, tokenizer), record_split=record),
+             "decode": call(DecodeSampler(hydra, tokenizer), record_split=record)}  # fmt: skip
+    for page in (int(p) for p in args.page_sizes.split(",") if p):
+        found[f"continuous_batching page {page}"] = call(ContinuousBatchingSampler(hydra, tokenizer, page_size=page))
     if args.default_cache:
-        sampler = DefaultCacheSampler(hydra, tokenizer)
-        found["continuous_batching, transformers' cache sizing"] = lambda: sampler.sample(prompts, gen, greedy=True)
+        found["continuous_batching, transformers' cache sizing"] = call(DefaultCacheSampler(hydra, tokenizer))
     return found
 
 
@@ -158,20 +179,23 @@ def main(argv=None) -> None:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     hydra, tokenizer = load(args)
-    prompts = make_prompts(args, hydra.config.vocab_size)
-    gen = GenerationArgs(max_new_tokens=args.new_tokens, generation_batch_size=args.prompts)
+    prompts = make_prompts(args, hydra.config.vocab_size, tokenizer)
+    gen = GenerationArgs(max_new_tokens=args.new_tokens, generation_batch_size=args.prompts,
+                         temperature=args.temperature or 1.0)  # fmt: skip
     functions = candidates(args, hydra, tokenizer, prompts, gen)
     medians, results = interleaved_medians(functions, args.repeats)
 
     reference = results["generate"].response_ids
-    tokens = sum(len(row) for row in reference)
-    print(f"{args.model}: {args.prompts} prompts of {args.prompt_len} tokens x {args.new_tokens} new tokens "
-          f"(greedy; {tokens} response tokens), N = {args.num_layers_unfrozen}, threads {torch.get_num_threads()}, "
-          f"medians of {args.repeats} interleaved rounds")  # fmt: skip
-    print(f"{'sampler':48} {'seconds':>8} {'tokens/s':>9} {'vs generate':>12} {'same responses':>15}")
+    mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}"
+    source = args.prompts_file or f"random prompts of {args.prompt_len} tokens"
+    print(f"{args.model}: {len(prompts)} {source} x {args.new_tokens} new tokens ({mode}), "
+          f"N = {args.num_layers_unfrozen}, threads {torch.get_num_threads()}, medians of {args.repeats} interleaved rounds")  # fmt: skip
+    print(f"{'sampler':48} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'vs generate':>12} {'same responses':>15}")
+    reference_rate = sum(len(row) for row in reference) / medians["generate"]
     for name, seconds in medians.items():
+        tokens = sum(len(row) for row in results[name].response_ids)
         same = sum(a == b for a, b in zip(results[name].response_ids, reference))
-        print(f"{name:48} {seconds:8.2f} {tokens / seconds:9.1f} {medians['generate'] / seconds:11.2f}x "
+        print(f"{name:48} {seconds:8.2f} {tokens:7d} {tokens / seconds:9.1f} {tokens / seconds / reference_rate:11.2f}x "
               f"{same:>9}/{len(reference)}")  # fmt: skip
     if args.profile:
         print("one call under torch.profiler, seconds by operator kind (self CPU time, all threads):")

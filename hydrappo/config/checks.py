@@ -243,15 +243,14 @@ def _check_ppo(config: Config, problems: Problems) -> None:
     if gen.min_new_tokens > gen.max_new_tokens >= 1:
         problems.add("generation.min_new_tokens", gen.min_new_tokens, f"must be <= generation.max_new_tokens "
                      f"({gen.max_new_tokens})", f"use at most {gen.max_new_tokens}")  # fmt: skip
-    if gen.sampler == "continuous_batching":
-        if gen.min_new_tokens > 0:
-            problems.add("generation.min_new_tokens", gen.min_new_tokens, "has no continuous-batching version in "
-                         "transformers (generation.sampler: continuous_batching would drop it)",
-                         "set min_new_tokens: 0, or sampler: generate")  # fmt: skip
-        if config.train.fsdp_trunk:
-            problems.add("generation.sampler", gen.sampler, "cannot run a trunk sharded over processes "
-                         "(train.fsdp_trunk: every process must run every token step in lockstep)",
-                         "use sampler: generate (or auto), or fsdp_trunk: false")  # fmt: skip
+    if gen.sampler == "continuous_batching" and gen.min_new_tokens > 0:
+        problems.add("generation.min_new_tokens", gen.min_new_tokens, "has no continuous-batching version in "
+                     "transformers (generation.sampler: continuous_batching would drop it)",
+                     "set min_new_tokens: 0, or sampler: decode or generate")  # fmt: skip
+    if gen.sampler in ("continuous_batching", "decode") and config.train.fsdp_trunk:
+        problems.add("generation.sampler", gen.sampler, "cannot run a trunk sharded over processes "
+                     "(train.fsdp_trunk: every process must run every token step in lockstep)",
+                     "use sampler: generate (or auto), or fsdp_trunk: false")  # fmt: skip
     if gen.sampler == "vllm":
         _check_serving_engine(config, problems)
     elif gen.engine_gpu_memory != _default(GenerationArgs, "engine_gpu_memory"):

@@ -149,14 +149,17 @@ class GenerationArgs:
     )
     sampler: Sampler = field(
         default="auto",
-        metadata={"help": "What samples the responses: generate (transformers' generate: records the frozen bottom's "
-                          "outputs for the experience pass, shares a prompt's prefill) | continuous_batching "
+        metadata={"help": "What samples the responses: decode (hydrappo's own decode loop: the distribution of "
+                          "generate with less work per token, ended rows leave the batch; records the frozen "
+                          "bottom's outputs, shares a prompt's prefill; no train.fsdp_trunk) | generate "
+                          "(transformers' generate: records and shares too, runs under train.fsdp_trunk) | continuous_batching "
                           "(transformers' generate_batch, a paged KV cache where rows leave as they end; records "
                           "nothing, no min_new_tokens, no train.fsdp_trunk) | vllm (a vLLM engine in the process "
                           "on the GPU, holding its own copy of the policy: every weight loaded once, then only the "
                           "trained ones after each update; records nothing, no train.fsdp_trunk or "
                           "model.trunk_quantization; pip install 'hydrappo[vllm]') | auto (the one measured fastest "
-                          "on the device: generate on CPU; docs/sampling.md). The old log-probs come from the "
+                          "on the device: decode on CPU, generate elsewhere and under train.fsdp_trunk; "
+                          "docs/sampling.md). The old log-probs come from the "
                           "experience pass either way."},
     )
     engine_gpu_memory: float = field(

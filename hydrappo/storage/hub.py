@@ -42,10 +42,11 @@ def hub_offline() -> bool:
     return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | None = None) -> Path:
+def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | None = None, option: str | None = None) -> Path:
     """The snapshot folder of a Hub id at `revision` (default main) in the Hugging Face cache,
     downloaded first when it is not cached and the Hub may be used. Never waits on the
-    network when the id is cached or `HF_HUB_OFFLINE` is set."""
+    network when the id is cached or `HF_HUB_OFFLINE` is set. `option` (`model.name_or_path`,
+    `--base-model`, ...) is what named the id, for the messages."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
@@ -55,14 +56,14 @@ def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | Non
         RevisionNotFoundError,
     )  # fmt: skip
 
-    cache = hub_cache_dir()
+    cache, named = hub_cache_dir(), f"{option}={repo_id}" if option else f"the Hub model {repo_id}"
     patterns = [*_HUB_FILES, gguf_file] if gguf_file else list(_HUB_FILES)
     fetch = dict(repo_id=repo_id, revision=revision, cache_dir=str(cache), allow_patterns=patterns)
     try:
         return Path(snapshot_download(**fetch, local_files_only=True))
     except (LocalEntryNotFoundError, IncompleteSnapshotError):
         if hub_offline():
-            raise ModelLoadError(_not_cached(repo_id, revision, cache, offline=True)) from None
+            raise ModelLoadError(_not_cached(named, repo_id, revision, cache, offline=True)) from None
     try:
         folder = Path(snapshot_download(**fetch))
         if not gguf_file and not any(folder.glob("*.safetensors")):
@@ -75,23 +76,23 @@ def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | Non
         ) from None
     except RepositoryNotFoundError:  # also gated and private repositories without a token
         raise ModelLoadError(
-            f"{repo_id} is no Hub model this machine may read (a typo, or a private or gated model: "
-            "`hf auth login` with an account that has access), and no local folder of that name exists."
+            f"{named} is no Hub model this machine may read (a typo, or a private or gated model), and no local "
+            "folder of that name exists; correct the id, or `hf auth login` with an account that has access."
         ) from None
     except (LocalEntryNotFoundError, IncompleteSnapshotError, ConnectionError) as error:
-        raise ModelLoadError(_not_cached(repo_id, revision, cache, offline=False)) from error
+        raise ModelLoadError(_not_cached(named, repo_id, revision, cache, offline=False)) from error
     except HfHubHTTPError as error:
-        message = f"downloading the Hub model {repo_id} failed: {error}".rstrip(".")
-        raise ModelLoadError(f"{message}. Try again later.") from error
+        message = f"{named}: downloading it from the Hub failed: {error}".rstrip(".")
+        raise ModelLoadError(f"{message}; try again later.") from error
 
 
-def _not_cached(repo_id: str, revision: str | None, cache: Path, offline: bool) -> str:
+def _not_cached(named: str, repo_id: str, revision: str | None, cache: Path, offline: bool) -> str:
     version = f" --revision {revision}" if revision else ""
     why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
     retry = "unset HF_HUB_OFFLINE to download it now" if offline else "try again when the network (HTTPS_PROXY) works"
     return (
-        f"the Hub model {repo_id} (revision {revision or 'main'}) is not in the Hugging Face cache {cache} and {why}, "
-        f"so it cannot be downloaded; no local folder {repo_id!r} exists either. Fetch it on a machine with network: "
+        f"{named} (revision {revision or 'main'}) is not in the Hugging Face cache {cache} and {why}, so it cannot "
+        f"be downloaded, and no local folder {repo_id!r} exists either; fetch it on a machine with network: "
         f"`hf download {repo_id}{version}` (or `huggingface-cli download {repo_id}{version}`), into this cache "
         f"(HF_HUB_CACHE or HF_HOME choose it) or copy the cache here; or {retry}."
     )

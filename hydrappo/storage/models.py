@@ -78,18 +78,21 @@ def fetch_hub_models(config) -> None:
     """Resolve every Hub id a config names (the model at model.revision, the tokenizer, the
     reward model) before any weights load, so a missing one fails at once."""
     model, reward = config.model, getattr(config, "reward", None)
-    named = [(model.name_or_path, model.revision, model.gguf_file), (model.tokenizer_name_or_path, None, None)]
-    named.append((getattr(reward, "reward_model", None), None, None))
-    for name, revision, gguf_file in named:
+    named = [("model.name_or_path", model.name_or_path, model.revision, model.gguf_file),
+             ("model.tokenizer_name_or_path", model.tokenizer_name_or_path, None, None),
+             ("reward.reward_model", getattr(reward, "reward_model", None), None, None)]  # fmt: skip
+    for option, name, revision, gguf_file in named:
         if name and is_hub_id(str(name)):
-            hub_snapshot(str(name), revision, gguf_file)
+            hub_snapshot(str(name), revision, gguf_file, option=option)
 
 
-def local_source(name_or_path: str | os.PathLike, revision: str | None = None, gguf_file: str | None = None) -> Path:
-    """A model or tokenizer location as a local path: itself, or a Hub id's cached snapshot."""
+def local_source(name_or_path: str | os.PathLike, revision: str | None = None, gguf_file: str | None = None,
+                 option: str | None = None) -> Path:  # fmt: skip
+    """A model or tokenizer location as a local path: itself, or a Hub id's cached snapshot
+    (`option`: what named it, for the messages)."""
     text = str(name_or_path)
     if is_hub_id(text):
-        return hub_snapshot(text, revision, gguf_file)
+        return hub_snapshot(text, revision, gguf_file, option=option)
     return Path(text).expanduser()
 
 
@@ -127,13 +130,14 @@ def bundled_gguf(name: str) -> Path:
 
 
 def resolve_model_source(
-    name_or_path: str | os.PathLike, gguf_file: str | None = None, revision: str | None = None
+    name_or_path: str | os.PathLike, gguf_file: str | None = None, revision: str | None = None,
+    option: str | None = "model.name_or_path",
 ) -> tuple[Path, str | None]:
     """Return `(directory, gguf_file or None)` for a bundled name, a .gguf path, a
     directory plus `gguf_file`, a plain model directory, or a Hub id (its snapshot folder at
     `revision`). An existing path wins over a bundled name or Hub id of the same spelling."""
     text = str(name_or_path)
-    path = local_source(text, revision, gguf_file)
+    path = local_source(text, revision, gguf_file, option=option)
     if not path.exists():
         if text.lower() in BUNDLED_MODELS:
             if gguf_file is not None:
@@ -304,10 +308,10 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     return dtype
 
 
-def _load_tokenizer(name_or_path, gguf_file: str | None = None):
+def _load_tokenizer(name_or_path, gguf_file: str | None = None, option: str = "model.tokenizer_name_or_path"):
     from transformers import AutoTokenizer
 
-    path = local_source(name_or_path, gguf_file=gguf_file)
+    path = local_source(name_or_path, gguf_file=gguf_file, option=option)
     if path.is_dir() and gguf_file is None and not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
         directory, gguf = path, None  # a tokenizer-only folder
     else:
@@ -411,7 +415,8 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
     else:
         model, tokenizer = loaded
         if tokenizer is None:
-            tokenizer = _load_tokenizer(model_config.tokenizer_name_or_path or model_config.name_or_path)
+            option = "model.tokenizer_name_or_path" if model_config.tokenizer_name_or_path else "model.name_or_path"
+            tokenizer = _load_tokenizer(model_config.tokenizer_name_or_path or model_config.name_or_path, option=option)
         model, tokenizer = ready_for_training(model, tokenizer, load_device, dtype)
     lora = lora_config(lora_args) if lora_args is not None and lora_args.lora_r > 0 else None
     try:

@@ -18,7 +18,18 @@ from pathlib import Path
 import torch
 
 from ..model import HydraModel, RewardBranch
-from .checkpoint import WEIGHTS_NAME, CheckpointError, find_checkpoint, load_trainable_weights, read_trainer_state
+from ..errors import UsageError
+from .atomic import is_nonempty_dir, write_directory
+from .checkpoint import (
+    CONFIG_NAME,
+    TRAINER_STATE_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    find_checkpoint,
+    load_trainable_weights,
+    read_trainer_state,
+    write_manifest,
+)
 
 logger = logging.getLogger("hydrappo")
 
@@ -66,6 +77,28 @@ def _vocab_size(embedding) -> int:
 
 def branch_weights(branch: RewardBranch) -> dict[str, torch.Tensor]:
     return {name: p.detach().cpu().contiguous() for name, p in branch.named_parameters()}
+
+
+def save_reward_folder(output_dir: str | Path, branch: RewardBranch, info: dict, config_yaml: str) -> Path:
+    """A reward checkpoint folder without optimizer state (the weights, `info` as trainer_state.json,
+    the config, a manifest): what RewardTrainer.save_model writes, loadable by `load_reward_branch`.
+    Written whole or not at all; a folder that holds anything but an earlier one is refused."""
+    import json
+
+    from safetensors.torch import save_file
+
+    out = Path(output_dir)
+    if is_nonempty_dir(out) and not (out / TRAINER_STATE_NAME).is_file():
+        raise UsageError(f"save_model: {out} holds other files; give a new or empty folder (an earlier reward checkpoint "
+                         "saved there is replaced).")  # fmt: skip
+
+    def fill(folder: Path) -> None:
+        save_file(branch_weights(branch), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        (folder / TRAINER_STATE_NAME).write_text(json.dumps(info, indent=2))
+        (folder / CONFIG_NAME).write_text(config_yaml)
+        write_manifest(folder)
+
+    return write_directory(out, fill, replace=True)
 
 
 def read_reward_info(path: str | Path) -> tuple[Path, dict]:

@@ -231,8 +231,9 @@ def convert_trlx(
     if base_model is not None:
         from transformers import AutoModelForCausalLM
 
+        location = local_source(base_model, option="--base-model")  # a Hub id's snapshot, or its own message
         try:
-            original = AutoModelForCausalLM.from_pretrained(str(local_source(base_model)), dtype=dtype).state_dict()
+            original = AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype).state_dict()
         except (OSError, ValueError) as error:
             raise ExportError(f"cannot load --base-model {base_model}: {error}") from error
         if tied and head_key not in original:

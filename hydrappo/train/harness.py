@@ -54,6 +54,7 @@ from ..storage.models import build_hydra, fetch_hub_models
 from ..storage.rundir import claim_output_dir, release_output_dir
 from .api import trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
+from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, keep_float32_master_weights, pick_mixed_precision
@@ -374,20 +375,20 @@ class TrainingLoop:
 
 
 def prepare(loop: TrainingLoop, config_cls, config, objects: dict, *, hydra=None, tokenizer=None, config_dir=None,
-            before_model=None) -> None:  # fmt: skip
+            inputs=None):  # fmt: skip
     """What every trainer's __init__ does first, in this order (a random-init model depends on the seed):
     take its config (a `config_cls`, or the objects TRL's trainers take: train/api.py), anchor the
-    config's relative paths at `config_dir` and check it, run `before_model()` (the loop's checks of
-    its data and reward functions, which must fail before a model loads), seed, pick the device and
-    precision, and build the hydra the config names unless one is given (or wrap a transformers
-    model given in `objects`). Sets the loop's config, harness, device, hydra and tokenizer."""
+    config's relative paths at `config_dir` and check it, read the stage's inputs (train/inputs.py:
+    its data and reward functions, checked before a model loads) unless the command line read them
+    already (`inputs`), seed, pick the device and precision, and build the hydra the config names
+    unless one is given (or wrap a transformers model given in `objects`). Sets the loop's config,
+    harness, device, hydra and tokenizer; returns the inputs."""
     loop.config, model, tokenizer = trainer_inputs(config_cls, config, objects, tokenizer)
     config = loop.config
     run, lora, value_head = config.train, getattr(config, "lora", None), loop.builds_value_head()
     config.resolve_paths(config_dir)
     validate(config)
-    if before_model is not None:
-        before_model()
+    inputs = inputs if inputs is not None else read_inputs(config)
     if hydra is None and model is None:
         fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
     harness = Harness(run, config, max_nonfinite_steps=getattr(config, config.OPTIMIZER).max_nonfinite_steps)
@@ -407,6 +408,7 @@ def prepare(loop: TrainingLoop, config_cls, config, objects: dict, *, hydra=None
     if tokenizer is None:
         raise ConfigError("pass the tokenizer together with a hydra model.")
     loop.harness, loop.device, loop.hydra, loop.tokenizer = harness, harness.device, hydra, tokenizer
+    return inputs
 
 
 class RunLog:

@@ -41,9 +41,9 @@ from ..algo.scores import (
 )
 from ..config import Config, Problems
 from ..config.checks import check_process_shares
-from ..data import PromptSampler, load_prompt_table, tokenize_prompts
+from ..data import PromptSampler, tokenize_prompts
 from ..model import HydraModel
-from ..rewards import build_reward_source, reward_functions
+from ..rewards import build_reward_source
 from ..rollout import (
     Experience,
     Responses,
@@ -60,6 +60,7 @@ from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
+from .inputs import RLInputs
 from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
 
@@ -80,9 +81,9 @@ class PPOTrainer(TrainingLoop):
     progress = {"reward": "env/reward_mean", "kl": "objective/kl"}
 
     def __init__(self, config: Config | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
-                 **objects):  # fmt: skip
-        prepare(self, Config, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
-                before_model=self._read_inputs)  # fmt: skip
+                 inputs: RLInputs | None = None, **objects):  # fmt: skip
+        self.inputs = prepare(self, Config, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
+                              inputs=inputs)  # fmt: skip
         config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         ppo, train = config.ppo, config.train
         if not ppo.uses_critic:
@@ -97,14 +98,17 @@ class PPOTrainer(TrainingLoop):
             # score_normalization 'ref' without explicit statistics: the reward checkpoint's.
             apply_reference_stats(config.reward, branch)
 
-        self.reward_source = build_reward_source(config.reward, device=str(self.device), functions=self._functions)
+        self.reward_source = build_reward_source(config.reward, device=str(self.device), functions=self.inputs.functions)
         data = config.data
-        self.prompts = tokenize_prompts(self._texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
+        self.columns, self.eval_columns = self.inputs.columns, self.inputs.eval_columns
+        self.prompts = tokenize_prompts(self.inputs.prompts, tokenizer, data.max_prompt_length, data.apply_chat_template,
+                                        data.system_prompt)  # fmt: skip
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
         self.held_out = None
         if data.eval_prompts:
             self.held_out = HeldOutEvaluation(
-                tokenize_prompts(self._eval_texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt),
+                tokenize_prompts(self.inputs.eval_prompts, tokenizer, data.max_prompt_length, data.apply_chat_template,
+                                 data.system_prompt),
                 tokenizer, batch_size=config.generation.generation_batch_size, greedy=train.eval_greedy, seed=train.seed,
             )
         self._check_process_count()
@@ -129,20 +133,6 @@ class PPOTrainer(TrainingLoop):
 
     def builds_value_head(self) -> bool:
         return self.config.ppo.uses_critic
-
-    def _read_inputs(self) -> None:
-        """The prompt table (the prompts and every other column, which go to the reward
-        functions) and the reward functions, checked against those columns: before any model loads."""
-        data = self.config.data
-        self._texts, self.columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
-        self._functions = reward_functions(self.config.reward, columns=list(self.columns))
-        self._eval_texts, self.eval_columns = [], {}
-        if data.eval_prompts:
-            self._eval_texts, self.eval_columns = load_prompt_table(
-                data.eval_prompts, data.prompt_column, data.eval_split, data.subset, setting="data.eval_prompts"
-            )
-            for function in self._functions:
-                function.check_columns(self.eval_columns, setting="data.eval_prompts")
 
     @property
     def trained_module(self) -> HydraModel:
@@ -221,7 +211,9 @@ class PPOTrainer(TrainingLoop):
             branch_scores = self.evaluate(ids.to(self.device), mask.to(self.device), width, with_reference=False).scores
         texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
         columns = {name: [values[i] for i in rows] for name, values in self.eval_columns.items()}
-        scores = self.score(prompt_texts, texts, branch_scores, columns, responses.response_ids)
+        messages = self.held_out.prompts.messages
+        scores = self.score(prompt_texts, texts, branch_scores, columns, responses.response_ids,
+                            [messages[i] for i in rows] if messages else None)  # fmt: skip
         return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 
     @torch.no_grad()
@@ -266,8 +258,9 @@ class PPOTrainer(TrainingLoop):
     def score_rollout(self, rollout: Rollout) -> torch.Tensor:
         """The reward sources' weighted sum for this process's rows, with their dataset columns."""
         columns = {name: [values[i] for i in rollout.indices] for name, values in self.columns.items()}
+        messages = [self.prompts.messages[i] for i in rollout.indices] if self.prompts.messages else None
         return self.score(rollout.prompt_texts, rollout.response_texts, rollout.evaluation.scores, columns,
-                          rollout.responses.response_ids)  # fmt: skip
+                          rollout.responses.response_ids, messages)  # fmt: skip
 
     def gather_batch(self, rollout: Rollout, raw_scores: torch.Tensor) -> dict:
         """The WHOLE batch (every process's rows, gathered, the same on every process): what
@@ -374,13 +367,14 @@ class PPOTrainer(TrainingLoop):
         )
 
     def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores, columns=None,
-              completion_ids=None) -> torch.Tensor:  # fmt: skip
-        """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources)."""
+              completion_ids=None, messages=None) -> torch.Tensor:  # fmt: skip
+        """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources);
+        `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py)."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
         step = self.harness.step + 1  # named in the error of a reward source that fails
         scores = self.reward_source(
             samples, prompt_texts, response_texts, step=step, columns=columns, completion_ids=completion_ids,
-            branch_scores=branch_scores,
+            branch_scores=branch_scores, prompt_messages=messages,
         )
         if not torch.isfinite(scores).all():
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")

@@ -19,27 +19,29 @@ from __future__ import annotations
 
 import logging
 import random
+from pathlib import Path
 
 import torch
+import yaml
 
 from ..algo.losses import preference_loss
 from ..algo.scores import score_statistics
 from ..config import GenerationArgs, RewardConfig
-from ..data import (
-    DataError,
-    PreferencePairs,
-    encode_prompts,
-    load_preference_pairs,
-    read_table,
-    split_by_prompt,
-    tokenize_responses,
-)
+from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, tokenize_responses
 from ..errors import UsageError
 from ..model import HydraModel
-from ..rollout import generate_responses, pack_sequences
+from ..rollout import pack_sequences
+from ..sampling import build_sampler
 from ..storage.checkpoint import latest_checkpoint
-from ..storage.reward_branch import REWARD_FORMAT_VERSION, REWARD_KIND, base_model_identity, load_reward_branch
+from ..storage.reward_branch import (
+    REWARD_FORMAT_VERSION,
+    REWARD_KIND,
+    base_model_identity,
+    load_reward_branch,
+    save_reward_folder,
+)
 from .harness import TrainingError, as_float, prepare
+from .inputs import StageInputs
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")
@@ -48,15 +50,18 @@ logger = logging.getLogger("hydrappo")
 class RewardTrainer(SupervisedStage):
     """Trains a reward branch on a frozen hydra trunk from preference pairs.
 
-    Build it from a `RewardConfig` (`hydrappo reward` does); pass `hydra`/`tokenizer` to
-    use a model you built yourself. `config_dir` anchors relative paths of the config."""
+    Build it from a `RewardConfig` (`hydrappo reward` does), or from objects as PPOTrainer is
+    (train/api.py: `model`, `train_dataset` / `eval_dataset` of pairs, `args`,
+    `processing_class`); pass `hydra`/`tokenizer` to use a model you built yourself.
+    `config_dir` anchors relative paths of the config."""
 
     name = "reward"
     progress = {"loss": "train/loss", "acc": "train/accuracy"}
 
     def __init__(self, config: RewardConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
-                 **objects):  # fmt: skip
-        prepare(self, RewardConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir)
+                 inputs: StageInputs | None = None, **objects):  # fmt: skip
+        inputs = prepare(self, RewardConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
+                         inputs=inputs)  # fmt: skip
         config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         data, train = config.data, config.train
         if hydra.full_model:
@@ -76,17 +81,14 @@ class RewardTrainer(SupervisedStage):
             self.branch = hydra.new_reward_branch(trainable=True, own_norm=True)
             self.branch.pooling = train.pooling
 
-        pairs = load_preference_pairs(data.train_file, tokenizer, data)
-        if data.eval_file:
-            self.train_pairs = pairs
-            self.eval_pairs = load_preference_pairs(data.eval_file, tokenizer, data, "data.eval_file", data.eval_split)
+        # The tables were read and checked before the model loaded (train/inputs.py).
+        pairs = load_preference_pairs(data.train_file, tokenizer, data, table=inputs.train)
+        self.train_pairs = pairs.subset(inputs.train_rows)
+        if inputs.eval is not None:
+            self.eval_pairs = load_preference_pairs(data.eval_file, tokenizer, data, table=inputs.eval)
         else:
-            # Without a prompt column every row is its own group.
-            groups = pairs.prompts if data.prompt_column else [str(i) for i in range(len(pairs))]
-            train_index, eval_index = split_by_prompt(groups, data.eval_fraction, train.seed)
-            self.train_pairs, self.eval_pairs = pairs.subset(train_index), pairs.subset(eval_index)
-        if not len(self.train_pairs):
-            raise DataError("no training pairs left after the eval split; lower data.eval_fraction.")
+            self.eval_pairs = pairs.subset(inputs.eval_rows)
+        self.stats_table = inputs.stats
         logger.info("reward training: %d training pairs, %d held-out pairs", len(self.train_pairs), len(self.eval_pairs))
 
         self.split_cache = SplitCache(hydra, train.cache_split_hidden)
@@ -107,6 +109,14 @@ class RewardTrainer(SupervisedStage):
         history = super().train(resume)
         self.checkpoint_path = latest_checkpoint(self.harness.output_dir)
         return history
+
+    def save_model(self, output_dir) -> Path:
+        """The reward branch as a reward checkpoint folder (storage/reward_branch.py), with the
+        reference score statistics once training ended: `model.reward_branch_path: output_dir`
+        in a PPO config loads it, as it loads the run's own checkpoints."""
+        info = {key: value for key, value in self.state_dict().items() if key != "batches"}
+        config_yaml = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
+        return save_reward_folder(output_dir, self.branch, {**info, "step": self.step}, config_yaml)
 
     def summary(self, history: list[dict]) -> str:
         evaluation = ", ".join(f"{k} {v:.3f}" for k, v in self.final_eval.items() if k in ("eval/accuracy", "eval/loss"))
@@ -192,8 +202,7 @@ class RewardTrainer(SupervisedStage):
             scores = self.harness.dist.map_in_order(part_scores, parts, what)
             source = f"chosen and rejected responses of {len(chosen_set)} training texts"
         else:
-            prompt_column = data.prompt_column or "prompt"
-            table = read_table(data.stats_file, [prompt_column], [data.stats_response_column], setting="data.stats_file")
+            prompt_column, table = data.prompt_column or "prompt", self.stats_table
             index = sorted(rng.sample(range(len(table[prompt_column])), min(data.stats_max_samples, len(table[prompt_column]))))
             prompt_ids = encode_prompts([table[prompt_column][i] for i in index], self.tokenizer, data)
             response_ids = None
@@ -213,7 +222,8 @@ class RewardTrainer(SupervisedStage):
                 prompts = [prompt_ids[i] for i in rows]
                 if response_ids is not None:
                     return self.score(prompts, [response_ids[i] for i in rows])
-                return self.score(prompts, generate_responses(self.hydra, self.tokenizer, prompts, generation).response_ids)
+                sampler = build_sampler(generation, self.hydra, self.tokenizer)
+                return self.score(prompts, sampler.sample(prompts, generation).response_ids)
 
             scores = self.harness.dist.map_in_order(part_scores, batches(len(prompt_ids), train.eval_batch_size), what)
         scores = torch.cat(scores)

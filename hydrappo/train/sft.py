@@ -29,12 +29,13 @@ import yaml
 
 from ..algo.losses import response_nll
 from ..config import SFTConfig
-from ..data import DataError, load_sft_rows, split_by_prompt
+from ..data import DataError, load_sft_rows
 from ..model import HydraModel
 from ..rollout import pack_sequences, response_part
 from ..storage.export import save_model_dir
 from ..storage.models import unquantized_copy
 from .harness import enable_activation_checkpointing, prepare
+from .inputs import StageInputs
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")
@@ -44,7 +45,9 @@ CONFIG_NAME = "sft_config.yaml"
 
 class SFTTrainer(SupervisedStage):
     """Supervised fine-tuning of a hydra's policy (its top N layers, optionally the lm_head
-    and final norm, or LoRA adapters) on prompt/response pairs."""
+    and final norm, or LoRA adapters) on prompt/response pairs. Build it from an `SFTConfig`
+    (`hydrappo sft` does) or from objects as PPOTrainer is (train/api.py: `model`,
+    `train_dataset` / `eval_dataset` of prompt/response rows, `args`, `processing_class`)."""
 
     name = "sft"
     progress = {"loss": "train/loss"}
@@ -52,8 +55,9 @@ class SFTTrainer(SupervisedStage):
     # adapter) is written into output_dir before the final checkpoint.
 
     def __init__(self, config: SFTConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
-                 **objects):  # fmt: skip
-        prepare(self, SFTConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir)
+                 inputs: StageInputs | None = None, **objects):  # fmt: skip
+        inputs = prepare(self, SFTConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
+                         inputs=inputs)  # fmt: skip
         config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         data, train = config.data, config.train
         # Only the policy learns here: the value head is PPO's business.
@@ -67,17 +71,14 @@ class SFTTrainer(SupervisedStage):
         if config.model.gradient_checkpointing:
             enable_activation_checkpointing(hydra.model)
 
-        prompts, prompt_ids, response_ids = load_sft_rows(data.train_file, tokenizer, data)
-        if data.eval_file:
-            self.train_set = (prompt_ids, response_ids)
-            self.eval_set = load_sft_rows(data.eval_file, tokenizer, data, "data.eval_file", data.eval_split)[1:]
+        # The tables were read and checked before the model loaded (train/inputs.py).
+        _, prompt_ids, response_ids = load_sft_rows(data.train_file, tokenizer, data, table=inputs.train)
+        pick = lambda rows, index: [rows[i] for i in index]  # noqa: E731
+        self.train_set = (pick(prompt_ids, inputs.train_rows), pick(response_ids, inputs.train_rows))
+        if inputs.eval is not None:
+            self.eval_set = load_sft_rows(data.eval_file, tokenizer, data, table=inputs.eval)[1:]
         else:
-            train_index, eval_index = split_by_prompt(prompts, data.eval_fraction, train.seed)
-            pick = lambda rows, index: [rows[i] for i in index]  # noqa: E731
-            self.train_set = (pick(prompt_ids, train_index), pick(response_ids, train_index))
-            self.eval_set = (pick(prompt_ids, eval_index), pick(response_ids, eval_index))
-        if not self.train_set[0]:
-            raise DataError("no training examples left after the eval split; lower data.eval_fraction.")
+            self.eval_set = (pick(prompt_ids, inputs.eval_rows), pick(response_ids, inputs.eval_rows))
         logger.info("sft: %d training examples, %d held-out examples", len(self.train_set[0]), len(self.eval_set[0]))
 
         # With the whole model training nothing is frozen to cache.
@@ -182,9 +183,10 @@ class SFTTrainer(SupervisedStage):
                 logger.info("sft model saved to %s", self.output_dir)
         return {}
 
-    def save_model(self) -> Path:
-        """The fine-tuned model (or LoRA adapter) into output_dir; trained on a quantized trunk, the
-        model is written in full precision (its frozen bottom re-read from the original weights)."""
+    def save_model(self, output_dir=None) -> Path:
+        """The fine-tuned model (or LoRA adapter) into `output_dir` (default train.output_dir, where
+        a finished run writes it); trained on a quantized trunk, the model is written in full
+        precision (its frozen bottom re-read from the original weights)."""
         if self.hydra.uses_lora:
             model = self.hydra.peft_model
         elif self.hydra.trunk_quantization != "none":
@@ -192,7 +194,7 @@ class SFTTrainer(SupervisedStage):
         else:
             model = self.hydra.model
         config_yaml = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
-        return save_model_dir(model, self.tokenizer, self.output_dir, {CONFIG_NAME: config_yaml})
+        return save_model_dir(model, self.tokenizer, output_dir or self.output_dir, {CONFIG_NAME: config_yaml})
 
     def state_dict(self) -> dict:
         return {"batches": self.batches.state_dict()}

@@ -2,6 +2,8 @@
 
     ppo OUT                    one PPO step of every VARIANT on fixed responses, each into OUT/<variant>
     die-after-first-save ARGS  `hydrappo ARGS`, every process killed in the step after its first checkpoint
+    heldout OUT EVAL [die|resume]  HELDOUT's run with held-out evaluation of EVAL on fixed rollouts, into OUT
+                               (die: killed in the step after its first checkpoint; resume: continued)
 """
 
 from __future__ import annotations
@@ -69,6 +71,32 @@ def ppo_variants(out: Path) -> None:
         trainer.train()
 
 
+# 3 PPO steps on fixed rollouts (so that 1 and 2 processes train alike), a checkpoint at step 2,
+# sampled held-out answers (the strict case: they draw random numbers) at steps 0, 2 and 3, in
+# batches of 4: 12 held-out prompts make 3 batches, which 2 processes share unevenly.
+HELDOUT = [
+    "--total_steps", "3", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
+    "--learning_rate", "1e-4", "--generation_batch_size", "4", "--eval_every", "2", "--eval_greedy", "false",
+    "--no_progress_bar", "--dtype", "float64", "--adam_eps", "1e-6",
+]  # fmt: skip
+
+
+def heldout_run(out: Path, eval_prompts: str, how: str = "") -> None:
+    config = parse_config(TINY / "config.yaml", [*HELDOUT, "--output_dir", str(out), "--eval_prompts", eval_prompts])
+    trainer = PPOTrainer(config, config_dir=TINY)
+    trainer.generate = fixed_generate(trainer)  # the rollouts; held-out answers are sampled as always
+    if how == "die":
+        real_save = trainer.harness.save
+
+        def save_then_die(loop):
+            path = real_save(loop)
+            trainer.ppo_update = lambda *args: os._exit(3)  # killed in the middle of the next step
+            return path
+
+        trainer.harness.save = save_then_die
+    trainer.train(resume=how == "resume")
+
+
 def die_after_first_save(argv: list[str]) -> int:
     from hydrappo.cli import main
 
@@ -93,6 +121,9 @@ if __name__ == "__main__":
     if mode == "ppo":
         ppo_variants(Path(rest[0]))
         end_process_group(succeeded=True)  # as the command line ends a run
+    elif mode == "heldout":
+        heldout_run(Path(rest[0]), *rest[1:])
+        end_process_group(succeeded=True)
     elif mode == "die-after-first-save":
         sys.exit(die_after_first_save(rest))
     else:

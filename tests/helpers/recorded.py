@@ -15,15 +15,16 @@ def prompts_of(lengths, seed=0):
     return [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
 
 
-def sample(hydra, tokenizer, prompts, record, **generation):
+def sample(hydra, tokenizer, prompts, record, loop="generate", **generation):
     args = GenerationArgs(**{"max_new_tokens": 9, "generation_batch_size": 3, "temperature": 1.0, **generation})
     torch.manual_seed(1)
-    return generate_responses(hydra, tokenizer, prompts, args, record_split=record)
+    return generate_responses(hydra, tokenizer, prompts, args, record_split=record, loop=loop)
 
 
-def both_passes(hydra, tokenizer, prompts, **generation):
-    """The responses (recorded while sampling) and the two experience passes over them."""
-    recorded = sample(hydra, tokenizer, prompts, True, **generation)
+def both_passes(hydra, tokenizer, prompts, loop="generate", **generation):
+    """The responses (recorded while sampling with `loop`: rollout's generate or decode) and the
+    two experience passes over them."""
+    recorded = sample(hydra, tokenizer, prompts, True, loop, **generation)
     ids, mask, _, width = pack_sequences(recorded.prompt_ids, recorded.response_ids, tokenizer.pad_token_id)
     split = pack_split_hidden(recorded, width, ids.shape[1])
     again = evaluate_sequences(hydra, ids, mask, width, chunk_size=4)

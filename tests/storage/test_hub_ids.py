@@ -3,6 +3,7 @@ in huggingface_hub's own layout: models--ORG--NAME/{blobs, refs/<branch>, snapsh
 No test reaches the network: socket connections and name look-ups raise and are recorded."""
 
 import hashlib
+import json
 import os
 import socket
 from pathlib import Path
@@ -125,9 +126,10 @@ def test_a_reward_model_hub_id(hub_cache, tmp_path):
     assert len(scores) == 1 and all(torch.isfinite(torch.as_tensor(scores)))
 
 
-def _not_cached_message(err: str, revision: str, cache: Path, why: str) -> None:
+def _not_cached_message(err: str, revision: str, cache: Path, why: str, option: str = "model.name_or_path") -> None:
     assert "Traceback" not in err
-    assert f"tiny-org/missing (revision {revision}) is not in the Hugging Face cache {cache} and {why}" in err
+    assert f"{option}=tiny-org/missing (revision {revision}) is not in the Hugging Face cache {cache} and {why}, so it " \
+           "cannot be downloaded, and no local folder 'tiny-org/missing' exists either; fetch it on a machine with network" in err
     version = f" --revision {revision}" if revision != "main" else ""
     assert f"hf download tiny-org/missing{version}" in err
     assert f"huggingface-cli download tiny-org/missing{version}" in err
@@ -147,6 +149,53 @@ def test_an_uncached_id_offline_is_a_clear_error_before_anything_is_written(hub_
     assert "unset HF_HUB_OFFLINE to download it now" in err
     assert no_network == []  # HF_HUB_OFFLINE: the cache is read, the Hub never asked
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--tokenizer_name_or_path", "tiny-org/missing"], "model.tokenizer_name_or_path"),
+    (["--reward_fn", "", "--reward_model", "tiny-org/missing"], "reward.reward_model"),
+])  # fmt: skip
+def test_each_uncached_id_is_named_by_its_option(hub_cache, no_network, tmp_path, capsys, args, option):
+    cache, _ = hub_cache
+    out = tmp_path / "run"
+    assert main(["train", str(TINY / "config.yaml"), *args, "--output_dir", str(out), *FAST]) == 2
+    _not_cached_message(capsys.readouterr().err, "main", cache, "HF_HUB_OFFLINE is set", option)
+    assert no_network == [] and not out.exists()
+
+
+def test_exports_base_model_is_named_by_its_option_and_nothing_is_written(hub_cache, no_network, tmp_path, capsys):
+    cache, _ = hub_cache
+    checkpoint = Path(__file__).resolve().parents[1] / "fixtures" / "legacy" / "ppo-checkpoint-2"
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # an earlier export, which --overwrite would move aside
+    for option in ("--base-model", "--tokenizer"):
+        code = main(["export", str(checkpoint), "--out", str(out), option, "tiny-org/missing", "--overwrite"])
+        assert code == 2
+        _not_cached_message(capsys.readouterr().err, "main", cache, "HF_HUB_OFFLINE is set", option)
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"] and [p.name for p in out.iterdir()] == ["config.json"]
+
+
+def test_a_hub_id_that_does_not_exist_is_named_by_its_option(hub_cache, monkeypatch):
+    """Online, the Hub answers that no such repository exists (or the user may not read it)."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    from hydrappo.storage.hub import hub_snapshot
+
+    def answer(*args, local_files_only=False, **kwargs):
+        if local_files_only:
+            raise LocalEntryNotFoundError("not cached")
+        raise RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # what a 404 raises (built without a response)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", answer)
+    with pytest.raises(ModelLoadError) as error:
+        hub_snapshot("tiny-org/Tiny-Lama", option="reward.reward_model")
+    assert str(error.value) == (
+        "reward.reward_model=tiny-org/Tiny-Lama is no Hub model this machine may read (a typo, or a private or gated "
+        "model), and no local folder of that name exists; correct the id, or `hf auth login` with an account that has access."
+    )
 
 
 def test_an_unreachable_hub_is_the_same_clear_error(hub_cache, no_network, monkeypatch):
@@ -215,4 +264,35 @@ def test_train_export_generate_and_compare_from_a_hub_id(hub_cache, no_network, 
     assert main(["compare", f"base={HUB_ID}", f"trained={checkpoint}", "--prompts", str(TINY / "prompts.jsonl"),
                  "--limit", "2", "--max_new_tokens", "4", "--reward_fn", f"{TINY / 'reward.py'}:reward_fn"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+    assert no_network == []
+
+
+@pytest.mark.parametrize("stage", ["sft", "reward"])
+def test_the_sft_and_reward_stages_from_a_hub_id(hub_cache, no_network, tmp_path, stage):
+    from runs import reward_config, write_sft_config
+
+    cache, snapshots = hub_cache
+    if stage == "sft":
+        config = write_sft_config(tmp_path)
+    else:
+        reward_config(tmp_path)
+        config = tmp_path / "reward.yaml"
+    out = tmp_path / "out"
+    assert main([stage, str(config), "--name_or_path", HUB_ID, "--random_init", "false", "--revision", "v2",
+                 "--output_dir", str(out), "--max_steps", "1", "--save_every", "1"]) == 0  # fmt: skip
+    checkpoint = out / "checkpoint-1"
+    recorded = yaml.safe_load((checkpoint / "config.yaml").read_text())["model"]
+    assert (recorded["name_or_path"], recorded["revision"]) == (HUB_ID, "v2")
+    base = AutoModelForCausalLM.from_pretrained(snapshots["v2"])
+    if stage == "sft":  # the model it writes: v2's frozen bottom, untouched
+        written = AutoModelForCausalLM.from_pretrained(out)
+        assert torch.equal(written.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight)
+    else:  # the branch starts from v2's top layers and records the trunk it sits on
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        assert state["base_model"]["name_or_path"] == HUB_ID
+        from hydrappo.storage.reward_branch import trunk_fingerprint
+        from hydrappo.model import HydraModel
+
+        hydra = HydraModel(base, num_layers_unfrozen=2)
+        assert state["base_model"]["trunk_fingerprint"] == trunk_fingerprint(hydra)  # the same weights, summed alike
     assert no_network == []

@@ -1,6 +1,6 @@
 """Data parallelism on torch.distributed (train/distributed.py): results that do not depend on
 the number of processes, exact resume at the same number, one failing process stopping all.
-The multi-process tests start 2 processes themselves (gloo on the CPU, tests/processes.py)."""
+The multi-process tests start 2 processes themselves (gloo on the CPU, tests/helpers/processes.py)."""
 
 import json
 import logging
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distributed_worker import VARIANTS, ppo_variants
+from distributed_worker import HELDOUT, VARIANTS, heldout_run, ppo_variants
 from hydrappo.algo.losses import aggregate, aggregation_weights
 from hydrappo.algo.masked import explained_variance, explained_variance_of_parts, explained_variance_parts
 from hydrappo.config import RewardConfig, SFTConfig, parse_config
@@ -205,6 +205,37 @@ def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp
         history = PPOTrainer(config, config_dir=TINY).train(resume=True)
     assert [row["step"] for row in history] == [3, 4]
     assert "written by a run of 2 processes and this run has 1" in caplog.text
+
+
+@pytest.mark.slow
+def test_held_out_evaluation_on_two_processes_equals_one_and_resumes_exactly(tmp_path):
+    """Held-out evaluation (train/heldout.py) deals its 3 batches of sampled answers to the
+    processes, each batch seeded by itself. At step 0 the weights are the same on 1 and 2
+    processes, so every eval/* number must be equal; at steps 2 and 3 the weights agree within
+    float64 noise (the note above ADAM_EPS), which could change a sampled token only where a draw
+    lands within ~1e-12 of a probability boundary: the eval numbers agree to SCALAR_NOISE. A
+    2-process run killed after its checkpoint at step 2 and resumed then ends exactly as an
+    uninterrupted one, its evaluations included, and does not repeat the step-0 baseline."""
+    eval_prompts = tmp_path / "held_out.jsonl"
+    eval_prompts.write_text("".join((TINY / "prompts.jsonl").read_text().splitlines(keepends=True)[-12:]))
+    check_ok(launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "two"), str(eval_prompts)], timeout=180))
+    heldout_run(tmp_path / "one", str(eval_prompts))
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    evaluated = lambda rows: {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if "eval/prompts" in r}  # noqa: E731
+    assert sorted(evaluated(one)) == sorted(evaluated(two)) == [0, 2, 3]
+    assert evaluated(one)[0] == evaluated(two)[0] and evaluated(two)[0]["eval/prompts"] == 12
+    for step in (2, 3):
+        assert_same_scalars(evaluated(one)[step], evaluated(two)[step])
+    lr = float(HELDOUT[HELDOUT.index("--learning_rate") + 1])
+    assert_close_weights(weights(tmp_path / "one", 3), weights(tmp_path / "two", 3), lr=lr, steps=6)  # 3 steps x 2 updates
+
+    killed = launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "die"], timeout=180)
+    assert [r.returncode for r in killed] == [3, 3], describe(killed)
+    check_ok(launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "resume"],
+                    timeout=180))  # fmt: skip
+    assert_equal_weights(weights(tmp_path / "two", 3), weights(tmp_path / "resumed", 3))
+    strip = lambda row: {k: v for k, v in row.items() if not k.startswith("time/")}  # noqa: E731
+    assert [strip(r) for r in metrics(tmp_path / "resumed")] == [strip(r) for r in two]
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """The trainers built from Python objects, as TRL users write them (train/api.py): a model (path
 or loaded), reward function objects with weights, datasets as objects, a dict of options; the
 same config rules as the command line; the trained policy saved and reloaded with plain
-transformers."""
+transformers; the SFT and reward stages built the same way, each saving what its stage makes."""
 
 import json
 from pathlib import Path
@@ -12,9 +12,10 @@ import yaml
 from datasets import Dataset
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from hydrappo import Config, PPOTrainer
+from hydrappo import Config, PPOTrainer, RewardTrainer, SFTTrainer
 from hydrappo.config import ConfigError
-from runs import TINY
+from hydrappo.errors import UsageError
+from runs import TINY, write_pairs
 
 ROWS = [json.loads(line) for line in (TINY / "prompts.jsonl").read_text().splitlines()]
 TRAIN = [{"prompt": row["prompt"], "answer": row["prompt"].split()[-1]} for row in ROWS]
@@ -99,3 +100,62 @@ def test_a_config_object_is_copied_not_changed(tmp_path):
     trainer = PPOTrainer(config, model=str(TINY / "model"), reward_funcs=good_words, train_dataset=TRAIN)
     assert trainer.config.reward.reward_fn == [good_words] and trainer.config.model.name_or_path == str(TINY / "model")
     assert config.reward.reward_fn is None and config.model.name_or_path != str(TINY / "model")
+
+
+# SFT rows: each prompt word n<k> answered with g<k mod 8> (learnable, unlike what a random model says).
+SFT = [{"prompt": row["prompt"], "response": " ".join(f"g{int(w[1:]) % 8}" for w in row["prompt"].split())} for row in ROWS]
+
+
+def stage_args(tmp_path: Path, **train) -> dict:
+    return {
+        "model": {"random_init": True, "num_layers_unfrozen": 2, "train_lm_head": True},
+        "data": {"max_prompt_length": 16, "max_response_length": 12},
+        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 3, "batch_size": 16, "learning_rate": 3e-3,
+                  "save_every": 0, "progress_bar": False, **train},
+    }  # fmt: skip
+
+
+def test_sft_from_objects_trains_saves_and_reloads_with_transformers(tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY / "model"))
+    options = stage_args(tmp_path)
+    options["model"].pop("random_init")
+    trainer = SFTTrainer(model, train_dataset=Dataset.from_list(SFT[:96]), eval_dataset=SFT[96:], args=options,
+                         processing_class=AutoTokenizer.from_pretrained(TINY / "model"))  # fmt: skip
+    assert trainer.hydra.model is model  # wrapped, not reloaded
+    history = trainer.train()
+    evaluations = [row["eval/loss"] for row in history if "eval/loss" in row]
+    assert history[0]["step"] == 0 and evaluations[-1] < evaluations[0]  # 32 held-out rows, evaluated before and after
+    assert (tmp_path / "run" / "config.json").is_file()  # the finished run wrote its model, as `hydrappo sft` does
+    out = trainer.save_model(tmp_path / "sft-model")
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    trained = trainer.hydra.model.state_dict()
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, trained[name].to(tensor.dtype)), name
+    recorded = yaml.safe_load((out / "sft_config.yaml").read_text())
+    assert recorded["data"]["train_file"] == "<in-memory table of 96 rows>"
+
+
+def test_reward_stage_from_objects_saves_a_branch_that_ppo_loads(tmp_path):
+    write_pairs(tmp_path / "pairs.jsonl")
+    options = stage_args(tmp_path, learning_rate=1e-3)
+    options["model"].pop("train_lm_head")
+    options["data"]["eval_fraction"] = 0.2
+    trainer = RewardTrainer(model=str(TINY / "model"), train_dataset=tmp_path / "pairs.jsonl", args=options)
+    trainer.train()
+    with pytest.raises(UsageError, match="holds other files; give a new or empty folder"):
+        trainer.save_model(tmp_path / "run")  # the run's own folder: never replaced
+    saved = trainer.save_model(tmp_path / "reward-model")
+    assert sorted(p.name for p in saved.iterdir()) == ["config.yaml", "manifest.json", "trainable.safetensors",
+                                                      "trainer_state.json"]  # fmt: skip
+
+    ppo = PPOTrainer(model=str(TINY / "model"), reward_funcs=None, train_dataset=TRAIN, args={
+        **args(tmp_path / "ppo"), "model": {"random_init": True, "num_layers_unfrozen": 2, "reward_branch_path": str(saved)},
+        "reward": {"use_reward_branch": True, "score_normalization": "ref"},
+    })  # fmt: skip
+    # The reference statistics the stage computed at its end, and its trained weights.
+    assert ppo.config.reward.score_ref_mean == trainer.score_stats["score_mean"]
+    assert ppo.config.reward.score_ref_std == trainer.score_stats["score_std"]
+    trained = dict(trainer.branch.named_parameters())
+    for name, param in ppo.hydra.reward_branch.named_parameters():
+        assert torch.equal(param, trained[name]), name

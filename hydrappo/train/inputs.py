@@ -1,0 +1,97 @@
+"""What a training stage reads, and checks, before it writes anything or loads a model: its
+data tables (their columns) and, for RL, the reward functions (imported, their signatures and
+the columns they need checked against both tables).
+
+`hydrappo train | reward | sft` reads them before it claims train.output_dir (cli.py), and a
+trainer built in Python reads them when it is built, before `train()` claims the folder; so a
+bad column, signature or file is refused with nothing written and no earlier run moved aside.
+What the trainer does with them later (tokenizing, scoring) needs the model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..data import DataError, load_prompt_table, read_preference_table, read_sft_table, read_table, split_by_prompt
+from ..rewards import reward_functions
+
+
+def table_label(setting: str, value) -> str:
+    """How a message names a table: `data.prompts=PATH`, or the option and what was given in Python."""
+    if isinstance(value, (str, os.PathLike)):
+        return f"{setting}={value}"
+    return f"{setting} (the {type(value).__name__} given in Python)"
+
+
+@dataclass
+class RLInputs:
+    """PPO's: the prompts (texts or message lists) and their other columns, the reward functions,
+    and the same of the held-out table."""
+
+    prompts: list
+    columns: dict[str, list]
+    functions: list
+    eval_prompts: list
+    eval_columns: dict[str, list]
+
+
+@dataclass
+class StageInputs:
+    """The reward and SFT stages': the training table, the held-out one (data.eval_file) or the
+    rows of the training table held out (data.eval_fraction), and the reward stage's stats table."""
+
+    train: dict
+    train_rows: list[int]
+    eval: dict | None = None
+    eval_rows: list[int] | None = None
+    stats: dict | None = None
+
+
+def read_rl_inputs(config) -> RLInputs:
+    data = config.data
+    prompts, columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
+    functions = reward_functions(config.reward, columns=list(columns), setting=table_label("data.prompts", data.prompts))
+    eval_prompts, eval_columns = [], {}
+    if data.eval_prompts:
+        eval_prompts, eval_columns = load_prompt_table(
+            data.eval_prompts, data.prompt_column, data.eval_split, data.subset, setting="data.eval_prompts"
+        )
+        for function in functions:
+            function.check_columns(eval_columns, setting=table_label("data.eval_prompts", data.eval_prompts))
+    return RLInputs(prompts, columns, functions, eval_prompts, eval_columns)
+
+
+def _held_out(config, train: dict, prompts: list, read) -> StageInputs:
+    """The held-out part of a stage's data: data.eval_file, or a seeded share of the prompts."""
+    data = config.data
+    if data.eval_file:
+        return StageInputs(train, list(range(len(prompts))), eval=read(data.eval_file, data, "data.eval_file", data.eval_split))
+    train_rows, eval_rows = split_by_prompt(prompts, data.eval_fraction, config.train.seed)
+    if not train_rows:
+        raise DataError(f"data.eval_fraction={data.eval_fraction} holds out every prompt of data.train_file; lower it.")
+    return StageInputs(train, train_rows, eval_rows=eval_rows)
+
+
+def read_reward_inputs(config) -> StageInputs:
+    data = config.data
+    train = read_preference_table(data.train_file, data)
+    # Without a prompt column every row is its own group.
+    groups = train[data.prompt_column] if data.prompt_column else [str(i) for i in range(len(train[data.chosen_column]))]
+    inputs = _held_out(config, train, groups, read_preference_table)
+    if data.stats_file is not None:
+        prompt_column = data.prompt_column or "prompt"
+        inputs.stats = read_table(data.stats_file, [prompt_column], [data.stats_response_column], setting="data.stats_file",
+                                  options={prompt_column: "data.prompt_column"})  # fmt: skip
+    return inputs
+
+
+def read_sft_inputs(config) -> StageInputs:
+    train = read_sft_table(config.data.train_file, config.data)
+    return _held_out(config, train, train[config.data.prompt_column], read_sft_table)
+
+
+def read_inputs(config):
+    """The inputs of the stage `config` configures (a Config, RewardConfig or SFTConfig)."""
+    readers = {"Config": read_rl_inputs, "RewardConfig": read_reward_inputs, "SFTConfig": read_sft_inputs}
+    return readers[type(config).__name__](config)
