@@ -101,16 +101,18 @@ class Stage:
     description: str
     config: str  # the config class, in hydrappo.config
     trainer: Callable  # () -> the trainer class (imported on use: `hydrappo --help` stays quick)
+    summary: str  # its line in `hydrappo --help`
 
 
 STAGES = {
     "train": Stage("Run PPO. Options after the config file override it, e.g. --learning_rate 3e-6.", "Config",
-                   lambda: _trainer("ppo")),
+                   lambda: _trainer("ppo"), "PPO from a YAML config"),
     "reward": Stage("Train a reward branch on preference pairs (prompt, chosen, rejected). Options after the config "
-                    "file override it, e.g. --learning_rate 1e-4.", "RewardConfig", lambda: _trainer("reward")),
+                    "file override it, e.g. --learning_rate 1e-4.", "RewardConfig", lambda: _trainer("reward"),
+                    "train a reward branch on preference pairs"),
     "sft": Stage("Supervised fine-tuning of the top layers (or LoRA adapters) on prompt/response pairs; writes a model "
                  "directory (or adapter) that a PPO config can start from. Options after the config file override it.",
-                 "SFTConfig", lambda: _trainer("sft")),
+                 "SFTConfig", lambda: _trainer("sft"), "supervised fine-tuning of the top layers; writes a model directory"),
 }  # fmt: skip
 
 
@@ -430,9 +432,7 @@ def memory_command(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------- the command table
 
 COMMANDS = {
-    "train": (functools.partial(stage_command, "train"), "PPO from a YAML config"),
-    "reward": (functools.partial(stage_command, "reward"), "train a reward branch on preference pairs"),
-    "sft": (functools.partial(stage_command, "sft"), "supervised fine-tuning of the top layers; writes a model directory"),
+    **{name: (functools.partial(stage_command, name), stage.summary) for name, stage in STAGES.items()},
     "generate": (generate_command, "a checkpoint's and its base model's responses, scored, side by side"),
     "compare": (compare_command, "several models on the same prompts, scored side by side"),
     "export": (export_command, "checkpoint -> transformers model dir; `export trlx` / `export gguf` convert into hydrappo"),

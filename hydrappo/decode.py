@@ -18,7 +18,7 @@ the same distribution with less work per token, which is what the CPU profile bl
   applied here directly, in `generate`'s order and with its formulas.
 
 The tokens are drawn from the distribution `generate` draws from, with other random numbers;
-greedy decoding gives `generate`'s tokens exactly (tests/core/test_decode.py). Old log-probs never
+greedy decoding gives `generate`'s tokens exactly (tests/test_decode.py). Old log-probs never
 come from here: PPO's experience pass computes them.
 """
 

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -26,6 +27,21 @@ class UsageError(HydrappoError, ValueError):
     """Something the user gave (an option, a path, a file) cannot be used as it is."""
 
     exit_code = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One broken rule of the options, `option=value rule; fix.`, written once beside what the
+    rule protects: config/checks.py reports every one found at once, and the library's own guard
+    (the Python API path, e.g. a HydraModel built by hand) raises the same words."""
+
+    option: str
+    value: object
+    rule: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.option}={self.value!r} {self.rule}; {self.fix}."
 
 
 class DataError(UsageError):

@@ -13,6 +13,10 @@ returning float32 scores of shape (B,), where `samples[i] == prompts[i] + output
 - `BranchReward`: the hydra reward branch (`reward.use_reward_branch`).
 - `RewardSources`: any of them together, scored as a weighted sum; `build_reward_source`
   always returns one, with one entry per source the config names (`reward_source_names`).
+
+Each kind is a class registered with `@reward_source` under its `kind`, the name of its row in
+config/reward_sources.py's SOURCE_KINDS (which options name it): a new kind is a class here and
+a row there.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 import torch
 
 from . import usercode
-from .config.reward_sources import reward_source_names
+from .config.reward_sources import NO_REWARD_SOURCE, reward_source_names, weights_problem
 from .errors import HydrappoError, refused_pickle
 from .model.heads import widened
 from .prompts import trl_arguments
@@ -163,6 +167,18 @@ def function_convention(fn, spec: str) -> tuple[str, dict, bool]:
     return convention, params, takes_any
 
 
+SOURCE_CLASSES: dict[str, type] = {}  # kind (a row of config/reward_sources.py's SOURCE_KINDS) -> its class
+
+
+def reward_source(cls):
+    """Register a reward source class under its `kind`. build_reward_source makes each source a
+    config names with `cls.build(what, reward_args, base_dir=, device=, functions=)`, and logs its
+    scores under the source's `name`."""
+    SOURCE_CLASSES[cls.kind] = cls
+    return cls
+
+
+@reward_source
 class FunctionReward:
     """A Python function returning one number per sample, called with keyword arguments in
     trlX's convention `fn(samples=, prompts=, outputs=, **columns)` or TRL's
@@ -174,6 +190,12 @@ class FunctionReward:
     `spec` is "package.module:function" (imported from sys.path) or
     "path/to/file.py:function" (loaded from the file; a relative path is relative to
     `base_dir` if the file is there, else to the current directory)."""
+
+    kind = "function"
+
+    @classmethod
+    def build(cls, what, reward_args, *, base_dir, device, functions):
+        return functions.pop(0)  # loaded before any model (reward_functions), in the order named
 
     def __init__(self, spec, base_dir: str | Path | None = None, timeout_s: float | None = None, columns=None,
                  setting: str = "data.prompts"):  # fmt: skip
@@ -323,10 +345,17 @@ def _import_failed(what: str, error: Exception) -> RewardError:
     )
 
 
+@reward_source
 class ClassifierReward:
     """Scores prompt + response text with a local sequence-classification model (and
     its own tokenizer): the logit at index `label` (-1: the last, the only one for a
     one-label reward model)."""
+
+    kind, name = "model", "reward_model"
+
+    @classmethod
+    def build(cls, what, reward_args, *, base_dir, device, functions):
+        return cls(_resolve(what, base_dir), label=reward_args.reward_model_label, device=device)
 
     def __init__(self, path: str | Path, label: int = -1, batch_size: int = 16, device: str = "cpu", max_length: int = 512):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -396,9 +425,16 @@ class ClassifierReward:
         return _to_scores(result, len(samples), _where(f"reward model {self.model.name_or_path!r}", step), prompts, outputs)
 
 
+@reward_source
 class BranchReward:
     """The hydra reward branch's scores, computed in the policy's own forward pass over the
     rollouts and handed in as `branch_scores`."""
+
+    kind, name = "branch", "reward_branch"
+
+    @classmethod
+    def build(cls, what, reward_args, *, base_dir, device, functions):
+        return cls()
 
     def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, *, branch_scores=None, **_):
         if branch_scores is None:
@@ -417,7 +453,7 @@ class RewardSources:
 
     def __init__(self, entries: list[tuple[str, float, object]]):
         if not entries:
-            raise RewardError("no reward source: set reward.reward_fn, reward.reward_model or reward.use_reward_branch.")
+            raise RewardError(NO_REWARD_SOURCE)
         self.entries = entries
         self.last: dict[str, torch.Tensor] = {}
 
@@ -426,13 +462,9 @@ class RewardSources:
         return [name for name, _, _ in self.entries]
 
     def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, **inputs) -> torch.Tensor:
-        self.last = {}
-        total = None
-        for name, weight, source in self.entries:
-            scores = widened(torch.as_tensor(source(samples, prompts, outputs, step=step, **inputs)))
-            self.last[name] = scores
-            total = scores if total is None and weight == 1.0 else weight * scores if total is None else total + weight * scores
-        return total
+        self.last = {name: widened(torch.as_tensor(source(samples, prompts, outputs, step=step, **inputs)))
+                     for name, _, source in self.entries}  # fmt: skip
+        return sum(weight * self.last[name] for name, weight, _ in self.entries)  # 1.0 * x and 0 + x are x exactly
 
 
 def reward_functions(reward_args, base_dir: str | Path | None = None, columns=None,
@@ -451,30 +483,18 @@ def build_reward_source(reward_args, base_dir: str | Path | None = None, device:
     `reward_functions` already loaded."""
     sources = reward_source_names(reward_args)
     if not sources:
-        raise RewardError(
-            "set a reward source: reward.reward_fn ('module:function' or 'file.py:function', or a list of them), "
-            "reward.reward_model (a sequence-classification model) or reward.use_reward_branch: true."
-        )
-    weights = list(getattr(reward_args, "reward_weights", None) or [1.0] * len(sources))
-    if len(weights) != len(sources):
-        raise RewardError(
-            f"reward.reward_weights has {len(weights)} weight(s) for {len(sources)} reward source(s) "
-            f"({', '.join(what for _, what in sources)}); give one weight per source, in that order."
-        )
+        raise RewardError(NO_REWARD_SOURCE)
+    weights = getattr(reward_args, "reward_weights", None) or None  # none or an empty list: 1 each
+    if (problem := weights_problem(weights, len(sources))) is not None:
+        raise RewardError(str(problem))
+    weights = list(weights or [1.0] * len(sources))
     functions = list(functions) if functions is not None else reward_functions(reward_args, base_dir, columns)
     entries, used = [], set()
     for (kind, what), weight in zip(sources, weights):
-        if kind == "function":
-            source = functions.pop(0)
-            name = source.name
-        elif kind == "model":
-            source = ClassifierReward(_resolve(what, base_dir), label=reward_args.reward_model_label, device=device)
-            name = "reward_model"
-        else:
-            source, name = BranchReward(), "reward_branch"
-        unique, n = name, 2
+        source = SOURCE_CLASSES[kind].build(what, reward_args, base_dir=base_dir, device=device, functions=functions)
+        unique, n = source.name, 2
         while unique in used:
-            unique, n = f"{name}_{n}", n + 1
+            unique, n = f"{source.name}_{n}", n + 1
         used.add(unique)
         entries.append((unique, float(weight), source))
     return RewardSources(entries)

@@ -1,12 +1,20 @@
-"""Shared test set-up. The folder of this file is put on sys.path so that a test in any
-subfolder (tests/model, tests/train, ...) imports the shared helpers by their bare names:
+"""Shared test set-up. Tests are laid out like the package: tests/test_<module>.py for the
+top-level modules (rollout, decode, sampling, serving, rewards, data, prompts, usercode), a
+folder per subpackage (tests/model, algo, config, planner, storage, train), tests/cli for the
+commands and tests/e2e for the examples and the README. tests/helpers is put on sys.path, so a
+test anywhere imports the shared helpers by their bare names:
 
-    tiny.py        tiny random models and tokenizers of every family (tiny_model, tiny_tokenizer, FAMILIES)
-    runs.py        runs on examples/tiny: tiny_trainer, reward_config, write_sft_config, and the ways a
-                   test kills a run before resuming it (kill_after_next_save, kill_during_step)
-    recorded.py    sampling with recorded split states and the two experience passes over it
-    processes.py   launching K processes the way torchrun does
-    bounds.py      the float64 bound for two training runs that must end with the same weights
+    tiny.py                tiny random models of every family and the word-level tokenizer built in
+                           code (tiny_model, tiny_tokenizer, word_tokenizer, FAMILIES)
+    runs.py                runs on examples/tiny (ROOT, TINY): tiny_trainer, reward_config,
+                           write_sft_config, and the ways a test kills a run before resuming it
+                           (kill_after_next_save, kill_during_step)
+    recorded.py            sampling with recorded split states and the two experience passes over it
+    processes.py           launching K processes the way torchrun does
+    distributed_worker.py  what those processes run
+    bounds.py              the float64 bound for two training runs that must end with the same weights
+
+tests/fixtures holds files the tests read: reward functions named by path, old checkpoints.
 
 Tests that train, launch processes or convert a real model are marked `slow` (registered in
 setup.cfg): `python -m pytest -m "not slow"` is the quick loop, `python -m pytest -q` runs all."""
@@ -21,6 +29,6 @@ from pathlib import Path
 # or fails at once. Set before huggingface_hub is imported (it reads this at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TESTS = str(Path(__file__).resolve().parent)
-if TESTS not in sys.path:
-    sys.path.insert(0, TESTS)
+HELPERS = str(Path(__file__).resolve().parent / "helpers")
+if HELPERS not in sys.path:
+    sys.path.insert(0, HELPERS)

@@ -43,8 +43,8 @@ def main() -> None:
     )  # fmt: skip
     plan = plan_memory(model_config, settings, name, counts)
     trainable = plan.hydra.trainable_parameters
-    if config.ppo.advantage_estimator != "gae":
-        trainable -= value_head_parameters(counts.hidden_size)  # critic-free: no value head
+    if not config.ppo.uses_critic:  # the estimator's row (algo/advantages.py ESTIMATORS) says it has no value head
+        trainable -= value_head_parameters(counts.hidden_size)
     per_update = 4 * trainable + 4  # float32 gradients + the non-finite flag
     whole = 4 * counts.total
     ppo = config.ppo

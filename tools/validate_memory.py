@@ -214,18 +214,12 @@ def _measure_main() -> None:
 
 
 def word_tokenizer(vocab_size: int):
-    """A word-level tokenizer whose ids cover the whole vocabulary ('w4' .. 'wN')."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A word-level tokenizer whose ids cover the whole vocabulary ('w4' .. 'wN' are ids 4 .. N), the
+    one the tests build in code (tests/helpers/tiny.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
+    from tiny import word_tokenizer as build
 
-    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3}
-    vocab.update({f"w{i}": i for i in range(4, vocab_size)})
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
-    tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    return tokenizer
+    return build([f"w{i}" for i in range(4, vocab_size)])
 
 
 def measure(name: str, settings: TrainingSettings, timeout: float = 1800, device: str = "cpu") -> dict:

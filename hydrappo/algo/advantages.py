@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import Problem
 from .masked import bool_mask, check_same_shape, masked, whiten, widened
 
 
@@ -47,15 +48,21 @@ def gae(
 
 
 # ---------------------------------------------------------------------------- critic-free estimators
-def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def group_size_problem(estimator: str, group_size: int) -> Problem | None:
+    """An estimator that compares the responses to one prompt needs two or more of them: the
+    config checks report this, the group baselines raise it."""
+    if group_size >= 2 or not ESTIMATORS[estimator].needs_groups:
+        return None
+    return Problem("ppo.advantage_estimator", estimator, "compares the responses to one prompt with each other, but "
+                   f"generation.samples_per_prompt is {group_size}", "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
+
+
+def _groups(scores: torch.Tensor, group_size: int, estimator: str) -> torch.Tensor:
     """(B,) sequence scores -> (B / G, G): the G samples of a prompt are consecutive rows."""
     if scores.dim() != 1:
         raise ValueError(f"scores must be (batch,), got shape {tuple(scores.shape)}")
-    if group_size < 2:
-        raise ValueError(
-            f"a group baseline needs at least 2 samples per prompt, got {group_size}: set "
-            "generation.samples_per_prompt >= 2 (or use advantage_estimator gae / reinforce_pp)"
-        )
+    if (problem := group_size_problem(estimator, group_size)) is not None:
+        raise ValueError(str(problem))
     if scores.shape[0] % group_size:
         raise ValueError(f"{scores.shape[0]} scores do not split into groups of {group_size}")
     return scores.reshape(-1, group_size)
@@ -69,7 +76,7 @@ def grpo_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-6) ->
     with the unbiased standard deviation over the G samples of the same prompt (as the
     reference implementations do). A group whose rewards are all equal gets A = 0 (no signal,
     no nan). Returns (B,)."""
-    groups = _groups(widened(scores), group_size)
+    groups = _groups(widened(scores), group_size, "grpo")
     centred = groups - groups.mean(-1, keepdim=True)
     return (centred / (groups.std(-1, keepdim=True) + eps)).reshape(-1)
 
@@ -79,7 +86,7 @@ def dr_grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     division by the group's standard deviation, which over-weights prompts that are nearly
     always or never solved: A_i = r_i - mean(r_group). Pair it with loss_agg_mode
     seq-mean-token-sum, their fix of the length bias. Returns (B,)."""
-    groups = _groups(widened(scores), group_size)
+    groups = _groups(widened(scores), group_size, "dr_grpo")
     return (groups - groups.mean(-1, keepdim=True)).reshape(-1)
 
 
@@ -90,7 +97,7 @@ def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
         A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) (r_i - mean(r_group)),
 
     an unbiased baseline (it does not depend on the sample itself). Returns (B,)."""
-    groups = _groups(widened(scores), group_size)
+    groups = _groups(widened(scores), group_size, "rloo")
     return (group_size / (group_size - 1) * (groups - groups.mean(-1, keepdim=True))).reshape(-1)
 
 
@@ -159,7 +166,6 @@ ESTIMATORS = {e.name: e for e in (
     Estimator("reinforce_pp_baseline", _reinforce_pp_estimate, needs_groups=True, baseline_on_scores=True),
 )}  # fmt: skip
 ADVANTAGE_ESTIMATORS = tuple(ESTIMATORS)
-GROUP_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if e.needs_groups)
 
 
 def estimate_advantages(

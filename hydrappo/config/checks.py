@@ -19,7 +19,9 @@ import typing
 
 import torch
 
-from ..algo.advantages import GROUP_ESTIMATORS
+from ..algo.advantages import ESTIMATORS, group_size_problem
+from ..errors import Problem
+from ..model.lora import lora_problems
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
@@ -58,7 +60,11 @@ class Problems:
 
     def add(self, option: str, value, rule: str, fix: str) -> None:
         """One problem, as `option=value rule; fix.`"""
-        self.messages.append(f"{option}={value!r} {rule}; {fix}.")
+        self.report(Problem(option, value, rule, fix))
+
+    def report(self, *found: Problem | None) -> None:
+        """Problems a rule written elsewhere found (None: it holds)."""
+        self.messages.extend(str(problem) for problem in found if problem is not None)
 
     def note(self, message: str) -> None:
         self.messages.append(message)
@@ -145,22 +151,13 @@ def _check_common(config, problems: Problems) -> None:
         problems.add("data.system_prompt", data.system_prompt, "is only used with data.apply_chat_template: true",
                      "set apply_chat_template: true, or remove system_prompt")  # fmt: skip
     lora = getattr(config, "lora", None)
-    if lora is not None and lora.lora_r == 0:
-        if lora.lora_init_adapter:
-            problems.add("lora.lora_init_adapter", lora.lora_init_adapter, "needs LoRA (lora.lora_r > 0), which is off",
-                         "set lora_r to the adapter's rank (e.g. 16), or remove lora_init_adapter")  # fmt: skip
-        if lora.lora_layers != "top":
-            problems.add("lora.lora_layers", lora.lora_layers, "has no effect while lora.lora_r is 0 (LoRA off)",
-                         "set lora_r > 0 (e.g. 16), or remove lora_layers")  # fmt: skip
-    if lora is not None and lora.lora_r > 0:
+    if lora is not None:
         model = config.model
-        if lora.lora_layers == "top" and model.num_layers_unfrozen == 0:
-            problems.add("model.num_layers_unfrozen", 0, "leaves LoRA on the top layers (lora.lora_layers: top) nothing "
-                         "to adapt", "set num_layers_unfrozen >= 1, or lora_layers: all")  # fmt: skip
-        for name in ("train_lm_head", "train_final_norm"):
-            if getattr(model, name):
-                problems.add(f"model.{name}", True, "cannot be combined with LoRA (lora.lora_r > 0): only adapters "
-                             "(and the value head) train", f"set {name}: false, or lora_r: 0")  # fmt: skip
+        problems.report(*lora_problems(lora.lora_r > 0, model.num_layers_unfrozen, lora.lora_layers,
+                                       lora.lora_init_adapter, model.train_lm_head, model.train_final_norm))  # fmt: skip
+    if lora is not None and lora.lora_r == 0 and lora.lora_layers != "top":
+        problems.add("lora.lora_layers", lora.lora_layers, "has no effect while lora.lora_r is 0 (LoRA off)",
+                     "set lora_r > 0 (e.g. 16), or remove lora_layers")  # fmt: skip
 
 
 def _check_trunk(config, problems: Problems) -> None:
@@ -184,8 +181,7 @@ def _check_trunk(config, problems: Problems) -> None:
         problems.add("train.fsdp_trunk", True, f"shards the frozen trunk and model.trunk_quantization="
                      f"{model.trunk_quantization!r} quantizes it: choose one",
                      "set fsdp_trunk: false (each process can hold a whole quantized trunk), or trunk_quantization: none")  # fmt: skip
-    optimizer_option = "ppo.optimizer" if isinstance(config, Config) else "train.optimizer"
-    optimizer = config.ppo.optimizer if isinstance(config, Config) else config.train.optimizer
+    optimizer_option, optimizer = f"{config.OPTIMIZER}.optimizer", getattr(config, config.OPTIMIZER).optimizer
     wanted = [f"{name}={value!r}" for name, value, on in (
         ("model.trunk_quantization", model.trunk_quantization, quantized),
         (optimizer_option, optimizer, optimizer == "adamw8bit")) if on]  # fmt: skip
@@ -211,14 +207,10 @@ def validate(config) -> None:
     problems = Problems()
     _check_values(config, problems)
     _check_common(config, problems)
-    if isinstance(config, Config):
-        _check_ppo(config, problems)
-    else:
-        _check_stage(config, problems)
+    OWN_RULES[type(config)](config, problems)
     check_paths(config, problems)
     problems.raise_if_any()
-    if isinstance(config, Config):
-        _warn_ppo(config)
+    _warn_sampling(config)
 
 
 def _check_ppo(config: Config, problems: Problems) -> None:
@@ -238,10 +230,8 @@ def _check_ppo(config: Config, problems: Problems) -> None:
                      f"generation.samples_per_prompt ({group})", f"set batch_size to a multiple of {group}")  # fmt: skip
     processes = _launched_processes()
     check_process_shares(ppo, group, processes, problems, f"the {processes} processes of this launch (WORLD_SIZE)")
-    if ppo.advantage_estimator in GROUP_ESTIMATORS and group < 2:
-        problems.add("ppo.advantage_estimator", ppo.advantage_estimator, "compares the responses to one prompt with each "
-                     f"other, but generation.samples_per_prompt is {group}",
-                     "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
+    if ppo.advantage_estimator in ESTIMATORS:
+        problems.report(group_size_problem(ppo.advantage_estimator, group))
     if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.uses_critic):
         problems.add("model.value_head_init", "reward_head", "copies the reward head into the value head, so it needs "
                      "model.reward_branch_path and ppo.advantage_estimator: gae",
@@ -351,10 +341,10 @@ def _divisor(total: int, near: int) -> int:
     return min(divisors, key=lambda d: (abs(d - near), d))
 
 
-def _warn_ppo(config: Config) -> None:
+def _warn_sampling(config) -> None:
     """What is legal but probably not meant: said once per process."""
-    gen = config.generation
-    if gen.top_p < 1.0 or gen.top_k > 0:
+    gen = getattr(config, "generation", None)
+    if gen is not None and (gen.top_p < 1.0 or gen.top_k > 0):
         _warn_once(
             f"generation.top_p={gen.top_p}, top_k={gen.top_k}: responses are sampled from a truncated distribution, but "
             "PPO's log-probs, ratios and KL use the full one, so the updates are slightly off-policy. Use top_p: 1.0 and "
@@ -369,23 +359,37 @@ def _warn_once(message: str) -> None:
 
 
 def _check_stage(config, problems: Problems) -> None:
-    data, train, model = config.data, config.train, config.model
+    """What the supervised stages share."""
+    data, train = config.data, config.train
     if not data.train_file:
         problems.add("data.train_file", data.train_file, "is required",
                      "name a jsonl/json/csv/parquet file, a directory of them or a datasets name")  # fmt: skip
     if train.epochs < 1 and train.max_steps < 1 and train.epochs >= 0 and train.max_steps >= 0:
         problems.add("train.epochs", train.epochs, "and train.max_steps are both 0: nothing would train",
                      "set epochs or max_steps to at least 1")  # fmt: skip
-    if isinstance(config, RewardConfig):
-        if model.train_lm_head:
-            problems.add("model.train_lm_head", True, "has no use in the reward stage (only the reward branch trains)",
-                         "remove it")  # fmt: skip
-        if model.num_layers_unfrozen == -1:
-            problems.add("model.num_layers_unfrozen", -1, "leaves no frozen trunk for a reward branch to sit on",
-                         "use the N of the PPO run that will use the branch, e.g. 2")  # fmt: skip
-    if isinstance(config, SFTConfig):
-        if model.reward_branch_path:
-            problems.add("model.reward_branch_path", model.reward_branch_path, "has no use in sft", "remove it")
-        if model.num_layers_unfrozen == 0 and not (model.train_lm_head or model.train_final_norm):
-            problems.add("model.num_layers_unfrozen", 0, "with a frozen lm_head and final norm leaves nothing to train",
-                         "set num_layers_unfrozen >= 1 (or train_lm_head: true)")  # fmt: skip
+
+
+def _check_reward_stage(config: RewardConfig, problems: Problems) -> None:
+    _check_stage(config, problems)
+    model = config.model
+    if model.train_lm_head:
+        problems.add("model.train_lm_head", True, "has no use in the reward stage (only the reward branch trains)",
+                     "remove it")  # fmt: skip
+    if model.num_layers_unfrozen == -1:
+        problems.add("model.num_layers_unfrozen", -1, "leaves no frozen trunk for a reward branch to sit on",
+                     "use the N of the PPO run that will use the branch, e.g. 2")  # fmt: skip
+
+
+def _check_sft_stage(config: SFTConfig, problems: Problems) -> None:
+    _check_stage(config, problems)
+    model = config.model
+    if model.reward_branch_path:
+        problems.add("model.reward_branch_path", model.reward_branch_path, "has no use in sft", "remove it")
+    if model.num_layers_unfrozen == 0 and not (model.train_lm_head or model.train_final_norm):
+        problems.add("model.num_layers_unfrozen", 0, "with a frozen lm_head and final norm leaves nothing to train",
+                     "set num_layers_unfrozen >= 1 (or train_lm_head: true)")  # fmt: skip
+
+
+# Each command's own rules, by its config class (a new stage adds a row); validate runs the
+# rules every config shares before them.
+OWN_RULES = {Config: _check_ppo, RewardConfig: _check_reward_stage, SFTConfig: _check_sft_stage}

@@ -76,19 +76,19 @@ def _same_model(old, new) -> bool | None:
         return old_path.resolve() == new_path.resolve()
 
 
-def resume_differences(saved: dict, now: dict) -> tuple[list[str], list[str]]:
+def resume_differences(saved: dict, now: dict, seeded_data: bool = False) -> tuple[list[str], list[str]]:
     """(refusals, warnings): one sentence per option that differs between a checkpoint's
-    config (`saved`, as in its config.yaml) and this run's (`now`, `Config.to_dict()`)."""
+    config (`saved`, as in its config.yaml) and this run's (`now`, `Config.to_dict()`).
+    `seeded_data`: train.seed drew the data's split and batches (the config's SEEDED_DATA)."""
     old, new = _flat(saved or {}), _flat(now)
     refusals, warnings = [], []
     random_model = new.get("model.random_init") and old.get("model.random_init")
-    stage = "data.eval_fraction" in new  # the supervised stages split their data with the seed
     for key, value in new.items():
         if key not in old or key in SILENT or old[key] == value:
             continue
         before = old[key]
         change = f"{key}: {before!r} in the checkpoint, {value!r} now"
-        if key in REFUSED or (key == "train.seed" and (random_model or stage)):
+        if key in REFUSED or (key == "train.seed" and (random_model or seeded_data)):
             why = REFUSED.get(key) or ("the random model was built from it" if random_model
                                         else "the held-out split and the batches were drawn from it")  # fmt: skip
             refusals.append(f"{change}; {why}; resume with {before!r} or start a new run")
@@ -107,8 +107,8 @@ def resume_differences(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     return refusals, warnings
 
 
-def resume_changes(config_file: Path, now: dict) -> tuple[list[str], list[str]]:
-    """resume_differences between a checkpoint's config.yaml and this run's options; none when
+def resume_changes(config_file: Path, config) -> tuple[list[str], list[str]]:
+    """resume_differences between a checkpoint's config.yaml and this run's `config`; none when
     the file is missing or does not parse (a checkpoint written by hand, or damaged only there)."""
     import yaml
 
@@ -116,4 +116,4 @@ def resume_changes(config_file: Path, now: dict) -> tuple[list[str], list[str]]:
         saved = yaml.safe_load(Path(config_file).read_text())
     except (OSError, yaml.YAMLError):
         return [], []
-    return resume_differences(saved, now) if isinstance(saved, dict) else ([], [])
+    return resume_differences(saved, config.to_dict(), config.SEEDED_DATA) if isinstance(saved, dict) else ([], [])

@@ -4,18 +4,56 @@ and the options that only make sense with some of them. Part of config/checks.py
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import Problem
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """One kind of reward source, as a reward section names it. rewards.py's class registered
+    under the same `kind` builds it: adding a kind is that class and a row of SOURCE_KINDS."""
+
+    kind: str
+    named: Callable  # RewardArgs -> what of this kind the section names, in order (each becomes one source)
+    how: str  # how to set it, for the message of a config that names no source
+    order: str  # its place in reward.reward_weights
+
+
+SOURCE_KINDS = (  # in the order of reward.reward_weights
+    SourceKind("function", lambda reward: list(reward.function_specs),
+               "reward_fn ('module:function' or 'file.py:function', or a list of them)", "each reward_fn"),
+    SourceKind("model", lambda reward: [reward.reward_model] if reward.reward_model else [],
+               "reward_model (a sequence-classification model directory)", "reward_model"),
+    SourceKind("branch", lambda reward: ["reward branch"] if reward.use_reward_branch else [],
+               "use_reward_branch: true", "the reward branch"),
+)  # fmt: skip
 
 
 def reward_source_names(reward) -> list[tuple[str, str]]:
     """[(kind, what)] of every source a reward section names, in the order of
-    reward.reward_weights: each reward function, then the reward model, then the reward branch.
+    reward.reward_weights (SOURCE_KINDS' order).
     The one "which sources" rule: the checks below count it, rewards.build_reward_source builds it."""
-    sources = [("function", spec) for spec in reward.function_specs]
-    if reward.reward_model:
-        sources.append(("model", reward.reward_model))
-    if reward.use_reward_branch:
-        sources.append(("branch", "reward branch"))
-    return sources
+    return [(row.kind, what) for row in SOURCE_KINDS for what in row.named(reward)]
+
+
+SOURCE_ORDER = ", then ".join(row.order for row in SOURCE_KINDS)  # of reward.reward_weights
+_HOW = [row.how for row in SOURCE_KINDS]
+NO_REWARD_SOURCE = (
+    f"reward: no reward source is set. Set {', '.join(_HOW[:-1])} or {_HOW[-1]}; several combine as a weighted sum "
+    "(reward_weights)."
+)
+
+
+def weights_problem(weights, sources: int) -> Problem | None:
+    """reward.reward_weights gives one weight per source (None: 1 each): checked here and by
+    rewards.build_reward_source."""
+    if weights is None or len(weights) == sources:
+        return None
+    return Problem("reward.reward_weights", list(weights), f"has {len(weights)} weight(s) for {sources} reward "
+                   f"source(s) ({SOURCE_ORDER})", f"give {sources} weight(s), one per source in that order, or remove "
+                   "reward_weights (1 each)")  # fmt: skip
 
 
 def check_reward_sources(config, problems) -> None:
@@ -24,17 +62,10 @@ def check_reward_sources(config, problems) -> None:
     reward = config.reward
     sources = len(reward_source_names(reward))
     if not sources:
-        problems.note(
-            "reward: no reward source is set. Set reward_fn ('module:function' or 'file.py:function', or a list of "
-            "them), reward_model (a sequence-classification model directory) or use_reward_branch: true; several "
-            "combine as a weighted sum (reward_weights)."
-        )
+        problems.note(NO_REWARD_SOURCE)
     if reward.reward_weights is not None:
-        order = "each reward_fn, then reward_model, then the reward branch"
         if len(reward.reward_weights) != sources:
-            problems.add("reward.reward_weights", list(reward.reward_weights), f"has {len(reward.reward_weights)} "
-                         f"weight(s) for {sources} reward source(s) ({order})",
-                         f"give {sources} weight(s), one per source in that order, or remove reward_weights (1 each)")  # fmt: skip
+            problems.report(weights_problem(reward.reward_weights, sources))
         elif not all(math.isfinite(w) for w in reward.reward_weights):
             problems.add("reward.reward_weights", list(reward.reward_weights), "must be finite numbers",
                          "use finite weights")  # fmt: skip

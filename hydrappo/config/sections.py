@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import UsageError
+from .reward_sources import SOURCE_ORDER
 from .values import (
-    AT_LEAST_1, FINITE, NOT_NEGATIVE, POSITIVE, UNIT, AdvantageEstimator, ImportanceSamplingLevel, KlController,
-    KlEstimator, KlPenalty, LoraLayers, LossAggMode, LrScheduler, MixedPrecision, Optimizer, Range, RewardPooling,
-    Sampler, ScoreNormalization, TrunkQuantization, ValueHeadInit,
+    AT_LEAST_1, ESTIMATOR_HELP, FINITE, NOT_NEGATIVE, POSITIVE, UNIT, AdvantageEstimator, ImportanceSamplingLevel,
+    KlController, KlEstimator, KlPenalty, LoraLayers, LossAggMode, LrScheduler, MixedPrecision, Optimizer, Range,
+    RewardPooling, Sampler, ScoreNormalization, TrunkQuantization, ValueHeadInit,
 )
 
 OPTIMIZER_HELP = (
@@ -208,9 +209,7 @@ class PPOArgs(OptimizerArgs):
     lam: float = field(default=0.95, metadata={"help": "GAE lambda.", "range": UNIT})
     advantage_estimator: AdvantageEstimator = field(
         default="gae",
-        metadata={"help": "gae (PPO with the value head) | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline "
-                          "(critic-free: no value head is built; grpo, dr_grpo, rloo and reinforce_pp_baseline need "
-                          "generation.samples_per_prompt >= 2)."},
+        metadata={"help": ESTIMATOR_HELP},
     )
     cliprange: float = field(default=0.2, metadata={"help": "PPO ratio clipping epsilon (the lower one with cliprange_high).", "range": POSITIVE})
     cliprange_high: float | None = field(
@@ -267,8 +266,7 @@ class RewardArgs:
     )
     reward_weights: list[float] | None = field(
         default=None,
-        metadata={"help": "One weight per reward source (each reward_fn, then reward_model, then the reward branch); the "
-                          "score is the weighted sum (None: 1 each)."},
+        metadata={"help": f"One weight per reward source ({SOURCE_ORDER}); the score is the weighted sum (None: 1 each)."},
     )
     reward_model: str | None = field(default=None, metadata={"help": "A sequence-classification model (directory or Hub id) scoring prompt+response."})
     reward_model_label: int = field(default=-1, metadata={"help": "Logit index used as the score (-1: the last one).", "range": FINITE})
@@ -464,10 +462,14 @@ class SFTDataArgs:
 
 # --------------------------------------------------------------------------- one config per command
 class _Sections:
-    """What the three config containers share: a dict form, and path anchoring."""
+    """What the three config containers share: a dict form, and path anchoring. Each declares
+    what the code around it reads instead of asking which command it is:"""
 
     PATHS: tuple[str, ...] = ()  # "section.field" entries that hold input paths
     config_file: str | None = None  # the YAML file it was read from (parse_config sets it); not an option
+    OPTIMIZER = "train"  # the section holding the optimizer options (OptimizerArgs)
+    DATASETS = ("train_file", "eval_file")  # the data options train_dataset / eval_dataset fill (train/api.py)
+    SEEDED_DATA = True  # train.seed draws the held-out split and the batches (a resume must keep it)
 
     def to_dict(self) -> dict:
         """The options as plain data, what a run's config.yaml records: a function object given
@@ -507,6 +509,7 @@ class Config(_Sections):
     """`hydrappo train`: PPO."""
 
     PATHS = (*_MODEL_PATHS, "reward.reward_model", "data.prompts", "data.eval_prompts")
+    OPTIMIZER, DATASETS, SEEDED_DATA = "ppo", ("prompts", "eval_prompts"), False
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationArgs = field(default_factory=GenerationArgs)
     ppo: PPOArgs = field(default_factory=PPOArgs)

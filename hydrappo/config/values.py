@@ -9,7 +9,7 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
-from ..algo.advantages import ADVANTAGE_ESTIMATORS
+from ..algo.advantages import ADVANTAGE_ESTIMATORS, ESTIMATORS
 from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from ..algo.scores import SCORE_NORMALIZATIONS
@@ -41,6 +41,19 @@ KL_PENALTIES = typing.get_args(KlPenalty)
 LORA_LAYERS = typing.get_args(LoraLayers)
 OPTIMIZERS = typing.get_args(Optimizer)
 SAMPLERS = typing.get_args(Sampler)
+
+
+def _names(rows) -> str:
+    names = [row.name for row in rows]
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+# ppo.advantage_estimator's help, from the estimators' table (algo/advantages.py ESTIMATORS).
+ESTIMATOR_HELP = (
+    f"{' | '.join(ESTIMATORS)}. With a value head (PPO): {_names(e for e in ESTIMATORS.values() if e.needs_critic)}; "
+    "the others are critic-free (no value head is built). Needing generation.samples_per_prompt >= 2: "
+    f"{_names(e for e in ESTIMATORS.values() if e.needs_groups)}."
+)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from .arch import (
 )
 from .heads import RewardHead, ValueHead, widened
 from .logprobs import token_logprobs
+from .lora import lora_problems
 from .split import SkipLayer, StopTrunk, last_token_index, position_ids_from_mask, split_hook
 
 
@@ -135,9 +136,11 @@ class HydraModel(nn.Module):
     ):
         super().__init__()
         _check_model_usable(model)
+        broken = lora_problems(lora is not None, num_layers_unfrozen, lora_layers, lora_init_adapter, train_lm_head,
+                               train_final_norm)  # fmt: skip
+        if broken:
+            raise ValueError(" ".join(map(str, broken)))
         if lora_init_adapter is not None:
-            if lora is None:
-                raise ValueError("lora_init_adapter needs a LoRA config (lora_r > 0) for the adapter PPO trains.")
             from .lora import merge_adapter
 
             model = merge_adapter(model, lora_init_adapter)
@@ -146,10 +149,10 @@ class HydraModel(nn.Module):
         num_layers = self.arch.num_layers
         self.num_layers_unfrozen = _resolve_num_unfrozen(num_layers_unfrozen, num_layers)
         self.uses_lora = lora is not None
-        if self.uses_lora:
-            _check_lora_settings(self.num_layers_unfrozen, lora_layers, train_lm_head, train_final_norm)
-            if lora_layers == "all":
-                self.num_layers_unfrozen = num_layers
+        if self.uses_lora and lora_layers not in ("top", "all"):
+            raise ValueError(f"lora_layers={lora_layers!r}: use 'top' (the top num_layers_unfrozen layers) or 'all'.")
+        if self.uses_lora and lora_layers == "all":
+            self.num_layers_unfrozen = num_layers
         self.full_model = self.num_layers_unfrozen == num_layers and not self.uses_lora
         self.split_index = num_layers - self.num_layers_unfrozen
         self.train_lm_head = train_lm_head or self.full_model
@@ -167,17 +170,24 @@ class HydraModel(nn.Module):
         # Not a registered submodule: the PeftModel wraps self.model, whose parameters are
         # already ours; registering it would list them twice in state dicts.
         object.__setattr__(self, "peft_model", None)
+        # How the reference is built decides how it runs (_reference_hidden), once; with N = 0 and
+        # a frozen head the policy is the reference (forward_hydra copies its log-probs).
+        self.shares_reference = False
         if self.full_model:
             # Everything trains, so nothing of the policy can serve as the reference.
             self.reference_model = _frozen_copy(model)
             model.requires_grad_(True)
+            self._reference_hidden = self._reference_of_model_copy
         elif self.uses_lora:
             from .lora import attach_lora
 
             top = list(range(self.split_index, num_layers)) if lora_layers == "top" else None
             pattern = self.arch.layers_path.rpartition(".")[2]
             object.__setattr__(self, "peft_model", attach_lora(model, lora, self.arch.layers, top, pattern))
+            self._reference_hidden = self._reference_with_adapters_off
         else:
+            self._reference_hidden = self._reference_of_top_copy
+            self.shares_reference = self.num_layers_unfrozen == 0 and not (self.train_lm_head or self.train_final_norm)
             top = self.arch.layers[self.split_index :]
             self.ref_layers = nn.ModuleList(_frozen_copy(layer) for layer in top)
             top.requires_grad_(True)
@@ -236,13 +246,6 @@ class HydraModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    @property
-    def shares_reference(self) -> bool:
-        """True when the policy and the reference are the same function (N = 0, frozen head)."""
-        return (
-            self.num_layers_unfrozen == 0 and self.ref_lm_head is None and self.ref_norm is None and not self.uses_lora
-        )
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
@@ -502,15 +505,17 @@ class HydraModel(nn.Module):
             handle.remove()
         return hidden, captured["hidden"]
 
-    def _reference_hidden(self, split_hidden, input_ids, attention_mask, position_ids):
-        if self.uses_lora:
-            with self.peft_model.disable_adapter():
-                hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, None, None)
-            return hidden, output_embeddings(self.model)
-        if self.full_model:
-            ref = self.reference_model
-            hidden = self._decoder_hidden(locate(ref).decoder, input_ids, attention_mask, position_ids)
-            return hidden, output_embeddings(ref)
+    # The reference's final hidden state and its output head, one way per kind of hydra (__init__ picks it).
+    def _reference_with_adapters_off(self, split_hidden, input_ids, attention_mask, position_ids):
+        with self.peft_model.disable_adapter():
+            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, None, None)
+        return hidden, output_embeddings(self.model)
+
+    def _reference_of_model_copy(self, split_hidden, input_ids, attention_mask, position_ids):
+        ref = self.reference_model
+        return self._decoder_hidden(locate(ref).decoder, input_ids, attention_mask, position_ids), output_embeddings(ref)
+
+    def _reference_of_top_copy(self, split_hidden, input_ids, attention_mask, position_ids):
         hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, self.ref_layers, self.ref_norm)
         return hidden, self.ref_lm_head if self.ref_lm_head is not None else output_embeddings(self.model)
 
@@ -593,17 +598,6 @@ def _resolve_num_unfrozen(requested, num_layers: int) -> int:
             "decoder layers), 0 to train only the heads, or -1 to train the whole model."
         )
     return requested
-
-
-def _check_lora_settings(num_layers_unfrozen: int, lora_layers: str, train_lm_head: bool, train_final_norm: bool):
-    if lora_layers not in ("top", "all"):
-        raise ValueError(f"lora_layers={lora_layers!r}: use 'top' (the top num_layers_unfrozen layers) or 'all'.")
-    if lora_layers == "top" and num_layers_unfrozen == 0:
-        raise ValueError("LoRA on the top layers with num_layers_unfrozen=0 adapts nothing: set num_layers_unfrozen >= 1.")
-    if train_lm_head or train_final_norm:
-        raise ValueError(
-            "with LoRA only adapters (and the heads) train: drop train_lm_head / train_final_norm, or train without LoRA."
-        )
 
 
 def _untie_output_embeddings(model: nn.Module) -> None:

@@ -306,7 +306,7 @@ def resume_check(checkpoint: Path, config) -> list[str]:
     """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
     CheckpointError naming them when one of them may not change. Nothing loads: the command line
     asks before the model is built, the harness again before the checkpoint's weights load."""
-    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config.to_dict())
+    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config)
     if refusals:
         raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
     return changes

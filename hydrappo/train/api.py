@@ -21,11 +21,6 @@ from pathlib import Path
 from ..config import ConfigError
 from ..config.parse import parse_config
 
-# Where train_dataset / eval_dataset go in each stage's config.
-DATASET_FIELDS = {"Config": ("prompts", "eval_prompts"), "RewardConfig": ("train_file", "eval_file"),
-                  "SFTConfig": ("train_file", "eval_file")}  # fmt: skip
-
-
 def config_of(config_cls, args) -> object:
     """A `config_cls` from `args`: an instance (copied), a YAML file path, a mapping in the YAML
     file's shape ({section: {option: value}}) or None (the defaults)."""
@@ -61,7 +56,7 @@ def apply_objects(config, *, model=None, reward_funcs=None, reward_weights=None,
         config.reward.reward_fn = funcs
     if reward_weights is not None:
         config.reward.reward_weights = [float(w) for w in reward_weights]
-    train_field, eval_field = DATASET_FIELDS[type(config).__name__]
+    train_field, eval_field = config.DATASETS  # where train_dataset / eval_dataset go
     for field, table in ((train_field, train_dataset), (eval_field, eval_dataset)):
         if table is not None:
             setattr(config.data, field, str(table) if isinstance(table, Path) else table)

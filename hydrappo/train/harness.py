@@ -50,6 +50,7 @@ from ..storage.checkpoint import (
 )
 from ..storage.models import build_hydra, fetch_hub_models
 from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir, resume_check
+from .api import trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
@@ -320,7 +321,8 @@ class Harness:
 
 class TrainingLoop:
     """What the harness runs (PPOTrainer, RewardTrainer, SFTTrainer), and what the command line
-    reports. A loop sets `harness` and `config` and defines the methods without a default."""
+    reports. A loop's __init__ starts with `prepare` (below), and it defines the methods without a
+    default."""
 
     name = "training"  # the progress bar's label
     progress: dict = {}  # {bar postfix label: stats key}
@@ -344,6 +346,10 @@ class TrainingLoop:
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
 
+    def builds_value_head(self) -> bool:
+        """Whether `prepare` builds the hydra with a value head (self.config is set by then)."""
+        return False
+
     def before_training(self):
         """Stats (or (stats, samples)) logged at step 0 of a fresh run, e.g. a held-out baseline; None: nothing."""
         return None
@@ -366,14 +372,18 @@ class TrainingLoop:
         return f"done: step {self.step}."
 
 
-def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=None, tokenizer=None, lora=None,
-            value_head: bool = True, inputs=None, model=None):  # fmt: skip
-    """What every trainer does first, in this order (a random-init model depends on the seed):
-    anchor the config's relative paths at `config_dir` and check it, read the stage's inputs
-    (train/inputs.py: its data and reward functions, checked before a model loads) unless the
-    command line read them already (`inputs`), seed, pick the device and precision, and build the
-    hydra the config names unless one is given (`model`: a transformers model in memory to wrap
-    instead of loading one). Returns (harness, hydra, tokenizer, inputs)."""
+def prepare(loop: TrainingLoop, config_cls, config, objects: dict, *, hydra=None, tokenizer=None, config_dir=None,
+            inputs=None):  # fmt: skip
+    """What every trainer's __init__ does first, in this order (a random-init model depends on the seed):
+    take its config (a `config_cls`, or the objects TRL's trainers take: train/api.py), anchor the
+    config's relative paths at `config_dir` and check it, read the stage's inputs (train/inputs.py:
+    its data and reward functions, checked before a model loads) unless the command line read them
+    already (`inputs`), seed, pick the device and precision, and build the hydra the config names
+    unless one is given (or wrap a transformers model given in `objects`). Sets the loop's config,
+    harness, device, hydra and tokenizer; returns the inputs."""
+    loop.config, model, tokenizer = trainer_inputs(config_cls, config, objects, tokenizer)
+    config = loop.config
+    run, lora, value_head = config.train, getattr(config, "lora", None), loop.builds_value_head()
     config.resolve_paths(config_dir)
     validate(config)
     # The Python API's first chance (the command line checked before): no model loads for a run that would be refused.
@@ -381,7 +391,7 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
     inputs = inputs if inputs is not None else read_inputs(config)
     if hydra is None and model is None:
         fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
-    harness = Harness(run, config, max_nonfinite_steps=max_nonfinite_steps)
+    harness = Harness(run, config, max_nonfinite_steps=getattr(config, config.OPTIMIZER).max_nonfinite_steps)
     loaded = (model, tokenizer) if model is not None else None
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
         # Whole in CPU memory first; each process then keeps its shards of the frozen layers.
@@ -397,7 +407,8 @@ def prepare(config, run, *, max_nonfinite_steps: int, config_dir=None, hydra=Non
         hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head, loaded=loaded)
     if tokenizer is None:
         raise ConfigError("pass the tokenizer together with a hydra model.")
-    return harness, hydra, tokenizer, inputs
+    loop.harness, loop.device, loop.hydra, loop.tokenizer = harness, harness.device, hydra, tokenizer
+    return inputs
 
 
 class RunLog:

@@ -57,7 +57,7 @@ from ..rollout import (
 from ..sampling import build_sampler
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
-from .api import save_model, trainer_inputs
+from .api import save_model
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
 from .inputs import RLInputs
@@ -82,18 +82,12 @@ class PPOTrainer(TrainingLoop):
 
     def __init__(self, config: Config | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
                  inputs: RLInputs | None = None, **objects):  # fmt: skip
-        config, model, tokenizer = trainer_inputs(Config, config, objects, tokenizer)
-        self.config = config
+        self.inputs = prepare(self, Config, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
+                              inputs=inputs)  # fmt: skip
+        config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         ppo, train = config.ppo, config.train
-        self.critic = ppo.uses_critic
-        self.harness, hydra, tokenizer, self.inputs = prepare(
-            config, train, max_nonfinite_steps=ppo.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora, value_head=self.critic, inputs=inputs, model=model,
-        )
-        if not self.critic:
+        if not ppo.uses_critic:
             hydra.value_head = None  # critic-free: no value head in the optimizer or the checkpoints
-        self.device = self.harness.device
-        self.hydra, self.tokenizer = hydra, tokenizer
         if config.model.gradient_checkpointing:
             enable_activation_checkpointing(hydra.model)
         if config.model.reward_branch_path:
@@ -136,6 +130,9 @@ class PPOTrainer(TrainingLoop):
             self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
         recordable = hydra.has_frozen_split and self.rollout_sampler.records_split and not self.harness.trunk_sharded
         self.records_split = config.generation.reuse_trunk_pass and recordable
+
+    def builds_value_head(self) -> bool:
+        return self.config.ppo.uses_critic
 
     @property
     def trained_module(self) -> HydraModel:
@@ -436,8 +433,7 @@ class PPOTrainer(TrainingLoop):
             cliprange=ppo.cliprange, cliprange_high=ppo.cliprange_high, cliprange_value=ppo.cliprange_value,
             vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef, entropy=new.entropy, dual_clip=ppo.dual_clip,
             loss_agg_mode=ppo.loss_agg_mode, importance_sampling_level=ppo.importance_sampling_level,
-            ref_logprobs=batch.ref_logprobs if plan.kl_in_loss else None,
-            kl_coef=plan.kl_coef if plan.kl_in_loss else 0.0, loss_denominator=denominator,
+            ref_logprobs=batch.ref_logprobs, kl_coef=plan.loss_kl_coef, loss_denominator=denominator,
         )
         if plan.critic:
             parts = explained_variance_parts(new.values.detach(), batch.returns, batch.action_mask).tolist()

@@ -40,7 +40,6 @@ from ..storage.reward_branch import (
     load_reward_branch,
     save_reward_folder,
 )
-from .api import trainer_inputs
 from .harness import TrainingError, as_float, prepare
 from .inputs import StageInputs
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
@@ -61,15 +60,10 @@ class RewardTrainer(SupervisedStage):
 
     def __init__(self, config: RewardConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
                  inputs: StageInputs | None = None, **objects):  # fmt: skip
-        config, model, tokenizer = trainer_inputs(RewardConfig, config, objects, tokenizer)
-        self.config = config
+        inputs = prepare(self, RewardConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
+                         inputs=inputs)  # fmt: skip
+        config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         data, train = config.data, config.train
-        self.harness, hydra, tokenizer, inputs = prepare(
-            config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, value_head=False, inputs=inputs, model=model,
-        )
-        self.device = self.harness.device
-        self.hydra, self.tokenizer = hydra, tokenizer
         if hydra.full_model:
             raise DataError("reward training needs a frozen trunk: set model.num_layers_unfrozen >= 0 (not -1).")
         # Nothing of the policy, reference or value head trains here; only the branch.

@@ -34,7 +34,6 @@ from ..model import HydraModel
 from ..rollout import pack_sequences, response_part
 from ..storage.export import save_model_dir
 from ..storage.models import unquantized_copy
-from .api import trainer_inputs
 from .harness import enable_activation_checkpointing, prepare
 from .inputs import StageInputs
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
@@ -57,15 +56,10 @@ class SFTTrainer(SupervisedStage):
 
     def __init__(self, config: SFTConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
                  inputs: StageInputs | None = None, **objects):  # fmt: skip
-        config, model, tokenizer = trainer_inputs(SFTConfig, config, objects, tokenizer)
-        self.config = config
+        inputs = prepare(self, SFTConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
+                         inputs=inputs)  # fmt: skip
+        config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         data, train = config.data, config.train
-        self.harness, hydra, tokenizer, inputs = prepare(
-            config, train, max_nonfinite_steps=train.max_nonfinite_steps, config_dir=config_dir, hydra=hydra,
-            tokenizer=tokenizer, lora=config.lora, value_head=False, inputs=inputs, model=model,
-        )
-        self.device = self.harness.device
-        self.hydra, self.tokenizer = hydra, tokenizer
         # Only the policy learns here: the value head is PPO's business.
         if hydra.value_head is not None:
             hydra.value_head.requires_grad_(False)

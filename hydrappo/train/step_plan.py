@@ -15,7 +15,7 @@ class StepPlan:
     kl_coef: float  # the KL controller's coefficient for this step
     reference: bool  # the reference branch runs and the KL is measured; a coefficient of 0 skips both
     kl_in_reward: bool  # the KL penalty shapes the per-token rewards (ppo.kl_penalty: reward)
-    kl_in_loss: bool  # the KL is a term of the loss (ppo.kl_penalty: loss, with a coefficient that is not 0)
+    loss_kl_coef: float  # the KL term's coefficient in the loss: kl_coef with ppo.kl_penalty: loss, else 0
     critic: bool  # a value head: values, returns, the value loss and its statistics
     critic_only: bool  # the critic warms up (ppo.critic_warmup_steps): only the value head steps
     entropy_bonus: bool  # the loss has an entropy term (ppo.ent_coef), so the update computes the entropy
@@ -27,7 +27,7 @@ class StepPlan:
             kl_coef=kl_coef,
             reference=kl_coef != 0,
             kl_in_reward=ppo.kl_penalty == "reward",
-            kl_in_loss=ppo.kl_penalty == "loss" and kl_coef != 0,
+            loss_kl_coef=kl_coef if ppo.kl_penalty == "loss" else 0.0,
             critic=ppo.uses_critic,
             critic_only=steps_done < ppo.critic_warmup_steps,
             entropy_bonus=ppo.ent_coef != 0,

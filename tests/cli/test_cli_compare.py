@@ -1,13 +1,10 @@
-from pathlib import Path
-
 import pytest
 
 from hydrappo.config import parse_config
 from hydrappo.cli import main as cli_main
 from hydrappo.storage.export import export_checkpoint
 from hydrappo.train.ppo import PPOTrainer
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY
 
 
 def compare_main(argv):

@@ -22,8 +22,8 @@ from hydrappo.cli import main
 from hydrappo.errors import WriteError, describe_os_error
 from hydrappo.storage import checkpoint as checkpoint_module
 from hydrappo.storage.checkpoint import checkpoint_dirs, checkpoint_problems, save_checkpoint
+from runs import TINY
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 CONFIG = str(TINY / "config.yaml")
 FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",
         "--no_progress_bar", "--save_every", "1"]  # fmt: skip

@@ -22,8 +22,8 @@ from hydrappo.cli import main
 from hydrappo.storage.atomic import host_name
 from hydrappo.storage.rundir import LOCK_NAME
 from hydrappo.storage.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, checkpoint_dirs
+from runs import TINY
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 CONFIG = str(TINY / "config.yaml")
 # One short PPO step per call: 8 rollouts of 4 tokens, one epoch.
 FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",

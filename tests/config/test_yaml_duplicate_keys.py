@@ -1,15 +1,12 @@
 """A key given twice in a YAML config is an error naming the key and both lines (PyYAML alone
 keeps the last one silently); merge keys (`<<: *defaults`) still work as yaml.safe_load reads them."""
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.config.parse import load_yaml
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY
 
 
 def test_a_key_given_twice_in_a_section_names_the_key_and_both_lines(tmp_path):

@@ -10,7 +10,7 @@ from tiny import FAMILIES, FLOAT64_ATOL, LAYERS, VOCAB, first_family_quick, left
 # Longer than the sliding windows of the tiny Mistral/Qwen2 configs (8), so that
 # per-layer sliding-window masks are exercised. The tests that compare the hydra's numbers with
 # the model's own (padded batch vs single row) or two of its passes (the cached split vs the
-# whole pass) run the tiny models in float64, within FLOAT64_ATOL (tests/tiny.py says why).
+# whole pass) run the tiny models in float64, within FLOAT64_ATOL (tests/helpers/tiny.py says why).
 ROWS = [list(range(5, 19)), [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
 
 

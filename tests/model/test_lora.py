@@ -109,10 +109,13 @@ def test_starting_adapter_is_the_reference_not_the_bare_base(tmp_path):
 
 
 def test_lora_settings_errors():
-    with pytest.raises(ValueError, match="adapts nothing"):
+    # The same words as the config check's (model/lora.py's lora_problems is the rule's one home).
+    with pytest.raises(ValueError, match=r"model.num_layers_unfrozen=0 leaves LoRA on the top layers .* nothing to adapt"):
         HydraModel(tiny64("llama"), num_layers_unfrozen=0, lora=lora())
-    with pytest.raises(ValueError, match="only adapters"):
+    with pytest.raises(ValueError, match=r"model.train_lm_head=True cannot be combined with LoRA .* only adapters"):
         HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), train_lm_head=True)
+    with pytest.raises(ValueError, match=r"lora.lora_init_adapter='adapter' needs LoRA \(lora.lora_r > 0\), which is off"):
+        HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora_init_adapter="adapter")
     with pytest.raises(ValueError, match="lora_layers="):
         HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), lora_layers="some")
     with pytest.raises(UsageError, match="not a peft adapter folder"):

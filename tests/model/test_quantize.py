@@ -4,7 +4,6 @@ refusals, exact resume, export and sft in full precision, and the planner's numb
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,12 +23,11 @@ from hydrappo.planner.settings import TrainingSettings
 from hydrappo.storage.export import export_checkpoint
 from hydrappo.storage.reward_branch import base_model_identity
 from hydrappo.train.sft import SFTTrainer
-from runs import tiny_trainer, write_sft_config
+from runs import TINY, tiny_trainer, write_sft_config
 from tiny import tiny_model
 
 bnb = pytest.importorskip("bitsandbytes", reason="pip install 'hydrappo[quant]' (the README's test command does)")
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 QUANTIZED = {"int8": bnb.nn.Linear8bitLt, "4bit": bnb.nn.Linear4bit}
 # Bounds of the mean |delta log-prob| of a tiny random model's tokens, quantized against unquantized
 # (measured here: int8 0.0007 to 0.002; 4bit 0.025 to 0.16, NF4 of 32- and 64-wide random matrices);

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny"
 # An exported or converted model computes what the hydra computes by another path (its own forward
 # against the edited layer list, adapters merged against added): the models here are float64 and
-# agree within FLOAT64_ATOL (tests/tiny.py says why).
+# agree within FLOAT64_ATOL (tests/helpers/tiny.py says why).
 
 
 def export_main(argv):

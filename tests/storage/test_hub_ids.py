@@ -17,8 +17,8 @@ from hydrappo.cli import main
 from hydrappo.config import ModelConfig
 from hydrappo.rewards import ClassifierReward
 from hydrappo.storage.models import ModelLoadError, load_model_and_tokenizer, resolve_model_source
+from runs import TINY
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 HUB_ID = "tiny-org/tiny-llama"
 MAIN, V2 = "1" * 40, "2" * 40  # the commits refs/main and refs/v2 point at
 FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",

@@ -18,9 +18,8 @@ from hydrappo.storage.rundir import (
     refuse_own_inputs,
     release_output_dir,
 )
+from runs import ROOT, TINY
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny"
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 

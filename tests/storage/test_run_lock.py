@@ -111,7 +111,7 @@ def test_two_runs_started_together_into_one_folder_one_trains_and_the_other_is_r
 def test_a_run_killed_mid_step_leaves_a_lock_that_does_not_block_resume(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST, "--total_steps", "2", "--save_every", "1"]
-    killed = subprocess.run([sys.executable, "tests/distributed_worker.py", "die-after-first-save", *argv], env=ENV, cwd=ROOT,
+    killed = subprocess.run([sys.executable, "tests/helpers/distributed_worker.py", "die-after-first-save", *argv], env=ENV, cwd=ROOT,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert killed.returncode == 3, killed.stderr
     assert (out / LOCK_NAME).is_file() and (out / "checkpoint-1").is_dir()

@@ -3,7 +3,6 @@ the DAPO and GSPO loss options, and the trainer with G samples per prompt and no
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +16,8 @@ from hydrappo.algo.scores import group_statistics, shape_rewards
 from hydrappo.cli import main
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError, checkpoint_dirs
-from runs import VERIFIABLE, tiny_trainer
+from runs import TINY, VERIFIABLE, tiny_trainer
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
 
@@ -129,6 +127,19 @@ def test_sequence_level_ratios_are_gspo():
 
 
 # ---------------------------------------------------------------------------- the trainer
+def test_dapo_overlong_options_run(tmp_path):
+    # Every tiny response runs to the token limit: with the filter nothing reaches the loss, so
+    # the update leaves the weights as they were; the penalty is -1 on each (buffer 2 of 8 tokens).
+    run = tiny_trainer(tmp_path, "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4", "--mask_truncated",
+                       "--overlong_buffer", "2", "--min_new_tokens", "8")  # fmt: skip
+    before = {name: p.detach().clone() for name, p in run.hydra.named_parameters() if p.requires_grad}
+    (row,) = run.train()
+    assert row["env/missing_eos_frac"] == 1.0 and row["env/overlong_penalty_mean"] == -1.0
+    for name, p in run.hydra.named_parameters():
+        if name in before:
+            assert torch.equal(p, before[name]), name
+
+
 def trainer(tmp_path, *overrides):
     return tiny_trainer(tmp_path, "--reward_fn", VERIFIABLE, "--samples_per_prompt", "4", "--save_every", "100", *overrides)
 

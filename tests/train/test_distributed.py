@@ -1,6 +1,6 @@
 """Data parallelism on torch.distributed (train/distributed.py): results that do not depend on
 the number of processes, exact resume at the same number, one failing process stopping all.
-The multi-process tests start 2 processes themselves (gloo on the CPU, tests/processes.py)."""
+The multi-process tests start 2 processes themselves (gloo on the CPU, tests/helpers/processes.py)."""
 
 import json
 import logging
@@ -23,9 +23,7 @@ from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
 from bounds import ADAM_EPS, EXACT, SCALAR_NOISE, assert_close_weights
 from processes import check_ok, describe, launch
-from runs import reward_config, write_sft_config
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY, reward_config, write_sft_config
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -44,7 +42,7 @@ def assert_equal_weights(a: dict, b: dict) -> None:
 
 def assert_same_scalars(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> None:
     """Every logged scalar but the timings (and names ending in `ignore`), within float64 noise
-    (see tests/bounds.py)."""
+    (see tests/helpers/bounds.py)."""
     keys = {k for k in a if not k.startswith("time/")}
     assert keys == {k for k in b if not k.startswith("time/")}
     for key in sorted(k for k in keys if not k.endswith(ignore)):
@@ -133,7 +131,7 @@ def test_a_ppo_step_on_two_processes_equals_one_process_on_the_whole_batch(tmp_p
     1 process x 8 end with the same weights and log the same statistics, for PPO with a critic
     (GAE, whitened advantages) and two critic-free estimators (GRPO with groups of 2, KL in the
     loss; REINFORCE++, whose token returns are whitened over the whole batch)."""
-    check_ok(launch(["tests/distributed_worker.py", "ppo", str(tmp_path / "two")]))
+    check_ok(launch(["tests/helpers/distributed_worker.py", "ppo", str(tmp_path / "two")]))
     ppo_variants(tmp_path / "one")
     for name in VARIANTS:
         one, two = tmp_path / "one" / name, tmp_path / "two" / name
@@ -157,7 +155,7 @@ SMALL_RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--
 
 
 def train_small(out: Path, *extra: str, worker: str | None = None):
-    command = ["tests/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
+    command = ["tests/helpers/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
     return launch([*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra])
 
 
@@ -205,7 +203,7 @@ def test_held_out_evaluation_on_two_processes_equals_one_and_resumes_exactly(tmp
     uninterrupted one, its evaluations included, and does not repeat the step-0 baseline."""
     eval_prompts = tmp_path / "held_out.jsonl"
     eval_prompts.write_text("".join((TINY / "prompts.jsonl").read_text().splitlines(keepends=True)[-12:]))
-    check_ok(launch(["tests/distributed_worker.py", "heldout", str(tmp_path / "two"), str(eval_prompts)], timeout=180))
+    check_ok(launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "two"), str(eval_prompts)], timeout=180))
     heldout_run(tmp_path / "one", str(eval_prompts))
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     evaluated = lambda rows: {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if "eval/prompts" in r}  # noqa: E731
@@ -216,9 +214,9 @@ def test_held_out_evaluation_on_two_processes_equals_one_and_resumes_exactly(tmp
     lr = float(HELDOUT[HELDOUT.index("--learning_rate") + 1])
     assert_close_weights(weights(tmp_path / "one", 3), weights(tmp_path / "two", 3), lr=lr, steps=6)  # 3 steps x 2 updates
 
-    killed = launch(["tests/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "die"], timeout=180)
+    killed = launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "die"], timeout=180)
     assert [r.returncode for r in killed] == [3, 3], describe(killed)
-    check_ok(launch(["tests/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "resume"],
+    check_ok(launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "resume"],
                     timeout=180))  # fmt: skip
     assert_equal_weights(weights(tmp_path / "two", 3), weights(tmp_path / "resumed", 3))
     strip = lambda row: {k: v for k, v in row.items() if not k.startswith("time/")}  # noqa: E731
@@ -230,12 +228,13 @@ def test_a_trunk_sharded_with_fsdp2_trains_like_a_whole_one(tmp_path):
     """Each process keeps half of the frozen layers (the bottom 2 and the reference's copies of
     the top 2: 4 layers of 36,992 parameters), generates in lockstep with the other, and the run
     ends with the weights of the unsharded 2-process run. A sharded trunk runs the experience
-    pass over the whole trunk (generation.reuse_trunk_pass does not apply), so the unsharded
-    run it is compared with bit for bit does too."""
+    pass over the whole trunk (generation.reuse_trunk_pass does not apply) and samples with
+    transformers' generate (the one sampler that runs in lockstep), so the unsharded run it is
+    compared with bit for bit does too."""
     results = train_small(tmp_path / "fsdp", "--fsdp_trunk")
     check_ok(results)
     assert "FSDP: 147968 frozen parameters sharded over 2 processes, 73984 of them on this one" in results[0].stderr
-    check_ok(train_small(tmp_path / "whole", "--reuse_trunk_pass", "false"))
+    check_ok(train_small(tmp_path / "whole", "--reuse_trunk_pass", "false", "--sampler", "generate"))
     assert_equal_weights(weights(tmp_path / "whole", 4), weights(tmp_path / "fsdp", 4))
 
 
@@ -250,7 +249,7 @@ def test_supervised_stages_on_two_processes_end_with_the_weights_of_one(tmp_path
         path = write_sft_config(tmp_path, max_steps=4, save_every=0)
         trainer_cls, config_cls = SFTTrainer, SFTConfig
         config = parse_config(path, [], config_cls=config_cls)
-    # In float64: see tests/bounds.py.
+    # In float64: see tests/helpers/bounds.py.
     check_ok(launch(["-m", "hydrappo", stage, str(path), "--output_dir", str(tmp_path / "two"), *EXACT]))
     config.train.output_dir = str(tmp_path / "one")
     config.model.dtype, config.train.adam_eps = "float64", ADAM_EPS

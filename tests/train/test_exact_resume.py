@@ -21,7 +21,9 @@ from hydrappo.config import SFTConfig, parse_config
 from hydrappo.storage.checkpoint import CheckpointError, checkpoint_dirs
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
-from runs import VERIFIABLE, Killed, kill_after_next_save, kill_during_step, reward_config, tiny_trainer, write_sft_config
+from runs import (
+    TINY, VERIFIABLE, Killed, kill_after_next_save, kill_during_step, reward_config, tiny_trainer, write_sft_config,
+)
 
 try:
     import bitsandbytes  # noqa: F401
@@ -106,6 +108,40 @@ def quantized_check(straight, resumed, folder: Path) -> None:
         switched.train(resume=True)
 
 
+# The PI controller's state (its integral and last error) resumes with the run.
+PI = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4", "--kl_controller", "pi",
+      "--init_kl_coef", "0.05", "--kl_target", "0.5"]  # fmt: skip
+
+
+def pi_check(straight, resumed, folder: Path) -> None:
+    coefs = [row["objective/kl_coef"] for row in straight.history]
+    assert coefs[0] == 0.05 and len(set(coefs)) == 4, coefs  # steered every step
+    assert all(0.0 <= row["env/degenerate_frac"] <= 1.0 for row in straight.history)
+    assert resumed.kl_controller.state_dict() == straight.kl_controller.state_dict()
+
+
+# Held-out evaluation with sampled answers (they draw random numbers) at every step: the resumed
+# run's metrics are the straight run's, and the step-0 baseline is not repeated.
+HELD_OUT = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
+            "--eval_every", "1", "--eval_greedy", "false"]  # fmt: skip
+
+
+def held_out_trainer(folder: Path):
+    folder.mkdir(exist_ok=True)
+    held_out = folder / "held_out.jsonl"  # 12 of the tiny example's prompts
+    held_out.write_text("".join((TINY / "prompts.jsonl").read_text().splitlines(keepends=True)[-12:]))
+    return tiny_trainer(folder / "out", *HELD_OUT, "--eval_prompts", str(held_out))
+
+
+def held_out_check(straight, resumed, folder: Path) -> None:
+    def metrics(run: Path) -> list[dict]:
+        rows = [json.loads(line) for line in (run / "out" / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+
+    assert [row["step"] for row in metrics(folder)] == [0, 1, 2, 3, 4]
+    assert metrics(folder.parent / "straight") == metrics(folder)
+
+
 # LoRA adapters on the top layers, resumed from an explicitly named checkpoint.
 LORA = ["--total_steps", "2", "--save_every", "1", "--batch_size", "8", "--mini_batch_size", "4",
         "--lora_r", "4", "--train_lm_head", "false"]  # fmt: skip
@@ -164,6 +200,8 @@ CASES = {
     "ppo_critic_warmup": ppo_case(WARMUP, kill=kill_after_next_save, resumed_steps=[2, 3, 4], check=warmup_check),
     "critic_free_groups": ppo_case(GROUPS, kill=interrupt_in_step_3, resumed_steps=[3, 4], dies_with=KeyboardInterrupt),
     "quantized_int8_adamw8bit": ppo_case(QUANTIZED, kill=kill_after_next_save, resumed_steps=[3, 4], check=quantized_check),
+    "kl_pi_controller": ppo_case(PI, kill=kill_after_next_save, resumed_steps=[3, 4], check=pi_check),
+    "held_out_eval": Case(make=held_out_trainer, kill=kill_after_next_save, resumed_steps=[3, 4], check=held_out_check),
     "lora": ppo_case(LORA, kill=kill_after_next_save, resumed_steps=[2],
                      resume_from=lambda folder: folder / "out" / "checkpoint-1"),
     "reward_stage": Case(

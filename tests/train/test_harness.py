@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from hydrappo.config import parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME
 from hydrappo.train.ppo import PPOTrainer
+from runs import TINY
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
 
 

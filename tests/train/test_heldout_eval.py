@@ -1,6 +1,6 @@
 """Held-out evaluation in the RL loop (train/heldout.py): the eval/* numbers by hand, when it
-runs, and that it changes nothing about training: the same weights with and without it, and
-exact resume across it."""
+runs, and that it changes nothing about training: the same weights with and without it (exact
+resume across it: tests/train/test_exact_resume.py)."""
 
 import json
 from pathlib import Path
@@ -10,7 +10,7 @@ import torch
 
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.train.heldout import evaluation_due, held_out_statistics
-from runs import TINY, Killed, kill_after_next_save, tiny_trainer
+from runs import TINY, tiny_trainer
 
 TINY_PROMPTS = TINY / "prompts.jsonl"
 
@@ -67,23 +67,6 @@ def test_evaluation_logs_at_step_zero_and_every_n_and_leaves_training_unchanged(
 
     events = EventAccumulator(str(tmp_path / "eval" / "tensorboard")).Reload()
     assert "eval_samples" in " ".join(events.Tags()["tensors"])
-
-
-@pytest.mark.slow
-def test_a_run_with_evaluation_resumes_exactly_and_does_not_repeat_the_baseline(tmp_path, monkeypatch):
-    options = [*RUN, "--eval_prompts", str(held_out_file(tmp_path)), "--eval_every", "1", "--eval_greedy", "false"]
-    straight = tiny_trainer(tmp_path / "straight", *options)
-    straight.train()
-    killed = tiny_trainer(tmp_path / "resumed", *options)
-    kill_after_next_save(killed, monkeypatch)
-    with pytest.raises(Killed):
-        killed.train()
-    resumed = tiny_trainer(tmp_path / "resumed", *options)
-    resumed.train(resume=True)
-    for a, b in zip(straight.hydra.trainable_parameters(), resumed.hydra.trainable_parameters()):
-        assert torch.equal(a, b)
-    strip = lambda row: {k: v for k, v in row.items() if not k.startswith("time/")}  # noqa: E731
-    assert [strip(r) for r in metrics(tmp_path / "straight")] == [strip(r) for r in metrics(tmp_path / "resumed")]
 
 
 def test_evaluation_options_are_checked_before_any_model_loads(tmp_path):

@@ -13,10 +13,9 @@ from hydrappo.config import GenerationArgs
 from hydrappo.rollout import generate_responses, pack_sequences
 from hydrappo.train.harness import TrainingError
 from bounds import EXACT, assert_close_weights
-from runs import tiny_trainer
+from runs import TINY, tiny_trainer
 from tiny import tiny_model, tiny_tokenizer
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 REQUIRED_SCALARS = [
     "env/reward_mean", "env/reward_std", "objective/kl", "objective/kl_coef", "objective/entropy",
     "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total", "ppo/policy/approxkl", "ppo/policy/clipfrac",
@@ -168,7 +167,7 @@ def test_cli_train_runs_the_tiny_example(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_training(tmp_path):
-    # In float64 with the bound of tests/bounds.py: recomputing the activations may sum in another order.
+    # In float64 with the bound of tests/helpers/bounds.py: recomputing the activations may sum in another order.
     args = ["--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4", "--save_every", "100", *EXACT]
     plain = tiny_trainer(tmp_path / "plain", *args)
     plain.train()

@@ -15,9 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from hydrappo import Config, PPOTrainer, RewardTrainer, SFTTrainer
 from hydrappo.config import ConfigError
 from hydrappo.errors import UsageError
-from runs import write_pairs
+from runs import TINY, write_pairs
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 ROWS = [json.loads(line) for line in (TINY / "prompts.jsonl").read_text().splitlines()]
 TRAIN = [{"prompt": row["prompt"], "answer": row["prompt"].split()[-1]} for row in ROWS]
 

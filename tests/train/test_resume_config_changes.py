@@ -66,6 +66,10 @@ def test_a_stage_refuses_another_batch_size_and_seed_a_random_model_refuses_anot
     refusals, warnings = resume_differences(saved, now)
     assert [r.split(":")[0] for r in refusals] == ["train.batch_size"] and "counts batches" in refusals[0]
     assert [w.split(":")[0] for w in warnings] == ["train.learning_rate"]
+    now = SFTConfig().to_dict()
+    now["train"]["seed"] = 1
+    refusals, _ = resume_differences(saved, now, SFTConfig.SEEDED_DATA)
+    assert "the held-out split and the batches were drawn from it" in refusals[0]
     saved, now = Config().to_dict(), Config().to_dict()
     now["train"]["seed"] = 1
     assert resume_differences(saved, now)[0] == []  # PPO on a pretrained model: the seed changes nothing

@@ -3,7 +3,6 @@ rule, checkpoint round trip into HydraModel's reward slot, PPO on the learned re
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,12 +20,11 @@ from hydrappo.storage.reward_branch import load_reward_branch
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.rollout import pack_sequences
 from hydrappo.train.ppo import PPOTrainer
-from runs import reward_config, write_pairs
+from runs import TINY, reward_config, write_pairs
 from tiny import FLOAT64_ATOL
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 # The trained branch is compared with fresh hydras, padded batches with single rows: in float64,
-# within FLOAT64_ATOL (tests/tiny.py says why); the trunks it goes on are float64 too.
+# within FLOAT64_ATOL (tests/helpers/tiny.py says why); the trunks it goes on are float64 too.
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reward")
@@ -222,7 +220,7 @@ def test_whole_text_pairs_with_margins(tmp_path):
 def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_path, pooling):
     """The branch's pooling is recorded in its checkpoint and forward_hydra (PPO's scoring,
     with logprobs_from as rollout passes it) pools identically, whatever the padding."""
-    # In float64: padded batches against single rows, within FLOAT64_ATOL (tests/tiny.py says why).
+    # In float64: padded batches against single rows, within FLOAT64_ATOL (tests/helpers/tiny.py says why).
     trainer = RewardTrainer(reward_config(tmp_path, dtype="float64", epochs=1, max_steps=3, pooling=pooling), config_dir=tmp_path)
     trainer.train()
     info = json.loads((trainer.checkpoint_path / "trainer_state.json").read_text())
@@ -327,6 +325,6 @@ def test_ppo_value_head_starts_from_the_reward_head(trained, tmp_path):
         "--value_head_init", "reward_head", "--num_layers_unfrozen", "2", "--dtype", "float64",
     ])
     ppo = PPOTrainer(config, config_dir=TINY)
-    # In float64: V(h) = w.relu(h) - w.relu(-h) + b sums other terms than w.h + b (tests/tiny.py: FLOAT64_ATOL).
+    # In float64: V(h) = w.relu(h) - w.relu(-h) + b sums other terms than w.h + b (tests/helpers/tiny.py: FLOAT64_ATOL).
     hidden = torch.randn(4, ppo.hydra.value_head.hidden_size, dtype=torch.float64)
     torch.testing.assert_close(ppo.hydra.value_head(hidden), ppo.hydra.reward_branch.head(hidden), atol=FLOAT64_ATOL, rtol=0)

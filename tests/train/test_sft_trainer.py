@@ -17,10 +17,8 @@ from hydrappo.algo.losses import response_nll
 from hydrappo.storage.export import save_model_dir
 from hydrappo.train.sft import SFTTrainer
 from hydrappo.train.ppo import PPOTrainer
-from runs import write_sft_config
+from runs import TINY, write_sft_config
 from tiny import FLOAT64_ATOL
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 
 
 def test_response_nll_counts_only_response_tokens():
@@ -110,7 +108,7 @@ def test_sft_config_errors(tmp_path, capsys):
 def test_lora_sft_writes_a_peft_adapter_that_ppo_starts_from(tmp_path):
     from peft import PeftModel
 
-    # In float64: peft's model and the trainer's compute the policy by other modules (tests/tiny.py: FLOAT64_ATOL).
+    # In float64: peft's model and the trainer's compute the policy by other modules (tests/helpers/tiny.py: FLOAT64_ATOL).
     lora = ["--lora_r", "4", "--lora_alpha", "8", "--train_lm_head", "false", "--dtype", "float64"]
     config = parse_config(write_sft_config(tmp_path, epochs=1), [*lora, "--learning_rate", "1e-2"], SFTConfig)
     trainer = SFTTrainer(config)

@@ -6,7 +6,8 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from hydrappo.config import RewardArgs
-from hydrappo.rewards import ClassifierReward, FunctionReward, RewardError, build_reward_source
+from hydrappo.config.reward_sources import SOURCE_KINDS
+from hydrappo.rewards import SOURCE_CLASSES, ClassifierReward, FunctionReward, RewardError, build_reward_source
 from tiny import FLOAT64_ATOL, tiny_config, tiny_model, tiny_tokenizer
 
 PROMPTS = ["w1 w2", "w3", "w4 w5 w6"]
@@ -154,7 +155,7 @@ SAMPLES_OF_MANY_LENGTHS = ["w1", "w2 w3 w4 w5 w6 w7", "w8 w9 w10", "w11 w12 w13 
 def test_classifier_scores_equal_unpadded_logits(tmp_path, family, num_labels, label, pad_token_id):
     model = save_classifier(tmp_path, num_labels, pad_token_id, family)
     source = ClassifierReward(str(tmp_path), label=label, batch_size=2)  # batches of unequal lengths
-    # Both models in float64: padded batches and single rows agree within FLOAT64_ATOL (tests/tiny.py),
+    # Both models in float64: padded batches and single rows agree within FLOAT64_ATOL (tests/helpers/tiny.py),
     # and the scores, rounded to float32 on the way out, within one float32 spacing of the value more.
     source.model.double()
     scores = source(SAMPLES_OF_MANY_LENGTHS, SAMPLES_OF_MANY_LENGTHS, [""] * 5)
@@ -176,6 +177,11 @@ def test_classifier_errors(tmp_path):
         ClassifierReward(str(tmp_path / "rm"), label=2)
 
 
+def test_each_reward_source_kind_has_one_class():
+    # the config's table of kinds (which options name a source) and the classes that build them
+    assert [row.kind for row in SOURCE_KINDS] == list(SOURCE_CLASSES) == ["function", "model", "branch"]
+
+
 def test_build_reward_source(module_dir, tmp_path):
     branch = build_reward_source(RewardArgs(use_reward_branch=True))
     assert branch.names == ["reward_branch"] and branch(["a"], ["a"], [""], branch_scores=torch.tensor([2.5])).tolist() == [2.5]
@@ -184,8 +190,8 @@ def test_build_reward_source(module_dir, tmp_path):
     save_classifier(module_dir / "rm", num_labels=2)
     classifier = build_reward_source(RewardArgs(reward_model="rm", reward_model_label=0), base_dir=module_dir)
     assert isinstance(classifier.entries[0][2], ClassifierReward) and classifier.entries[0][2].label == 0
-    with pytest.raises(RewardError, match="set a reward source"):
+    with pytest.raises(RewardError, match="no reward source is set"):  # the words of the config check
         build_reward_source(RewardArgs())
-    with pytest.raises(RewardError, match="1 weight.* for 2 reward source"):
+    with pytest.raises(RewardError, match=r"reward.reward_weights=\[1.0\] has 1 weight.* for 2 reward source"):
         build_reward_source(RewardArgs(reward_fn="hp_test_rewards_mod.py:word_count", use_reward_branch=True,
                                        reward_weights=[1.0]), base_dir=module_dir)  # fmt: skip

@@ -5,15 +5,13 @@ the process alive once training ends (hydrappo/usercode.py)."""
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
 from hydrappo import usercode
 from hydrappo.cli import main
+from runs import ROOT, TINY
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny"
 FAST = ["--total_steps", "1", "--batch_size", "4", "--mini_batch_size", "4", "--ppo_epochs", "1", "--max_new_tokens", "4",
         "--no_progress_bar"]  # fmt: skip
 

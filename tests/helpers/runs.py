@@ -14,9 +14,9 @@ import torch
 
 from hydrappo.config import RewardConfig, parse_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny"
-VERIFIABLE = str(ROOT / "tests" / "verifiable_reward.py") + ":first_word_is_good"
+VERIFIABLE = str(ROOT / "tests" / "fixtures" / "verifiable_reward.py") + ":first_word_is_good"
 
 
 def tiny_trainer(output_dir, *overrides):

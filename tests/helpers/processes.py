@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -34,7 +34,7 @@ def launch(args: list[str], nprocs: int = 2, timeout: float = 90.0, cwd: Path | 
     (gloo on the CPU, one thread each). Output goes to files, not pipes, so that a process
     that writes a lot never blocks the others. Past `timeout` seconds every process still
     running is killed and the test fails with what they printed."""
-    path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "tests" / "helpers"), os.environ.get("PYTHONPATH")) if p)
     common = {
         **os.environ, "PYTHONPATH": path, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",

@@ -6,7 +6,7 @@ config's refusals, and PPO steps through the trainer.
 The fake builds its model from the policy's config with every weight NaN, as vLLM builds an
 empty one (`load_format="dummy"`), and loads only what is pushed; it samples with that model.
 A weight that was not pushed, or pushed wrong, shows in its responses, which the tests compare
-with generate's on the policy itself (greedy, in float64, as tests/train/test_sampler.py does)."""
+with generate's on the policy itself (greedy, in float64, as tests/test_sampling.py does)."""
 
 import copy
 
@@ -132,7 +132,7 @@ def test_a_trained_head_and_final_norm_are_pushed_and_the_engines_lm_head_is_its
 
 def test_lora_pushes_the_merged_weights_of_the_adapted_layers_only():
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-    # In float64: W + s * B @ A merged by the sampler and by peft may sum in other orders (tests/tiny.py: FLOAT64_ATOL).
+    # In float64: W + s * B @ A merged by the sampler and by peft may sum in other orders (tests/helpers/tiny.py: FLOAT64_ATOL).
     hydra = HydraModel(tiny64("llama"), num_layers_unfrozen=1, lora=lora)
     engine = FakeEngine(hydra)
     sampler = ServingEngineSampler(hydra, tiny_tokenizer(), engine)

@@ -6,7 +6,6 @@ GRPOTrainer passes them; functions in trlX's convention keep receiving text."""
 import copy
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from hydrappo import PPOTrainer
 from hydrappo.data import DataError, load_prompt_table, tokenize_prompts
 from hydrappo.rewards import FunctionReward
+from runs import TINY
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 PROMPTS = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
 # A chat template over the tiny vocabulary: a turn is its role's word and its content.
 TEMPLATE = ("{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2'}[m['role']] }} {{ m['content'] }} "

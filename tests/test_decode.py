@@ -4,7 +4,7 @@ tokens and recorded split states on every architecture family, draws from the po
 
 Greedy comparisons run the tiny models in float64: the loop and generate run the same modules
 on the same inputs, so their logits agree to rounding (~1e-15), far below the gap between the
-two most likely tokens of these random models (tests/train/test_sampler.py checks that gap);
+two most likely tokens of these random models (tests/test_sampling.py checks that gap);
 every argmax, hence every token, is the same."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from hydrappo.decode import PreallocatedLayer, SamplingRule, filtered_logits, sa
 from hydrappo.rollout import generate_responses
 
 # States of the two loops: the same float64 computation up to the order of a few sums (see
-# tests/train/test_rollout_split.py for the bound); measured <= 5e-15.
+# tests/test_rollout_split.py for the bound); measured <= 5e-15.
 STATE_ATOL = 1e-10
 
 

@@ -12,8 +12,7 @@ import torch
 
 from hydrappo.config import ModelConfig
 from hydrappo.data import DataError, read_table
-
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY
 
 
 @pytest.mark.parametrize("name, content", [("prompts.jsonl", ""), ("prompts.jsonl", "\n  \n"), ("prompts.txt", ""),

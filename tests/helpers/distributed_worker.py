@@ -1,4 +1,4 @@
-"""What the processes of test_distributed.py run: `python tests/distributed_worker.py MODE ...`.
+"""What the processes of test_distributed.py run: `python tests/helpers/distributed_worker.py MODE ...`.
 
     ppo OUT                    one PPO step of every VARIANT on fixed responses, each into OUT/<variant>
     die-after-first-save ARGS  `hydrappo ARGS`, every process killed in the step after its first checkpoint
@@ -19,11 +19,11 @@ from hydrappo.train.distributed import end_process_group
 from hydrappo.train.harness import Harness
 from hydrappo.train.ppo import PPOTrainer
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 # One PPO step of 8 responses: 2 epochs x 2 minibatches of 4, each split in 2 micro-batches per
 # process; running score normalisation, whitening and the adaptive KL controller all see the batch.
 # In float64, AdamW's eps 1e-6: the comparison with one process tests the logic, not the order of
-# float sums (tests/bounds.py says why).
+# float sums (tests/helpers/bounds.py says why).
 COMMON = [
     "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4", "--gradient_accumulation_steps", "2",
     "--ppo_epochs", "2", "--learning_rate", "1e-4", "--score_normalization", "running", "--kl_controller", "adaptive",

@@ -13,9 +13,8 @@ from hydrappo.cli import main
 from hydrappo.config import RewardArgs
 from hydrappo.rewards import FunctionReward, RewardError, RewardFunctionError, build_reward_source
 from processes import check_ok, launch
+from runs import ROOT, TINY
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny"
 TRL = ROOT / "tests" / "fixtures" / "trl_style_rewards.py"
 PROMPTS = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
 

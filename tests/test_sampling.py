@@ -1,4 +1,4 @@
-"""The sampler interface (hydrappo/rollout.py): transformers' generate and its continuous
+"""The sampler interface (hydrappo/sampling.py): transformers' generate and its continuous
 batching behind one `sample`, chosen by generation.sampler and built once by the trainer.
 
 Greedy responses are compared with the model in float64: the two samplers compute the same

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from recorded import both_passes, prompts_of, sample
+from runs import tiny_trainer
 from tiny import FAMILIES, tiny_model, tiny_tokenizer
 
 from hydrappo import HydraModel
@@ -111,13 +112,8 @@ def test_a_response_of_one_token_and_all_rows_at_the_limit(loop):
 
 
 def test_trainer_records_only_where_a_frozen_split_exists(tmp_path):
-    from hydrappo.config import parse_config
-    from hydrappo.train.ppo import PPOTrainer
-
     def trainer(*extra):
-        config = parse_config("examples/tiny/config.yaml", ["--output_dir", str(tmp_path / str(len(extra))),
-                              "--no_progress_bar", *extra])  # fmt: skip
-        return PPOTrainer(config, config_dir="examples/tiny")
+        return tiny_trainer(tmp_path / str(len(extra)), *extra)
 
     assert trainer().records_split
     assert not trainer("--reuse_trunk_pass", "false").records_split
@@ -133,15 +129,10 @@ def test_one_ppo_step_is_the_same_with_and_without_reuse(tmp_path):
     within 16 * 3e-3 * (1e4 * 2**-53 * 10 / 1e-6) ~ 5e-6 and scalars to a relative 1e-6; clip
     fractions exactly unless a ratio lies within ~1e-7 of the clip edge. A real difference (a
     state from the wrong position) moves weights by ~lr per step and scalars by percents."""
-    from hydrappo.config import parse_config
-    from hydrappo.train.ppo import PPOTrainer
-
     results = []
     for reuse in ("true", "false"):
-        config = parse_config("examples/tiny/config.yaml", ["--output_dir", str(tmp_path / reuse), "--no_progress_bar",
-                              "--reuse_trunk_pass", reuse, "--total_steps", "1", "--save_every", "0",
-                              "--dtype", "float64", "--adam_eps", "1e-6"])  # fmt: skip
-        trainer = PPOTrainer(config, config_dir="examples/tiny")
+        trainer = tiny_trainer(tmp_path / reuse, "--reuse_trunk_pass", reuse, "--total_steps", "1", "--save_every", "0",
+                               "--dtype", "float64", "--adam_eps", "1e-6")  # fmt: skip
         stats, samples = trainer.train_step()
         weights = [p.detach().clone() for p in trainer.hydra.trainable_parameters()]
         results.append((stats, samples, weights))
