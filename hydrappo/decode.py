@@ -176,7 +176,8 @@ def decode(
     so its split state is recorded too (a reward branch reads it). `cache`, `cached_split`: a KV
     cache (and its recorded states) over the first prompt columns of every row (rollout's shared
     prefill): the loop starts after them."""
-    model, device = hydra.model, input_ids.device
+    # A plain transformers model samples too (`hydrappo compare` of a model folder); only a hydra records.
+    model, device = (hydra.model if isinstance(hydra, HydraModel) else hydra), input_ids.device
     # Only the last position's logits are needed (models without the argument return them all).
     last_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     rows, width = input_ids.shape

@@ -268,15 +268,16 @@ def _generate_chunk(hydra, tokenizer, chunk, args, config, stop_ids, synced, rec
 def _decode_chunk(hydra, tokenizer, chunk, args, greedy, record_split, share):
     """_generate_chunk's result from hydrappo's decode loop (decode.py). A reward branch reads
     the last token's split state, so the loop then feeds every row's last token once more."""
+    is_hydra = isinstance(hydra, HydraModel)  # or a plain transformers model (`hydrappo compare`)
     input_ids, attention_mask = left_pad(chunk, tokenizer.pad_token_id)
     input_ids, attention_mask = input_ids.to(hydra.device), attention_mask.to(hydra.device)
-    shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share else None
+    shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share and is_hydra else None
     rule = SamplingRule(greedy=greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     stop_ids = [tokenizer.eos_token_id, *args.stop_token_ids]
     decoded = decode(
         hydra, input_ids, attention_mask, max_new_tokens=args.max_new_tokens, rule=rule, stop_ids=stop_ids,
         min_new_tokens=args.min_new_tokens, stop_strings=list(args.stop_strings), tokenizer=tokenizer,
-        record_split=record_split, feed_last=hydra.reward_branch is not None,
+        record_split=record_split, feed_last=is_hydra and hydra.reward_branch is not None,
         cache=shared.cache if shared else None, cached_split=shared.split_hidden if shared else None,
     )  # fmt: skip
     rows, stopped, states = [], [], []
