@@ -213,81 +213,71 @@ def generate_responses(
     `record_split`: keep the frozen bottom's output for every prompt and response token, which
     sampling computes anyway (see record_split_hidden), so the experience pass can skip it.
     `share` (default: args.share_prompt_prefill): identical consecutive prompts are prefilled once.
-    `greedy`: greedy decoding instead of sampling (see generation_config)."""
-    share = args.share_prompt_prefill if share is None else share
-    config = generation_config(args, tokenizer, greedy)
-    config.return_dict_in_generate = True  # the cache it leaves serves record_split_hidden
+    `greedy`: greedy decoding instead of sampling (see generation_config). `hydra` may be a plain
+    transformers model (`hydrappo compare`): it samples, but neither records nor shares."""
+    is_hydra = isinstance(hydra, HydraModel)
+    share = (args.share_prompt_prefill if share is None else share) and is_hydra and not synced
+    sample_chunk = CHUNK_SAMPLERS[loop]
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
     responses, ended, split_rows = [], [], []
     for start in range(0, len(prompts), args.generation_batch_size):
         # One chunk per call: its KV cache and recorded steps are freed before the next chunk starts.
         chunk = prompts[start : start + args.generation_batch_size]
-        if loop == "decode":
-            rows, stopped, states = _decode_chunk(hydra, tokenizer, chunk, args, greedy, record_split, share)
-        else:
-            rows, stopped, states = _generate_chunk(
-                hydra, tokenizer, chunk, args, config, stop_ids, synced, record_split, share and not synced
-            )
-        responses.extend(rows)
-        ended.extend(stopped)
-        split_rows.extend(states)
+        input_ids, attention_mask = (t.to(hydra.device) for t in left_pad(chunk, tokenizer.pad_token_id))
+        # G samples of one prompt sit in consecutive rows: run each distinct prompt once (all
+        # but its last token) and hand the loop the cache, repeated for its rows.
+        shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share else None
+        rows, states = sample_chunk(hydra, tokenizer, input_ids, attention_mask, args, greedy=greedy,
+                                    record_split=record_split, shared=shared, synced=synced)  # fmt: skip
+        for index, row in enumerate(rows):
+            length, stopped = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
+            responses.append(row[:length])
+            ended.append(stopped)
+            if record_split:  # the prompt's states and those of the response tokens fed back
+                split_rows.append(states[index][: len(chunk[index]) + length])
     return Responses(
         prompt_ids=[list(p) for p in prompts], response_ids=responses, ended=ended,
         split_hidden=split_rows if record_split else None,
     )  # fmt: skip
 
 
-def _generate_chunk(hydra, tokenizer, chunk, args, config, stop_ids, synced, record_split, share):
-    """One `generate` call: the chunk's responses trimmed at their first stop, whether each
-    stopped, and (when recording) each row's split hidden states."""
-    input_ids, attention_mask = left_pad(chunk, tokenizer.pad_token_id)
-    input_ids, attention_mask = input_ids.to(hydra.device), attention_mask.to(hydra.device)
+def _generate_chunk(hydra, tokenizer, input_ids, attention_mask, args, *, greedy, record_split, shared, synced):
+    """One `generate` call over a left-padded chunk: each row's generated tokens (padding after
+    its stop included) and, when recording, each row's split hidden states."""
+    config = generation_config(args, tokenizer, greedy)
+    config.return_dict_in_generate = True  # the cache it leaves serves record_split_hidden
     criteria = StoppingCriteriaList()
     if args.stop_strings:
         criteria.append(StopOnStrings(args.stop_strings, tokenizer, input_ids.shape[1]))
-    # G samples of one prompt sit in consecutive rows: run each distinct prompt once (all
-    # but its last token) and hand generate the cache, repeated for its rows.
-    shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share else None
     with hydra.recording_split() if record_split else nullcontext() as steps:
         out = hydra.generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
             stopping_criteria=criteria, synced_gpus=synced, **cache_argument(hydra.model, shared.cache if shared else None),
         )  # fmt: skip
-    rows, stopped = [], []
-    for row in out.sequences[:, input_ids.shape[1] :].tolist():
-        length, ended = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
-        rows.append(row[:length])
-        stopped.append(ended)
+    rows = out.sequences[:, input_ids.shape[1] :].tolist()
     if not record_split:
-        return rows, stopped, []
+        return rows, None
     if shared:
         steps.insert(0, shared.split_hidden)
-    return rows, stopped, record_split_hidden(hydra, steps, out, attention_mask, [len(p) for p in chunk], rows)
+    prompt_lengths = attention_mask.sum(-1).tolist()
+    return rows, record_split_hidden(hydra, steps, out, attention_mask, prompt_lengths, rows)
 
 
-def _decode_chunk(hydra, tokenizer, chunk, args, greedy, record_split, share):
-    """_generate_chunk's result from hydrappo's decode loop (decode.py). A reward branch reads
-    the last token's split state, so the loop then feeds every row's last token once more."""
-    is_hydra = isinstance(hydra, HydraModel)  # or a plain transformers model (`hydrappo compare`)
-    input_ids, attention_mask = left_pad(chunk, tokenizer.pad_token_id)
-    input_ids, attention_mask = input_ids.to(hydra.device), attention_mask.to(hydra.device)
-    shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share and is_hydra else None
+def _decode_chunk(hydra, tokenizer, input_ids, attention_mask, args, *, greedy, record_split, shared, synced):
+    """_generate_chunk's result from hydrappo's decode loop (decode.py; never synced). A reward
+    branch reads the last token's split state, so the loop then feeds every row's last token once more."""
     rule = SamplingRule(greedy=greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    stop_ids = [tokenizer.eos_token_id, *args.stop_token_ids]
     decoded = decode(
-        hydra, input_ids, attention_mask, max_new_tokens=args.max_new_tokens, rule=rule, stop_ids=stop_ids,
-        min_new_tokens=args.min_new_tokens, stop_strings=list(args.stop_strings), tokenizer=tokenizer,
-        record_split=record_split, feed_last=is_hydra and hydra.reward_branch is not None,
+        hydra, input_ids, attention_mask, max_new_tokens=args.max_new_tokens, rule=rule,
+        stop_ids=[tokenizer.eos_token_id, *args.stop_token_ids], min_new_tokens=args.min_new_tokens,
+        stop_strings=list(args.stop_strings), tokenizer=tokenizer, record_split=record_split,
+        feed_last=getattr(hydra, "reward_branch", None) is not None,
         cache=shared.cache if shared else None, cached_split=shared.split_hidden if shared else None,
     )  # fmt: skip
-    rows, stopped, states = [], [], []
-    for index, tokens in enumerate(decoded.tokens):
-        length, ended = first_stop(tokens, set(stop_ids), list(args.stop_strings), tokenizer)
-        rows.append(tokens[:length])
-        stopped.append(ended)
-        if record_split:  # the prompt's states and those of the response tokens fed back
-            states.append(decoded.split_hidden[index][: len(chunk[index]) + length])
-    return rows, stopped, states
+    return decoded.tokens, decoded.split_hidden
+
+
+CHUNK_SAMPLERS = {"generate": _generate_chunk, "decode": _decode_chunk}
 
 
 @dataclass
