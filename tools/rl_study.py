@@ -117,16 +117,17 @@ def distinct_n(token_rows: list[list[int]], n: int = 2) -> float:
 
 @torch.no_grad()
 def heldout(run_dir: Path | None, prompts: Path, reward_fn: str, *, base_config: Path | None = None, limit: int | None = None,
-            seed: int = 1234, samples: int = 4) -> dict:  # fmt: skip
+            seed: int = 1234, samples: int = 4, base_options: list[str] | None = None) -> dict:  # fmt: skip
     """Measure the latest checkpoint of `run_dir` (or, with run_dir None, the base model of
-    `base_config`) on held-out prompts; see the module docstring."""
+    `base_config` with the command-line options `base_options`, e.g. a reward branch's path that
+    the config file names elsewhere) on held-out prompts; see the module docstring."""
     if run_dir is not None:
         checkpoint = find_checkpoint(run_dir)
         config = load_checkpoint_config(checkpoint, Config)
     else:
         from hydrappo.config import parse_config
 
-        checkpoint, config = None, parse_config(base_config, [])
+        checkpoint, config = None, parse_config(base_config, list(base_options or []))
     seed_everything(config.train.seed)
     hydra, tokenizer = build_hydra(config.model, config.lora, value_head=config.ppo.uses_critic)
     if checkpoint is not None:
@@ -234,7 +235,10 @@ def frontier_main(defaults: dict, doc: str, argv=None) -> int:
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
-    base = heldout(None, Path(args.eval_prompts), args.reward_fn, base_config=Path(args.config), limit=args.limit)
+    # The base model is the config's with the options given for every run (--extra), so a path they
+    # override (a reward branch's) is checked where the runs will find it.
+    base = heldout(None, Path(args.eval_prompts), args.reward_fn, base_config=Path(args.config), limit=args.limit,
+                   base_options=args.extra)  # fmt: skip
     base.update(name="base", value=0.0)
     points = []
     for value in args.values:

@@ -19,6 +19,14 @@ CURVES = [  # (metrics key, label, transform)
     ("eval/missing_eos_frac", "held-out: ends with EOS", lambda v: 1.0 - v),
     ("eval/degenerate_frac", "held-out: looping tail", lambda v: v),
 ]
+# The format and EOS shares often coincide (an answer in the format's shape ends), so each curve has
+# its own line style and marker: a line drawn over another stays visible.
+STYLES = {
+    "held-out accuracy": dict(marker="o", linestyle="-", linewidth=2),
+    "held-out: one line ending in the number": dict(marker="s", linestyle="--", markersize=9, fillstyle="none"),
+    "held-out: ends with EOS": dict(marker="x", linestyle=":", markersize=7, linewidth=2),
+    "held-out: looping tail": dict(marker="v", linestyle="-."),
+}
 
 
 def curves(metrics: Path) -> tuple[dict[str, list[tuple[int, float]]], list[tuple[int, float]]]:
@@ -43,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     figure, axes = plt.subplots(figsize=(7, 4))
     for label, points in held_out.items():
         if points:
-            axes.plot(*zip(*points), marker="o", label=label)
+            axes.plot(*zip(*points), label=label, **STYLES[label])
     if train:
         axes.plot(*zip(*train), color="grey", alpha=0.4, linewidth=1, label="training batches' accuracy")
     axes.set(xlabel="step", ylabel="share of answers", ylim=(-0.02, 1.02), title="arithmetic (GRPO), held-out questions")

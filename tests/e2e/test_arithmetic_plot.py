@@ -28,3 +28,12 @@ def test_curves_and_png(tmp_path):
     assert train == [(1, 0.25), (2, 0.5)]
     assert plot_eval.main([str(tmp_path)]) == 0
     assert (tmp_path / "eval_curve.png").stat().st_size > 1000
+
+
+def test_every_curve_has_its_own_line_style_and_marker():
+    # The format and EOS shares coincide once every answer is one line that ends: with one style for
+    # both, the later line hides the earlier one.
+    labels = [label for _, label, _ in plot_eval.CURVES]
+    assert set(plot_eval.STYLES) == set(labels)
+    assert len({plot_eval.STYLES[label]["linestyle"] for label in labels}) == len(labels)
+    assert len({plot_eval.STYLES[label]["marker"] for label in labels}) == len(labels)

@@ -56,3 +56,28 @@ def test_arithmetic_rewards():
     completions = ["3 + 4 = 7", "3 + 4 = 7\n👉", "3 + 4 = 8", "The sum is 7 (3 + 4)."]
     assert accuracy(completions, answer=["7"] * 4) == [1.0, 1.0, 0.0, 0.0]  # the LAST integer counts
     assert format_reward(completions) == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_frontier_measures_the_base_with_the_runs_extra_options(tmp_path, monkeypatch):
+    # --extra options (e.g. --reward_branch_path, when the config's own path is not there) go to the
+    # base model's config too: parsing the config alone would refuse the missing path.
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_heldout(run_dir, prompts, reward_fn, **kwargs):
+        seen.update(run_dir=run_dir, **kwargs)
+        raise Stop
+
+    monkeypatch.setattr(rl_study, "heldout", fake_heldout)
+    args = ["--output_dir", str(tmp_path), "--extra", "--max_new_tokens", "3"]
+    with pytest.raises(Stop):
+        rl_study.frontier_main(DEFAULTS, "frontier", args)
+    assert seen["run_dir"] is None and seen["base_options"] == ["--max_new_tokens", "3"]
+
+
+def test_heldout_base_model_takes_options():
+    base = rl_study.heldout(None, TINY / "prompts.jsonl", f"{TINY / 'reward.py'}:reward_fn", base_config=TINY / "config.yaml",
+                            limit=4, base_options=["--max_new_tokens", "3"])  # fmt: skip
+    assert base["kl"] == 0.0 and 0 < base["response_tokens_mean"] <= 3  # the option reached the generation
