@@ -301,11 +301,9 @@ def export_command(argv: list[str]) -> int:
         if getattr(args, option, None) and is_hub_id(getattr(args, option)):
             hub_snapshot(getattr(args, option), option="--" + option.replace("_", "-"))
     if command == "checkpoint":
-        from .storage.checkpoint import find_checkpoint
-        from .storage.export import export_checkpoint, parse_shard_size
-
         from .config import is_device_name
-        from .storage.export import ExportError
+        from .storage.checkpoint import find_checkpoint
+        from .storage.export import ExportError, export_checkpoint, parse_shard_size
 
         checkpoint = find_checkpoint(args.checkpoint, for_resume=False)  # a damaged one is refused here
         parse_shard_size(args.max_shard_size)
@@ -358,9 +356,9 @@ def export_command(argv: list[str]) -> int:
 def memory_command(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     prog = "hydrappo memory"
+    from .model.quantize import TRUNK_QUANTIZATIONS
     from .planner import plan as planner
     from .planner.presets import PRESETS
-    from .model.quantize import TRUNK_QUANTIZATIONS
     from .planner.settings import DTYPES, OPTIMIZERS, TrainingSettings
 
     d = TrainingSettings()

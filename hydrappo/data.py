@@ -430,7 +430,7 @@ class PreferencePairs:
     def __len__(self) -> int:
         return len(self.chosen_ids)
 
-    def subset(self, index: list[int]) -> "PreferencePairs":
+    def subset(self, index: list[int]) -> PreferencePairs:
         pick = lambda values: [values[i] for i in index]  # noqa: E731
         return PreferencePairs(
             pick(self.prompts), pick(self.prompt_ids), pick(self.chosen_ids), pick(self.rejected_ids),

@@ -26,9 +26,10 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

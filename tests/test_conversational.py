@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from hydrappo import PPOTrainer
 from hydrappo.data import DataError, load_prompt_table, tokenize_prompts
 from hydrappo.rewards import FunctionReward
+
 from runs import TINY
 
 PROMPTS = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]

@@ -14,6 +14,7 @@ from hydrappo.data import (
     load_prompt_texts,
     tokenize_prompts,
 )
+
 from tiny import tiny_tokenizer
 
 PROMPTS = ["w1 w2 w3", "w4, with a comma", 'w5 "quoted"']

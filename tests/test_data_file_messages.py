@@ -12,6 +12,7 @@ import torch
 
 from hydrappo.config import ModelConfig
 from hydrappo.data import DataError, read_table
+
 from runs import TINY
 
 

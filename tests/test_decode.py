@@ -20,13 +20,13 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from recorded import prompts_of
-from tiny import FAMILIES, VOCAB, first_family_quick, tiny_model, tiny_tokenizer
-
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
 from hydrappo.decode import PreallocatedLayer, SamplingRule, filtered_logits, sample_from_probs, with_room
 from hydrappo.rollout import generate_responses
+
+from recorded import prompts_of
+from tiny import FAMILIES, VOCAB, first_family_quick, tiny_model, tiny_tokenizer
 
 # States of the two loops: the same float64 computation up to the order of a few sums (see
 # tests/test_rollout_split.py for the bound); measured <= 5e-15.

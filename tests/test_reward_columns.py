@@ -12,6 +12,7 @@ import torch
 from hydrappo.cli import main
 from hydrappo.config import RewardArgs
 from hydrappo.rewards import FunctionReward, RewardError, RewardFunctionError, build_reward_source
+
 from processes import check_ok, launch
 from runs import ROOT, TINY
 

@@ -10,6 +10,7 @@ import pytest
 
 from hydrappo import usercode
 from hydrappo.cli import main
+
 from runs import ROOT, TINY
 
 FAST = ["--total_steps", "1", "--batch_size", "4", "--mini_batch_size", "4", "--ppo_epochs", "1", "--max_new_tokens", "4",

@@ -8,6 +8,7 @@ from transformers import AutoModelForSequenceClassification
 from hydrappo.config import RewardArgs
 from hydrappo.config.reward_sources import SOURCE_KINDS
 from hydrappo.rewards import SOURCE_CLASSES, ClassifierReward, FunctionReward, RewardError, build_reward_source
+
 from tiny import FLOAT64_ATOL, tiny_config, tiny_model, tiny_tokenizer
 
 PROMPTS = ["w1 w2", "w3", "w4 w5 w6"]

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hydrappo import HydraModel
+from hydrappo.model.split import last_token_index
+
 from recorded import both_passes, prompts_of, sample
 from runs import tiny_trainer
 from tiny import FAMILIES, tiny_model, tiny_tokenizer
-
-from hydrappo import HydraModel
-from hydrappo.model.split import last_token_index
 
 # The models run in float64: the two passes differ only in the order of their sums (attention
 # over a KV cache vs the whole sequence at once). An output is a chain of <= 8 sums (4 layers of
@@ -176,8 +176,8 @@ def test_groups_share_one_prefill(family):
 
 
 def test_shared_prefill_runs_each_distinct_prompt_once():
-    from hydrappo.rollout import shared_prefill
     from hydrappo.data import left_pad
+    from hydrappo.rollout import shared_prefill
 
     hydra = HydraModel(tiny64("llama"), 2)
     chunk = [[5, 6, 7], [5, 6, 7], [8, 9], [8, 9], [8, 9], [5, 6, 7]]

@@ -9,6 +9,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from hydrappo.rollout import first_stop
+
 from tiny import tiny_tokenizer
 
 

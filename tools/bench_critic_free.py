@@ -110,14 +110,14 @@ def main(argv=None) -> int:
             for phase, method in (("generate", "generate"), ("evaluate", "evaluate"), ("update", "ppo_update")):
                 real = getattr(type(trainer), method)
 
-                def timed(*a, _real=real, _phase=phase, _trainer=trainer, **k):
+                def timed(*a, _real=real, _phase=phase, _trainer=trainer, _clock=clock, **k):
                     import time
 
                     start = time.perf_counter()
                     try:
                         return _real(_trainer, *a, **k)
                     finally:
-                        clock[_phase] = time.perf_counter() - start
+                        _clock[_phase] = time.perf_counter() - start
 
                 setattr(trainer, method, timed)
             resident = _current_peak() if _reset_peak() else None

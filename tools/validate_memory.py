@@ -34,7 +34,6 @@ from hydrappo.planner.presets import preset_config
 from hydrappo.planner.settings import TrainingSettings
 from hydrappo.train.ppo import PPOTrainer
 
-
 VALIDATION_MODELS = {
     # SmolLM2-135M's shape (preset), and a ~400M Llama.
     "smollm2-135m": None,

@@ -122,7 +122,7 @@ def main(argv=None) -> int:
         with open(out / "levers.jsonl", "a") as handle:
             handle.write(json.dumps(result) + "\n")
         del trainer
-    print("| variant | options | pairs | held-out acc (all) | held-out acc (gap >= %.1f) | train acc | CPU-min |" % args.gap)
+    print(f"| variant | options | pairs | held-out acc (all) | held-out acc (gap >= {args.gap:.1f}) | train acc | CPU-min |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(f"| {r['variant']} | `{r['options']}` | {r['pairs']} | {r['held_out_acc']:.3f} ({r['held_out_pairs']}) | "

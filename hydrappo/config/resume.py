@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 _WEIGHTS = "it decides which weights the checkpoint holds"
 
 # "section.option" -> why it may not change on resume

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
 VALUE_HEAD_INITS = ("random", "reward_head")
 
 
@@ -36,7 +35,7 @@ class ValueHead(nn.Module):
         return self.mlp(hidden.to(self.mlp[0].weight.dtype)).squeeze(-1)
 
     @torch.no_grad()
-    def init_from_reward_head(self, head: "RewardHead") -> None:
+    def init_from_reward_head(self, head: RewardHead) -> None:
         """Make V(h) = w.h + b exactly, with w, b the reward head's Linear(h, 1).
 
         What is copied: the first layer becomes [I; -I] with zero bias, so its 2h outputs

@@ -102,7 +102,7 @@ def count_parameters(config) -> ParameterCounts:
     lm_head = 0 if tied else _numel(head)
     total = _numel(model)
     text = model.config.get_text_config()
-    heads = getattr(text, "num_attention_heads")
+    heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or arch.hidden_size // heads
     intermediate = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * arch.hidden_size

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ..model import HydraModel, RewardBranch
 from ..errors import UsageError
+from ..model import HydraModel, RewardBranch
 from .atomic import is_nonempty_dir, write_directory
 from .checkpoint import (
     CONFIG_NAME,

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..config import ConfigError
 from ..config.parse import parse_config
 
+
 def config_of(config_cls, args) -> object:
     """A `config_cls` from `args`: an instance (copied), a YAML file path, a mapping in the YAML
     file's shape ({section: {option: value}}) or None (the defaults)."""

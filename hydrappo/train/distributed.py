@@ -97,7 +97,7 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ start
     @classmethod
-    def from_environment(cls, device_option: str, timeout_s: float) -> tuple["ProcessGroup", torch.device]:
+    def from_environment(cls, device_option: str, timeout_s: float) -> tuple[ProcessGroup, torch.device]:
         """The group a launcher described in the environment (started here, or reused when this
         process already has one), and this process's device."""
         import torch.distributed as dist

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import HydrappoError
 
@@ -64,7 +64,7 @@ class StopOnSignal:
         self.requested: int | None = None
         self.previous: dict = {}
 
-    def install(self) -> "StopOnSignal":
+    def install(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             self.previous = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
         return self
@@ -74,7 +74,7 @@ class StopOnSignal:
             signal.signal(signum, handler)
         self.previous = {}
 
-    def abandoned(self, error: "StopNow") -> TrainingInterrupted:
+    def abandoned(self, error: StopNow) -> TrainingInterrupted:
         """The error to raise for a second signal (StopNow) that stopped the step in progress."""
         last = self.last_checkpoint()
         return TrainingInterrupted(

@@ -1,9 +1,10 @@
 import pytest
 
-from hydrappo.config import parse_config
 from hydrappo.cli import main as cli_main
+from hydrappo.config import parse_config
 from hydrappo.storage.export import export_checkpoint
 from hydrappo.train.ppo import PPOTrainer
+
 from runs import TINY
 
 

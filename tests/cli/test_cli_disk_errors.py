@@ -22,6 +22,7 @@ from hydrappo.cli import main
 from hydrappo.errors import WriteError, describe_os_error
 from hydrappo.storage import checkpoint as checkpoint_module
 from hydrappo.storage.checkpoint import checkpoint_dirs, checkpoint_problems, save_checkpoint
+
 from runs import TINY
 
 CONFIG = str(TINY / "config.yaml")

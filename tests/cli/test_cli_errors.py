@@ -20,8 +20,9 @@ from safetensors.torch import load_file
 
 from hydrappo.cli import main
 from hydrappo.storage.atomic import host_name
-from hydrappo.storage.rundir import LOCK_NAME
 from hydrappo.storage.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, checkpoint_dirs
+from hydrappo.storage.rundir import LOCK_NAME
+
 from runs import TINY
 
 CONFIG = str(TINY / "config.yaml")
@@ -227,10 +228,10 @@ def test_train_option_errors_name_the_option_before_anything_loads(ws, overrides
 def test_a_batch_the_launched_processes_cannot_share_is_refused_before_anything_loads(ws, capsys, caplog, tmp_path,
                                                                                        monkeypatch):  # fmt: skip
     monkeypatch.setenv("WORLD_SIZE", "3")  # as torchrun sets it; process 0 of 3
-    err = cli(["train", CONFIG, "--output_dir", tmp_path / "out", "--batch_size", "8", "--mini_batch_size", "4"], 2,
-              "hydrappo train (process 0 of 3)", "2 problems in the config", "ppo.batch_size=8",
-              "3 processes of this launch (WORLD_SIZE) cannot share", "ppo.mini_batch_size=4", "multiple of 3",
-              capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(["train", CONFIG, "--output_dir", tmp_path / "out", "--batch_size", "8", "--mini_batch_size", "4"], 2,
+          "hydrappo train (process 0 of 3)", "2 problems in the config", "ppo.batch_size=8",
+          "3 processes of this launch (WORLD_SIZE) cannot share", "ppo.mini_batch_size=4", "multiple of 3",
+          capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
     assert not (tmp_path / "out").exists()
 
 

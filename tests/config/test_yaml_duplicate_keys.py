@@ -6,6 +6,7 @@ import yaml
 
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.config.parse import load_yaml
+
 from runs import TINY
 
 

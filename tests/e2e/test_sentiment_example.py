@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hydrappo.storage.checkpoint import checkpoint_dirs
 from hydrappo.config import parse_config
+from hydrappo.storage.checkpoint import checkpoint_dirs
 from hydrappo.train.ppo import PPOTrainer
 
 SENTIMENT = Path(__file__).resolve().parents[2] / "examples" / "sentiment"

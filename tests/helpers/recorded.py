@@ -7,6 +7,7 @@ import torch
 
 from hydrappo.config import GenerationArgs
 from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences, pack_split_hidden
+
 from tiny import VOCAB
 
 

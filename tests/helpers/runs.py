@@ -8,9 +8,8 @@ import json
 import random
 from pathlib import Path
 
-import yaml
-
 import torch
+import yaml
 
 from hydrappo.config import RewardConfig, parse_config
 

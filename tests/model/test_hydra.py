@@ -5,6 +5,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hydrappo import HydraModel
 from hydrappo.model.arch import UnsupportedModelError
 from hydrappo.model.hydra import last_token_index
+
 from tiny import FAMILIES, FLOAT64_ATOL, LAYERS, VOCAB, first_family_quick, left_padded_batch, tiny64, tiny_model
 
 # Longer than the sliding windows of the tiny Mistral/Qwen2 configs (8), so that

@@ -8,7 +8,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from hydrappo import HydraModel
 from hydrappo.errors import UsageError
-from tiny import FLOAT64_ATOL, left_padded_batch, tiny64, tiny_model
+
+from tiny import FLOAT64_ATOL, left_padded_batch, tiny64
 
 ROWS = [list(range(5, 19)), [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
 ROOT = Path(__file__).resolve().parents[2]

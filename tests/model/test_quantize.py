@@ -23,6 +23,7 @@ from hydrappo.planner.settings import TrainingSettings
 from hydrappo.storage.export import export_checkpoint
 from hydrappo.storage.reward_branch import base_model_identity
 from hydrappo.train.sft import SFTTrainer
+
 from runs import TINY, tiny_trainer, write_sft_config
 from tiny import tiny_model
 
@@ -221,6 +222,7 @@ def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unqua
     from hydrappo.storage.models import build_hydra
     from hydrappo.storage.reward_branch import load_reward_branch
     from hydrappo.train.reward import RewardTrainer
+
     from runs import reward_config
 
     config = reward_config(tmp_path, epochs=1, optimizer="adamw8bit")

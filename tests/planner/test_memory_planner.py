@@ -11,6 +11,7 @@ from hydrappo.cli import main as cli_main
 from hydrappo.planner import GIB, TrainingSettings, count_parameters, load_model_config, plan_memory, unique_bytes
 from hydrappo.planner.activations import trace_activations
 from hydrappo.planner.presets import PRESETS, PUBLISHED_PARAMETERS, preset_config
+
 from tiny import tiny_config, tiny_model
 
 

@@ -17,6 +17,7 @@ from hydrappo.cli import main
 from hydrappo.config import ModelConfig
 from hydrappo.rewards import ClassifierReward
 from hydrappo.storage.models import ModelLoadError, load_model_and_tokenizer, resolve_model_source
+
 from runs import TINY
 
 HUB_ID = "tiny-org/tiny-llama"
@@ -290,8 +291,8 @@ def test_the_sft_and_reward_stages_from_a_hub_id(hub_cache, no_network, tmp_path
     else:  # the branch starts from v2's top layers and records the trunk it sits on
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         assert state["base_model"]["name_or_path"] == HUB_ID
-        from hydrappo.storage.reward_branch import trunk_fingerprint
         from hydrappo.model import HydraModel
+        from hydrappo.storage.reward_branch import trunk_fingerprint
 
         hydra = HydraModel(base, num_layers_unfrozen=2)
         assert state["base_model"]["trunk_fingerprint"] == trunk_fingerprint(hydra)  # the same weights, summed alike

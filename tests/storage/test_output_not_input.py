@@ -18,6 +18,7 @@ from hydrappo.storage.rundir import (
     refuse_own_inputs,
     release_output_dir,
 )
+
 from runs import ROOT, TINY
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}

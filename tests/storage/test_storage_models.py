@@ -9,8 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only, before transfo
 import pytest
 import torch
 
-from hydrappo.storage import models
 from hydrappo.config import ConfigError, ModelConfig
+from hydrappo.storage import models
 from hydrappo.storage.models import (
     ModelLoadError,
     cached_gguf_conversion,
@@ -19,6 +19,7 @@ from hydrappo.storage.models import (
     resolve_dtype,
     resolve_model_source,
 )
+
 from tiny import tiny_config, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distributed_worker import HELDOUT, VARIANTS, heldout_run, ppo_variants
 from hydrappo.algo.losses import aggregate, aggregation_weights
 from hydrappo.algo.masked import explained_variance, explained_variance_of_parts, explained_variance_parts
 from hydrappo.config import RewardConfig, SFTConfig, parse_config
@@ -21,7 +20,9 @@ from hydrappo.train.distributed import ProcessGroup
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
+
 from bounds import ADAM_EPS, EXACT, SCALAR_NOISE, assert_close_weights
+from distributed_worker import HELDOUT, VARIANTS, heldout_run, ppo_variants
 from processes import check_ok, describe, launch
 from runs import TINY, reward_config, write_sft_config
 

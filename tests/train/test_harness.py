@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from hydrappo.config import parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME
 from hydrappo.train.ppo import PPOTrainer
+
 from runs import TINY
 
 LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"

@@ -10,6 +10,7 @@ import torch
 
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.train.heldout import evaluation_due, held_out_statistics
+
 from runs import TINY, tiny_trainer
 
 TINY_PROMPTS = TINY / "prompts.jsonl"

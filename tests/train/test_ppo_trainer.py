@@ -6,12 +6,12 @@ import torch
 from safetensors.torch import load_file
 
 from hydrappo import HydraModel
-from hydrappo.storage.checkpoint import WEIGHTS_NAME, checkpoint_dirs
 from hydrappo.cli import main as cli_main
-from hydrappo.config import ConfigError, parse_config
-from hydrappo.config import GenerationArgs
+from hydrappo.config import ConfigError, GenerationArgs, parse_config
 from hydrappo.rollout import generate_responses, pack_sequences
+from hydrappo.storage.checkpoint import WEIGHTS_NAME, checkpoint_dirs
 from hydrappo.train.harness import TrainingError
+
 from bounds import EXACT, assert_close_weights
 from runs import TINY, tiny_trainer
 from tiny import tiny_model, tiny_tokenizer

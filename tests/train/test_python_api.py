@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from hydrappo import Config, PPOTrainer, RewardTrainer, SFTTrainer
 from hydrappo.config import ConfigError
 from hydrappo.errors import UsageError
+
 from runs import TINY, write_pairs
 
 ROWS = [json.loads(line) for line in (TINY / "prompts.jsonl").read_text().splitlines()]

@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-from runs import tiny_trainer
 
 from hydrappo.config import Config
 from hydrappo.config.resume import resume_differences
 from hydrappo.storage.checkpoint import CheckpointError
+
+from runs import tiny_trainer
 
 FAST = ["--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--save_every", "1"]
 

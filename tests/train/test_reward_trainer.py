@@ -10,18 +10,20 @@ import yaml
 from safetensors.torch import load_file
 
 from hydrappo import HydraModel
-from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError
-from hydrappo.cli import main as cli_main
-from hydrappo.config import RewardConfig, parse_config
 from hydrappo.algo.losses import preference_loss
 from hydrappo.algo.scores import score_statistics
+from hydrappo.cli import main as cli_main
+from hydrappo.config import RewardConfig, parse_config
 from hydrappo.data import split_by_prompt
-from hydrappo.storage.reward_branch import load_reward_branch
-from hydrappo.train.reward import RewardTrainer
 from hydrappo.rollout import pack_sequences
+from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError
+from hydrappo.storage.reward_branch import load_reward_branch
 from hydrappo.train.ppo import PPOTrainer
+from hydrappo.train.reward import RewardTrainer
+
 from runs import TINY, reward_config, write_pairs
 from tiny import FLOAT64_ATOL
+
 
 # The trained branch is compared with fresh hydras, padded batches with single rows: in float64,
 # within FLOAT64_ATOL (tests/helpers/tiny.py says why); the trunks it goes on are float64 too.
@@ -99,8 +101,8 @@ def test_saved_branch_scores_like_the_trainer_in_a_fresh_hydra(trained):
     expected = trainer.score(prompts, responses)
 
     # A fresh trunk built the way PPO builds it (same seed, random init), other PPO options.
-    from hydrappo.storage.models import load_model_and_tokenizer
     from hydrappo.config import ModelConfig
+    from hydrappo.storage.models import load_model_and_tokenizer
 
     torch.manual_seed(0)
     model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
@@ -126,6 +128,7 @@ def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
     tmp, trainer, _ = trained
     from hydrappo.config import ModelConfig
     from hydrappo.storage.models import load_model_and_tokenizer
+
     from tiny import tiny_model
 
     def tiny_example_trunk(seed=0):
@@ -229,8 +232,8 @@ def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_
     prompts, responses = pairs.prompt_ids[:6] * 2, pairs.chosen_ids[:6] + pairs.rejected_ids[:6]
     expected = trainer.score(prompts, responses)
 
-    from hydrappo.storage.models import load_model_and_tokenizer
     from hydrappo.config import ModelConfig
+    from hydrappo.storage.models import load_model_and_tokenizer
 
     torch.manual_seed(0)
     model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
@@ -281,8 +284,8 @@ def test_checkpoints_without_pooling_mean_last(trained, tmp_path):
     (old / "trainer_state.json").write_text(json.dumps(state))
     (old / "manifest.json").unlink()  # written before manifests and the option (as tests/fixtures/legacy)
     torch.manual_seed(0)
-    from hydrappo.storage.models import load_model_and_tokenizer
     from hydrappo.config import ModelConfig
+    from hydrappo.storage.models import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
     assert load_reward_branch(HydraModel(model, 2), old).pooling == "last"

@@ -10,13 +10,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from hydrappo.algo.losses import response_nll
 from hydrappo.cli import main as cli_main
 from hydrappo.config import ConfigError, ModelConfig, SFTConfig, parse_config
-from hydrappo.storage.models import load_model_and_tokenizer
-from hydrappo.algo.losses import response_nll
 from hydrappo.storage.export import save_model_dir
-from hydrappo.train.sft import SFTTrainer
+from hydrappo.storage.models import load_model_and_tokenizer
 from hydrappo.train.ppo import PPOTrainer
+from hydrappo.train.sft import SFTTrainer
+
 from runs import TINY, write_sft_config
 from tiny import FLOAT64_ATOL
 
