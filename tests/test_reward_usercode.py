@@ -2,6 +2,7 @@
 naming the function and the step, not a quiet exit 0; a thread it leaves running does not keep
 the process alive once training ends (hydrappo/usercode.py)."""
 
+import signal
 import subprocess
 import sys
 import threading
@@ -93,15 +94,18 @@ def test_exit_argparse_or_interrupt_at_import_is_an_error_of_the_reward_module(t
     assert not list((tmp_path / "out").glob("*checkpoint*"))
 
 
-def test_a_real_ctrl_c_while_the_reward_module_imports_stays_a_ctrl_c(tmp_path):
-    # In a process of its own: what a Ctrl-C does depends on the process's SIGINT handler and
-    # signal mask, which earlier tests in pytest's process could have left otherwise (the
-    # in-process version failed once in a full run, the module's import finishing uninterrupted).
-    argv = train(tmp_path, "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
-    done = subprocess.run([sys.executable, "-m", "hydrappo", *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 130, done.stderr
-    assert "interrupted (Ctrl-C)" in done.stderr, done.stderr
-    assert "KeyboardInterrupt while it was imported" not in done.stderr  # not blamed on the module
+def test_a_real_ctrl_c_while_the_reward_module_imports_stays_a_ctrl_c(tmp_path, capsys):
+    # Python's own SIGINT handler, as in a terminal: a shell starts a background job (`cmd &`)
+    # with SIGINT ignored, and Python then installs no handler, so Ctrl-C cannot reach the run.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        argv = train(tmp_path, "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+        assert main(argv) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert "interrupted (Ctrl-C)" in err, err
+    assert "KeyboardInterrupt while it was imported" not in err  # not blamed on the module
 
 
 @pytest.mark.parametrize("spec", ["file", "module"])
