@@ -25,7 +25,7 @@ from hydrappo.config import GenerationArgs
 from hydrappo.decode import PreallocatedLayer, SamplingRule, filtered_logits, sample_from_probs, with_room
 from hydrappo.rollout import generate_responses
 
-from recorded import prompts_of
+from recorded import float64_hydra, prompts_of, stop_string_case
 from tiny import FAMILIES, VOCAB, first_family_quick, tiny_model, tiny_tokenizer
 
 # States of the two loops: the same float64 computation up to the order of a few sums (see
@@ -34,10 +34,7 @@ STATE_ATOL = 1e-10
 
 
 def hydra64(family="llama", seed=0):
-    hydra = HydraModel(tiny_model(family, seed=seed, initializer_range=0.2).double(), num_layers_unfrozen=2)
-    with torch.no_grad():  # EOS likely enough that rows end at different steps
-        hydra.model.lm_head.weight[tiny_tokenizer().eos_token_id] *= 2
-    return hydra
+    return float64_hydra(family, seed, num_layers_unfrozen=2, eos_boost=2)  # rows end at different steps
 
 
 def test_inverse_cdf_sampling_by_hand():
@@ -88,10 +85,7 @@ def test_greedy_tokens_and_recorded_states_are_generates(family):
 def test_stop_strings_end_rows_as_generate_does():
     tokenizer = tiny_tokenizer()
     hydra = hydra64(seed=1)
-    with torch.no_grad():
-        hydra.model.lm_head.weight[tokenizer.convert_tokens_to_ids("w50")] *= 4
-    prompts = prompts_of([3, 5, 4, 6, 2, 7], seed=3)
-    args = GenerationArgs(max_new_tokens=8, stop_strings=["w50"], generation_batch_size=6)
+    prompts, args = stop_string_case(hydra, tokenizer)
     plain = generate_responses(hydra, tokenizer, prompts, args, greedy=True, loop="generate")
     own = generate_responses(hydra, tokenizer, prompts, args, greedy=True, loop="decode")
     assert any(row[-1] == tokenizer.convert_tokens_to_ids("w50") for row in plain.response_ids)

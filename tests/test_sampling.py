@@ -23,26 +23,14 @@ from hydrappo.sampling import (
     resolve_sampler,
 )
 
+from recorded import float64_hydra, prompts_of, stop_string_case
 from runs import TINY, tiny_trainer
 from tiny import VOCAB, tiny_model, tiny_tokenizer
 
 
-def float64_hydra(seed=0):
-    model = tiny_model("llama", seed=seed, initializer_range=0.2).to(torch.float64)
-    return HydraModel(model, num_layers_unfrozen=1)
-
-
-def prompts_of(lengths, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
-
-
 def test_both_samplers_give_the_same_greedy_responses():
     tokenizer = tiny_tokenizer()
-    hydra = float64_hydra()
-    eos = tokenizer.eos_token_id
-    with torch.no_grad():  # EOS likely enough that some rows end early, others run to the limit
-        hydra.model.lm_head.weight[eos] *= 2
+    hydra = float64_hydra(eos_boost=2)  # some rows end early, others run to the limit
     prompts = prompts_of([3, 7, 5, 9, 4, 6, 8, 2])
     args = GenerationArgs(max_new_tokens=10, generation_batch_size=3, stop_token_ids=[11])
     plain = GenerateSampler(hydra, tokenizer).sample(prompts, args, greedy=True)
@@ -67,11 +55,7 @@ def test_both_samplers_give_the_same_greedy_responses():
 def test_continuous_batching_trims_at_stop_strings_as_generate_does():
     tokenizer = tiny_tokenizer()
     hydra = float64_hydra(seed=1)
-    stop_word = tokenizer.convert_tokens_to_ids("w50")
-    with torch.no_grad():
-        hydra.model.lm_head.weight[stop_word] *= 4
-    prompts = prompts_of([3, 5, 4, 6, 2, 7], seed=3)
-    args = GenerationArgs(max_new_tokens=8, stop_strings=["w50"], generation_batch_size=6)
+    prompts, args = stop_string_case(hydra, tokenizer)
     plain = GenerateSampler(hydra, tokenizer).sample(prompts, args, greedy=True)
     paged = ContinuousBatchingSampler(hydra, tokenizer).sample(prompts, args, greedy=True)
     assert any(plain.ended) and not all(plain.ended)

@@ -22,6 +22,7 @@ from hydrappo.model.lora import merged_model
 from hydrappo.sampling import GenerateSampler, Sampler, build_sampler
 from hydrappo.serving import EngineRequest, ServingEngineSampler
 
+from recorded import float64_hydra, prompts_of, stop_string_case
 from runs import TINY, tiny_trainer
 from tiny import FLOAT64_ATOL, VOCAB, tiny64, tiny_model, tiny_tokenizer
 
@@ -66,21 +67,12 @@ class FakeEngine:
         return outputs
 
 
-def prompts_of(lengths, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
-
-
 def update(hydra, scale=0.3, seed=1):
     """What an optimizer step does to the policy: every trainable parameter moves, in place."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in hydra.trainable_parameters():
             param.add_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * scale)
-
-
-def float64_hydra(seed=0, **options):
-    return HydraModel(tiny_model("llama", seed=seed, initializer_range=0.2).to(torch.float64), 1, **options)
 
 
 def test_every_weight_is_loaded_once_then_only_the_trained_ones_once_per_update():
@@ -155,9 +147,7 @@ def test_lora_pushes_the_merged_weights_of_the_adapted_layers_only():
 
 def test_greedy_responses_are_generates_before_and_after_an_update():
     tokenizer = tiny_tokenizer()
-    hydra = float64_hydra()
-    with torch.no_grad():  # EOS likely enough that some rows end early, others run to the limit
-        hydra.model.lm_head.weight[tokenizer.eos_token_id] *= 2
+    hydra = float64_hydra(eos_boost=2)  # some rows end early, others run to the limit
     prompts = prompts_of([3, 7, 5, 9, 4, 6, 8, 2])
     args = GenerationArgs(max_new_tokens=10, generation_batch_size=3, stop_token_ids=[11])
     served = ServingEngineSampler(hydra, tokenizer, FakeEngine(hydra))
@@ -178,10 +168,7 @@ def test_greedy_responses_are_generates_before_and_after_an_update():
 def test_stop_strings_trim_the_rows_as_generate_does():
     tokenizer = tiny_tokenizer()
     hydra = float64_hydra(seed=1)
-    with torch.no_grad():
-        hydra.model.lm_head.weight[tokenizer.convert_tokens_to_ids("w50")] *= 4
-    prompts = prompts_of([3, 5, 4, 6, 2, 7], seed=3)
-    args = GenerationArgs(max_new_tokens=8, stop_strings=["w50"], generation_batch_size=6)
+    prompts, args = stop_string_case(hydra, tokenizer)
     plain = GenerateSampler(hydra, tokenizer).sample(prompts, args, greedy=True)
     engine = FakeEngine(hydra)
     served = ServingEngineSampler(hydra, tokenizer, engine).sample(prompts, args, greedy=True)

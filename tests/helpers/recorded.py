@@ -5,15 +5,36 @@ from __future__ import annotations
 
 import torch
 
+from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
 from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences, pack_split_hidden
 
-from tiny import VOCAB
+from tiny import VOCAB, tiny64, tiny_tokenizer
 
 
 def prompts_of(lengths, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def float64_hydra(family="llama", seed=0, num_layers_unfrozen=1, eos_boost=1.0, **options):
+    """A tiny HydraModel in float64, with wide initial weights (initializer_range 0.2) so that
+    greedy tokens vary. `eos_boost` scales EOS's row of lm_head: EOS likely enough that some rows
+    end early and others run to the limit."""
+    hydra = HydraModel(tiny64(family, seed, initializer_range=0.2), num_layers_unfrozen, **options)
+    if eos_boost != 1.0:
+        with torch.no_grad():
+            hydra.model.lm_head.weight[tiny_tokenizer().eos_token_id] *= eos_boost
+    return hydra
+
+
+def stop_string_case(hydra, tokenizer):
+    """Prompts and generation args whose greedy rows, some of them, write the stop string 'w50'
+    (its row of lm_head scaled up) and end there."""
+    with torch.no_grad():
+        hydra.model.lm_head.weight[tokenizer.convert_tokens_to_ids("w50")] *= 4
+    args = GenerationArgs(max_new_tokens=8, stop_strings=["w50"], generation_batch_size=6)
+    return prompts_of([3, 5, 4, 6, 2, 7], seed=3), args
 
 
 def sample(hydra, tokenizer, prompts, record, loop="generate", **generation):
