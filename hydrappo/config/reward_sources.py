@@ -64,8 +64,8 @@ def check_reward_sources(config, problems) -> None:
     if not sources:
         problems.note(NO_REWARD_SOURCE)
     if reward.reward_weights is not None:
-        if len(reward.reward_weights) != sources:
-            problems.report(weights_problem(reward.reward_weights, sources))
+        if (problem := weights_problem(reward.reward_weights, sources)) is not None:
+            problems.report(problem)
         elif not all(math.isfinite(w) for w in reward.reward_weights):
             problems.add("reward.reward_weights", list(reward.reward_weights), "must be finite numbers",
                          "use finite weights")  # fmt: skip
