@@ -278,6 +278,25 @@ STUDY_VARIANTS = {
 }
 
 
+# A learning-rate sweep per kind of setting (--sweep): three rates about 3x apart around what each
+# kind is known to want. Fewer trainable weights take larger steps: LoRA about 10x full fine-tuning
+# (Schulman et al. 2025, "LoRA Without Regret"); a few top or middle layers sit between.
+LEARNING_RATE_GRIDS = {
+    "layers": [1e-4, 3e-4, 1e-3],
+    "lora": [3e-5, 1e-4, 3e-4],
+    "full": [3e-6, 1e-5, 3e-5],
+}
+
+
+def learning_rate_grid(options: list[str]) -> list[float]:
+    """The sweep's learning rates for a setting, by its kind (LoRA, full fine-tuning, some layers)."""
+    if "--lora_r" in options:
+        return LEARNING_RATE_GRIDS["lora"]
+    if any(flag == "--num_layers_unfrozen" and value == "-1" for flag, value in zip(options, options[1:])):
+        return LEARNING_RATE_GRIDS["full"]
+    return LEARNING_RATE_GRIDS["layers"]
+
+
 def planner_figure(options: list[str], preset: str = "llama-3.1-8b", gpu_gib: int = 24) -> dict:
     """The planner's peak for the same trainable setting on a 7-8B preset (bf16, the planner's
     default batch), and whether it fits a `gpu_gib` GPU."""
@@ -310,17 +329,30 @@ def study_main(defaults: dict, doc: str, argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(STUDY_VARIANTS), choices=list(STUDY_VARIANTS))
     run_arguments(parser, defaults)
     parser.add_argument("--preset", default="llama-3.1-8b", help="the planner's model for the memory column")
+    parser.add_argument("--sweep", action="store_true",
+                        help="run every setting at the three learning rates of its kind (LEARNING_RATE_GRIDS)")  # fmt: skip
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
-    rows = []
+    runs = []
     for name in args.variants:
-        options = [*defaults.get("options", []), *STUDY_VARIANTS[name], *args.extra]
-        run_dir = out / name.split(",")[0].replace("=", "").replace(" ", "_").replace("(", "").replace(")", "")
+        options = [*defaults.get("options", []), *STUDY_VARIANTS[name]]
+        folder = name.split(",")[0].replace("=", "").replace(" ", "_").replace("(", "").replace(")", "")
+        if not args.sweep:
+            runs.append((name, options, folder))
+            continue
+        for rate in learning_rate_grid(options):
+            runs.append((f"{name} lr={rate:g}", [*options, "--learning_rate", f"{rate:g}"], f"{folder}_lr{rate:g}"))
+    # Rows of earlier invocations into the same folder stay in the table (a study run in parts).
+    earlier = out / "study.json"
+    rows = json.loads(earlier.read_text()) if earlier.exists() else []
+    for name, options, folder in runs:
+        options = [*options, *args.extra]
+        run_dir = out / folder
         run = run_variant(Variant(name, Path(args.config), options), run_dir, args.steps)
         row = {"name": name, **run, **summarise_metrics(read_metrics(run_dir)), **planner_figure(options, args.preset)}
         row.update(heldout(run_dir, Path(args.eval_prompts), args.reward_fn, limit=args.limit))
-        rows.append(row)
+        rows = [r for r in rows if r["name"] != name] + [row]
         print(json.dumps({k: v for k, v in row.items() if k != "samples"}), flush=True)
         (out / "study.json").write_text(json.dumps(rows, indent=1))
     columns = [("setting", "name", ""), ("steps", "steps", "d"), ("held-out reward", "reward", ".3f"),
