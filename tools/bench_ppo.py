@@ -64,7 +64,7 @@ from validate_memory import word_tokenizer  # noqa: E402
 
 from hydrappo import HydraModel  # noqa: E402
 from hydrappo.algo.advantages import gae  # noqa: E402
-from hydrappo.algo.losses import ppo_loss  # noqa: E402
+from hydrappo.algo.losses import PolicyTokens, PPOLossSettings, ppo_loss  # noqa: E402
 from hydrappo.algo.masked import whiten  # noqa: E402
 from hydrappo.algo.scores import shape_rewards  # noqa: E402
 from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs  # noqa: E402
@@ -206,10 +206,8 @@ def ppo_epochs(experience: Experience, forward, params, optimizer, ppo_epochs: i
         for start in range(0, size, mini_batch):
             batch = experience.minibatch(order[start : start + mini_batch])
             logprobs, values = forward(batch)
-            loss, _ = ppo_loss(
-                logprobs, batch.logprobs, batch.advantages, values, batch.values, batch.returns, batch.action_mask,
-                cliprange=PPO.cliprange, cliprange_value=PPO.cliprange_value, vf_coef=PPO.vf_coef,
-            )
+            settings = PPOLossSettings(cliprange=PPO.cliprange, cliprange_value=PPO.cliprange_value, vf_coef=PPO.vf_coef)
+            loss, _ = ppo_loss(PolicyTokens(logprobs, values=values), batch.sampled_tokens(), settings)
             loss.backward()
             nn.utils.clip_grad_norm_(params, PPO.max_grad_norm)
             optimizer.step()

@@ -102,8 +102,10 @@ class PreallocatedLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
-        self._buffers = [states.new_empty(*states.shape[:2], self.capacity, states.shape[-1])
-                         for states in (key_states, value_states)]  # fmt: skip
+        self._buffers = [
+            states.new_empty(*states.shape[:2], self.capacity, states.shape[-1])
+            for states in (key_states, value_states)
+        ]
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -111,8 +113,10 @@ class PreallocatedLayer(DynamicLayer):
         end = self.length + key_states.shape[-2]
         if end > self._buffers[0].shape[-2]:
             grown = max(end, 2 * self._buffers[0].shape[-2])
-            self._buffers = [torch.cat([b, b.new_empty(*b.shape[:2], grown - b.shape[-2], b.shape[-1])], dim=-2)
-                             for b in self._buffers]  # fmt: skip
+            self._buffers = [
+                torch.cat([b, b.new_empty(*b.shape[:2], grown - b.shape[-2], b.shape[-1])], dim=-2)
+                for b in self._buffers
+            ]
         for buffer, states in zip(self._buffers, (key_states, value_states)):
             buffer[:, :, self.length : end] = states
         self.length = end
@@ -163,10 +167,21 @@ class Decoded:
 
 @torch.no_grad()
 def decode(
-    hydra: HydraModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-    rule: SamplingRule, stop_ids: list[int], min_new_tokens: int = 0, stop_strings=(), tokenizer=None,
-    record_split: bool = False, feed_last: bool = False, cache=None, cached_split: torch.Tensor | None = None,
-) -> Decoded:  # fmt: skip
+    hydra: HydraModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    rule: SamplingRule,
+    stop_ids: list[int],
+    min_new_tokens: int = 0,
+    stop_strings=(),
+    tokenizer=None,
+    record_split: bool = False,
+    feed_last: bool = False,
+    cache=None,
+    cached_split: torch.Tensor | None = None,
+) -> Decoded:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt row.
 
     `stop_ids` end a row (transformers' eos_token_id list); before `min_new_tokens` they are
@@ -195,8 +210,14 @@ def decode(
     column = start  # where the states of this step's tokens go
     for step in range(max_new_tokens + 1):
         with hydra.recording_split() if record_split else nullcontext() as recorded:
-            out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                        **last_logits, **cache_argument(model, cache))  # fmt: skip
+            out = model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **last_logits,
+                **cache_argument(model, cache),
+            )
         cache = output_cache(out)
         if record_split:
             if states is None:

@@ -59,8 +59,15 @@ def generation_config(args: GenerationArgs, tokenizer, greedy: bool = False) -> 
 
 @torch.no_grad()
 def generate_responses(
-    hydra: HydraModel, tokenizer, prompts: list[list[int]], args: GenerationArgs, synced: bool = False,
-    record_split: bool = False, share: bool | None = None, greedy: bool = False, loop: str = "generate",
+    hydra: HydraModel,
+    tokenizer,
+    prompts: list[list[int]],
+    args: GenerationArgs,
+    synced: bool = False,
+    record_split: bool = False,
+    share: bool | None = None,
+    greedy: bool = False,
+    loop: str = "generate",
 ) -> Responses:
     """Sample one response per prompt with the policy, in chunks of `generation_batch_size`.
     `loop`: "generate" (transformers' generate) or "decode" (hydrappo's own loop, decode.py: the
@@ -84,8 +91,17 @@ def generate_responses(
         # G samples of one prompt sit in consecutive rows: run each distinct prompt once (all
         # but its last token) and hand the loop the cache, repeated for its rows.
         shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share else None
-        rows, states = sample_chunk(hydra, tokenizer, input_ids, attention_mask, args, greedy=greedy,
-                                    record_split=record_split, shared=shared, synced=synced)  # fmt: skip
+        rows, states = sample_chunk(
+            hydra,
+            tokenizer,
+            input_ids,
+            attention_mask,
+            args,
+            greedy=greedy,
+            record_split=record_split,
+            shared=shared,
+            synced=synced,
+        )
         for index, row in enumerate(rows):
             length, stopped = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
             responses.append(row[:length])
@@ -93,9 +109,11 @@ def generate_responses(
             if record_split:  # the prompt's states and those of the response tokens fed back
                 split_rows.append(states[index][: len(chunk[index]) + length])
     return Responses(
-        prompt_ids=[list(p) for p in prompts], response_ids=responses, ended=ended,
+        prompt_ids=[list(p) for p in prompts],
+        response_ids=responses,
+        ended=ended,
         split_hidden=split_rows if record_split else None,
-    )  # fmt: skip
+    )
 
 
 def _generate_chunk(hydra, tokenizer, input_ids, attention_mask, args, *, greedy, record_split, shared, synced):
@@ -108,9 +126,13 @@ def _generate_chunk(hydra, tokenizer, input_ids, attention_mask, args, *, greedy
         criteria.append(StopOnStrings(args.stop_strings, tokenizer, input_ids.shape[1]))
     with hydra.recording_split() if record_split else nullcontext() as steps:
         out = hydra.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-            stopping_criteria=criteria, synced_gpus=synced, **cache_argument(hydra.model, shared.cache if shared else None),
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            stopping_criteria=criteria,
+            synced_gpus=synced,
+            **cache_argument(hydra.model, shared.cache if shared else None),
+        )
     rows = out.sequences[:, input_ids.shape[1] :].tolist()
     if not record_split:
         return rows, None
@@ -125,12 +147,20 @@ def _decode_chunk(hydra, tokenizer, input_ids, attention_mask, args, *, greedy, 
     branch reads the last token's split state, so the loop then feeds every row's last token once more."""
     rule = SamplingRule(greedy=greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     decoded = decode(
-        hydra, input_ids, attention_mask, max_new_tokens=args.max_new_tokens, rule=rule,
-        stop_ids=[tokenizer.eos_token_id, *args.stop_token_ids], min_new_tokens=args.min_new_tokens,
-        stop_strings=list(args.stop_strings), tokenizer=tokenizer, record_split=record_split,
+        hydra,
+        input_ids,
+        attention_mask,
+        max_new_tokens=args.max_new_tokens,
+        rule=rule,
+        stop_ids=[tokenizer.eos_token_id, *args.stop_token_ids],
+        min_new_tokens=args.min_new_tokens,
+        stop_strings=list(args.stop_strings),
+        tokenizer=tokenizer,
+        record_split=record_split,
         feed_last=getattr(hydra, "reward_branch", None) is not None,
-        cache=shared.cache if shared else None, cached_split=shared.split_hidden if shared else None,
-    )  # fmt: skip
+        cache=shared.cache if shared else None,
+        cached_split=shared.split_hidden if shared else None,
+    )
     return decoded.tokens, decoded.split_hidden
 
 
@@ -155,8 +185,13 @@ def shared_prefill(hydra: HydraModel, chunk, input_ids, attention_mask, record_s
     repeat = torch.repeat_interleave(torch.arange(len(firsts)), rows[1:] - rows[:-1]).to(input_ids.device)
     unique_ids, unique_mask = input_ids[firsts, :-1], attention_mask[firsts, :-1]
     with hydra.recording_split() if record_split else nullcontext() as steps:
-        out = hydra.model(input_ids=unique_ids, attention_mask=unique_mask, position_ids=position_ids_from_mask(unique_mask),
-                          use_cache=True, logits_to_keep=1)  # fmt: skip
+        out = hydra.model(
+            input_ids=unique_ids,
+            attention_mask=unique_mask,
+            position_ids=position_ids_from_mask(unique_mask),
+            use_cache=True,
+            logits_to_keep=1,
+        )
     cache = output_cache(out)
     cache.batch_select_indices(repeat)
     return SharedPrefill(cache=cache, split_hidden=steps[0][repeat] if record_split else None)
@@ -177,5 +212,6 @@ def record_split_hidden(hydra: HydraModel, steps, out, prompt_mask, prompt_lengt
         last = hydra.split_of_next_token(out.sequences[:, -1:], mask, output_cache(out))
         recorded = torch.cat([recorded, last], dim=1)
     return [
-        recorded[i, width - length : width + len(row)].clone() for i, (length, row) in enumerate(zip(prompt_lengths, rows))
+        recorded[i, width - length : width + len(row)].clone()
+        for i, (length, row) in enumerate(zip(prompt_lengths, rows))
     ]

@@ -83,9 +83,15 @@ class GenerateSampler:
 
     def sample(self, prompt_ids, args, *, greedy=False, record_split=False) -> Responses:
         return generate_responses(
-            self.hydra, self.tokenizer, prompt_ids, args, synced=self.synced, record_split=record_split,
-            greedy=greedy, loop=self.name,
-        )  # fmt: skip
+            self.hydra,
+            self.tokenizer,
+            prompt_ids,
+            args,
+            synced=self.synced,
+            record_split=record_split,
+            greedy=greedy,
+            loop=self.name,
+        )
 
     def weights_changed(self) -> None:
         pass  # generate runs the hydra's own weights
@@ -138,9 +144,11 @@ class ContinuousBatchingSampler:
         # The random draws come from torch's global generator (transformers seeds its sampling
         # from it), so a seeded run samples the same responses again, and resumes exactly.
         outputs = self.hydra.model.generate_batch(
-            prompts, generation_config=config, continuous_batching_config=self.cache_config(prompts, args.max_new_tokens),
+            prompts,
+            generation_config=config,
+            continuous_batching_config=self.cache_config(prompts, args.max_new_tokens),
             warmup=False,
-        )  # fmt: skip
+        )
         if len(outputs) != len(prompts) or any(o.error for o in outputs.values()):
             errors = [o.error for o in outputs.values() if o.error]
             raise RuntimeError(

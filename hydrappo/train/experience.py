@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from ..algo.losses import SampledTokens
+
 
 @dataclass
 class Experience:
@@ -63,6 +65,17 @@ class Experience:
         size = len(self) // parts
         for start in range(0, len(self), size):
             yield self.minibatch(torch.arange(start, min(start + size, len(self)), device=self.input_ids.device))
+
+    def sampled_tokens(self) -> SampledTokens:
+        """What the experience pass measured of these rows' tokens, as the loss reads it."""
+        return SampledTokens(
+            logprobs=self.logprobs,
+            advantages=self.advantages,
+            action_mask=self.action_mask,
+            values=self.values,
+            returns=self.returns,
+            ref_logprobs=self.ref_logprobs,
+        )
 
     @property
     def logprob_offset(self) -> int:

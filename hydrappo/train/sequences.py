@@ -113,7 +113,11 @@ def evaluate_sequences(
         mask = attention_mask[start : start + chunk_size].to(device)
         with autocast() if autocast else nullcontext():
             out = hydra.forward_hydra(
-                ids, mask, return_entropy=True, return_reference=with_reference, temperature=temperature,
+                ids,
+                mask,
+                return_entropy=True,
+                return_reference=with_reference,
+                temperature=temperature,
                 logprobs_from=prompt_width - 1,
                 split_hidden=split_hidden[start : start + chunk_size] if split_hidden is not None else None,
             )

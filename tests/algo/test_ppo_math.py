@@ -8,11 +8,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydrappo.algo.advantages import gae
-from hydrappo.algo.losses import aggregate, ppo_loss
+from hydrappo.algo.losses import PolicyTokens, PPOLossSettings, SampledTokens, aggregate, ppo_loss
 from hydrappo.algo.masked import explained_variance, last_true_index, masked_mean, masked_sum, masked_var, whiten
 from hydrappo.algo.scores import RunningMoments, normalize_scores, shape_rewards
 
 GARBAGE = [math.nan, math.inf, -math.inf, 1e30]
+
+
+def loss_of(logprobs, old_logprobs, advantages, values, old_values, returns, action_mask, *, entropy=None,
+            ref_logprobs=None, loss_denominator=None, **settings):  # fmt: skip
+    """ppo_loss of the tensors in the order its formula names them, with PPOLossSettings(**settings)."""
+    new = PolicyTokens(logprobs, values=values, entropy=entropy)
+    old = SampledTokens(old_logprobs, advantages, action_mask, old_values, returns, ref_logprobs)
+    return ppo_loss(new, old, PPOLossSettings(**settings), loss_denominator)
 
 
 def close(actual, expected, **kwargs):
@@ -268,7 +276,7 @@ ONES = torch.ones(1, 4)
 
 
 def test_ppo_loss_by_hand():
-    loss, stats = ppo_loss(NEW, OLD, ADV, V, OLD_V, RET, ONES, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1)
+    loss, stats = loss_of(NEW, OLD, ADV, V, OLD_V, RET, ONES, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1)
     # max(-A r, -A clip(r)): max(-1.5, -1.2), max(-0.5, -0.8), max(0.5, 0.8), max(1.5, 1.2)
     policy = (-1.2 + -0.5 + 0.8 + 1.5) / 4
     # 0.5 max((v - R)^2, (clip(v, v_old +- 0.2) - R)^2), clipped v = 0.7, 0.7, 0.5, -0.1
@@ -294,7 +302,7 @@ def test_ppo_loss_by_hand():
 
 def test_clipped_surrogate_gradient_is_zero_exactly_when_clipped():
     logprobs = NEW.clone().requires_grad_()
-    loss, _ = ppo_loss(logprobs, OLD, ADV, V, OLD_V, RET, ONES, vf_coef=0.0)
+    loss, _ = loss_of(logprobs, OLD, ADV, V, OLD_V, RET, ONES, vf_coef=0.0)
     loss.backward()
     grad = logprobs.grad[0]
     # (A > 0, r > 1 + eps) and (A < 0, r < 1 - eps): exactly 0.
@@ -306,7 +314,7 @@ def test_clipped_surrogate_gradient_is_zero_exactly_when_clipped():
 
 def test_value_gradient_is_zero_when_value_clipping_binds():
     values = V.clone().requires_grad_()
-    loss, _ = ppo_loss(NEW, OLD, ADV, values, OLD_V, RET, ONES, vf_coef=1.0)
+    loss, _ = loss_of(NEW, OLD, ADV, values, OLD_V, RET, ONES, vf_coef=1.0)
     loss.backward()
     # Token 1 takes the clipped branch, whose clip(v) is flat in v.
     assert values.grad[0, 1].item() == 0.0
@@ -318,31 +326,31 @@ def test_dual_clip():
     new = torch.tensor([[math.log(4.0), math.log(1.5)]])
     adv = torch.tensor([[-1.0, -1.0]])
     zeros = torch.zeros(1, 2)
-    _, plain = ppo_loss(new, old, adv, zeros, zeros, zeros, torch.ones(1, 2))
-    loss, stats = ppo_loss(new, old, adv, zeros, zeros, zeros, torch.ones(1, 2), dual_clip=3.0)
+    _, plain = loss_of(new, old, adv, zeros, zeros, zeros, torch.ones(1, 2))
+    loss, stats = loss_of(new, old, adv, zeros, zeros, zeros, torch.ones(1, 2), dual_clip=3.0)
     assert plain["loss/policy"] == pytest.approx((4.0 + 1.5) / 2)
     # min(max(-A r, -A clip(r)), -c A) with c = 3: min(4, 3) and min(1.5, 3).
     assert stats["loss/policy"] == pytest.approx((3.0 + 1.5) / 2)
     assert stats["policy/dual_clipfrac"] == pytest.approx(1 / 2)
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
-        ppo_loss(new, old, adv, zeros, zeros, zeros, torch.ones(1, 2), dual_clip=1.0)
+        loss_of(new, old, adv, zeros, zeros, zeros, torch.ones(1, 2), dual_clip=1.0)
 
 
 def test_entropy_bonus_and_kl_in_loss():
     entropy = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     ref = NEW - 0.1  # logp - ref = 0.1 everywhere
-    base, _ = ppo_loss(NEW, OLD, ADV, V, OLD_V, RET, ONES)
-    loss, stats = ppo_loss(NEW, OLD, ADV, V, OLD_V, RET, ONES, ent_coef=0.01, entropy=entropy)
+    base, _ = loss_of(NEW, OLD, ADV, V, OLD_V, RET, ONES)
+    loss, stats = loss_of(NEW, OLD, ADV, V, OLD_V, RET, ONES, ent_coef=0.01, entropy=entropy)
     assert stats["loss/entropy"] == stats["policy/entropy"] == pytest.approx(2.5)
     close(loss, base - 0.01 * (1.0 + 2.0 + 3.0 + 4.0) / 4)
 
-    loss, stats = ppo_loss(NEW, OLD, ADV, V, OLD_V, RET, ONES, ref_logprobs=ref, kl_coef=0.5, kl_estimator="k3")
+    loss, stats = loss_of(NEW, OLD, ADV, V, OLD_V, RET, ONES, ref_logprobs=ref, kl_coef=0.5, kl_estimator="k3")
     k3 = math.exp(-0.1) - 1 + 0.1
     assert stats["loss/kl"] == pytest.approx(k3, rel=1e-4)
     close(loss, base + 0.5 * k3)
 
     logprobs = NEW.clone().requires_grad_()
-    ppo_loss(logprobs, OLD, torch.zeros_like(ADV), V, OLD_V, RET, ONES, ref_logprobs=ref, kl_coef=0.5)[0].backward()
+    loss_of(logprobs, OLD, torch.zeros_like(ADV), V, OLD_V, RET, ONES, ref_logprobs=ref, kl_coef=0.5)[0].backward()
     # d/dlogp of 0.5 * mean(exp(ref - logp) - 1 - (ref - logp)) = 0.5 * (1 - exp(-0.1)) / 4
     close(logprobs.grad, torch.full((1, 4), 0.5 * (1 - math.exp(-0.1)) / 4))
 
@@ -359,26 +367,26 @@ def test_aggregation_modes_two_rows_of_unequal_length():
         "seq-mean-token-sum": (-((1 + 2 + 3) + 4) / 2, 0.5 * ((1 + 1 + 4) + 4) / 2),
     }
     for mode, (policy, value) in expected.items():
-        _, stats = ppo_loss(zeros, zeros, adv, values, values, zeros, mask, loss_agg_mode=mode, vf_coef=1.0)
+        _, stats = loss_of(zeros, zeros, adv, values, values, zeros, mask, loss_agg_mode=mode, vf_coef=1.0)
         assert stats["loss/policy"] == pytest.approx(policy), mode
         assert stats["loss/value"] == pytest.approx(value), mode
         assert aggregate(-adv, mask, mode).item() == pytest.approx(policy), mode
     with pytest.raises(ValueError, match="token-mean, seq-mean-token-mean, seq-mean-token-sum"):
-        ppo_loss(zeros, zeros, adv, values, values, zeros, mask, loss_agg_mode="sum")
+        loss_of(zeros, zeros, adv, values, values, zeros, mask, loss_agg_mode="sum")
 
 
 def test_ppo_loss_validates():
     args = (NEW, OLD, ADV, V, OLD_V, RET, ONES)
     with pytest.raises(ValueError, match="old_values has shape"):
-        ppo_loss(NEW, OLD, ADV, V, OLD_V[:, :3], RET, ONES)
+        loss_of(NEW, OLD, ADV, V, OLD_V[:, :3], RET, ONES)
     with pytest.raises(ValueError, match="entropy has shape"):
-        ppo_loss(*args, entropy=torch.ones(2, 4))
+        loss_of(*args, entropy=torch.ones(2, 4))
     with pytest.raises(ValueError, match="needs the per-token entropy"):
-        ppo_loss(*args, ent_coef=0.01)
+        loss_of(*args, ent_coef=0.01)
     with pytest.raises(ValueError, match="needs ref_logprobs"):
-        ppo_loss(*args, kl_coef=0.1)
+        loss_of(*args, kl_coef=0.1)
     with pytest.raises(ValueError, match="unknown KL estimator"):
-        ppo_loss(*args, ref_logprobs=OLD, kl_coef=0.1, kl_estimator="k9")
+        loss_of(*args, ref_logprobs=OLD, kl_coef=0.1, kl_estimator="k9")
 
 
 # ---------------------------------------------------------------------------- padding invariance
@@ -403,7 +411,7 @@ def test_padding_columns_with_garbage_change_nothing():
         whitened = whiten(advantages, m)
         logprobs = t["logp"].clone().requires_grad_()
         new_values = t["values"].clone().requires_grad_()
-        loss, loss_stats = ppo_loss(
+        loss, loss_stats = loss_of(
             logprobs, t["old"], whitened, new_values, t["old_values"], returns, m,
             ent_coef=0.01, entropy=t["entropy"], ref_logprobs=t["ref"], kl_coef=0.2, dual_clip=3.0,
             loss_agg_mode="seq-mean-token-mean",
@@ -477,7 +485,7 @@ def test_properties_on_random_right_padded_batches(case, estimator, agg_mode):
         assert abs(masked_mean(whitened, mask).item()) < 1e-4
 
     logprobs = logp.clone().requires_grad_()
-    loss, stats = ppo_loss(
+    loss, stats = loss_of(
         logprobs, old, whitened, rand(), rand(), returns, mask, entropy=rand().abs(), ent_coef=0.01,
         ref_logprobs=ref, kl_coef=0.1, kl_estimator=estimator, loss_agg_mode=agg_mode,
     )

@@ -11,12 +11,20 @@ from safetensors.torch import load_file
 from hydrappo.algo.advantages import (
     dr_grpo_advantages, estimate_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages,
 )
-from hydrappo.algo.losses import ppo_loss
+from hydrappo.algo.losses import PolicyTokens, PPOLossSettings, SampledTokens, ppo_loss
 from hydrappo.algo.scores import group_statistics, shape_rewards
 from hydrappo.cli import main
 from hydrappo.config import ConfigError, parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError, checkpoint_dirs
 from runs import TINY, VERIFIABLE, tiny_trainer
+
+def loss_of(logprobs, old_logprobs, advantages, values, old_values, returns, action_mask, *, entropy=None,
+            ref_logprobs=None, loss_denominator=None, **settings):  # fmt: skip
+    """ppo_loss of the tensors in the order its formula names them, with PPOLossSettings(**settings)."""
+    new = PolicyTokens(logprobs, values=values, entropy=entropy)
+    old = SampledTokens(old_logprobs, advantages, action_mask, old_values, returns, ref_logprobs)
+    return ppo_loss(new, old, PPOLossSettings(**settings), loss_denominator)
+
 
 ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
@@ -99,12 +107,12 @@ def test_group_statistics_measure_the_signal():
 def test_clip_higher_lets_a_positive_advantage_grow_further():
     logprobs = torch.tensor([[math.log(1.25)]], requires_grad=True)
     zeros, ones = torch.zeros(1, 1), torch.ones(1, 1)
-    symmetric, stats = ppo_loss(logprobs, zeros, ones, None, None, None, ones, cliprange=0.2)
+    symmetric, stats = loss_of(logprobs, zeros, ones, None, None, None, ones, cliprange=0.2)
     assert symmetric.item() == pytest.approx(-1.2) and stats["policy/clipfrac"] == 1.0
     symmetric.backward()
     assert logprobs.grad.item() == 0.0  # clipped: no gradient
     logprobs.grad = None
-    higher, stats = ppo_loss(logprobs, zeros, ones, None, None, None, ones, cliprange=0.2, cliprange_high=0.28)
+    higher, stats = loss_of(logprobs, zeros, ones, None, None, None, ones, cliprange=0.2, cliprange_high=0.28)
     assert higher.item() == pytest.approx(-1.25) and stats["policy/clipfrac"] == 0.0
     higher.backward()
     assert logprobs.grad.item() == pytest.approx(-1.25)
@@ -117,7 +125,7 @@ def test_sequence_level_ratios_are_gspo():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     advantages = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
     zeros = torch.zeros(2, 2)
-    loss, stats = ppo_loss(logprobs, zeros, advantages, None, None, None, mask, cliprange=0.25,
+    loss, stats = loss_of(logprobs, zeros, advantages, None, None, None, mask, cliprange=0.25,
                            importance_sampling_level="sequence", loss_agg_mode="seq-mean-token-mean")  # fmt: skip
     r0, r1 = math.exp(0.2), math.exp(0.5)
     # Row 0: min(r A, clip(r) A) with r = 1.2214 < 1.25, unclipped; row 1: A < 0, max(-A r, -A clip(r)) = r.
