@@ -1,6 +1,9 @@
-"""The dependency rule of DESIGN.md, read from the source: every import in hydrappo/ (function-
-level ones too), resolved to modules. Arrows point down the layers, never up, and there is
-no cycle between modules:
+"""The dependency rule, read from the source: every import in hydrappo/ (function-level ones
+too), resolved to modules. The package is built in layers, each of which may import only its own
+layer and those below it: the idea (model/: the hydra) and the math (algo/: pure functions) at
+the bottom, then the options (config/), then what the loops use (generation, rewards, data,
+storage, planner), then the loops (train/), and the command line on top. Arrows point down the
+layers, never up, and there is no cycle between modules:
 
     cli -> train (and evaluate) -> {generation, rewards, data, storage, planner} -> config -> {model, algo} -> errors
 
@@ -12,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "hydrappo"
+from runs import ROOT
+
+PACKAGE = ROOT / "hydrappo"
 
 LAYERS = {  # module prefix -> rank; a module may import only modules of its rank or below
     "hydrappo.errors": 0,

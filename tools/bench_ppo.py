@@ -60,7 +60,6 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_memory import word_tokenizer  # noqa: E402
 
 from hydrappo import HydraModel  # noqa: E402
 from hydrappo.algo.advantages import gae  # noqa: E402
@@ -76,6 +75,7 @@ from hydrappo.model.logprobs import token_logprobs  # noqa: E402
 from hydrappo.model.split import last_token_index, position_ids_from_mask  # noqa: E402
 from hydrappo.planner.counts import unique_bytes  # noqa: E402
 from hydrappo.planner.presets import PRESETS, preset_config  # noqa: E402
+from hydrappo.planner.tokenizer import tokenizer_for_vocab  # noqa: E402
 from hydrappo.rewards import build_reward_source  # noqa: E402
 from hydrappo.train.experience import Experience  # noqa: E402
 from hydrappo.train.ppo import PPOTrainer  # noqa: E402
@@ -279,7 +279,7 @@ def build_trainer(hydra: HydraModel, args, prompts: list[list[int]], reward_bran
                         progress_bar=False),
     )  # fmt: skip
     rows = [{"prompt": " ".join(f"w{token}" for token in prompt)} for prompt in prompts[::group]]
-    trainer = PPOTrainer(config, hydra=hydra, tokenizer=word_tokenizer(hydra.config.vocab_size),
+    trainer = PPOTrainer(config, hydra=hydra, tokenizer=tokenizer_for_vocab(hydra.config.vocab_size),
                          reward_funcs=[fixed_scores], train_dataset=rows)  # fmt: skip
     if reward_branch:
         trainer.reward_source = build_reward_source(RewardArgs(use_reward_branch=True))
