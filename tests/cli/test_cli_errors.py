@@ -253,7 +253,7 @@ YAML_CASES = [
     ("list.yaml", "- ppo\n- train\n", ["top level must be a mapping"]),
     ("section.yaml", "ppo: [1, 2]\n", ["section 'ppo' must be a mapping"]),
     ("unknown_section.yaml", "trainer:\n  steps: 3\n", ["unknown section 'trainer'", "valid sections: model"]),
-    ("unknown_key.yaml", "ppo:\n  learning_rat: 1.0\n", ["unknown key 'learning_rat'", "learning_rate"]),
+    ("unknown_key.yaml", "ppo:\n  learning_rat: 1.0\n", ["unknown key 'learning_rat'", "Did you mean 'learning_rate'?"]),
     ("word.yaml", "ppo:\n  batch_size: eight\n", ["batch_size='eight'", "whole number"]),
     ("bool.yaml", "ppo:\n  batch_size: true\n", ["batch_size=True", "whole number"]),
     ("float.yaml", "ppo:\n  batch_size: 8.5\n", ["batch_size=8.5", "whole number"]),
