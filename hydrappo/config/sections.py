@@ -335,9 +335,11 @@ class RunArgs:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Start a new run in an output_dir that holds an earlier one: the earlier run is moved to a "
-                          "sibling folder (OUTPUT_DIR.previous-<time>), never deleted. Without it (or --resume) such a "
-                          "start is refused."},
+        metadata={"help": "Start a new run in an output_dir that holds an earlier one: the earlier run is moved to the "
+                          "sibling folder OUTPUT_DIR.previous (one that holds only a failed run's logs is replaced; "
+                          "one with checkpoints is never deleted: the start is refused until you move it). Without it "
+                          "(or --resume) such a start is refused; a folder with only the logs of a run that failed "
+                          "before its first checkpoint needs neither."},
     )
 
 
