@@ -59,7 +59,7 @@ from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
-from .heldout import HeldOutEvaluation, evaluation_due
+from .heldout import HeldOutEvaluation, evaluation_due, held_out_summary
 from .inputs import RLInputs
 from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
@@ -78,7 +78,7 @@ class PPOTrainer(TrainingLoop):
     """
 
     name = "PPO"
-    progress = {"reward": "env/reward_mean", "kl": "objective/kl"}
+    progress = {"reward": "env/reward_mean", "kl": "objective/kl", "eval": "eval/reward_mean"}
 
     def __init__(self, config: Config | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
                  inputs: RLInputs | None = None, **objects):  # fmt: skip
@@ -151,7 +151,7 @@ class PPOTrainer(TrainingLoop):
     def summary(self, history: list[dict]) -> str:
         last = history[-1]
         kl = f", KL {last['objective/kl']:.3f}" if "objective/kl" in last else ""
-        return (f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}; "
+        return (f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}{held_out_summary(history)}; "
                 f"checkpoints, metrics.jsonl and TensorBoard logs in {self.config.train.output_dir}")  # fmt: skip
 
     def train(self, resume=None) -> list[dict]:
@@ -194,7 +194,12 @@ class PPOTrainer(TrainingLoop):
         """eval/* statistics and rows of the policy's answers to the held-out prompts (train/heldout.py)."""
         start = time.perf_counter()
         self.hydra.eval()
-        stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, self.score_responses)
+        status = self.harness.log.bar.status if self.harness.log is not None else (lambda text: None)
+        status(f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts")  # on the bar and in the log
+        try:
+            stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, self.score_responses)
+        finally:
+            status(None)
         return {**stats, "time/eval": time.perf_counter() - start}, samples
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
