@@ -21,6 +21,7 @@ number of processes.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -197,7 +198,8 @@ class PPOTrainer(TrainingLoop):
         status = self.harness.log.bar.status if self.harness.log is not None else (lambda text: None)
         status(f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts")  # on the bar and in the log
         try:
-            stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, self.score_responses)
+            score = functools.partial(self.score_responses, step=step)  # a reward's error names this step
+            stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
         finally:
             status(None)
         return {**stats, "time/eval": time.perf_counter() - start}, samples
@@ -206,7 +208,8 @@ class PPOTrainer(TrainingLoop):
         with self.harness.autocast():
             return self.eval_sampler.sample(prompt_ids, self.config.generation, greedy=greedy)
 
-    def score_responses(self, rows: list[int], prompt_texts: list[str], responses: Responses) -> tuple[torch.Tensor, dict]:
+    def score_responses(self, rows: list[int], prompt_texts: list[str], responses: Responses,
+                        step: int | None = None) -> tuple[torch.Tensor, dict]:  # fmt: skip
         """Scores of responses to held-out prompts `rows` outside the experience pass, from the
         run's reward sources (with the held-out table's columns), and each source's own scores;
         a reward branch scores them in a hydra pass of their own."""
@@ -218,7 +221,8 @@ class PPOTrainer(TrainingLoop):
         columns = {name: [values[i] for i in rows] for name, values in self.eval_columns.items()}
         messages = self.held_out.prompts.messages
         scores = self.score(prompt_texts, texts, branch_scores, columns, responses.response_ids,
-                            [messages[i] for i in rows] if messages else None)  # fmt: skip
+                            [messages[i] for i in rows] if messages else None, step=step,
+                            row_names=[f"data.eval_prompts row {i}" for i in rows])  # fmt: skip
         return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 
     @torch.no_grad()
@@ -265,7 +269,7 @@ class PPOTrainer(TrainingLoop):
         columns = {name: [values[i] for i in rollout.indices] for name, values in self.columns.items()}
         messages = [self.prompts.messages[i] for i in rollout.indices] if self.prompts.messages else None
         return self.score(rollout.prompt_texts, rollout.response_texts, rollout.evaluation.scores, columns,
-                          rollout.responses.response_ids, messages)  # fmt: skip
+                          rollout.responses.response_ids, messages, row_names=[f"data.prompts row {i}" for i in rollout.indices])  # fmt: skip
 
     def gather_batch(self, rollout: Rollout, raw_scores: torch.Tensor) -> dict:
         """The WHOLE batch (every process's rows, gathered, the same on every process): what
@@ -372,14 +376,15 @@ class PPOTrainer(TrainingLoop):
         )
 
     def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores, columns=None,
-              completion_ids=None, messages=None) -> torch.Tensor:  # fmt: skip
+              completion_ids=None, messages=None, step=None, row_names=None) -> torch.Tensor:  # fmt: skip
         """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources);
-        `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py)."""
+        `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py).
+        `step` (default: the step in progress) and `row_names` (each row's table and row) go into a failing source's error."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
-        step = self.harness.step + 1  # named in the error of a reward source that fails
+        step = self.harness.step + 1 if step is None else step
         scores = self.reward_source(
             samples, prompt_texts, response_texts, step=step, columns=columns, completion_ids=completion_ids,
-            branch_scores=branch_scores, prompt_messages=messages,
+            branch_scores=branch_scores, prompt_messages=messages, row_names=row_names,
         )
         if not torch.isfinite(scores).all():
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
