@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hydrappo"
 
 LAYERS = {  # module prefix -> rank; a module may import only modules of its rank or below
     "hydrappo.errors": 0,
-    "hydrappo.usercode": 0,  # calling user code (reward functions): imports errors only
+    "hydrappo.usercode": 0,
+    "hydrappo.console": 0,  # the command's output streams  # calling user code (reward functions): imports errors only
     "hydrappo.model": 1,
     "hydrappo.algo": 1,
     "hydrappo.config": 2,
