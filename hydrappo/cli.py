@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import usercode
+from . import console, usercode
 from .errors import HydrappoError, describe_os_error
 
 # ---------------------------------------------------------------------------- train, reward, sft
@@ -440,6 +440,8 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:  # the program does not wait for threads user code left (usercode)
     usercode.COMMAND_LINE = True
+    if argv is None:  # the program: a closed stdout or stderr (tee ended by Ctrl-C) must not stop training
+        console.survive_lost_output()
     return usercode.leave_threads_behind(_main(argv), end_process=argv is None)
 
 

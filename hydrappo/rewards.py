@@ -37,7 +37,7 @@ from . import usercode
 from .config.reward_sources import NO_REWARD_SOURCE, reward_source_names, weights_problem
 from .errors import HydrappoError, refused_pickle
 from .model.heads import widened
-from .prompts import trl_arguments
+from .reward_calls import call_arguments, missing_value
 
 
 class RewardError(HydrappoError, ValueError):
@@ -295,28 +295,17 @@ class FunctionReward:
 
     def __call__(self, samples: list[str], prompts: list[str], outputs: list[str], step: int | None = None, *,
                  columns: dict | None = None, completion_ids=None, branch_scores=None,
-                 prompt_messages=None) -> torch.Tensor:  # fmt: skip
+                 prompt_messages=None, row_names=None) -> torch.Tensor:  # fmt: skip
         """Scores (B,) of one batch; `step` (the training step) goes into error messages;
         `columns` {name: B values} and `completion_ids` (B lists of token ids) go to a function
         that takes them. `prompt_messages`: the message lists of conversational prompts (then
-        `prompts` are their formatted texts), which TRL's convention gets in TRL's shapes."""
+        `prompts` are their formatted texts), which TRL's convention gets in TRL's shapes.
+        `row_names`: where each sample's row is ("data.prompts row 17"), for error messages."""
         if not len(samples) == len(prompts) == len(outputs):
             raise ValueError(f"samples, prompts and outputs differ in length: {len(samples)}, {len(prompts)}, {len(outputs)}.")
         where = _where(f"reward function {self.spec!r}", step)
-        if self.convention == "trlX":
-            kwargs = {"samples": list(samples), "prompts": list(prompts), "outputs": list(outputs)}
-        elif prompt_messages is not None:  # TRL's conversational format (prompts.trl_arguments)
-            kwargs = dict(zip(("prompts", "completions"), trl_arguments(prompt_messages, outputs)))
-        else:
-            kwargs = {"prompts": list(prompts), "completions": list(outputs)}
-            if completion_ids is not None:
-                kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
-        kwargs = {name: value for name, value in kwargs.items() if self.accepts(name)}
-        for name, values in (columns or {}).items():
-            if self.accepts(name) and name not in kwargs:
-                if len(values) != len(samples):
-                    raise ValueError(f"column {name!r} has {len(values)} values for {len(samples)} samples.")
-                kwargs[name] = list(values)
+        kwargs = call_arguments(self.convention, self.accepts, samples, prompts, outputs, columns=columns,
+                                completion_ids=completion_ids, prompt_messages=prompt_messages)  # fmt: skip
         try:
             result = usercode.call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
         except usercode.TimedOut:
@@ -327,9 +316,10 @@ class FunctionReward:
         except usercode.UserCodeError:
             raise
         except Exception as error:
+            row, shown = missing_value(kwargs, columns or {}, row_names)  # a row without a value: the likely cause
             raise RewardFunctionError(
                 f"{where} raised {type(error).__name__}: {error}{usercode.user_frame(error)}. It was called on {len(samples)} "
-                f"samples.{_sample(prompts, outputs, 0)} Fix the function, or rerun with --debug for the traceback."
+                f"samples.{shown}{_sample(prompts, outputs, row)} Fix the function (or the data), or rerun with --debug."
             ) from error
         return _to_scores(result, len(samples), where, prompts, outputs)
 

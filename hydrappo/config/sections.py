@@ -335,9 +335,11 @@ class RunArgs:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Start a new run in an output_dir that holds an earlier one: the earlier run is moved to a "
-                          "sibling folder (OUTPUT_DIR.previous-<time>), never deleted. Without it (or --resume) such a "
-                          "start is refused."},
+        metadata={"help": "Start a new run in an output_dir that holds an earlier one: the earlier run is moved to the "
+                          "sibling folder OUTPUT_DIR.previous (one that holds only a failed run's logs is replaced; "
+                          "one with checkpoints is never deleted: the start is refused until you move it). Without it "
+                          "(or --resume) such a start is refused; a folder with only the logs of a run that failed "
+                          "before its first checkpoint needs neither."},
     )
 
 
@@ -387,7 +389,7 @@ class LoraArgs:
 class StageTrainArgs(OptimizerArgs, RunArgs):
     """Options of the supervised stages (reward model, SFT) that are not about data."""
 
-    output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here."})
+    output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."})
     epochs: int = field(default=1, metadata={"help": "Passes over the training data.", "range": NOT_NEGATIVE})
     max_steps: int = field(default=0, metadata={"help": "Stop after this many optimizer steps (0: after `epochs`).", "range": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes")})
     batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.", "range": AT_LEAST_1})
@@ -405,14 +407,14 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
 
 @dataclass
 class RewardTrainArgs(StageTrainArgs):
-    output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs."})
+    output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs (relative to the current directory)."})
     learning_rate: float = _with_default(OptimizerArgs, "learning_rate", 5e-5)
     pooling: RewardPooling = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
 
 
 @dataclass
 class SFTTrainArgs(StageTrainArgs):
-    output_dir: str = field(default="outputs/sft", metadata={"help": "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs)."})
+    output_dir: str = field(default="outputs/sft", metadata={"help": "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs), relative to the current directory."})
 
 
 @dataclass

@@ -54,6 +54,7 @@ from .api import trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
+from .progress import ProgressBar
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, keep_float32_master_weights, pick_mixed_precision
 
@@ -106,6 +107,7 @@ class Harness:
         self.nonfinite_total = 0
         self.fp16_overflows = 0
         self.trunk_sharded = False  # train.fsdp_trunk: the frozen layers are sharded over the processes
+        self.log: RunLog | None = None  # while run() runs (its bar says what a loop does between steps)
 
     # ------------------------------------------------------------------ precision and optimizer
     def autocast(self):
@@ -221,6 +223,7 @@ class Harness:
             raise
         history = []
         stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}").install()
+        self.log = log
         try:
             if self.step == 0:
                 initial = loop.before_training()
@@ -228,6 +231,7 @@ class Harness:
                 if initial:
                     with dist.phase("logging"):
                         history.append(log.write(0, initial, samples))
+                log.bar.restart_clock()  # a step's time on the bar is its own (the baseline has its time/eval)
             while self.step < total_steps:
                 stats, samples = loop.train_step()
                 self.step += 1
@@ -245,6 +249,7 @@ class Harness:
             raise stop.abandoned(error) from None
         finally:
             stop.uninstall()
+            self.log = None
             log.close()
             release_output_dir(self.output_dir)
             usercode.warn_at_end_of_run()  # the Python API: threads a reward function left running
@@ -419,20 +424,18 @@ class RunLog:
     TensorBoard writer purges its events past that step."""
 
     def __init__(self, output_dir: Path, start_step: int, total_steps: int, loop, run, write: bool = True):
-        """`write=False` (every process but 0 of a distributed run): records only, no files, no bar."""
+        """`write=False` (every process but 0 of a distributed run): records only, no files, no bar shown."""
         from torch.utils.tensorboard import SummaryWriter
-        from tqdm.auto import tqdm
 
         self.writes = write
         self.path = output_dir / "metrics.jsonl"
-        self.progress = loop.progress
         self.samples_every = getattr(run, "log_samples_every", 0)
         self.num_samples = getattr(run, "num_log_samples", 4)
+        self.bar = ProgressBar(loop.name, loop.progress, total_steps, start_step, run.progress_bar and write)
         if not write:
             return
         keep_metrics_up_to(self.path, start_step)
         self.writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
-        self.bar = tqdm(total=total_steps, initial=start_step, desc=loop.name, disable=not run.progress_bar, dynamic_ncols=True)
 
     def scalars(self, step: int, stats: dict) -> None:
         if not self.writes:
@@ -452,15 +455,12 @@ class RunLog:
         with run_write_errors(f"the metrics of step {step}", self.path):
             with self.path.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
-        if step:
-            self.bar.update(1)
-            shown = {label: f"{record[key]:.3f}" for label, key in self.progress.items() if key in record}
-            self.bar.set_postfix(**shown)
+        self.bar.show(step, record)
         return record
 
     def close(self) -> None:
+        self.bar.close()
         if self.writes:
-            self.bar.close()
             self.writer.close()
 
 
