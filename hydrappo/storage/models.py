@@ -423,6 +423,7 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
         hydra = HydraModel(
             model,
             model_config.num_layers_unfrozen,
+            trainable_layers=model_config.trainable_layers,
             train_lm_head=model_config.train_lm_head,
             train_final_norm=model_config.train_final_norm,
             layers_path=model_config.layers_path,
