@@ -1,7 +1,7 @@
 """A band of trainable layers (model.trainable_layers) while sampling: the states recorded at the
 band's bottom (both sampling loops, the shared prefill) give the whole pass's experience, and the
 experience pass on them never runs the layers below the band. Float64 within ATOL, the bound
-test_rollout_split.py derives (assert_same_experience)."""
+test_recorded_split.py derives (assert_same_experience)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from hydrappo import HydraModel
-from hydrappo.rollout import evaluate_sequences, pack_sequences, pack_split_hidden
+from hydrappo.train.sequences import evaluate_sequences, pack_sequences, pack_split_hidden
 
 from recorded import both_passes, prompts_of, sample
 from runs import tiny_trainer
-from test_rollout_split import assert_same_experience
+from test_recorded_split import assert_same_experience
 from tiny import FAMILIES, tiny64, tiny_tokenizer
 
 
