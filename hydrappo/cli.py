@@ -369,7 +369,9 @@ def memory_command(argv: list[str]) -> int:
         epilog=f"presets: {', '.join(PRESETS)}\n\n" + "\n".join(planner.__doc__.split("\n\n")[1:2]),
     )  # fmt: skip
     parser.add_argument("model", nargs="?", help="a preset name, a config.json or a model directory")
-    parser.add_argument("-N", "--num-layers-unfrozen", type=int, default=d.num_layers_unfrozen, help="trainable top layers (-1: all)")
+    layers = parser.add_mutually_exclusive_group()  # two ways to say which layers train
+    layers.add_argument("-N", "--num-layers-unfrozen", type=int, help=f"trainable top layers (-1: all; default {d.num_layers_unfrozen})")
+    layers.add_argument("--trainable-layers", metavar="START:END", help="a band of trainable layers instead of the top N (0-based, END exclusive, e.g. 12:16)")
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on the top N layers (0: full training)")
     parser.add_argument("--dtype", default=d.dtype, choices=sorted(DTYPES), help="weights dtype")
     parser.add_argument("--master-weights", choices=("auto", "yes", "no"), default="auto",
@@ -403,9 +405,9 @@ def memory_command(argv: list[str]) -> int:
         return subprocess.run([sys.executable, str(script)]).returncode
     try:
         settings = TrainingSettings(
-            num_layers_unfrozen=args.num_layers_unfrozen, lora_rank=args.lora_rank, dtype=args.dtype,
-            master_weights={"auto": None, "yes": True, "no": False}[args.master_weights], optimizer=args.optimizer,
-            trunk_quantization=args.trunk_quantization,
+            num_layers_unfrozen=d.num_layers_unfrozen if args.num_layers_unfrozen is None else args.num_layers_unfrozen,
+            trainable_layers=args.trainable_layers, lora_rank=args.lora_rank, dtype=args.dtype, optimizer=args.optimizer,
+            master_weights={"auto": None, "yes": True, "no": False}[args.master_weights], trunk_quantization=args.trunk_quantization,
             batch_size=args.batch_size, mini_batch_size=args.mini_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, generation_batch_size=args.generation_batch_size,
             prompt_length=args.prompt_length, response_length=args.response_length, reward_model=not args.no_reward_model,
@@ -419,10 +421,10 @@ def memory_command(argv: list[str]) -> int:
             parser.print_help()
             return 2
         config = planner.load_model_config(args.model)
+        plan = planner.plan_memory(config, settings, args.model)
     except (ValueError, OSError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    plan = planner.plan_memory(config, settings, args.model)
     print(json.dumps(planner.plan_to_dict(plan), indent=2) if args.json else planner.format_plan(plan))
     return 0
 

@@ -305,10 +305,12 @@ def planner_figure(options: list[str], preset: str = "llama-3.1-8b", gpu_gib: in
     from hydrappo.planner.presets import preset_config
     from hydrappo.planner.settings import TrainingSettings
 
-    layers, rank, everywhere = 4, 0, False
+    layers, band, rank, everywhere = 4, None, 0, False
     for flag, value in zip(options, options[1:]):
         if flag == "--num_layers_unfrozen":
-            layers = int(value)
+            layers, band = int(value), None
+        elif flag == "--trainable_layers":  # the same band of the preset's layers (it has more than the example's)
+            band = value
         elif flag == "--lora_r":
             rank = int(value)
         elif flag == "--lora_layers":
@@ -316,7 +318,8 @@ def planner_figure(options: list[str], preset: str = "llama-3.1-8b", gpu_gib: in
     config = preset_config(preset)
     if everywhere:
         layers = config.num_hidden_layers  # adapters in every layer: the planner's LoRA on the top N
-    plan = planner.plan_memory(config, TrainingSettings(num_layers_unfrozen=layers, lora_rank=rank), preset)
+    settings = TrainingSettings(num_layers_unfrozen=layers, trainable_layers=None if everywhere else band, lora_rank=rank)
+    plan = planner.plan_memory(config, settings, preset)
     return {"planner_peak_gib": plan.hydra.peak / 2**30, "planner_fits": plan.hydra.fits(gpu_gib)}
 
 

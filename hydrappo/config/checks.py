@@ -21,6 +21,7 @@ import torch
 
 from ..algo.advantages import ESTIMATORS, group_size_problem
 from ..errors import Problem
+from ..model.band import BAND_SYNTAX, band_problem, parse_band
 from ..model.lora import lora_problems
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
@@ -145,6 +146,7 @@ def _check_values(config, problems: Problems) -> None:
 
 def _check_common(config, problems: Problems) -> None:
     """Combinations every command shares: chat template, LoRA, a quantized or sharded trunk."""
+    _check_band(config, problems)
     _check_trunk(config, problems)
     data = config.data
     if data.system_prompt and not data.apply_chat_template:
@@ -158,6 +160,29 @@ def _check_common(config, problems: Problems) -> None:
     if lora is not None and lora.lora_r == 0 and lora.lora_layers != "top":
         problems.add("lora.lora_layers", lora.lora_layers, "has no effect while lora.lora_r is 0 (LoRA off)",
                      "set lora_r > 0 (e.g. 16), or remove lora_layers")  # fmt: skip
+
+
+def _check_band(config, problems: Problems) -> None:
+    """model.trainable_layers: its syntax and shape (the model's layer count is checked when it is
+    built), and the options it cannot serve."""
+    model, lora = config.model, getattr(config, "lora", None)
+    if model.trainable_layers is None:
+        return
+    option, value = "model.trainable_layers", model.trainable_layers
+    try:
+        band = parse_band(value)
+    except ValueError:
+        problems.add(option, value, "is not a band of layers", f"write {BAND_SYNTAX}")
+        return
+    shape = band_problem(band)
+    if shape is not None:
+        problems.add(option, value, *shape)
+    if model.num_layers_unfrozen != _default(type(model), "num_layers_unfrozen"):
+        problems.add(option, value, f"and model.num_layers_unfrozen={model.num_layers_unfrozen} both say which layers "
+                     "train", "keep one: the band, or num_layers_unfrozen for the top N layers (-1: every layer)")  # fmt: skip
+    if lora is not None and lora.lora_r > 0 and lora.lora_layers == "all":
+        problems.add(option, value, "cannot be combined with LoRA in every layer (lora.lora_layers: all)",
+                     "use lora_layers: top for adapters in the band's layers only, or remove trainable_layers")  # fmt: skip
 
 
 def _check_trunk(config, problems: Problems) -> None:

@@ -54,6 +54,19 @@ def _mapping_without_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
+# YAML 1.1 reads `12:16` as a base-60 integer (736); YAML 1.2 dropped that, and a band of layers
+# (model.trainable_layers: 12:16) means the text. Integers are resolved without the base-60 form.
+_INT_TAG = "tag:yaml.org,2002:int"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    _INT_TAG,
+    re.compile(r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"""),
+    list("-+0123456789"),
+)
+
 
 def load_yaml(text: str):
     """yaml.safe_load, except that a key given twice in one mapping is a yaml.YAMLError."""
@@ -197,6 +210,34 @@ def _parser_class():
     return ConfigParser
 
 
+def _given_on_command_line(words: list[str], options) -> set[str]:
+    """The options (by dest) that the command line names."""
+    by_string = {string: action.dest for action in options for string in action.option_strings}
+    return {by_string[word.split("=")[0]] for word in words if word.split("=")[0] in by_string}
+
+
+# Two ways to say which layers train; the command line wins over the file, as for every option.
+_LAYER_CHOICES = ("num_layers_unfrozen", "trainable_layers")
+
+
+def _one_choice_of_layers(values: dict, in_file: set[str], on_command_line: set[str], config_cls) -> None:
+    """Where one of model.num_layers_unfrozen / model.trainable_layers is on the command line and
+    the other only in the file, the file's one gives way (to its default). Both on the command line,
+    or both in the file, are refused."""
+    if "trainable_layers" not in values:
+        return
+    for where, given in (("the command line", on_command_line), ("the config", in_file - on_command_line)):
+        if all(name in given for name in _LAYER_CHOICES) and values["trainable_layers"] is not None:
+            raise ConfigError(
+                f"{where} sets both model.num_layers_unfrozen and model.trainable_layers, two ways to say which layers "
+                "train: keep one (trainable_layers 'START:END' for a band, num_layers_unfrozen N for the top N layers)."
+            )
+    for given, other in (_LAYER_CHOICES, _LAYER_CHOICES[::-1]):
+        if given in on_command_line and other not in on_command_line and other in in_file:
+            model_fields = {f.name: f for f in dataclasses.fields(sections_of(config_cls)["model"])}
+            values[other] = model_fields[other].default
+
+
 def config_parser(config_cls=Config, **kwargs):
     """The command-line parser of a config class's options (transformers' HfArgumentParser)."""
     return _parser_class()(tuple(sections_of(config_cls).values()), **kwargs)
@@ -257,6 +298,7 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
             f"unknown command-line option(s) {' '.join(remaining)}.{hint} The valid options: --{', --'.join(valid)}."
         )
     values = vars(args)
+    _one_choice_of_layers(values, set(defaults), _given_on_command_line(words, parser.options), config_cls)
     for dest, words in spaced.items():  # a text list keeps its values as written
         values[dest] = [value[1:] if isinstance(value, str) and value in words else value for value in values[dest]]
     built = {}

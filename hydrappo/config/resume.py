@@ -6,7 +6,7 @@ before the checkpoint's weights load (through the Python API, `train(resume=...)
 the trainer built its model):
 
 - refused: an option that decides what the checkpoint holds or what its state means (which
-  weights: the model, num_layers_unfrozen, train_lm_head/final_norm, LoRA's shape and scale;
+  weights: the model, num_layers_unfrozen or trainable_layers, train_lm_head/final_norm, LoRA's shape and scale;
   whose state: the optimizer, the KL controller, the advantage estimator with or without a
   value head; what the data position counts: a supervised stage's batch_size; a random
   model's seed). The message names the option, both values and what to do.
@@ -32,6 +32,7 @@ REFUSED = {
     "model.gguf_file": "the checkpoint's weights were trained on that model",
     "model.random_init": "the checkpoint's weights were trained on that model",
     "model.num_layers_unfrozen": _WEIGHTS,
+    "model.trainable_layers": _WEIGHTS,
     "model.train_lm_head": _WEIGHTS,
     "model.train_final_norm": _WEIGHTS,
     "model.layers_path": _WEIGHTS,

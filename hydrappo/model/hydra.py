@@ -5,6 +5,9 @@ The top `N` layers (the originals, in place) are the trainable policy; a frozen 
 of the original top layers is the reference; an optional frozen reward branch is a
 third set of top layers with a scalar head.
 
+A band mid-stack may train instead (model/band.py): the split is at its bottom, policy and reference
+(a copy of the band) run on through the same frozen layers above; a reward branch copies all from the split up.
+
 How the branches run without per-architecture code: every pass goes through the
 model's OWN decoder forward (its embeddings, causal/sliding-window masks, rotary
 embeddings, per-layer attention types and final norm). For a branch pass the decoder
@@ -33,6 +36,7 @@ from .arch import (
     output_embeddings,
     set_path,
 )
+from .band import trainable_range
 from .heads import RewardHead, ValueHead, widened
 from .logprobs import token_logprobs
 from .lora import lora_problems
@@ -99,6 +103,8 @@ class HydraModel(nn.Module):
         num_layers_unfrozen: N, the number of top decoder layers that train. 0 trains the
             heads only (the policy IS the reference); -1 or N >= number of layers trains the
             whole model and keeps a complete frozen copy as the reference.
+        trainable_layers: a band "START:END" or (start, end), 0-based, end exclusive, with
+            start >= 1, trained instead of the top N (num_layers_unfrozen is then ignored).
         train_lm_head: also train the output embeddings. A head tied to the input
             embeddings is untied into its own trainable copy first, so that no gradient
             reaches the embeddings or the bottom layers.
@@ -124,6 +130,7 @@ class HydraModel(nn.Module):
         model: nn.Module,
         num_layers_unfrozen: int = 2,
         *,
+        trainable_layers: tuple[int, int] | None = None,
         train_lm_head: bool = False,
         train_final_norm: bool = False,
         layers_path: str | None = None,
@@ -147,14 +154,15 @@ class HydraModel(nn.Module):
         self.model = model
         self.arch = locate(model, layers_path)
         num_layers = self.arch.num_layers
-        self.num_layers_unfrozen = _resolve_num_unfrozen(num_layers_unfrozen, num_layers)
         self.uses_lora = lora is not None
         if self.uses_lora and lora_layers not in ("top", "all"):
-            raise ValueError(f"lora_layers={lora_layers!r}: use 'top' (the top num_layers_unfrozen layers) or 'all'.")
-        if self.uses_lora and lora_layers == "all":
-            self.num_layers_unfrozen = num_layers
+            raise ValueError(f"lora_layers={lora_layers!r}: use 'top' (the trainable layers) or 'all'.")
+        # The trainable layers are layer_list[split_index:band_end]; those above band_end stay
+        # frozen and are shared by the policy and reference paths (none for top N).
+        self.split_index, self.band_end = trainable_range(num_layers_unfrozen, trainable_layers, num_layers,
+                                                          adapters_everywhere=self.uses_lora and lora_layers == "all")  # fmt: skip
+        self.num_layers_unfrozen = self.band_end - self.split_index
         self.full_model = self.num_layers_unfrozen == num_layers and not self.uses_lora
-        self.split_index = num_layers - self.num_layers_unfrozen
         self.train_lm_head = train_lm_head or self.full_model
         self.train_final_norm = train_final_norm or self.full_model
         self.logprob_chunk_tokens = logprob_chunk_tokens
@@ -181,14 +189,15 @@ class HydraModel(nn.Module):
         elif self.uses_lora:
             from .lora import attach_lora
 
-            top = list(range(self.split_index, num_layers)) if lora_layers == "top" else None
+            top = list(range(self.split_index, self.band_end)) if lora_layers == "top" else None
             pattern = self.arch.layers_path.rpartition(".")[2]
             object.__setattr__(self, "peft_model", attach_lora(model, lora, self.arch.layers, top, pattern))
             self._reference_hidden = self._reference_with_adapters_off
         else:
             self._reference_hidden = self._reference_of_top_copy
             self.shares_reference = self.num_layers_unfrozen == 0 and not (self.train_lm_head or self.train_final_norm)
-            top = self.arch.layers[self.split_index :]
+            top = self.arch.layers[self.split_index : self.band_end]
+            # Only the trainable layers are copied: both paths run the frozen ones above a band.
             self.ref_layers = nn.ModuleList(_frozen_copy(layer) for layer in top)
             top.requires_grad_(True)
             if self.train_final_norm:
@@ -247,6 +256,16 @@ class HydraModel(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def branch_depth(self) -> int:
+        """Layers from the split to the top: what a branch pass runs and a reward branch copies."""
+        return self.arch.num_layers - self.split_index
+
+    @property
+    def is_band(self) -> bool:
+        """Whether frozen layers sit above the trainable ones (a band rather than the top N)."""
+        return self.band_end < self.arch.num_layers
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
@@ -257,10 +276,11 @@ class HydraModel(nn.Module):
                 "a reward branch needs a frozen trunk to sit on; with num_layers_unfrozen=-1 (the whole model "
                 "trains) there is none. Use a reward function or a separate reward model instead."
             )
-        if len(branch.layers) != self.num_layers_unfrozen:
+        if len(branch.layers) != self.branch_depth:
             raise ValueError(
-                f"the reward branch has {len(branch.layers)} layers but the hydra splits the trunk at "
-                f"{self.num_layers_unfrozen} top layers; train the reward branch with the same num_layers_unfrozen."
+                f"the reward branch has {len(branch.layers)} layers but the hydra splits the trunk "
+                f"{self.branch_depth} layers below the top; train the reward branch with the same num_layers_unfrozen "
+                "(or trainable_layers)."
             )
         branch.requires_grad_(False)
         self.reward_branch = branch.to(self.device)
@@ -276,12 +296,14 @@ class HydraModel(nn.Module):
                 "reward branches need a frozen trunk below them: num_layers_unfrozen < number of layers "
                 "(and, with LoRA, lora_layers='top')."
             )
+        # It runs from the split to the top: for a band, the band's original weights and the layers above.
         if self.uses_lora:
             from .lora import strip_lora
 
             layers = nn.ModuleList(strip_lora(layer) for layer in self.arch.layers[self.split_index :])
         else:
-            layers = nn.ModuleList(copy.deepcopy(layer) for layer in self.ref_layers)
+            above = self.arch.layers[self.band_end :]
+            layers = nn.ModuleList(copy.deepcopy(layer) for layer in [*self.ref_layers, *above])
         original_norm = self.ref_norm if self.ref_norm is not None else (self.arch.final_norm if own_norm else None)
         norm = copy.deepcopy(original_norm) if original_norm is not None else None
         head = RewardHead(self.arch.hidden_size).to(torch.promote_types(next(self.model.parameters()).dtype, torch.float32))
@@ -585,19 +607,6 @@ class HydraModel(nn.Module):
 
 def _default_mask(input_ids, attention_mask):
     return torch.ones_like(input_ids) if attention_mask is None else attention_mask
-
-
-def _resolve_num_unfrozen(requested, num_layers: int) -> int:
-    if isinstance(requested, bool) or not isinstance(requested, int):
-        raise TypeError(f"num_layers_unfrozen must be an int, got {requested!r}.")
-    if requested == -1 or requested >= num_layers:
-        return num_layers
-    if requested < -1:
-        raise ValueError(
-            f"num_layers_unfrozen={requested} is out of range: use 0..{num_layers} (the model has {num_layers} "
-            "decoder layers), 0 to train only the heads, or -1 to train the whole model."
-        )
-    return requested
 
 
 def _untie_output_embeddings(model: nn.Module) -> None:

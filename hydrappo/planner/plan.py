@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from ..model.band import band_problem, parse_band, resolve_band
 from ..model.logprobs import CHUNK_ELEMENTS
 from .activations import ActivationTrace, trace_activations
 from .counts import (
@@ -150,23 +151,41 @@ def _layer_workspace(counts: ParameterCounts, batch: int, length: int, wbytes: i
     return batch * length * (3 * counts.intermediate_size + 4 * counts.hidden_size) * wbytes
 
 
+def _trainable_layers(s: TrainingSettings, num_layers: int) -> tuple[int, int]:
+    """(split, n): the first trainable layer and how many train, from the top N or a band."""
+    if s.trainable_layers is not None:
+        band = parse_band(s.trainable_layers)
+        problem = band_problem(band, num_layers)
+        if problem is not None:
+            raise ValueError(f"trainable_layers {s.trainable_layers!r} {problem[0]}; {problem[1]}.")
+        start, end = resolve_band(band, num_layers)
+        return start, end - start
+    n = num_layers if s.num_layers_unfrozen == -1 else min(s.num_layers_unfrozen, num_layers)
+    if n < 0:
+        raise ValueError("num_layers_unfrozen must be -1 (all layers) or >= 0.")
+    return num_layers - n, n
+
+
 def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
                 counts: ParameterCounts | None = None, trace: ActivationTrace | None = None) -> MemoryPlan:  # fmt: skip
     """Per-component memory of PPO with hydrappo and with the classic four-model layout. `counts`
     and `trace` reuse another plan's of the same model, shapes, dtype, LoRA rank and final norm."""
     counts = counts or count_parameters(config)
     s = settings
-    n = counts.num_layers if s.num_layers_unfrozen == -1 else min(s.num_layers_unfrozen, counts.num_layers)
-    if n < 0:
-        raise ValueError("num_layers_unfrozen must be -1 (all layers) or >= 0.")
-    full = n == counts.num_layers
-    w = s.weight_bytes
     h, v, L = counts.hidden_size, counts.vocab_size, counts.num_layers
+    split, n = _trainable_layers(s, L)
+    # A band leaves frozen layers above it: the update's forward runs them and its backward passes
+    # the gradient through them, so their activations are kept (their weights take no gradient).
+    above = L - split - n
+    full = n == L
+    w = s.weight_bytes
     T, R = s.seq_len, s.response_length
     micro, gen = s.micro_batch, s.generation_batch_size
     lora = s.lora_rank > 0
     trace = trace or trace_activations(config, micro, T, s.torch_dtype, s.lora_rank, s.train_final_norm or full)
-    top = counts.top(n)
+    top = sum(counts.layers[split : split + n])
+    branch = sum(counts.layers[split:])  # a reward branch copies every layer from the split up
+    where = f"top {n} layers" if not above else f"band of {n} layers ({split}:{split + n})"
     train_head = (s.train_lm_head or full) and not lora
     train_norm = (s.train_final_norm or full) and not lora
     head_copy = counts.lm_head_size if train_head else 0  # hydra's reference (frozen) head / the untied trainable one
@@ -177,7 +196,7 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     if q != "none" and full:
         raise ValueError("trunk quantization needs a frozen trunk: num_layers_unfrozen must be below the number of layers.")
     # Frozen input embeddings are quantized when nothing ties them to the lm_head (a trained head is untied).
-    replaced, quantized = quantized_trunk(counts, L - n, q, embeddings=counts.lm_head > 0 or train_head)
+    replaced, quantized = quantized_trunk(counts, split, q, embeddings=counts.lm_head > 0 or train_head)
     dequantized = 2 * counts.largest_linear * w if q != "none" else 0  # a weight dequantized for its matmul
 
     def kv_cache(batch):
@@ -208,20 +227,21 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
         trainable_low = top + (counts.lm_head_size if train_head else 0) + norm_copy
         trainable_fp32 = vh
         reference = top + head_copy + norm_copy
-        reference_note = f"top {n} layers" + (" + lm_head" if head_copy else "") + (" + final norm" if norm_copy else "")
-    reward = (top + norm_copy) * w + reward_head_parameters(h) * 4 if s.reward_model and not full and n else 0
-    layers_act = (n * trace.layer_input + trace.layer) if s.gradient_checkpointing else n * trace.layer
+        reference_note = where + (" + lm_head" if head_copy else "") + (" + final norm" if norm_copy else "")
+    reward = (branch + norm_copy) * w + reward_head_parameters(h) * 4 if s.reward_model and not full and n else 0
+    run = n + above  # layers the update runs with autograd
+    layers_act = (run * trace.layer_input + trace.layer) if s.gradient_checkpointing else run * trace.layer
     grads = trainable_low * w + trainable_fp32 * 4
     hydra = [
         Component("weights", (counts.total + untied_head - replaced) * w + quantized, "static",
                   "the base model" + (" + its untied trainable lm_head" if untied_head else "")
-                  + (f"; bottom {L - n} layers' linear maps{' and input embeddings' if replaced > sum(counts.layer_linear_weights[:L - n]) else ''} "
+                  + (f"; bottom {split} layers' linear maps{' and input embeddings' if replaced > sum(counts.layer_linear_weights[:split]) else ''} "
                      f"in {q} ({quantized / GIB:.2f} GiB)" if q != "none" else "")),
         Component("reference copy", reference * w, "static", reference_note),
-        Component("reward branch", reward, "static", f"top {n} layers + scalar head" if reward else "none"),
+        Component("reward branch", reward, "static", f"top {L - split} layers + scalar head" if reward else "none"),
         Component("value head", vh * 4, "static", "MLP h-2h-1, float32"),
         Component("LoRA adapters", (adapters if lora else 0) * 4, "static",
-                  f"rank {s.lora_rank} on the top {n} layers' linear maps, float32" if lora else "none"),
+                  f"rank {s.lora_rank} on the {where}' linear maps, float32" if lora else "none"),
         Component("fp32 master weights", trainable_low * 4 if s.uses_master_weights else 0, "static",
                   "of the trainable weights" if s.uses_master_weights and trainable_low else "none"),
         Component("optimizer state", _optimizer_bytes(trainable_low, s.optimizer, state_bytes)
@@ -237,7 +257,8 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
         Component("split-hidden cache", split_cache, "update", "kept for the PPO epochs"),
         Component("gradients", grads, "update", "trainable parameters"),
         Component("activations", layers_act + trace.tail, "update",
-                  f"top {n} layers, micro-batch {micro} x {T}" + (", checkpointed" if s.gradient_checkpointing else "")),
+                  (f"{where} + the {above} frozen above" if above else where) + f", micro-batch {micro} x {T}"
+                  + (", checkpointed" if s.gradient_checkpointing else "")),
         Component("log-prob chunks", logits_update, "update", "chunked lm_head, fused with its gradient"),
         Component("backward workspace", trace.layer // 2, "update", "gradients of one layer's activations"),
     ]
@@ -291,12 +312,16 @@ def _gib(value: int) -> str:
     return f"{value / GIB:7.2f}"
 
 
+def _layers_label(s: TrainingSettings) -> str:
+    return f"trainable layers {s.trainable_layers}" if s.trainable_layers is not None else f"N={s.num_layers_unfrozen}"
+
+
 def format_plan(plan: MemoryPlan) -> str:
     s, c = plan.settings, plan.counts
     lines = [
         f"{plan.model}: {_count(c.total)} parameters ({c.num_layers} layers, hidden {c.hidden_size}, vocab "
         f"{c.vocab_size}, {'tied' if not c.lm_head else 'untied'} lm_head; one layer {_count(c.layers[-1])})",
-        f"settings: N={s.num_layers_unfrozen}, {'LoRA rank ' + str(s.lora_rank) if s.lora_rank else 'full top-N'}, "
+        f"settings: {_layers_label(s)}, {'LoRA rank ' + str(s.lora_rank) if s.lora_rank else 'full ' + ('band' if s.trainable_layers else 'top-N')}, "
         f"{s.dtype} weights{', fp32 master weights' if s.uses_master_weights else ''}, {s.optimizer}, "
         f"{'' if s.trunk_quantization == 'none' else s.trunk_quantization + ' trunk, '}"
         f"batch {s.batch_size} (mini {s.mini_batch_size}, micro {s.micro_batch}, generation {s.generation_batch_size}), "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DTYPE_NAMES, torch_dtype
+from ..model.band import band_problem, parse_band
 from ..model.quantize import TRUNK_QUANTIZATIONS
 
 GIB = 2**30
@@ -31,6 +32,9 @@ class TrainingSettings:
     """What a PPO run keeps in memory besides the model. Lengths are in tokens."""
 
     num_layers_unfrozen: int = 2
+    # A band 'START:END' of trainable layers instead of the top N (model/band.py; num_layers_unfrozen is then
+    # ignored): the frozen layers above it run in the update's forward and backward, so their activations count.
+    trainable_layers: str | None = None
     lora_rank: int = 0  # 0: full training of the top N layers; r > 0: LoRA adapters on their linear modules
     dtype: str = "bfloat16"  # weights
     master_weights: bool | None = None  # fp32 master copy of the trainable weights (None: when dtype is not fp32)
@@ -61,6 +65,10 @@ class TrainingSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.num_layers_unfrozen < -1:
             raise ValueError(f"num_layers_unfrozen must be >= -1 (-1: the whole model), got {self.num_layers_unfrozen}.")
+        if self.trainable_layers is not None:
+            problem = band_problem(parse_band(self.trainable_layers))
+            if problem is not None:
+                raise ValueError(f"trainable_layers {self.trainable_layers!r} {problem[0]}; {problem[1]}.")
         if self.lora_rank < 0:
             raise ValueError("lora_rank must be >= 0 (0: no LoRA).")
         if self.mini_batch_size % self.gradient_accumulation_steps:

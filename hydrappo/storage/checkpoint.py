@@ -360,7 +360,7 @@ def load_trainable_weights(model: torch.nn.Module, path: str | Path, names: set[
         raise CheckpointError(
             f"{weights_file} does not fit this model: missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
             f"unexpected {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}. Was it written with other "
-            "num_layers_unfrozen / train_lm_head / train_final_norm / LoRA settings, or for another model?"
+            "num_layers_unfrozen / trainable_layers / train_lm_head / train_final_norm / LoRA settings, or for another model?"
         )
     with torch.no_grad():
         for name, tensor in state.items():

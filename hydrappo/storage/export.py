@@ -265,6 +265,7 @@ def export_checkpoint(
         "step": trainer_state.get("step"),
         "base_model": config.model.name_or_path,
         "num_layers_unfrozen": hydra.num_layers_unfrozen,
+        "trainable_layers": config.model.trainable_layers,
         "train_lm_head": hydra.train_lm_head,
         "train_final_norm": hydra.train_final_norm,
         "lora": bool(getattr(hydra, "uses_lora", False)),

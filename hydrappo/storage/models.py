@@ -406,6 +406,27 @@ def ready_for_training(model, tokenizer, device: str | torch.device = "cpu", dty
     return model.eval(), tokenizer
 
 
+def check_band_fits(model_config: ModelConfig) -> None:
+    """Refuse a model.trainable_layers band that runs past the model's top from its config.json,
+    before any weight loads (a GGUF source is checked by the hydra, once loaded)."""
+    if model_config.trainable_layers is None:
+        return
+    from transformers import AutoConfig
+
+    from ..model.band import band_problem, parse_band
+
+    directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file, model_config.revision)
+    try:
+        config = AutoConfig.from_pretrained(str(directory)) if gguf is None else None
+    except (OSError, ValueError):
+        return  # loading says what is wrong with the source
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(config, "num_hidden_layers", None)
+    problem = band_problem(parse_band(model_config.trainable_layers), layers) if isinstance(layers, int) else None
+    if problem is not None:
+        raise ModelLoadError(f"model.trainable_layers={model_config.trainable_layers!r} {problem[0]}; {problem[1]}.")
+
+
 def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True, dtype_device=None,
                 loaded=None):  # fmt: skip
     """Load the model a config names and wrap it as the HydraModel that config trains
@@ -428,6 +449,8 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
     load_device = "cpu" if quantization != "none" else device
     dtype = resolve_dtype(model_config.dtype, dtype_device or device)
     if loaded is None:
+        check_band_fits(model_config)
+    if loaded is None:
         model, tokenizer = load_model_and_tokenizer(model_config, device=load_device, dtype=dtype)
     else:
         model, tokenizer = loaded
@@ -440,6 +463,7 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
         hydra = HydraModel(
             model,
             model_config.num_layers_unfrozen,
+            trainable_layers=model_config.trainable_layers,
             train_lm_head=model_config.train_lm_head,
             train_final_norm=model_config.train_final_norm,
             layers_path=model_config.layers_path,

@@ -65,7 +65,8 @@ def base_model_identity(hydra: HydraModel, name_or_path: str | None = None) -> d
         "num_layers": hydra.arch.num_layers,
         "hidden_size": hydra.arch.hidden_size,
         "vocab_size": _vocab_size(hydra.model.get_input_embeddings()),
-        "num_layers_unfrozen": hydra.num_layers_unfrozen,
+        # The branch's layers: from the split to the top (N for top N; a band's and those above it).
+        "num_layers_unfrozen": hydra.branch_depth,
         "trunk_fingerprint": trunk_fingerprint(hydra),
     }
 
@@ -133,10 +134,11 @@ def check_base_model(hydra: HydraModel, base: dict, source: str) -> None:
                 f"(reward branch trained on {base.get('name_or_path')!r}). Train the reward branch on the PPO base model."
             )
     if base["num_layers_unfrozen"] != here["num_layers_unfrozen"]:
+        n, split = base["num_layers_unfrozen"], here["num_layers"] - base["num_layers_unfrozen"]
         raise CheckpointError(
-            f"{source} has {base['num_layers_unfrozen']} reward layers but this hydra splits the trunk at "
-            f"{here['num_layers_unfrozen']} top layers: set model.num_layers_unfrozen: {base['num_layers_unfrozen']} "
-            "or train the reward branch with the same num_layers_unfrozen as PPO."
+            f"{source} has {n} reward layers but this hydra splits the trunk at {here['num_layers_unfrozen']} "
+            f"layers below the top: set model.num_layers_unfrozen: {n} (or a model.trainable_layers band starting at "
+            f"layer {split}), or train the reward branch with the same split as PPO."
         )
     theirs, ours = base.get("trunk_fingerprint") or {}, here["trunk_fingerprint"]
     differing = [

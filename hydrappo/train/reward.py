@@ -126,8 +126,15 @@ class RewardTrainer(SupervisedStage):
             f"{stats.get('score_mean', float('nan')):.4f}, std {stats.get('score_std', float('nan')):.4f}.\n"
             f"reward checkpoint: {self.checkpoint_path}\n"
             f"use it in PPO with model.reward_branch_path: {self.config.train.output_dir} and reward.use_reward_branch: "
-            f"true (model.num_layers_unfrozen: {self.hydra.num_layers_unfrozen})"
+            f"true ({self._split_option()})"
         )
+
+    def _split_option(self) -> str:
+        """The option that puts PPO's split where this branch starts."""
+        band = self.config.model.trainable_layers
+        if band is not None:
+            return f"model.trainable_layers: '{band}', or any band starting at layer {self.hydra.split_index}"
+        return f"model.num_layers_unfrozen: {self.hydra.num_layers_unfrozen}"
 
     def cache_examples(self) -> dict:
         examples = {}

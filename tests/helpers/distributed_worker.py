@@ -39,6 +39,8 @@ VARIANTS = {
     "reinforce_pp": ["--advantage_estimator", "reinforce_pp", "--loss_agg_mode", "seq-mean-token-mean"],
     # Only the value head trains; with weight decay, a policy weight given a zero gradient would move.
     "critic_warmup": ["--critic_warmup_steps", "1", "--weight_decay", "0.1"],
+    # A band in the middle of the 4 layers: the gradient crosses the frozen layer above it.
+    "band": ["--trainable_layers", "1:3", "--train_lm_head", "false"],
 }
 
 

@@ -262,3 +262,25 @@ def test_experience_from_states_recorded_on_a_quantized_trunk(mode):
     _, _, mask, again, reused = both_passes(hydra, tiny_tokenizer(), prompts_of([3, 7, 5, 2]), stop_token_ids=[5, 6])
     for name in ("logprobs", "ref_logprobs", "values"):
         torch.testing.assert_close(getattr(reused, name), getattr(again, name), atol=2e-3, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["int8", "4bit"])
+def test_a_band_quantizes_only_the_layers_below_it(mode):
+    """Band 1:3 of 4: layer 0 quantized; the band and the frozen layer 3 above it (the update's
+    backward passes through it) stay in full precision; the policy is the quantized model's own."""
+    hydra = HydraModel(tiny_model("llama", tie_word_embeddings=False), trainable_layers="1:3", verify=False)
+    report = quantize_frozen_trunk(hydra, mode)
+    assert report["linears"] == 7  # the one layer below the band
+    layers = hydra.model.model.layers
+    kinds = [{type(m) for m in layer.modules() if isinstance(m, nn.Linear)} for layer in layers]
+    assert kinds == [{QUANTIZED[mode]}, {nn.Linear}, {nn.Linear}, {nn.Linear}]
+    assert {id(p) for p in hydra.trainable_parameters()} == {id(p) for p in [*layers[1:3].parameters(), *hydra.value_head.parameters()]}
+    ids, mask = _ids()
+    with torch.no_grad():
+        out = hydra.forward_hydra(ids, mask, return_logits=True)
+        own = hydra.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        top = hydra.forward_top(out.split_hidden, ids, mask)
+    assert torch.equal(out.logits[mask.bool()], own[mask.bool()])
+    assert torch.equal(out.ref_logprobs, out.logprobs) and torch.equal(top.logprobs, out.logprobs)
+    hydra.forward_top(out.split_hidden, ids, mask).logprobs.sum().backward()
+    assert all(p.grad is not None for p in layers[1:3].parameters()) and all(p.grad is None for p in layers[3].parameters())

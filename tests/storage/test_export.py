@@ -323,3 +323,30 @@ def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, c
     saved = load_file(str(tmp_path / "reward.safetensors"))
     assert saved.keys() == branch.state_dict().keys()
     assert all(torch.equal(saved[k], v) for k, v in branch.state_dict().items())
+
+
+def test_a_band_checkpoint_exports_to_a_plain_model_with_the_policys_logits(tmp_path, capfd):
+    """A band (layers 1:3 of 4) trained in place: the plain model holds the trained band and the
+    untouched layers around it, and computes the hydra's policy logits."""
+    config = parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "run"), "--no_progress_bar", "--total_steps", "1",
+                                                  "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
+                                                  "--learning_rate", "0.05", "--dtype", "float64", "--trainable_layers", "1:3",
+                                                  "--train_lm_head", "false"])  # fmt: skip
+    trainer = PPOTrainer(config, config_dir=TINY)
+    trainer.train()
+    hydra, out = trainer.hydra, tmp_path / "policy"
+    export_checkpoint(tmp_path / "run" / "checkpoint-1", out)
+    model = _load_plain(out, capfd)
+    info = json.loads((out / "hydrappo_export.json").read_text())
+    assert info["trainable_layers"] == "1:3"
+    ids = torch.randint(4, 60, (3, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        expected = hydra.forward_hydra(ids, mask, return_logits=True)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    real = mask.bool()
+    assert torch.allclose(logits[real], expected.logits[real], atol=FLOAT64_ATOL, rtol=0)
+    assert not torch.allclose(expected.ref_logits[real], expected.logits[real], atol=1e-3)  # the trained policy
+    original_1, exported_1 = hydra.ref_layers[0].state_dict(), model.model.layers[1].state_dict()
+    assert any(not torch.equal(original_1[name], exported_1[name]) for name in original_1)  # layer 1 trained

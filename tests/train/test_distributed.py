@@ -132,7 +132,7 @@ def test_a_ppo_step_on_two_processes_equals_one_process_on_the_whole_batch(tmp_p
     1 process x 8 end with the same weights and log the same statistics, for PPO with a critic
     (GAE, whitened advantages) and two critic-free estimators (GRPO with groups of 2, KL in the
     loss; REINFORCE++, whose token returns are whitened over the whole batch)."""
-    check_ok(launch(["tests/helpers/distributed_worker.py", "ppo", str(tmp_path / "two")]))
+    check_ok(launch(["tests/helpers/distributed_worker.py", "ppo", str(tmp_path / "two")], timeout=180))
     ppo_variants(tmp_path / "one")
     for name in VARIANTS:
         one, two = tmp_path / "one" / name, tmp_path / "two" / name

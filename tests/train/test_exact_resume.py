@@ -201,6 +201,9 @@ CASES = {
     "critic_free_groups": ppo_case(GROUPS, kill=interrupt_in_step_3, resumed_steps=[3, 4], dies_with=KeyboardInterrupt),
     "quantized_int8_adamw8bit": ppo_case(QUANTIZED, kill=kill_after_next_save, resumed_steps=[3, 4], check=quantized_check),
     "kl_pi_controller": ppo_case(PI, kill=kill_after_next_save, resumed_steps=[3, 4], check=pi_check),
+    # A band of trainable layers (1:3 of 4) with LoRA on it, the reference its layers with adapters off.
+    "band_lora": ppo_case([*LORA, "--trainable_layers", "1:3"], kill=kill_after_next_save, resumed_steps=[2]),
+    "band": ppo_case([*PI, "--trainable_layers", "1:3"], kill=kill_after_next_save, resumed_steps=[3, 4], check=pi_check),
     "held_out_eval": Case(make=held_out_trainer, kill=kill_after_next_save, resumed_steps=[3, 4], check=held_out_check),
     "lora": ppo_case(LORA, kill=kill_after_next_save, resumed_steps=[2],
                      resume_from=lambda folder: folder / "out" / "checkpoint-1"),
