@@ -13,6 +13,10 @@ serving engine) never enter the loss.
                          row instead of an exponential draw over the vocabulary, no per-step
                          processor objects) and rows that ended leave the batch; records the split
                          states and shares the prefill as generate does. Not under FSDP.
+    graph                the decode loop's step with fixed shapes (graph_decode.py): a static KV cache
+                         per bucket of rows x length, every per-token tensor preallocated, the step
+                         captured as a CUDA graph and replayed (eager elsewhere); rows that ended stay
+                         in the batch. Records the split states and shares the prefill. Not under FSDP.
     generate             transformers' `generate` on the hydra's model (rollout.generate_responses):
                          a KV cache per chunk of `generation_batch_size` rows, records the split
                          states, shares the prefill of a prompt's G samples, runs under FSDP.
@@ -169,6 +173,10 @@ def build_sampler(args: GenerationArgs, hydra: HydraModel, tokenizer, *, synced:
     name = resolve_sampler(args.sampler, hydra.device, synced)
     if name == "decode":
         return DecodeSampler(hydra, tokenizer)
+    if name == "graph":
+        from .graph_decode import GraphSampler
+
+        return GraphSampler(hydra, tokenizer)
     if name == "continuous_batching":
         return ContinuousBatchingSampler(hydra, tokenizer)
     if name == "vllm":

@@ -24,6 +24,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.prompts": 3,
     "hydrappo.rollout": 3,
     "hydrappo.decode": 3,
+    "hydrappo.graph_decode": 3,
     "hydrappo.sampling": 3,
     "hydrappo.serving": 3,  # imports vllm inside functions: an optional extra
     "hydrappo.rewards": 3,
