@@ -171,8 +171,8 @@ class StaticDecoder:
 
     # --- replay -------------------------------------------------------------------------
     def run_step(self, record_split: bool) -> None:
-        """One token step: the captured graph on CUDA (captured at the first call after two eager
-        warm-up steps, which are real steps), the eager step elsewhere."""
+        """One token step: the captured graph on CUDA (the first call runs the step eagerly, as the
+        warm-up capturing needs, then captures it), the eager step elsewhere."""
         if self.model.device.type != "cuda" or self.graph is False:
             self.step(record_split)
             return
@@ -229,8 +229,8 @@ class GraphDecoding:
     """The buckets of one hydra (one StaticDecoder each), kept across calls, and the chunk
     function rollout.generate_responses runs them through."""
 
-    def __init__(self, hydra):
-        self.hydra = hydra
+    def __init__(self, hydra, capture: bool = True):
+        self.hydra, self.capture = hydra, capture  # capture False: the step runs eagerly on CUDA too
         self.model = hydra.model if isinstance(hydra, HydraModel) else hydra
         self.decoders: dict[_Key, StaticDecoder] = {}
         self.fingerprint = None
@@ -249,6 +249,8 @@ class GraphDecoding:
         if key not in self.decoders:
             self.decoders[key] = StaticDecoder(self.hydra, key.rows, key.capacity, key.max_new_tokens, key.rule,
                                                list(key.stop_ids), key.min_new_tokens, pad_id)  # fmt: skip
+            if not self.capture:
+                self.decoders[key].graph = False
         return self.decoders[key]
 
     @torch.no_grad()

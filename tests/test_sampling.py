@@ -114,10 +114,11 @@ def test_config_refuses_what_continuous_batching_cannot_do():
     message = str(error.value)
     assert "generation.min_new_tokens=2 has no continuous-batching version" in message
     assert "generation.sampler='continuous_batching' cannot run a trunk sharded" in message
-    with pytest.raises(ConfigError) as error:
-        parse_config(TINY / "config.yaml", ["--sampler", "decode", "--fsdp_trunk", "true", "--output_dir", "/tmp/unused"])
-    assert "generation.sampler='decode' cannot run a trunk sharded" in str(error.value)
+    for sampler in ("decode", "graph"):
+        with pytest.raises(ConfigError) as error:
+            parse_config(TINY / "config.yaml", ["--sampler", sampler, "--fsdp_trunk", "true", "--output_dir", "/tmp/unused"])
+        assert f"generation.sampler={sampler!r} cannot run a trunk sharded" in str(error.value)
     with pytest.raises(
-        ConfigError, match="generation.sampler='sglang' is not one of: auto, decode, generate, continuous_batching, vllm"
+        ConfigError, match="generation.sampler='sglang' is not one of: auto, decode, graph, generate, continuous_batching, vllm"
     ):
         parse_config(TINY / "config.yaml", ["--sampler", "sglang", "--output_dir", "/tmp/unused"])
