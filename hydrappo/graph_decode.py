@@ -20,8 +20,9 @@ checked then, on the tokens so far (rollout's first_stop trims every row at its 
 anyway). Rows that ended keep their place in the batch and feed padding, as generate's do.
 
 Buckets: the rows of a chunk are padded up to a power of two and the cache's length up to a
-multiple of LENGTH_STEP, so a run captures a few graphs (one per rows x length x sampling rule)
-and replays them. The prefill runs eagerly, into the bucket's cache.
+multiple of LENGTH_STEP; one bucket lives at a time (GraphDecoding), and a chunk that fits it
+runs in it, so a run captures a few graphs (the first chunk's, a larger one's, evaluation's
+greedy rule) and replays them. The prefill runs eagerly, into the bucket's cache.
 
 A captured graph reads the buffers it was captured on. The trainer updates the policy's weights
 in place (torch.optim, bitsandbytes' 8-bit optimizers and peft's adapters all do), so the next
@@ -212,46 +213,57 @@ class StaticDecoder:
         return not bool(self.running.any())
 
 
-@dataclass
-class _Key:
-    rows: int
-    capacity: int
+@dataclass(frozen=True)
+class _Kind:
+    """What a graph bakes in besides its shapes."""
+
     max_new_tokens: int
     rule: SamplingRule
     min_new_tokens: int
     stop_ids: tuple[int, ...]
-
-    def __hash__(self):
-        return hash((self.rows, self.capacity, self.max_new_tokens, self.rule, self.min_new_tokens, self.stop_ids))
+    pad_id: int
 
 
 class GraphDecoding:
-    """The buckets of one hydra (one StaticDecoder each), kept across calls, and the chunk
-    function rollout.generate_responses runs them through."""
+    """One hydra's live bucket (a StaticDecoder), kept across calls, and the chunk function
+    rollout.generate_responses runs through it.
+
+    One bucket at a time, so the memory the static cache holds between samples is one KV cache
+    of the largest bucket (the planner counts it): a chunk that fits the live bucket (as many
+    rows or fewer, as long or shorter) runs in it; a larger one replaces it by a bucket large
+    enough for both, and another sampling rule (greedy evaluation) by one of its own."""
 
     def __init__(self, hydra, capture: bool = True):
         self.hydra, self.capture = hydra, capture  # capture False: the step runs eagerly on CUDA too
         self.model = hydra.model if isinstance(hydra, HydraModel) else hydra
-        self.decoders: dict[_Key, StaticDecoder] = {}
+        self.live: StaticDecoder | None = None
+        self.kind: _Kind | None = None
         self.fingerprint = None
 
     def check_weights(self) -> bool:
-        """Drop every bucket (graphs and buffers) if a parameter or buffer got new storage since
-        they were made; True if it did."""
+        """Drop the live bucket (graph and buffers) if a parameter or buffer got new storage
+        since it was made; True if one did."""
         now = weights_fingerprint(self.hydra)
         changed = self.fingerprint is not None and now != self.fingerprint
         if changed:
-            self.decoders.clear()
+            self.live = None
         self.fingerprint = now
         return changed
 
-    def decoder(self, key: _Key, pad_id: int) -> StaticDecoder:
-        if key not in self.decoders:
-            self.decoders[key] = StaticDecoder(self.hydra, key.rows, key.capacity, key.max_new_tokens, key.rule,
-                                               list(key.stop_ids), key.min_new_tokens, pad_id)  # fmt: skip
-            if not self.capture:
-                self.decoders[key].graph = False
-        return self.decoders[key]
+    def decoder(self, kind: _Kind, rows: int, length: int) -> StaticDecoder:
+        live = self.live
+        if live is not None and kind == self.kind and rows <= live.rows and length <= live.capacity:
+            return live
+        if live is not None and kind == self.kind:
+            rows, length = max(rows, live.rows), max(length, live.capacity)
+        rows, capacity = bucket_of(rows, length)
+        self.live = None  # free the old buffers and graph before the new ones are allocated
+        self.live = StaticDecoder(self.hydra, rows, capacity, kind.max_new_tokens, kind.rule, list(kind.stop_ids),
+                                  kind.min_new_tokens, kind.pad_id)  # fmt: skip
+        if not self.capture:
+            self.live.graph = False
+        self.kind = kind
+        return self.live
 
     @torch.no_grad()
     def chunk(self, hydra, tokenizer, input_ids, attention_mask, args, *, greedy, record_split, shared, synced):
@@ -264,9 +276,9 @@ class GraphDecoding:
         feed_last = getattr(hydra, "reward_branch", None) is not None
         rule = SamplingRule(greedy=greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         stop_ids = tuple(sorted({tokenizer.eos_token_id, *args.stop_token_ids}))
-        bucket_rows, capacity = bucket_of(rows, width + args.max_new_tokens)
-        key = _Key(bucket_rows, capacity, args.max_new_tokens, rule, args.min_new_tokens, stop_ids)
-        decoder = self.decoder(key, tokenizer.pad_token_id)
+        kind = _Kind(args.max_new_tokens, rule, args.min_new_tokens, stop_ids, tokenizer.pad_token_id)
+        decoder = self.decoder(kind, rows, width + args.max_new_tokens)
+        bucket_rows = decoder.rows
         # Rows beyond the chunk's repeat its last row; their tokens are dropped.
         index = torch.arange(bucket_rows, device=input_ids.device).clamp(max=rows - 1)
         cache = shared.cache if shared else None

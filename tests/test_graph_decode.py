@@ -201,7 +201,7 @@ def test_in_place_weight_updates_reach_the_kept_buffers_and_new_storage_drops_th
     args = GenerationArgs(max_new_tokens=8, generation_batch_size=4)
     sampler = GraphSampler(hydra, tokenizer)
     before = sampler.sample(prompts, args, greedy=True)
-    decoders = dict(sampler.decoding.decoders)
+    live = sampler.decoding.live
     fingerprint = weights_fingerprint(hydra)
     top = hydra.arch.layers[-1]
     with torch.no_grad():
@@ -209,23 +209,33 @@ def test_in_place_weight_updates_reach_the_kept_buffers_and_new_storage_drops_th
             parameter.mul_(-3.0)
     assert weights_fingerprint(hydra) == fingerprint
     after = sampler.sample(prompts, args, greedy=True)
-    assert sampler.decoding.decoders == decoders  # the same buckets, read with the new weights
+    assert sampler.decoding.live is live  # the same bucket, read with the new weights
     loop = generate_responses(hydra, tokenizer, prompts, args, greedy=True, loop="decode")
     assert after.response_ids == loop.response_ids != before.response_ids
     parameter = next(top.parameters())
     parameter.data = parameter.data.clone()  # new storage: the buckets are made again
     assert weights_fingerprint(hydra) != fingerprint
-    assert sampler.decoding.check_weights() and sampler.decoding.decoders == {}
+    assert sampler.decoding.check_weights() and sampler.decoding.live is None
     assert sampler.sample(prompts, args, greedy=True).response_ids == loop.response_ids
 
 
-def test_one_bucket_serves_chunks_of_one_shape():
+def test_one_bucket_lives_and_grows_to_what_the_chunks_need():
     tokenizer = tiny_tokenizer()
     hydra = hydra64()
     decoding = GraphDecoding(hydra)
-    args = GenerationArgs(max_new_tokens=6, generation_batch_size=4)
-    generate_responses(hydra, tokenizer, prompts_of([3, 7, 5, 9, 4, 6, 8]), args, loop=decoding.chunk)
-    assert [(key.rows, key.capacity) for key in decoding.decoders] == [(4, 64)]  # chunks of 4 and 3 rows
+
+    def run(prompts, rows, greedy=False):
+        args = GenerationArgs(max_new_tokens=6, generation_batch_size=rows)
+        generate_responses(hydra, tokenizer, prompts, args, loop=decoding.chunk, greedy=greedy)
+        return decoding.live
+
+    first = run(prompts_of([3, 7, 5, 9, 4, 6, 8]), 4)  # chunks of 4 and 3 rows
+    assert (first.rows, first.capacity) == (4, 64)
+    assert run(prompts_of([3, 2]), 2) is first  # fits: the same buffers
+    wider = run(prompts_of([3, 60]), 2)  # 60 + 6 positions: a longer bucket, as many rows as before
+    assert (wider.rows, wider.capacity) == (4, 128)
+    greedy = run(prompts_of([3, 2]), 2, greedy=True)  # another rule: a bucket of its own, the old one dropped
+    assert (greedy.rows, greedy.capacity) == (2, 64) and decoding.live is greedy
 
 
 def test_the_sampler_is_chosen_by_name_and_auto_keeps_the_decode_loop_on_the_cpu():
