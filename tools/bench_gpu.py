@@ -146,6 +146,8 @@ def main(argv=None) -> int:
                 continue
             results.append(one_run(name, sampler, args))
             print(f"RESULT {json.dumps(results[-1])}", flush=True)
+            if results[-1]["code"] != 0:  # why it failed: the end of its log
+                print("".join(open(args.out / f"{name}_{sampler}.log").readlines()[-8:]), flush=True)
     print(table(results))
     return 0
 
