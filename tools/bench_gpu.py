@@ -48,10 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--runs", default=",".join(RUNS), help="which shapes, comma-separated")
     parser.add_argument("--samplers", default="generate,decode,graph")
     parser.add_argument("--steps", type=int, default=4, help="PPO steps per run (the first is not timed)")
-    parser.add_argument("--timeout", type=int, default=150, help="seconds per run")
+    parser.add_argument("--timeout", type=int, default=180, help="seconds per run")
     parser.add_argument("--budget", type=int, default=0, help="seconds for everything (0: no limit)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_gpu"))
     parser.add_argument("--check-only", action="store_true")
+    parser.add_argument("--no-check", action="store_true", help="skip the replay-against-eager check")
     return parser.parse_args(argv)
 
 
@@ -135,7 +136,8 @@ def main(argv=None) -> int:
     import torch
 
     print("device", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-    print(replay_matches_eager(args.models / "s360"), flush=True)
+    if not args.no_check:
+        print(replay_matches_eager(args.models / "s360"), flush=True)
     if args.check_only:
         return 0
     start, results = time.perf_counter(), []
