@@ -44,13 +44,15 @@ from .config import GenerationArgs
 from .model import HydraModel
 from .rollout import Responses, first_stop, generate_responses, generation_config
 
-# The default of `generation.sampler: auto` per device type. CPU: measured (docs/sampling.md,
-# tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
+# The default of `generation.sampler: auto` per device type, as measured (docs/sampling.md).
+# CPU (tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
 # than generate at every page size tried (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's
 # tokens/s, 32 x 24: 0.68x; a 4-layer toy: 0.11x, its ~0.8 s fixed cost per call), and it records
-# no split states, so the experience pass costs more too. Other devices: not measured yet, so
-# transformers' generate stays their default.
-DEFAULT_SAMPLER = {"cpu": "decode"}
+# no split states, so the experience pass costs more too. CUDA (tools/bench_gpu.py, one H100):
+# the graph sampler; a rollout of the 1.7B shape (32 x 64 tokens) took 0.57 s against generate's
+# 2.24 s, and the 135M main job's 0.37 s against 1.19 s (the decode loop, measured earlier on an
+# H100, was slower than generate there). Other devices: generate.
+DEFAULT_SAMPLER = {"cpu": "decode", "cuda": "graph"}
 
 
 @runtime_checkable
@@ -160,17 +162,20 @@ class ContinuousBatchingSampler:
         return Responses(prompt_ids=prompts, response_ids=responses, ended=ended)
 
 
-def resolve_sampler(name: str, device, synced: bool = False) -> str:
+def resolve_sampler(name: str, device, synced: bool = False, quantized: bool = False) -> str:
     """The sampler `generation.sampler` names; `auto`: DEFAULT_SAMPLER's for the device type,
-    and generate for a trunk sharded over processes (only it runs in lockstep)."""
+    and generate for a trunk sharded over processes (only it runs in lockstep). A quantized trunk
+    never gets the graph sampler from `auto`: bitsandbytes' kernels were not measured in a graph."""
     if name != "auto":
         return name
-    return "generate" if synced else DEFAULT_SAMPLER.get(torch.device(device).type, "generate")
+    chosen = "generate" if synced else DEFAULT_SAMPLER.get(torch.device(device).type, "generate")
+    return "generate" if chosen == "graph" and quantized else chosen
 
 
 def build_sampler(args: GenerationArgs, hydra: HydraModel, tokenizer, *, synced: bool = False) -> Sampler:
     """The sampler of `args.sampler` for this hydra (built once per run)."""
-    name = resolve_sampler(args.sampler, hydra.device, synced)
+    quantized = getattr(hydra, "trunk_quantization", "none") != "none"
+    name = resolve_sampler(args.sampler, hydra.device, synced, quantized)
     if name == "decode":
         return DecodeSampler(hydra, tokenizer)
     if name == "graph":
