@@ -66,6 +66,18 @@ def weights_fingerprint(module: torch.nn.Module) -> tuple:
     return tuple((id(t), t.data_ptr(), t.dtype, t.device, tuple(t.shape)) for t in tensors)
 
 
+def without_autocast_cache(device_type: str):
+    """Autocast as it is around the call, but without its weight cache. Under mixed precision
+    the trained layers are float32 and autocast casts them to bf16 once per autocast region,
+    keeping the copy until the region ends: a graph captured with the cache would read that
+    copy, freed when the sample ends and stale after the next optimizer step (it did on an
+    H100: the second rollout sampled from garbage). Without the cache the cast is a kernel of
+    the graph, reading the float32 weights the optimizer updates in place."""
+    if not torch.is_autocast_enabled(device_type):
+        return nullcontext()
+    return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False)
+
+
 def _layer_count(model) -> int:
     cache = DynamicCache(config=model.config)
     return len(cache.layers) or model.config.get_text_config().num_hidden_layers
@@ -147,7 +159,8 @@ class StaticDecoder:
         """Feed each row's last token at `column`, then sample the next one. Only tensor work on
         the buffers: no Python branch reads a device value."""
         self.mask.index_fill_(1, self.column, 1)
-        with self.hydra.recording_split() if record_split else nullcontext() as recorded:
+        with without_autocast_cache(self.mask.device.type), \
+                self.hydra.recording_split() if record_split else nullcontext() as recorded:  # fmt: skip
             out = self.model(input_ids=self.current, attention_mask=self.mask, position_ids=self.positions,
                              use_cache=True, **self.last_logits, **cache_argument(self.model, self.cache))  # fmt: skip
         if record_split:

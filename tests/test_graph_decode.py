@@ -219,6 +219,26 @@ def test_in_place_weight_updates_reach_the_kept_buffers_and_new_storage_drops_th
     assert sampler.sample(prompts, args, greedy=True).response_ids == loop.response_ids
 
 
+def test_the_step_autocasts_without_the_weight_cache():
+    """Under mixed precision a token step keeps autocast on but caches no cast weight: a captured
+    graph must cast the float32 trained weights itself at every replay, not read a copy made at
+    capture (freed when the autocast region ends, stale after an optimizer step)."""
+    hydra = HydraModel(tiny_model("llama"), num_layers_unfrozen=1)
+    decoder = StaticDecoder(hydra, 2, 64, 4, SamplingRule(greedy=True), [2], 0, 0)
+    ids, mask = left_padded_batch(prompts_of([3, 5]))
+    seen = []
+    hook = hydra.model.register_forward_pre_hook(
+        lambda *_: seen.append((torch.is_autocast_enabled("cpu"), torch.is_autocast_cache_enabled()))
+    )
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            decoder.prefill(ids, mask, record_split=False)
+            decoder.step(record_split=False)
+    finally:
+        hook.remove()
+    assert seen == [(True, True), (True, False)]  # the prefill (eager, never replayed) may cache
+
+
 def test_one_bucket_lives_and_grows_to_what_the_chunks_need():
     tokenizer = tiny_tokenizer()
     hydra = hydra64()
