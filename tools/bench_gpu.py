@@ -14,7 +14,10 @@ reward) and update (the PPO epochs).
 Shapes (the runs): main135, the sentiment example as it is (32 prompts x 24 new tokens, 4
 layers trained) at 135M; n2_360 and n2_1p7, 32 x exactly 64 new tokens (min_new_tokens 64),
 2 layers trained, at 360M and 1.7B. Before the runs, a check: the graph sampler's captured
-replay gives the tokens of the same step run eagerly, greedy, at 360M (float32).
+replay gives the tokens of the same step run eagerly, greedy, at 360M, as the trainer runs it
+(bf16, the trained layers in float32 under autocast), before and after an in-place change of
+the trained weights. A run's own log ends with its reward and KL: with random weights the KL of
+a sampler that draws from the policy stays near 0, never far below it.
 With --budget seconds, a run that would not fit is skipped (SKIP in the table).
 """
 
@@ -58,7 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def replay_matches_eager(model_dir: Path) -> str:
     """Greedy tokens of the graph sampler, captured and replayed, against the same step run
-    eagerly (and against the decode loop, for information: other kernels, other rounding)."""
+    eagerly, as the trainer samples: bf16 weights with the trained top layers in float32, under
+    bf16 autocast; then again after an in-place change of the trained weights (an optimizer
+    step), which the replay must see."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -68,25 +73,33 @@ def replay_matches_eager(model_dir: Path) -> str:
     from hydrappo.rollout import generate_responses
 
     torch.manual_seed(0)
-    config = AutoConfig.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).cuda().eval()
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.bfloat16).cuda().eval()
     hydra = HydraModel(model, 2)
+    trained = [p for p in hydra.parameters() if p.requires_grad]
+    for parameter in trained:  # as train/precision.py keeps them under mixed precision
+        parameter.data = parameter.data.float()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 1000, (int(n),), generator=generator).tolist() for n in torch.randint(8, 40, (24,))]
     args = GenerationArgs(max_new_tokens=48, generation_batch_size=24)
-    out, captured = {}, GraphDecoding(hydra)
-    for name, loop in (("replay", captured.chunk), ("eager", GraphDecoding(hydra, capture=False).chunk),
-                       ("decode", "decode")):  # fmt: skip
-        responses = generate_responses(hydra, tokenizer, prompts, args, greedy=True, record_split=True, loop=loop)
-        out[name] = responses
-    graphs = [type(captured.live.graph).__name__]
-    same = out["replay"].response_ids == out["eager"].response_ids
-    states = max(float((a - b).abs().max()) for a, b in zip(out["replay"].split_hidden, out["eager"].split_hidden))
-    agree = sum(a == b for a, b in zip(out["replay"].response_ids, out["decode"].response_ids))
-    verdict = "PASS" if same and states == 0.0 and graphs == ["CUDAGraph"] else "FAIL"
-    return (f"CHECK {verdict}: captured replay vs eager step, greedy, 24 rows x 48 tokens at {model_dir.name} float32: "
-            f"graphs {graphs}, tokens equal {same}, max |state difference| {states:.3g}; rows equal to the decode loop's {agree}/24")  # fmt: skip
+    replay, eager = GraphDecoding(hydra), GraphDecoding(hydra, capture=False)
+    rounds = []
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            got = [generate_responses(hydra, tokenizer, prompts, args, greedy=True, record_split=True, loop=decoding.chunk)
+                   for decoding in (replay, eager)]  # fmt: skip
+        states = max(float((a - b).abs().max()) for a, b in zip(got[0].split_hidden, got[1].split_hidden))
+        rounds.append((got[0].response_ids == got[1].response_ids, states, got[0].response_ids))
+        with torch.no_grad():
+            for parameter in trained:
+                parameter.mul_(-1.5)  # an optimizer step's kind of change: in place
+    graphs = type(replay.live.graph).__name__
+    moved = rounds[0][2] != rounds[1][2]
+    passed = all(same and states == 0.0 for same, states, _ in rounds) and graphs == "CUDAGraph" and moved
+    return (f"CHECK {'PASS' if passed else 'FAIL'}: captured replay vs eager step, greedy, 24 rows x 48 tokens at "
+            f"{model_dir.name}, bf16 with float32 trained layers under autocast: graph {graphs}; before an in-place "
+            f"weight change: tokens equal {rounds[0][0]}, max |state difference| {rounds[0][1]:.3g}; after it: tokens "
+            f"equal {rounds[1][0]}, max |state difference| {rounds[1][1]:.3g}; the change moved the tokens: {moved}")  # fmt: skip
 
 
 def one_run(name: str, sampler: str, args) -> dict:
