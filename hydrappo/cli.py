@@ -274,9 +274,9 @@ def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
     else:
         from .storage.models import BUNDLED_MODELS
 
-        parser = usercode.CommandParser(prog=prog, description=(
-            "Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer); the same as "
-            "tools/convert_gguf.py."))  # fmt: skip
+        parser = usercode.CommandParser(
+            prog=prog, description="Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer)."
+        )
         parser.add_argument("source", help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file")
         parser.add_argument("--gguf-file", default=None, help="GGUF file inside the source directory")
         parser.add_argument("--out", required=True, help="output model directory (created)")

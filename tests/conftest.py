@@ -1,18 +1,21 @@
 """Shared test set-up. Tests are laid out like the package: tests/test_<module>.py for the
-top-level modules (rollout, decode, sampling, serving, rewards, data, prompts, usercode), a
-folder per subpackage (tests/model, algo, config, planner, storage, train), tests/cli for the
+top-level modules (rewards, data, prompts, usercode), a folder per subpackage (tests/model,
+algo, config, planner, storage, generation, train), tests/cli for the
 commands and tests/e2e for the examples and the README. tests/helpers is put on sys.path, so a
 test anywhere imports the shared helpers by their bare names:
 
     tiny.py                tiny random models of every family and the word-level tokenizer built in
-                           code (tiny_model, tiny_tokenizer, word_tokenizer, FAMILIES)
-    runs.py                runs on examples/tiny (ROOT, TINY): tiny_trainer, reward_config,
-                           write_sft_config, and the ways a test kills a run before resuming it
-                           (kill_after_next_save, kill_during_step)
+                           code (tiny_model, tiny_tokenizer, FAMILIES; the word-level tokenizer is the
+                           package's, hydrappo/planner/tokenizer.py)
+    runs.py                the repository's paths (ROOT, TINY, FIXTURES) and runs on examples/tiny:
+                           the FAST overrides, tiny_trainer, reward_config, write_sft_config, and
+                           the ways a test kills a run before resuming it (kill_after_next_save,
+                           kill_during_step)
     recorded.py            sampling with recorded split states and the two experience passes over it
     processes.py           launching K processes the way torchrun does
     distributed_worker.py  what those processes run
     bounds.py              the float64 bound for two training runs that must end with the same weights
+    tensors.py             small tensors for the math's tests: close, pad with garbage, masks from lengths
 
 tests/fixtures holds files the tests read: reward functions named by path, old checkpoints.
 

@@ -1,8 +1,11 @@
-"""The dependency rule of DESIGN.md, read from the source: every import in hydrappo/ (function-
-level ones too), resolved to modules. Arrows point down the layers, never up, and there is
-no cycle between modules:
+"""The dependency rule, read from the source: every import in hydrappo/ (function-level ones
+too), resolved to modules. The package is built in layers, each of which may import only its own
+layer and those below it: the idea (model/: the hydra) and the math (algo/: pure functions) at
+the bottom, then the options (config/), then what the loops use (generation, rewards, data,
+storage, planner), then the loops (train/), and the command line on top. Arrows point down the
+layers, never up, and there is no cycle between modules:
 
-    cli -> train (and evaluate) -> {rollout, sampling, serving, rewards, data, storage, planner} -> config -> {model, algo} -> errors
+    cli -> train (and evaluate) -> {generation, rewards, data, storage, planner} -> config -> {model, algo} -> errors
 
 model/ imports torch, transformers and peft only (besides the standard library); algo/ torch only."""
 
@@ -12,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "hydrappo"
+from runs import ROOT
+
+PACKAGE = ROOT / "hydrappo"
 
 LAYERS = {  # module prefix -> rank; a module may import only modules of its rank or below
     "hydrappo.errors": 0,
@@ -22,11 +27,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.config": 2,
     "hydrappo.data": 3,
     "hydrappo.prompts": 3,
-    "hydrappo.rollout": 3,
-    "hydrappo.decode": 3,
-    "hydrappo.graph_decode": 3,
-    "hydrappo.sampling": 3,
-    "hydrappo.serving": 3,  # imports vllm inside functions: an optional extra
+    "hydrappo.generation": 3,  # generation/serving.py imports vllm inside functions: an optional extra
     "hydrappo.rewards": 3,
     "hydrappo.storage": 3,
     "hydrappo.planner": 3,

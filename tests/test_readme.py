@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from runs import ROOT
+
 README = ROOT / "README.md"
 ENTRY = re.compile(r"^( {0,12})(\S+?(?:\.py|/))(?:\s{2,}.*)?$")  # deeper indents continue a description
 

@@ -12,16 +12,13 @@ import pytest
 from hydrappo import usercode
 from hydrappo.cli import main
 
-from runs import ROOT, TINY
-
-FAST = ["--total_steps", "1", "--batch_size", "4", "--mini_batch_size", "4", "--ppo_epochs", "1", "--max_new_tokens", "4",
-        "--no_progress_bar"]  # fmt: skip
+from runs import FAST_SMALL, ROOT, TINY
 
 
 def train(tmp_path, body: str) -> list[str]:
     (tmp_path / "user_reward.py").write_text(body)
     return ["train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path / "out"),
-            "--reward_fn", f"{tmp_path / 'user_reward.py'}:reward_fn", *FAST]  # fmt: skip
+            "--reward_fn", f"{tmp_path / 'user_reward.py'}:reward_fn", *FAST_SMALL]  # fmt: skip
 
 
 @pytest.mark.parametrize(("statement", "said"), [

@@ -26,11 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_memory import _current_peak, _reset_peak, word_tokenizer  # noqa: E402
+from validate_memory import _current_peak, _reset_peak  # noqa: E402
 
 from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs  # noqa: E402
 from hydrappo.model import HydraModel  # noqa: E402
 from hydrappo.planner.presets import preset_config  # noqa: E402
+from hydrappo.planner.tokenizer import tokenizer_for_vocab  # noqa: E402
 from hydrappo.train.ppo import PPOTrainer  # noqa: E402
 
 MIB = 2**20
@@ -46,7 +47,7 @@ def build(args, name: str, estimator: str, kl_coef: float, kl_penalty: str, grou
     torch.manual_seed(0)
     config = preset_config(args.model, **({"num_hidden_layers": args.num_layers} if args.num_layers else {}))
     config._attn_implementation = "sdpa"
-    tokenizer = word_tokenizer(config.vocab_size)
+    tokenizer = tokenizer_for_vocab(config.vocab_size)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     model.config.pad_token_id = tokenizer.pad_token_id
     hydra = HydraModel(model, args.num_layers_unfrozen)

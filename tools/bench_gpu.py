@@ -69,8 +69,8 @@ def replay_matches_eager(model_dir: Path) -> str:
 
     from hydrappo import HydraModel
     from hydrappo.config import GenerationArgs
-    from hydrappo.graph_decode import GraphDecoding
-    from hydrappo.rollout import generate_responses
+    from hydrappo.generation.graph_decode import GraphDecoding
+    from hydrappo.generation.responses import generate_responses
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the code, not the graph

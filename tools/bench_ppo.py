@@ -60,24 +60,26 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_memory import word_tokenizer  # noqa: E402
 
 from hydrappo import HydraModel  # noqa: E402
 from hydrappo.algo.advantages import gae  # noqa: E402
-from hydrappo.algo.losses import ppo_loss  # noqa: E402
+from hydrappo.algo.losses import PolicyTokens, PPOLossSettings, ppo_loss  # noqa: E402
 from hydrappo.algo.masked import whiten  # noqa: E402
 from hydrappo.algo.scores import shape_rewards  # noqa: E402
 from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs  # noqa: E402
 from hydrappo.data import left_pad  # noqa: E402
+from hydrappo.generation.responses import generate_responses, generation_config  # noqa: E402
 from hydrappo.model.arch import locate, logits_transform, output_embeddings  # noqa: E402
 from hydrappo.model.hydra import disable_dropout  # noqa: E402
 from hydrappo.model.logprobs import token_logprobs  # noqa: E402
 from hydrappo.model.split import last_token_index, position_ids_from_mask  # noqa: E402
 from hydrappo.planner.counts import unique_bytes  # noqa: E402
 from hydrappo.planner.presets import PRESETS, preset_config  # noqa: E402
+from hydrappo.planner.tokenizer import tokenizer_for_vocab  # noqa: E402
 from hydrappo.rewards import build_reward_source  # noqa: E402
-from hydrappo.rollout import Experience, generate_responses, generation_config, pack_sequences  # noqa: E402
+from hydrappo.train.experience import Experience  # noqa: E402
 from hydrappo.train.ppo import PPOTrainer  # noqa: E402
+from hydrappo.train.sequences import pack_sequences  # noqa: E402
 
 MIB = 2**20
 PPO = PPOArgs()  # the library's defaults: clip ranges, vf_coef, KL coefficient, GAE, AdamW
@@ -204,10 +206,8 @@ def ppo_epochs(experience: Experience, forward, params, optimizer, ppo_epochs: i
         for start in range(0, size, mini_batch):
             batch = experience.minibatch(order[start : start + mini_batch])
             logprobs, values = forward(batch)
-            loss, _ = ppo_loss(
-                logprobs, batch.logprobs, batch.advantages, values, batch.values, batch.returns, batch.action_mask,
-                cliprange=PPO.cliprange, cliprange_value=PPO.cliprange_value, vf_coef=PPO.vf_coef,
-            )
+            settings = PPOLossSettings(cliprange=PPO.cliprange, cliprange_value=PPO.cliprange_value, vf_coef=PPO.vf_coef)
+            loss, _ = ppo_loss(PolicyTokens(logprobs, values=values), batch.sampled_tokens(), settings)
             loss.backward()
             nn.utils.clip_grad_norm_(params, PPO.max_grad_norm)
             optimizer.step()
@@ -279,7 +279,7 @@ def build_trainer(hydra: HydraModel, args, prompts: list[list[int]], reward_bran
                         progress_bar=False),
     )  # fmt: skip
     rows = [{"prompt": " ".join(f"w{token}" for token in prompt)} for prompt in prompts[::group]]
-    trainer = PPOTrainer(config, hydra=hydra, tokenizer=word_tokenizer(hydra.config.vocab_size),
+    trainer = PPOTrainer(config, hydra=hydra, tokenizer=tokenizer_for_vocab(hydra.config.vocab_size),
                          reward_funcs=[fixed_scores], train_dataset=rows)  # fmt: skip
     if reward_branch:
         trainer.reward_source = build_reward_source(RewardArgs(use_reward_branch=True))

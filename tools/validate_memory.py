@@ -32,6 +32,7 @@ from hydrappo.model import HydraModel
 from hydrappo.planner.plan import format_plan, plan_memory
 from hydrappo.planner.presets import preset_config
 from hydrappo.planner.settings import TrainingSettings
+from hydrappo.planner.tokenizer import tokenizer_for_vocab
 from hydrappo.train.ppo import PPOTrainer
 
 VALIDATION_MODELS = {
@@ -112,7 +113,7 @@ def _measure_child(name: str, settings: dict, device: str = "cpu") -> dict:
     torch.manual_seed(0)
     config = validation_config(name)
     vocab = config.get_text_config().vocab_size
-    tokenizer = word_tokenizer(vocab)
+    tokenizer = tokenizer_for_vocab(vocab)
     tmp = tempfile.mkdtemp()
     with open(os.path.join(tmp, "prompts.jsonl"), "w") as handle:
         generator = torch.Generator().manual_seed(0)
@@ -210,15 +211,6 @@ def _measure_main() -> None:
     request = json.loads(sys.stdin.read())
     result = _measure_child(request["name"], request["settings"], request.get("device", "cpu"))
     print("\n" + json.dumps(result))
-
-
-def word_tokenizer(vocab_size: int):
-    """A word-level tokenizer whose ids cover the whole vocabulary ('w4' .. 'wN' are ids 4 .. N), the
-    one the tests build in code (tests/helpers/tiny.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
-    from tiny import word_tokenizer as build
-
-    return build([f"w{i}" for i in range(4, vocab_size)])
 
 
 def measure(name: str, settings: TrainingSettings, timeout: float = 1800, device: str = "cpu") -> dict:

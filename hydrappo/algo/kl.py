@@ -12,11 +12,11 @@ Methods"), whose gains are per step, so that it holds its target within a run of
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
-KL_CONTROLLERS = ("adaptive", "fixed", "pi")
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
@@ -51,10 +51,31 @@ def _finite_float(name: str, value) -> float:
     return value
 
 
+@dataclass(frozen=True)
+class KLSteering:
+    """What steers a KL coefficient towards its target, from the options (ppo.kl_target,
+    kl_horizon, kl_pi_kp, kl_pi_ki): each controller reads the ones it uses."""
+
+    target: float | None = None
+    horizon: float | None = None
+    kp: float = 2.0
+    ki: float = 0.2
+
+
 class _KLController:
     kind: str
 
     value: float
+
+    @classmethod
+    def build(cls, init_kl_coef: float, steering: KLSteering) -> _KLController:
+        """A controller starting at `init_kl_coef`, steered by what `steering` holds for it."""
+        raise NotImplementedError
+
+    def retune(self, steering: KLSteering) -> None:
+        """Take this run's steering (a resumed run's options) and keep the state: the
+        coefficient, and the PI controller's integral."""
+        raise NotImplementedError
 
     def _check_kind(self, state: dict) -> None:
         kind = state.get("kind")
@@ -88,6 +109,15 @@ class AdaptiveKLController(_KLController):
             raise ValueError(f"the adaptive KL controller's target must be > 0, got {self.target}")
         if self.horizon <= 0:
             raise ValueError(f"the adaptive KL controller's horizon must be > 0, got {self.horizon}")
+
+    @classmethod
+    def build(cls, init_kl_coef: float, steering: KLSteering) -> AdaptiveKLController:
+        if steering.target is None or steering.horizon is None:
+            raise ValueError("the adaptive KL controller needs both a target and a horizon")
+        return cls(init_kl_coef, steering.target, steering.horizon)
+
+    def retune(self, steering: KLSteering) -> None:
+        self.target, self.horizon = float(steering.target), float(steering.horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:
         # A nan KL would make beta nan for the rest of the run, so refuse it here.
@@ -166,6 +196,15 @@ class PIKLController(_KLController):
         self.integral = 0.0
         self.value = self.init
 
+    @classmethod
+    def build(cls, init_kl_coef: float, steering: KLSteering) -> PIKLController:
+        if steering.target is None:
+            raise ValueError("the PI KL controller needs a target")
+        return cls(init_kl_coef, steering.target, kp=steering.kp, ki=steering.ki)
+
+    def retune(self, steering: KLSteering) -> None:
+        self.target, self.kp, self.ki = float(steering.target), float(steering.kp), float(steering.ki)
+
     def error(self, current_kl: float) -> float:
         """The clipped log-ratio of the measured KL to the target."""
         if current_kl <= 0:
@@ -205,6 +244,13 @@ class FixedKLController(_KLController):
         if self.value < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.value}")
 
+    @classmethod
+    def build(cls, init_kl_coef: float, steering: KLSteering) -> FixedKLController:
+        return cls(init_kl_coef)
+
+    def retune(self, steering: KLSteering) -> None:
+        pass  # nothing steers a fixed coefficient
+
     def update(self, current_kl: float, n_steps: int) -> None:
         pass
 
@@ -219,20 +265,15 @@ class FixedKLController(_KLController):
         return f"FixedKLController(value={self.value})"
 
 
-def build_kl_controller(
-    kind: str, init_kl_coef: float, target: float | None = None, horizon: float | None = None,
-    kp: float = 2.0, ki: float = 0.2,
-) -> AdaptiveKLController | PIKLController | FixedKLController:
-    """``"adaptive"`` -> AdaptiveKLController (needs target and horizon); ``"pi"`` ->
-    PIKLController (needs target; gains kp, ki); ``"fixed"`` -> FixedKLController."""
-    if kind == "pi":
-        if target is None:
-            raise ValueError("the PI KL controller needs a target")
-        return PIKLController(init_kl_coef, target, kp=kp, ki=ki)
-    if kind == "adaptive":
-        if target is None or horizon is None:
-            raise ValueError("the adaptive KL controller needs both a target and a horizon")
-        return AdaptiveKLController(init_kl_coef, target, horizon)
-    if kind == "fixed":
-        return FixedKLController(init_kl_coef)
-    raise ValueError(f"unknown KL controller {kind!r}; valid: {', '.join(KL_CONTROLLERS)}")
+# The controllers by the name ppo.kl_controller gives them: adding one is a class and a row here.
+KL_CONTROLLER_TYPES = {c.kind: c for c in (AdaptiveKLController, FixedKLController, PIKLController)}
+KL_CONTROLLERS = tuple(KL_CONTROLLER_TYPES)
+
+
+def build_kl_controller(kind: str, init_kl_coef: float, steering: KLSteering = KLSteering()) -> _KLController:
+    """The controller `kind` names (KL_CONTROLLER_TYPES), starting at `init_kl_coef`:
+    ``"adaptive"`` (needs steering.target and horizon), ``"pi"`` (needs steering.target; gains
+    kp, ki) or ``"fixed"``."""
+    if kind not in KL_CONTROLLER_TYPES:
+        raise ValueError(f"unknown KL controller {kind!r}; valid: {', '.join(KL_CONTROLLERS)}")
+    return KL_CONTROLLER_TYPES[kind].build(init_kl_coef, steering)

@@ -6,10 +6,12 @@ Per-token tensors are response-aligned, (B, R), with ``action_mask`` marking rea
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from .kl import kl_estimate
+from .kl import KL_ESTIMATORS, kl_estimate
 from .masked import bool_mask, check_same_shape, explained_variance, masked, masked_mean, masked_sum, to_floats, widened
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -57,28 +59,72 @@ def aggregation_weights(mask: torch.Tensor, mode: str = "token-mean") -> torch.T
     return mask.sum(-1).float() if mode == "token-mean" else mask.any(-1).float()
 
 
+@dataclass(frozen=True)
+class PPOLossSettings:
+    """How the PPO loss is computed, fixed for a step (train/step_plan.py builds it from the
+    options); ppo_loss's docstring says what each one does."""
+
+    cliprange: float = 0.2
+    cliprange_high: float | None = None  # None: cliprange (a symmetric clip)
+    cliprange_value: float | None = 0.2  # None: no value clipping
+    vf_coef: float = 0.1
+    ent_coef: float = 0.0
+    dual_clip: float | None = None
+    loss_agg_mode: str = "token-mean"
+    importance_sampling_level: str = "token"
+    kl_coef: float = 0.0  # the KL term's coefficient (0: no KL term)
+    kl_estimator: str = "k3"
+
+    def __post_init__(self):
+        high = self.cliprange if self.cliprange_high is None else self.cliprange_high
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"unknown loss_agg_mode {self.loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(
+                f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
+                f"got {self.importance_sampling_level!r}"
+            )
+        if not (self.cliprange > 0 and high > 0):
+            raise ValueError(f"cliprange and cliprange_high must be > 0, got {self.cliprange} and {high}")
+        if self.cliprange_value is not None and not self.cliprange_value > 0:
+            raise ValueError(f"cliprange_value must be > 0 or None, got {self.cliprange_value}")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise ValueError(f"dual_clip must be > 1 (Ye et al. 2020) or None, got {self.dual_clip}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+
+
+@dataclass
+class SampledTokens:
+    """What the experience pass measured of the sampled tokens, (B, R) each: the old policy's
+    side of the ratio. `values` and `returns` are None without a critic, `ref_logprobs` where
+    the reference did not run."""
+
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    action_mask: torch.Tensor
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+
+@dataclass
+class PolicyTokens:
+    """The current policy's pass over the same tokens, (B, R) each. `values` is None without a
+    critic, `entropy` where the loss has no entropy term."""
+
+    logprobs: torch.Tensor
+    values: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+
+
 def ppo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    values: torch.Tensor | None,
-    old_values: torch.Tensor | None,
-    returns: torch.Tensor | None,
-    action_mask: torch.Tensor,
-    *,
-    cliprange: float = 0.2,
-    cliprange_high: float | None = None,
-    cliprange_value: float | None = 0.2,
-    vf_coef: float = 0.1,
-    ent_coef: float = 0.0,
-    entropy: torch.Tensor | None = None,
-    dual_clip: float | None = None,
-    loss_agg_mode: str = "token-mean",
-    importance_sampling_level: str = "token",
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    loss_denominator=None,
+    new: PolicyTokens,
+    old: SampledTokens,
+    settings: PPOLossSettings = PPOLossSettings(),
+    loss_denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The PPO loss to minimise (Schulman et al. 2017, eq. 9: L = -L^CLIP + c1 L^VF - c2 H).
 
@@ -100,7 +146,7 @@ def ppo_loss(
     seq-mean-token-mean to get GSPO's objective exactly). The kl term is the alternative to
     putting the KL in the reward (:func:`shape_rewards`); k3 is its usual estimator there
     because it is non-negative with an unbiased, low-variance value (GRPO).
-    ``cliprange_value=None`` turns value clipping off; ``values=None`` (a critic-free run)
+    ``cliprange_value=None`` turns value clipping off; ``new.values=None`` (a critic-free run)
     drops the value loss and its statistics. ``loss_denominator`` is ``aggregate``'s: this
     batch is one part of a larger minibatch (gradient accumulation, one of several
     processes), and the loss and its ``loss/*`` statistics are this part's share of it.
@@ -108,42 +154,33 @@ def ppo_loss(
     Returns ``(loss, stats)``; stats are python floats, and the diagnostics (clip
     fractions, ratios, means) are masked token means whatever ``loss_agg_mode`` is.
     """
-    with_critic = values is not None
-    per_token = dict(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, action_mask=action_mask)
+    with_critic = new.values is not None
+    per_token = dict(
+        logprobs=new.logprobs, old_logprobs=old.logprobs, advantages=old.advantages, action_mask=old.action_mask
+    )
     if with_critic:
-        per_token.update(values=values, old_values=old_values, returns=returns)
-    if entropy is not None:
-        per_token["entropy"] = entropy
-    if ref_logprobs is not None:
-        per_token["ref_logprobs"] = ref_logprobs
+        per_token.update(values=new.values, old_values=old.values, returns=old.returns)
+    if new.entropy is not None:
+        per_token["entropy"] = new.entropy
+    if old.ref_logprobs is not None:
+        per_token["ref_logprobs"] = old.ref_logprobs
     check_same_shape(**per_token)
-    cliprange_high = cliprange if cliprange_high is None else cliprange_high
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {importance_sampling_level!r}")
-    if not (cliprange > 0 and cliprange_high > 0):
-        raise ValueError(f"cliprange and cliprange_high must be > 0, got {cliprange} and {cliprange_high}")
-    if cliprange_value is not None and not cliprange_value > 0:
-        raise ValueError(f"cliprange_value must be > 0 or None, got {cliprange_value}")
-    if dual_clip is not None and not dual_clip > 1:
-        raise ValueError(f"dual_clip must be > 1 (Ye et al. 2020) or None, got {dual_clip}")
-    if ent_coef != 0 and entropy is None:
-        raise ValueError(f"ent_coef={ent_coef} needs the per-token entropy (entropy=...)")
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-    if kl_coef > 0 and ref_logprobs is None:
+    cliprange, dual_clip, kl_coef = settings.cliprange, settings.dual_clip, settings.kl_coef
+    cliprange_high = cliprange if settings.cliprange_high is None else settings.cliprange_high
+    if settings.ent_coef != 0 and new.entropy is None:
+        raise ValueError(f"ent_coef={settings.ent_coef} needs the per-token entropy (PolicyTokens.entropy)")
+    if kl_coef > 0 and old.ref_logprobs is None:
         raise ValueError(f"kl_coef={kl_coef} in the loss needs ref_logprobs")
 
-    mask = bool_mask(action_mask)
+    mask = bool_mask(old.action_mask)
     # Zero every input at padding first: garbage there must not reach the loss or the gradients.
-    logprobs, old_logprobs, advantages = (masked(x, mask) for x in (logprobs, old_logprobs, advantages))
+    logprobs, old_logprobs, advantages = (masked(x, mask) for x in (new.logprobs, old.logprobs, old.advantages))
 
     def agg(x):
-        return aggregate(x, mask, loss_agg_mode, loss_denominator)
+        return aggregate(x, mask, settings.loss_agg_mode, loss_denominator)
 
     log_ratio = logprobs - old_logprobs
-    if importance_sampling_level == "sequence":
+    if settings.importance_sampling_level == "sequence":
         log_ratio = masked(masked_mean(log_ratio, mask, dim=-1)[:, None].expand_as(log_ratio), mask)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -164,14 +201,12 @@ def ppo_loss(
         "policy/ratio_max": masked(detached, mask).max() if mask.numel() else detached.new_zeros(()),
     }
     if with_critic:
-        values, old_values, returns = (masked(x, mask) for x in (values, old_values, returns))
-        if cliprange_value is None:
-            values_clipped = values
-        else:
-            values_clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+        values, old_values, returns = (masked(x, mask) for x in (new.values, old.values, old.returns))
+        clip = settings.cliprange_value
+        values_clipped = values if clip is None else old_values + (values - old_values).clamp(-clip, clip)
         value_unclipped, value_clipped = (values - returns).square(), (values_clipped - returns).square()
         value_loss = agg(0.5 * torch.maximum(value_unclipped, value_clipped))
-        loss = loss + vf_coef * value_loss
+        loss = loss + settings.vf_coef * value_loss
         stats.update({
             "loss/value": value_loss,
             "val/clipfrac": masked_mean((value_clipped > value_unclipped).float(), mask),
@@ -181,14 +216,14 @@ def ppo_loss(
         })  # fmt: skip
     if dual_clip is not None:
         stats["policy/dual_clipfrac"] = masked_mean(dual_clipped.float(), mask)
-    if entropy is not None:
-        entropy = masked(entropy, mask)
+    if new.entropy is not None:
+        entropy = masked(new.entropy, mask)
         entropy_term = agg(entropy)
-        loss = loss - ent_coef * entropy_term
+        loss = loss - settings.ent_coef * entropy_term
         stats["loss/entropy"] = entropy_term
         stats["policy/entropy"] = masked_mean(entropy.detach(), mask)
-    if ref_logprobs is not None and kl_coef > 0:
-        kl_term = agg(kl_estimate(logprobs, masked(ref_logprobs, mask), kl_estimator))
+    if old.ref_logprobs is not None and kl_coef > 0:
+        kl_term = agg(kl_estimate(logprobs, masked(old.ref_logprobs, mask), settings.kl_estimator))
         loss = loss + kl_coef * kl_term
         stats["loss/kl"] = kl_term
     stats["loss/total"] = loss

@@ -6,6 +6,7 @@ trunk and for the classic four-model layout, and which GPUs it fits (`hydrappo m
     activations.py  bytes autograd keeps, traced from one decoder layer
     plan.py         the per-component plan, its formatting, the largest model per GPU size
     presets.py      configurations of public models by name
+    tokenizer.py    a word-level tokenizer built in code, for random models of any vocabulary
 The validation run that checks the plan against measured training lives in
 tools/validate_memory.py.
 """

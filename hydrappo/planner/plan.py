@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from ..model.logprobs import CHUNK_ELEMENTS
-from ..graph_decode import bucket_of
+from ..generation.graph_decode import bucket_of
 from .activations import ActivationTrace, trace_activations
 from .counts import (
     ParameterCounts, count_parameters, load_model_config, lora_parameters, reward_head_parameters, value_head_parameters,

@@ -10,6 +10,8 @@ from hydrappo.algo.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
+    KLSteering,
+    PIKLController,
     build_kl_controller,
     kl_estimate,
 )
@@ -121,7 +123,7 @@ def test_loading_the_other_kind_is_an_error():
 
 
 def test_build_kl_controller():
-    adaptive = build_kl_controller("adaptive", 0.05, 6.0, 10000)
+    adaptive = build_kl_controller("adaptive", 0.05, KLSteering(target=6.0, horizon=10000))
     assert isinstance(adaptive, AdaptiveKLController) and adaptive.value == 0.05
     fixed = build_kl_controller("fixed", 0.05)
     assert isinstance(fixed, FixedKLController) and fixed.value == 0.05
@@ -129,3 +131,21 @@ def test_build_kl_controller():
         build_kl_controller("adaptive", 0.05)
     with pytest.raises(ValueError, match="adaptive, fixed"):
         build_kl_controller("pid", 0.05)
+
+
+def test_retune_takes_the_steering_each_controller_reads_and_keeps_its_state():
+    """A resumed run steers on with its own options; the coefficient (and the PI integral) go on."""
+    steering = KLSteering(target=3.0, horizon=500, kp=1.5, ki=0.1)
+    adaptive = AdaptiveKLController(0.2, 6.0, 100)
+    adaptive.update(9.0, 10)
+    value = adaptive.value
+    adaptive.retune(steering)
+    assert (adaptive.value, adaptive.target, adaptive.horizon) == (value, 3.0, 500.0)
+    pi = PIKLController(0.05, 6.0, kp=2.0, ki=0.2)
+    pi.update(9.0)
+    state = (pi.value, pi.integral, pi.init)
+    pi.retune(steering)
+    assert (pi.value, pi.integral, pi.init) == state and (pi.target, pi.kp, pi.ki) == (3.0, 1.5, 0.1)
+    fixed = FixedKLController(0.1)
+    fixed.retune(steering)
+    assert fixed.value == 0.1 and not hasattr(fixed, "target")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hydrappo.algo.kl import AdaptiveKLController, PIKLController, build_kl_controller
+from hydrappo.algo.kl import AdaptiveKLController, KLSteering, PIKLController, build_kl_controller
 
 
 def test_pi_controller_trajectory_by_hand():
@@ -47,7 +47,7 @@ def test_pi_controller_validates_and_is_built_by_name():
             PIKLController(*args)
     with pytest.raises(ValueError, match="finite"):
         PIKLController(0.1, 6.0).update(math.nan, 1)
-    ctl = build_kl_controller("pi", 0.05, 6.0, None, kp=0.1, ki=0.3)
+    ctl = build_kl_controller("pi", 0.05, KLSteering(target=6.0, kp=0.1, ki=0.3))
     assert isinstance(ctl, PIKLController) and (ctl.value, ctl.kp, ctl.ki) == (0.05, 0.1, 0.3)
     with pytest.raises(ValueError, match="'pi'"):
         AdaptiveKLController(0.05, 6.0, 100).load_state_dict(ctl.state_dict())

@@ -23,11 +23,9 @@ from hydrappo.errors import WriteError, describe_os_error
 from hydrappo.storage import checkpoint as checkpoint_module
 from hydrappo.storage.checkpoint import checkpoint_dirs, checkpoint_problems, save_checkpoint
 
-from runs import TINY
+from runs import FAST, TINY
 
 CONFIG = str(TINY / "config.yaml")
-FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",
-        "--no_progress_bar", "--save_every", "1"]  # fmt: skip
 DISK_FULL = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
 

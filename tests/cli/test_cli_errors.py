@@ -23,12 +23,10 @@ from hydrappo.storage.atomic import host_name
 from hydrappo.storage.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, checkpoint_dirs
 from hydrappo.storage.rundir import LOCK_NAME
 
-from runs import TINY
+from runs import FAST, FIXTURES, ROOT, TINY
 
 CONFIG = str(TINY / "config.yaml")
 # One short PPO step per call: 8 rollouts of 4 tokens, one epoch.
-FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",
-        "--no_progress_bar", "--save_every", "1"]  # fmt: skip
 
 REWARDS = textwrap.dedent(
     """
@@ -439,7 +437,7 @@ def test_resume_skips_a_damaged_latest_checkpoint_a_torn_metrics_line_and_an_orp
 def test_legacy_checkpoints_without_a_manifest_are_checked_by_what_they_hold(ws, capsys, caplog, tmp_path):
     from hydrappo.storage.checkpoint import checkpoint_problems
 
-    legacy = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
+    legacy = FIXTURES / "legacy"
     for name in ("ppo-checkpoint-2", "reward-checkpoint-3"):
         assert not (legacy / name / MANIFEST_NAME).exists() and checkpoint_problems(legacy / name) == []
     run = tmp_path / "old_run"
@@ -644,7 +642,7 @@ sys.exit(main(sys.argv[2:]))
 def test_kill_9_during_a_checkpoint_write_then_resume_ends_with_the_same_weights(ws, capsys, caplog, tmp_path):
     run, marker = tmp_path / "run", tmp_path / "writing"
     argv = ["train", CONFIG, "--output_dir", str(run), "--total_steps", "2", "--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(marker), *argv], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:

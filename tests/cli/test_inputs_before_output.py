@@ -14,8 +14,8 @@ from hydrappo.data import DataError
 from hydrappo.rewards import RewardError
 from hydrappo.storage.rundir import LOCK_NAME
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny"
+from runs import TINY
+
 MODEL = {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2}
 
 

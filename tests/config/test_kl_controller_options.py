@@ -1,13 +1,12 @@
 """The KL controller's options: each one that only one controller reads is refused with the others."""
 
-from pathlib import Path
-
 import pytest
 
 from hydrappo.config import ConfigError, parse_config
 
-ROOT = Path(__file__).resolve().parents[2] / "examples" / "tiny"
-BASE = ["--reward_fn", f"{ROOT}/reward.py:reward_fn", "--prompts", str(ROOT / "prompts.jsonl")]
+from runs import TINY
+
+BASE = ["--reward_fn", f"{TINY}/reward.py:reward_fn", "--prompts", str(TINY / "prompts.jsonl")]
 
 
 @pytest.mark.parametrize("overrides, words", [

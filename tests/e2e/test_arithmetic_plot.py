@@ -2,13 +2,14 @@
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from runs import ROOT
+
 pytest.importorskip("matplotlib")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "plot_eval.py"
+SCRIPT = ROOT / "examples" / "arithmetic" / "plot_eval.py"
 spec = importlib.util.spec_from_file_location("plot_eval", SCRIPT)
 plot_eval = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plot_eval)

@@ -3,13 +3,13 @@ TRL's PPOTrainer gets the sentiment example's reward function."""
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+from runs import ROOT
+
 sys.path.insert(0, str(ROOT / "tools"))
 
 import race_trl  # noqa: E402

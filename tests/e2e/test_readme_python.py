@@ -5,11 +5,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from runs import ROOT
 
 
 def readme_python_block() -> str:

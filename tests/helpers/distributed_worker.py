@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 from hydrappo.config import parse_config
-from hydrappo.rollout import Responses
+from hydrappo.generation.responses import Responses
 from hydrappo.train.distributed import end_process_group
 from hydrappo.train.harness import Harness
 from hydrappo.train.ppo import PPOTrainer
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from runs import TINY
+
 # One PPO step of 8 responses: 2 epochs x 2 minibatches of 4, each split in 2 micro-batches per
 # process; running score normalisation, whitening and the adaptive KL controller all see the batch.
 # In float64, AdamW's eps 1e-6: the comparison with one process tests the logic, not the order of

@@ -13,9 +13,19 @@ import yaml
 
 from hydrappo.config import RewardConfig, parse_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 TINY = ROOT / "examples" / "tiny"
-VERIFIABLE = str(ROOT / "tests" / "fixtures" / "verifiable_reward.py") + ":first_word_is_good"
+FIXTURES = ROOT / "tests" / "fixtures"
+VERIFIABLE = str(FIXTURES / "verifiable_reward.py") + ":first_word_is_good"
+
+# Command-line overrides that make a run on the tiny example quick, by what the test needs of it.
+# FAST: batches of 8 responses of at most 4 tokens, one epoch, a checkpoint after every step.
+FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4"]
+FAST += ["--no_progress_bar", "--save_every", "1"]
+FAST_ONE_STEP = [*FAST, "--total_steps", "1"]  # FAST, stopping after its first step
+# One step of 4 responses, checkpointed only at its end.
+FAST_SMALL = ["--total_steps", "1", "--batch_size", "4", "--mini_batch_size", "4", "--ppo_epochs", "1"]
+FAST_SMALL += ["--max_new_tokens", "4", "--no_progress_bar"]
 
 
 def tiny_trainer(output_dir, *overrides):

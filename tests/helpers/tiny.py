@@ -14,6 +14,8 @@ from transformers import (
     Qwen2Config,
 )
 
+from hydrappo.planner.tokenizer import word_tokenizer
+
 VOCAB = 96
 HIDDEN = 32
 LAYERS = 4
@@ -96,22 +98,6 @@ WORDS = [f"w{i}" for i in range(VOCAB - 4)]
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A word-level tokenizer over 'w0'..'wN' (ids 4..VOCAB-1)."""
     return word_tokenizer(WORDS)
-
-
-def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer: <pad> <bos> <eos> <unk> are ids 0-3, `words` follow from id 4; pad
-    is the EOS token and padding is on the left, as in SmolLM2. (tools/validate_memory.py builds
-    its tokenizers here too.)"""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3}
-    vocab.update({word: i + 4 for i, word in enumerate(words)})
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
-    tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    return tokenizer
 
 
 def left_padded_batch(rows: list[list[int]], pad_id: int = 0):

@@ -1,6 +1,5 @@
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,10 +8,10 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from hydrappo import HydraModel
 from hydrappo.errors import UsageError
 
+from runs import ROOT
 from tiny import FLOAT64_ATOL, left_padded_batch, tiny64
 
 ROWS = [list(range(5, 19)), [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def lora(**overrides):
@@ -170,13 +169,12 @@ def test_lora_ppo_run_saves_a_peft_adapter_that_loads_and_merges(tmp_path):
     # Exact resume of a LoRA run: tests/train/test_exact_resume.py.
 
     out = tmp_path / "merged"
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "merge_lora.py"), str(checkpoint), "--out", str(out)],
-                            capture_output=True, text=True)
+    export = [sys.executable, "-m", "hydrappo", "export", str(checkpoint), "--out", str(out)]
+    result = subprocess.run(export, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64)
     torch.testing.assert_close(policy[0], unpadded_logprobs(merged, ids[0].tolist()), atol=FLOAT64_ATOL, rtol=0)
-    again = subprocess.run([sys.executable, str(ROOT / "tools" / "merge_lora.py"), str(checkpoint), "--out", str(out)],
-                           capture_output=True, text=True)
+    again = subprocess.run(export, capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 2 and "not empty" in again.stderr

@@ -1,11 +1,9 @@
 """Conversions: hydrappo checkpoint -> transformers model, trlX hydra checkpoint -> hydrappo checkpoint."""
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,10 +21,9 @@ from hydrappo.storage.trlx import convert_trlx
 from hydrappo.cli import main as cli_main
 from hydrappo.model.heads import ValueHead
 from hydrappo.train.ppo import PPOTrainer
+from runs import ROOT, TINY
 from tiny import FLOAT64_ATOL, tiny_model, tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny"
 # An exported or converted model computes what the hydra computes by another path (its own forward
 # against the edited layer list, adapters merged against added): the models here are float64 and
 # agree within FLOAT64_ATOL (tests/helpers/tiny.py says why).
@@ -286,14 +283,12 @@ def test_not_a_trlx_checkpoint_is_exit_code_2(tmp_path, capsys):
 def test_help_of_every_entry_point(capsys):
     for argv in (["--help"], ["trlx", "--help"], ["gguf", "--help"]):
         assert export_main(argv) == 0  # the CLI turns argparse's exit into the exit code
-    assert "--max-shard-size" in capsys.readouterr().out
-    # the scripts run stand-alone (one in a fresh interpreter; both share the code path)
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "convert_trlx.py"), "--help"], capture_output=True, text=True)
+    out = capsys.readouterr().out
+    assert "--max-shard-size" in out and "--value-head" in out
+    # the command runs stand-alone, in a fresh interpreter
+    help_of = [sys.executable, "-m", "hydrappo", "export", "trlx", "--help"]
+    result = subprocess.run(help_of, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and "--write-base" in result.stdout, result.stderr
-    spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "tools" / "convert_checkpoint.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert script.main(["--help"]) == 0 and "--value-head" in capsys.readouterr().out
 
 
 def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, capfd, monkeypatch):

@@ -18,12 +18,10 @@ from hydrappo.config import ModelConfig
 from hydrappo.rewards import ClassifierReward
 from hydrappo.storage.models import ModelLoadError, load_model_and_tokenizer, resolve_model_source
 
-from runs import TINY
+from runs import FAST_ONE_STEP, FIXTURES, TINY
 
 HUB_ID = "tiny-org/tiny-llama"
 MAIN, V2 = "1" * 40, "2" * 40  # the commits refs/main and refs/v2 point at
-FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",
-        "--no_progress_bar", "--total_steps", "1", "--save_every", "1"]  # fmt: skip
 
 
 def add_snapshot(cache: Path, repo_id: str, folder: Path, commit: str, refs: tuple[str, ...] = ("main",)) -> Path:
@@ -143,7 +141,7 @@ def test_an_uncached_id_offline_is_a_clear_error_before_anything_is_written(hub_
     out = tmp_path / "run"
     extra = ["--revision", revision] if revision else []
     code = main(["train", str(TINY / "config.yaml"), "--name_or_path", "tiny-org/missing", *extra,
-                 "--output_dir", str(out), *FAST])  # fmt: skip
+                 "--output_dir", str(out), *FAST_ONE_STEP])  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
     _not_cached_message(err, revision or "main", cache, "HF_HUB_OFFLINE is set")
@@ -159,14 +157,14 @@ def test_an_uncached_id_offline_is_a_clear_error_before_anything_is_written(hub_
 def test_each_uncached_id_is_named_by_its_option(hub_cache, no_network, tmp_path, capsys, args, option):
     cache, _ = hub_cache
     out = tmp_path / "run"
-    assert main(["train", str(TINY / "config.yaml"), *args, "--output_dir", str(out), *FAST]) == 2
+    assert main(["train", str(TINY / "config.yaml"), *args, "--output_dir", str(out), *FAST_ONE_STEP]) == 2
     _not_cached_message(capsys.readouterr().err, "main", cache, "HF_HUB_OFFLINE is set", option)
     assert no_network == [] and not out.exists()
 
 
 def test_exports_base_model_is_named_by_its_option_and_nothing_is_written(hub_cache, no_network, tmp_path, capsys):
     cache, _ = hub_cache
-    checkpoint = Path(__file__).resolve().parents[1] / "fixtures" / "legacy" / "ppo-checkpoint-2"
+    checkpoint = FIXTURES / "legacy" / "ppo-checkpoint-2"
     out = tmp_path / "exported"
     out.mkdir()
     (out / "config.json").write_text("{}")  # an earlier export, which --overwrite would move aside
@@ -221,7 +219,7 @@ def test_an_unreachable_hub_is_the_same_clear_error(hub_cache, no_network, monke
 ])  # fmt: skip
 def test_a_malformed_hub_id_is_a_config_error(hub_cache, no_network, tmp_path, capsys, option, value):
     args = ["--reward_fn", "", "--reward_model", value] if option == "reward_model" else [f"--{option}", value]
-    code = main(["train", str(TINY / "config.yaml"), *args, "--output_dir", str(tmp_path / "run"), *FAST])
+    code = main(["train", str(TINY / "config.yaml"), *args, "--output_dir", str(tmp_path / "run"), *FAST_ONE_STEP])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     section = "reward" if option == "reward_model" else "model"
@@ -231,7 +229,7 @@ def test_a_malformed_hub_id_is_a_config_error(hub_cache, no_network, tmp_path, c
 
 
 def test_a_revision_needs_a_hub_id(tmp_path, capsys):
-    code = main(["train", str(TINY / "config.yaml"), "--revision", "v2", "--output_dir", str(tmp_path / "run"), *FAST])
+    code = main(["train", str(TINY / "config.yaml"), "--revision", "v2", "--output_dir", str(tmp_path / "run"), *FAST_ONE_STEP])
     err = capsys.readouterr().err
     assert code == 2 and "model.revision='v2' applies only to a Hub id" in err
 
@@ -241,7 +239,7 @@ def test_train_export_generate_and_compare_from_a_hub_id(hub_cache, no_network, 
     cache, snapshots = hub_cache
     out = tmp_path / "run"
     assert main(["train", str(TINY / "config.yaml"), "--name_or_path", HUB_ID, "--random_init", "false",
-                 "--revision", "v2", "--output_dir", str(out), *FAST]) == 0  # fmt: skip
+                 "--revision", "v2", "--output_dir", str(out), *FAST_ONE_STEP]) == 0  # fmt: skip
     checkpoint = out / "checkpoint-1"
     recorded = yaml.safe_load((checkpoint / "config.yaml").read_text())["model"]
     assert (recorded["name_or_path"], recorded["revision"]) == (HUB_ID, "v2")  # the id, not this machine's cache

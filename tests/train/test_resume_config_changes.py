@@ -12,9 +12,7 @@ from hydrappo.config import Config
 from hydrappo.config.resume import resume_differences
 from hydrappo.storage.checkpoint import CheckpointError
 
-from runs import tiny_trainer
-
-FAST = ["--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--save_every", "1"]
+from runs import FAST_ONE_STEP, tiny_trainer
 
 
 def test_each_changed_option_is_named_with_both_values():
@@ -98,15 +96,15 @@ def test_a_moved_model_folder_is_a_warning_not_a_refusal(tmp_path):
 @pytest.mark.slow
 def test_resume_refuses_a_changed_layer_count_and_applies_a_changed_learning_rate(tmp_path, caplog):
     run = tmp_path / "run"
-    tiny_trainer(run, *FAST).train()
+    tiny_trainer(run, *FAST_ONE_STEP).train()
     with pytest.raises(CheckpointError) as refused:
-        tiny_trainer(run, *FAST, "--total_steps", "2", "--num_layers_unfrozen", "1").train(resume=True)
+        tiny_trainer(run, *FAST_ONE_STEP, "--total_steps", "2", "--num_layers_unfrozen", "1").train(resume=True)
     assert str(refused.value) == (
         f"--resume {run / 'checkpoint-1'}: model.num_layers_unfrozen: 2 in the checkpoint, 1 now; it decides which "
         "weights the checkpoint holds; resume with 2 or start a new run."
     )
     caplog.set_level(logging.WARNING, logger="hydrappo")
-    trainer = tiny_trainer(run, *FAST, "--total_steps", "2", "--learning_rate", "1e-3", "--weight_decay", "0.01")
+    trainer = tiny_trainer(run, *FAST_ONE_STEP, "--total_steps", "2", "--learning_rate", "1e-3", "--weight_decay", "0.01")
     history = trainer.train(resume=True)
     assert [row["step"] for row in history] == [2]
     assert "ppo.learning_rate: 0.003 in the checkpoint, 0.001 now" in caplog.text

@@ -2,7 +2,7 @@
 
 The engine keeps its own copy of the policy's model in this process, on the training GPU, and
 samples with its own kernels (paged attention, CUDA graphs, continuous batching). The old
-log-probs still come from the experience pass (sampling.py), so the engine's numerics never
+log-probs still come from the experience pass (samplers.py), so the engine's numerics never
 enter the loss; the engine only has to hold the policy's current weights.
 
 What reaches the engine, and when:
@@ -39,11 +39,12 @@ from typing import Protocol
 
 import torch
 
-from .config import GenerationArgs
-from .errors import UsageError
-from .model import HydraModel
-from .model.engine_weights import engine_weights
-from .rollout import Responses, first_stop
+from ..config import GenerationArgs
+from ..errors import UsageError
+from ..model import HydraModel
+from ..model.engine_weights import engine_weights
+from .responses import Responses
+from .stops import first_stop
 
 # The vLLM releases whose wheels pin torch==2.13.0, hydrappo's tested torch (docs/sampling.md):
 # 0.33 pins torch 2.14.0, and pip would replace the torch a user has.
@@ -121,13 +122,18 @@ class ServingEngineSampler:
         seeds = [None] * len(prompts) if greedy else torch.randint(2**31 - 1, (len(prompts),)).tolist()
         requests = [
             EngineRequest(
-                prompt, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
-                temperature=0.0 if greedy else args.temperature, top_p=1.0 if greedy else args.top_p,
-                top_k=0 if greedy else args.top_k, stop_token_ids=stop_ids, stop_strings=tuple(args.stop_strings),
+                prompt,
+                max_new_tokens=args.max_new_tokens,
+                min_new_tokens=args.min_new_tokens,
+                temperature=0.0 if greedy else args.temperature,
+                top_p=1.0 if greedy else args.top_p,
+                top_k=0 if greedy else args.top_k,
+                stop_token_ids=stop_ids,
+                stop_strings=tuple(args.stop_strings),
                 seed=seed,
             )
             for prompt, seed in zip(prompts, seeds)
-        ]  # fmt: skip
+        ]
         outputs = self.engine.generate(requests)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"the {self.name} engine returned {len(outputs)} responses for {len(prompts)} prompts")
@@ -188,13 +194,21 @@ class VllmEngine:
 
         params = [
             SamplingParams(
-                n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_new_tokens,
-                min_tokens=r.min_new_tokens, stop_token_ids=list(r.stop_token_ids), stop=list(r.stop_strings) or None,
-                include_stop_str_in_output=True, skip_special_tokens=False, detokenize=bool(r.stop_strings),
+                n=1,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                max_tokens=r.max_new_tokens,
+                min_tokens=r.min_new_tokens,
+                stop_token_ids=list(r.stop_token_ids),
+                stop=list(r.stop_strings) or None,
+                include_stop_str_in_output=True,
+                skip_special_tokens=False,
+                detokenize=bool(r.stop_strings),
                 seed=r.seed,
             )
             for r in requests
-        ]  # fmt: skip
+        ]
         prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [list(output.outputs[0].token_ids) for output in outputs]

@@ -16,7 +16,7 @@ last token of every row, min_new_tokens' suppression, temperature / top-k / top-
 (decode.py's functions), the stop ids and the length limit, and the split state written at its
 column. On CUDA it is captured once per bucket with torch.cuda.CUDAGraph and replayed; the host
 looks at the device only every SYNC_EVERY steps (have all rows ended?), and stop strings are
-checked then, on the tokens so far (rollout's first_stop trims every row at its first stop
+checked then, on the tokens so far (stops.first_stop trims every row at its first stop
 anyway). Rows that ended keep their place in the batch and feed padding, as generate's do.
 
 Buckets: the rows of a chunk are padded up to a power of two and the cache's length up to a
@@ -43,11 +43,11 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, DynamicCache, StaticLayer
 
+from ..model import HydraModel
+from ..model.arch import cache_argument
+from ..model.split import position_ids_from_mask
 from .decode import SamplingRule, next_tokens
-from .model import HydraModel
-from .model.arch import cache_argument
-from .model.split import position_ids_from_mask
-from .rollout import Responses, generate_responses
+from .responses import Responses, generate_responses
 
 LENGTH_STEP = 64  # the cache's length is rounded up to a multiple of this (one graph per length bucket)
 SYNC_EVERY = 8  # token steps between two looks of the host at the device (have all rows ended?)
@@ -208,7 +208,7 @@ class StaticDecoder:
             with torch.cuda.graph(graph):
                 self.step(record_split)
         except Exception as error:  # a module that syncs with the host (some quantized kernels) cannot be captured
-            warnings.warn(f"the decode step could not be captured as a CUDA graph ({error}); it runs eagerly")
+            warnings.warn(f"the decode step could not be captured as a CUDA graph ({error}); it runs eagerly", stacklevel=2)
             self.graph = False
             return
         self.graph = graph
@@ -239,7 +239,7 @@ class _Kind:
 
 class GraphDecoding:
     """One hydra's live bucket (a StaticDecoder), kept across calls, and the chunk function
-    rollout.generate_responses runs through it.
+    responses.generate_responses runs through it.
 
     One bucket at a time, so the memory the static cache holds between samples is one KV cache
     of the largest bucket (the planner counts it): a chunk that fits the live bucket (as many
@@ -280,7 +280,7 @@ class GraphDecoding:
 
     @torch.no_grad()
     def chunk(self, hydra, tokenizer, input_ids, attention_mask, args, *, greedy, record_split, shared, synced):
-        """rollout's chunk sampler: each row's tokens (up to its stop or the limit; padding never)
+        """generate_responses' chunk sampler: each row's tokens (up to its stop or the limit; padding never)
         and, when recording, each row's split states (prompt, then every response token fed back;
         the last one too when a reward branch is attached)."""
         if synced:
@@ -317,7 +317,7 @@ class GraphDecoding:
 
 
 class GraphSampler:
-    """rollout's chunks, shared prefill and recorded split states, each chunk decoded by a
+    """generate_responses' chunks, shared prefill and recorded split states, each chunk decoded by a
     StaticDecoder of its bucket (a CUDA graph replayed per token on CUDA, the same step eagerly
     elsewhere). Never synced."""
 

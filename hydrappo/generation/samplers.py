@@ -4,11 +4,11 @@ A sampler takes the prompts (token ids) and the generation options and returns `
 each row's response trimmed at its first stop, whether it stopped, and, where the sampler
 can (`records_split`), the frozen bottom's split states recorded while sampling, so the
 experience pass runs only the top branches. Whatever samples, PPO's old log-probs come from
-the experience pass (rollout.evaluate_sequences), never from the sampler: a sampler only has
+the experience pass (train/sequences.py, evaluate_sequences), never from the sampler: a sampler only has
 to draw from the policy's distribution, and its own numerics (paged attention, kernels of a
 serving engine) never enter the loss.
 
-    decode               hydrappo's own decode loop (decode.py, through rollout.generate_responses):
+    decode               hydrappo's own decode loop (decode.py, through responses.generate_responses):
                          generate's distribution with less work per token (one uniform number per
                          row instead of an exponential draw over the vocabulary, no per-step
                          processor objects) and rows that ended leave the batch; records the split
@@ -17,7 +17,7 @@ serving engine) never enter the loss.
                          per bucket of rows x length, every per-token tensor preallocated, the step
                          captured as a CUDA graph and replayed (eager elsewhere); rows that ended stay
                          in the batch. Records the split states and shares the prefill. Not under FSDP.
-    generate             transformers' `generate` on the hydra's model (rollout.generate_responses):
+    generate             transformers' `generate` on the hydra's model (responses.generate_responses):
                          a KV cache per chunk of `generation_batch_size` rows, records the split
                          states, shares the prefill of a prompt's G samples, runs under FSDP.
     continuous_batching  transformers' continuous batching (`generate_batch`): a paged KV cache,
@@ -40,9 +40,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import GenerationConfig
 
-from .config import GenerationArgs
-from .model import HydraModel
-from .rollout import Responses, first_stop, generate_responses, generation_config
+from ..config import GenerationArgs
+from ..model import HydraModel
+from .responses import Responses, generate_responses, generation_config
+from .stops import first_stop
 
 # The default of `generation.sampler: auto` per device type, as measured (docs/sampling.md).
 # CPU (tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
@@ -77,7 +78,7 @@ class Sampler(Protocol):
 
 
 class GenerateSampler:
-    """transformers' `generate` on the hydra's model (rollout.generate_responses). `synced`: the
+    """transformers' `generate` on the hydra's model (responses.generate_responses). `synced`: the
     trunk is sharded over processes, so every process runs every token step (synced_gpus)."""
 
     name = "generate"
@@ -88,9 +89,15 @@ class GenerateSampler:
 
     def sample(self, prompt_ids, args, *, greedy=False, record_split=False) -> Responses:
         return generate_responses(
-            self.hydra, self.tokenizer, prompt_ids, args, synced=self.synced, record_split=record_split,
-            greedy=greedy, loop=self.name,
-        )  # fmt: skip
+            self.hydra,
+            self.tokenizer,
+            prompt_ids,
+            args,
+            synced=self.synced,
+            record_split=record_split,
+            greedy=greedy,
+            loop=self.name,
+        )
 
     def weights_changed(self) -> None:
         pass  # generate runs the hydra's own weights
@@ -143,9 +150,11 @@ class ContinuousBatchingSampler:
         # The random draws come from torch's global generator (transformers seeds its sampling
         # from it), so a seeded run samples the same responses again, and resumes exactly.
         outputs = self.hydra.model.generate_batch(
-            prompts, generation_config=config, continuous_batching_config=self.cache_config(prompts, args.max_new_tokens),
+            prompts,
+            generation_config=config,
+            continuous_batching_config=self.cache_config(prompts, args.max_new_tokens),
             warmup=False,
-        )  # fmt: skip
+        )
         if len(outputs) != len(prompts) or any(o.error for o in outputs.values()):
             errors = [o.error for o in outputs.values() if o.error]
             raise RuntimeError(

@@ -14,11 +14,11 @@ the same distribution with less work per token, which is what the CPU profile bl
   sized for the whole response, where transformers' DynamicLayer concatenates, copying the
   whole cache of every layer at every step (quadratic in the length).
 - No per-step logits-processor and stopping-criteria objects: the few rules of
-  `rollout.generation_config` (temperature, top-k, top-p, EOS and stop ids, min_new_tokens) are
+  `responses.generation_config` (temperature, top-k, top-p, EOS and stop ids, min_new_tokens) are
   applied here directly, in `generate`'s order and with its formulas.
 
 The tokens are drawn from the distribution `generate` draws from, with other random numbers;
-greedy decoding gives `generate`'s tokens exactly (tests/test_decode.py). Old log-probs never
+greedy decoding gives `generate`'s tokens exactly (tests/generation/test_decode.py). Old log-probs never
 come from here: PPO's experience pass computes them.
 """
 
@@ -32,9 +32,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .model import HydraModel
-from .model.arch import cache_argument, output_cache
-from .model.split import position_ids_from_mask
+from ..model import HydraModel
+from ..model.arch import cache_argument, output_cache
+from ..model.split import position_ids_from_mask
 
 # Ended rows leave the batch once they are this share of it (each removal copies the KV cache).
 COMPACT_SHARE = 0.25
@@ -102,8 +102,10 @@ class PreallocatedLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
-        self._buffers = [states.new_empty(*states.shape[:2], self.capacity, states.shape[-1])
-                         for states in (key_states, value_states)]  # fmt: skip
+        self._buffers = [
+            states.new_empty(*states.shape[:2], self.capacity, states.shape[-1])
+            for states in (key_states, value_states)
+        ]
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -111,8 +113,10 @@ class PreallocatedLayer(DynamicLayer):
         end = self.length + key_states.shape[-2]
         if end > self._buffers[0].shape[-2]:
             grown = max(end, 2 * self._buffers[0].shape[-2])
-            self._buffers = [torch.cat([b, b.new_empty(*b.shape[:2], grown - b.shape[-2], b.shape[-1])], dim=-2)
-                             for b in self._buffers]  # fmt: skip
+            self._buffers = [
+                torch.cat([b, b.new_empty(*b.shape[:2], grown - b.shape[-2], b.shape[-1])], dim=-2)
+                for b in self._buffers
+            ]
         for buffer, states in zip(self._buffers, (key_states, value_states)):
             buffer[:, :, self.length : end] = states
         self.length = end
@@ -163,10 +167,21 @@ class Decoded:
 
 @torch.no_grad()
 def decode(
-    hydra: HydraModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-    rule: SamplingRule, stop_ids: list[int], min_new_tokens: int = 0, stop_strings=(), tokenizer=None,
-    record_split: bool = False, feed_last: bool = False, cache=None, cached_split: torch.Tensor | None = None,
-) -> Decoded:  # fmt: skip
+    hydra: HydraModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    rule: SamplingRule,
+    stop_ids: list[int],
+    min_new_tokens: int = 0,
+    stop_strings=(),
+    tokenizer=None,
+    record_split: bool = False,
+    feed_last: bool = False,
+    cache=None,
+    cached_split: torch.Tensor | None = None,
+) -> Decoded:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt row.
 
     `stop_ids` end a row (transformers' eos_token_id list); before `min_new_tokens` they are
@@ -174,7 +189,7 @@ def decode(
     `record_split`: keep the frozen bottom's output for every token fed to the model.
     `feed_last`: also feed each row's last token once (one more step for the rows at the limit),
     so its split state is recorded too (a reward branch reads it). `cache`, `cached_split`: a KV
-    cache (and its recorded states) over the first prompt columns of every row (rollout's shared
+    cache (and its recorded states) over the first prompt columns of every row (responses.py's shared
     prefill): the loop starts after them."""
     # A plain transformers model samples too (`hydrappo compare` of a model folder); only a hydra records.
     model, device = (hydra.model if isinstance(hydra, HydraModel) else hydra), input_ids.device
@@ -195,8 +210,14 @@ def decode(
     column = start  # where the states of this step's tokens go
     for step in range(max_new_tokens + 1):
         with hydra.recording_split() if record_split else nullcontext() as recorded:
-            out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                        **last_logits, **cache_argument(model, cache))  # fmt: skip
+            out = model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **last_logits,
+                **cache_argument(model, cache),
+            )
         cache = output_cache(out)
         if record_split:
             if states is None:

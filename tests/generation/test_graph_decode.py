@@ -1,10 +1,10 @@
-"""The static decode step (hydrappo/graph_decode.py) against hydrappo's decode loop: the same greedy
+"""The static decode step (hydrappo/generation/graph_decode.py) against hydrappo's decode loop: the same greedy
 tokens and recorded split states on every architecture family, draws from the policy's own
 filtered distribution, no host sync inside a token step (what lets CUDA capture it), and graphs
 that follow the trainer's in-place weight updates and are dropped when a weight gets new storage.
 
 On a CPU the step runs eagerly: the same tensor work a CUDA graph replays. Greedy comparisons
-run in float64, as tests/test_decode.py's do (the two loops' logits agree to rounding, far below
+run in float64, as tests/generation/test_decode.py's do (the two loops' logits agree to rounding, far below
 the gap between the two most likely tokens)."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
-from hydrappo.decode import SamplingRule, filtered_logits
-from hydrappo.graph_decode import GraphDecoding, GraphSampler, StaticDecoder, bucket_of, weights_fingerprint
-from hydrappo.rollout import generate_responses
-from hydrappo.sampling import build_sampler, resolve_sampler
+from hydrappo.generation.decode import SamplingRule, filtered_logits
+from hydrappo.generation.graph_decode import GraphDecoding, GraphSampler, StaticDecoder, bucket_of, weights_fingerprint
+from hydrappo.generation.responses import generate_responses
+from hydrappo.generation.samplers import build_sampler, resolve_sampler
 
 from recorded import float64_hydra, prompts_of, stop_string_case
 from tiny import VOCAB, first_family_quick, left_padded_batch, tiny_model, tiny_tokenizer
 
-STATE_ATOL = 1e-10  # as tests/test_decode.py: the same float64 computation up to the order of a few sums
+STATE_ATOL = 1e-10  # as tests/generation/test_decode.py: the same float64 computation up to the order of a few sums
 
 
 def hydra64(family="llama", seed=0):
