@@ -1,9 +1,10 @@
 """A decode step with fixed shapes and no host sync, so that CUDA can replay it as a graph
 (`generation.sampler: graph`).
 
-On a GPU the decode loop (decode.py) spends its time launching kernels and running Python, not
-reading weights (docs/sampling.md has the measurements): a step of a 1.7B model launches
-hundreds of small kernels, and the loop waits for the device at every token (which rows ended).
+On a GPU the decode loop (decode.py) and generate spend their time launching kernels and running
+Python, not reading weights: a bf16 step of a 1.7B model reads its 3.4 GB of weights in about
+1.1 ms on an H100 and took 25 ms with generate there; it launches hundreds of small kernels, and
+the loop waits for the device at every token (which rows ended).
 Here every piece of state a token step touches lives in a buffer allocated once per bucket:
 
 - a static KV cache (transformers' StaticLayer for every layer, sliding-window ones too: the
@@ -26,9 +27,11 @@ greedy rule) and replays them. The prefill runs eagerly, into the bucket's cache
 
 A captured graph reads the buffers it was captured on. The trainer updates the policy's weights
 in place (torch.optim, bitsandbytes' 8-bit optimizers and peft's adapters all do), so the next
-replay reads the new weights; anything that gives a parameter or buffer new storage (loading a
-checkpoint into new tensors, a dtype or device change) changes `weights_fingerprint`, and the
-graphs are dropped and captured again before the next sample.
+replay reads the new weights (under mixed precision the step runs with autocast's weight cache
+off, so the casts of the float32 trained layers are kernels of the graph: without_autocast_cache);
+anything that gives a parameter or buffer new storage (loading a checkpoint into new tensors, a
+dtype or device change) changes `weights_fingerprint`, and the bucket and its graph are dropped
+and captured again before the next sample.
 
 On a CPU the same step runs eagerly: that is what the tests compare with the decode loop.
 """
