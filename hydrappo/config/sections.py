@@ -153,7 +153,9 @@ class GenerationArgs:
         default="auto",
         metadata={"help": "What samples the responses: decode (hydrappo's own decode loop: the distribution of "
                           "generate with less work per token, ended rows leave the batch; records the frozen "
-                          "bottom's outputs, shares a prompt's prefill; no train.fsdp_trunk) | generate "
+                          "bottom's outputs, shares a prompt's prefill; no train.fsdp_trunk) | graph (the decode loop's step over "
+                          "a static KV cache, captured as a CUDA graph and replayed per token; records and shares "
+                          "too; no train.fsdp_trunk) | generate "
                           "(transformers' generate: records and shares too, runs under train.fsdp_trunk) | continuous_batching "
                           "(transformers' generate_batch, a paged KV cache where rows leave as they end; records "
                           "nothing, no min_new_tokens, no train.fsdp_trunk) | vllm (a vLLM engine in the process "
