@@ -31,10 +31,9 @@ import time
 from pathlib import Path
 
 from ..config import input_paths, startup_inputs, writable_folder_problem
-from ..config.resume import resume_changes
 from ..errors import UsageError
 from .atomic import rename_to_sibling
-from .checkpoint import CONFIG_NAME, CheckpointError, checkpoint_dirs, resolve_resume
+from .checkpoint import CheckpointError, checkpoint_dirs, resolve_resume, resume_check
 
 logger = logging.getLogger("hydrappo")
 
@@ -349,16 +348,6 @@ def start_run(config, resume_arg, *, writer: bool = True):
     checkpoint = resolve_resume(resume_arg, output_dir, set_aside=writer)
     resume_check(checkpoint, config)
     return checkpoint
-
-
-def resume_check(checkpoint: Path, config) -> list[str]:
-    """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
-    CheckpointError naming them when one of them may not change. Nothing loads: the command line
-    asks before the model is built, the harness again before the checkpoint's weights load."""
-    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config)
-    if refusals:
-        raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
-    return changes
 
 
 def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True,

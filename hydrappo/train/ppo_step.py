@@ -43,8 +43,9 @@ from ..algo.masked import explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards
 from ..generation.responses import Responses
 from .experience import Experience, minibatch_plan
-from .harness import TrainingError, as_float
+from .harness import TrainingError
 from .heldout import evaluation_due
+from .run_log import as_float
 from .sequences import Rollout, evaluate_sequences, pack_sequences, pack_split_hidden, response_part
 from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
