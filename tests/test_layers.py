@@ -27,6 +27,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.sampling": 3,
     "hydrappo.serving": 3,  # imports vllm inside functions: an optional extra
     "hydrappo.rewards": 3,
+    "hydrappo.agent": 3,  # tools, environments, the tool-call format: user code through usercode
     "hydrappo.storage": 3,
     "hydrappo.planner": 3,
     "hydrappo.train": 4,
