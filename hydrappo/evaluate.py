@@ -26,8 +26,8 @@ from .algo.degeneration import degeneration_flags
 from .config import Config, GenerationArgs, ModelConfig, Problems, RewardArgs, check_reward_fn, looks_like_a_path
 from .config.paths import check_model_location, writable_folder_problem
 from .data import PromptSet, load_prompt_table, tokenize_prompts
+from .generation.samplers import build_sampler
 from .rewards import build_reward_source
-from .sampling import build_sampler
 from .storage.checkpoint import (
     CheckpointError, find_checkpoint, is_checkpoint_folder, load_checkpoint_config, load_trainable_weights,
     seed_everything,

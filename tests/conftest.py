@@ -1,6 +1,6 @@
 """Shared test set-up. Tests are laid out like the package: tests/test_<module>.py for the
-top-level modules (rollout, decode, sampling, serving, rewards, data, prompts, usercode), a
-folder per subpackage (tests/model, algo, config, planner, storage, train), tests/cli for the
+top-level modules (rewards, data, prompts, usercode), a folder per subpackage (tests/model,
+algo, config, planner, storage, generation, train), tests/cli for the
 commands and tests/e2e for the examples and the README. tests/helpers is put on sys.path, so a
 test anywhere imports the shared helpers by their bare names:
 

@@ -2,7 +2,7 @@
 level ones too), resolved to modules. Arrows point down the layers, never up, and there is
 no cycle between modules:
 
-    cli -> train (and evaluate) -> {rollout, sampling, serving, rewards, data, storage, planner} -> config -> {model, algo} -> errors
+    cli -> train (and evaluate) -> {generation, rewards, data, storage, planner} -> config -> {model, algo} -> errors
 
 model/ imports torch, transformers and peft only (besides the standard library); algo/ torch only."""
 
@@ -22,10 +22,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.config": 2,
     "hydrappo.data": 3,
     "hydrappo.prompts": 3,
-    "hydrappo.rollout": 3,
-    "hydrappo.decode": 3,
-    "hydrappo.sampling": 3,
-    "hydrappo.serving": 3,  # imports vllm inside functions: an optional extra
+    "hydrappo.generation": 3,  # generation/serving.py imports vllm inside functions: an optional extra
     "hydrappo.rewards": 3,
     "hydrappo.agent": 3,  # tools, environments, the tool-call format: user code through usercode
     "hydrappo.storage": 3,

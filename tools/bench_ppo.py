@@ -69,6 +69,7 @@ from hydrappo.algo.masked import whiten  # noqa: E402
 from hydrappo.algo.scores import shape_rewards  # noqa: E402
 from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs  # noqa: E402
 from hydrappo.data import left_pad  # noqa: E402
+from hydrappo.generation.responses import generate_responses, generation_config  # noqa: E402
 from hydrappo.model.arch import locate, logits_transform, output_embeddings  # noqa: E402
 from hydrappo.model.hydra import disable_dropout  # noqa: E402
 from hydrappo.model.logprobs import token_logprobs  # noqa: E402
@@ -76,8 +77,9 @@ from hydrappo.model.split import last_token_index, position_ids_from_mask  # noq
 from hydrappo.planner.counts import unique_bytes  # noqa: E402
 from hydrappo.planner.presets import PRESETS, preset_config  # noqa: E402
 from hydrappo.rewards import build_reward_source  # noqa: E402
-from hydrappo.rollout import Experience, generate_responses, generation_config, pack_sequences  # noqa: E402
+from hydrappo.train.experience import Experience  # noqa: E402
 from hydrappo.train.ppo import PPOTrainer  # noqa: E402
+from hydrappo.train.sequences import pack_sequences  # noqa: E402
 
 MIB = 2**20
 PPO = PPOArgs()  # the library's defaults: clip ranges, vf_coef, KL coefficient, GAE, AdamW

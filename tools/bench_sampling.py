@@ -1,9 +1,10 @@
-"""The samplers of hydrappo/sampling.py side by side, interleaved in one process: hydrappo's decode
-loop (DecodeSampler) and transformers' `generate` (GenerateSampler), both as the trainer runs them
-(recording the split states), against transformers' continuous batching (ContinuousBatchingSampler)
-at several page sizes, on the same prompts. Greedy by default (so every candidate produces the same
-tokens and does the same work; the tool checks it); with --temperature the candidates sample, as
-training does, and draw different tokens: compare their tokens/s, and their response lengths.
+"""The samplers of hydrappo/generation/samplers.py side by side, interleaved in one process:
+hydrappo's decode loop (DecodeSampler) and transformers' `generate` (GenerateSampler), both as
+the trainer runs them (recording the split states), against transformers' continuous batching
+(ContinuousBatchingSampler) at several page sizes, on the same prompts. Greedy by default (so
+every candidate produces the same tokens and does the same work; the tool checks it); with
+--temperature the candidates sample, as training does, and draw different tokens: compare their
+tokens/s, and their response lengths.
 
     python tools/bench_sampling.py                                  # SmolLM2-135M-Instruct, 16 x 32
     python tools/bench_sampling.py --model tiny                     # a 4-layer random Llama
@@ -42,9 +43,9 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hydrappo.config import GenerationArgs, ModelConfig  # noqa: E402
+from hydrappo.generation.samplers import ContinuousBatchingSampler, DecodeSampler, GenerateSampler  # noqa: E402
 from hydrappo.model import HydraModel  # noqa: E402
 from hydrappo.model.hydra import disable_dropout  # noqa: E402
-from hydrappo.sampling import ContinuousBatchingSampler, DecodeSampler, GenerateSampler  # noqa: E402
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 ATTENTION = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",

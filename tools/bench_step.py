@@ -37,8 +37,8 @@ from bench_ppo import HydraLayout, build_base_model, configure  # noqa: E402
 from profile_step import step_shape_arguments  # noqa: E402
 
 import hydrappo.model.hydra as hydra_module  # noqa: E402
+from hydrappo.generation.samplers import GenerateSampler  # noqa: E402
 from hydrappo.model.logprobs import token_logprobs  # noqa: E402
-from hydrappo.sampling import GenerateSampler  # noqa: E402
 
 PHASES = ("generate", "experience", "update", "total")
 

@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_ppo import HydraLayout, build_base_model, configure, generation_args  # noqa: E402
 
-from hydrappo.rollout import first_stop, generate_responses, pack_sequences  # noqa: E402
+from hydrappo.generation.responses import generate_responses  # noqa: E402
+from hydrappo.generation.stops import first_stop  # noqa: E402
+from hydrappo.train.sequences import pack_sequences  # noqa: E402
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
               "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention")  # fmt: skip

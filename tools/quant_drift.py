@@ -22,9 +22,10 @@ import torch
 
 from hydrappo.config import GenerationArgs, ModelConfig
 from hydrappo.data import tokenize_prompts
-from hydrappo.rollout import generate_responses, pack_sequences
+from hydrappo.generation.responses import generate_responses
 from hydrappo.storage.checkpoint import seed_everything
 from hydrappo.storage.models import build_hydra
+from hydrappo.train.sequences import pack_sequences
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {

@@ -33,10 +33,11 @@ from hydrappo.algo.degeneration import degeneration_flags
 from hydrappo.algo.masked import masked_sum
 from hydrappo.config import Config, RewardArgs
 from hydrappo.data import load_prompt_table, tokenize_prompts
+from hydrappo.generation.responses import generate_responses
 from hydrappo.rewards import build_reward_source
-from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences
 from hydrappo.storage.checkpoint import find_checkpoint, load_checkpoint_config, load_trainable_weights, seed_everything
 from hydrappo.storage.models import build_hydra
+from hydrappo.train.sequences import evaluate_sequences, pack_sequences
 
 
 @dataclass

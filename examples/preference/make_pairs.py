@@ -35,7 +35,7 @@ from reward import reward_fn as gold_reward  # noqa: E402  (examples/sentiment/r
 from hydrappo import HydraModel  # noqa: E402
 from hydrappo.config import GenerationArgs, ModelConfig  # noqa: E402
 from hydrappo.data import load_prompt_texts, tokenize_prompts  # noqa: E402
-from hydrappo.rollout import generate_responses  # noqa: E402
+from hydrappo.generation.responses import generate_responses  # noqa: E402
 from hydrappo.storage.models import load_model_and_tokenizer  # noqa: E402
 
 

@@ -291,7 +291,7 @@ def _check_ppo(config: Config, problems: Problems) -> None:
 
 def _check_serving_engine(config: Config, problems: Problems) -> None:
     """generation.sampler: vllm, an engine in each process holding its own whole copy of the model on a GPU
-    (serving.py): not where the trunk is sharded or quantized to save that memory, nor without CUDA or vLLM."""
+    (generation/serving.py): not where the trunk is sharded or quantized to save that memory, nor without CUDA or vLLM."""
     model, train = config.model, config.train
     if train.fsdp_trunk:
         problems.add("generation.sampler", "vllm", "cannot serve a trunk sharded over processes (train.fsdp_trunk): the "

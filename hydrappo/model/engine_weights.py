@@ -1,4 +1,4 @@
-"""The policy's weights as a serving engine loads them (hydrappo/serving.py).
+"""The policy's weights as a serving engine loads them (hydrappo/generation/serving.py).
 
 An engine such as vLLM keeps its own copy of the model and loads weights by the names of the
 transformers checkpoint (`model.layers.26.self_attn.q_proj.weight`, `lm_head.weight`), mapping

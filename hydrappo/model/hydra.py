@@ -379,7 +379,7 @@ class HydraModel(nn.Module):
         `branch.pooling == "last"` reads the head at the last non-padding token; `"mean"` at
         the mean hidden state of the response tokens: the non-padding tokens in columns
         `response_start:` (prompts left-padded to `response_start` columns, as
-        rollout.pack_sequences packs them)."""
+        train/sequences.py's pack_sequences packs them)."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, branch.layers, branch.norm)

@@ -326,7 +326,7 @@ def shard_frozen_trunk(hydra, group: ProcessGroup, device: torch.device) -> int:
     processes, which keeps 1/K of its weights on `device` and gathers the whole layer only
     while it runs. The trainable top layers, heads and the embeddings stay whole on every
     process. Every process must then run those layers the same number of times: equal shares
-    of each batch, and generation in lockstep (rollout.generate_responses(synced=True)); the
+    of each batch, and generation in lockstep (generation.responses.generate_responses(synced=True)); the
     branch passes of the update skip the bottom layers, so they gather nothing.
     Returns (parameters sharded, of them on this process)."""
     from torch.distributed.device_mesh import init_device_mesh

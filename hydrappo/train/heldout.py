@@ -21,7 +21,7 @@ import torch
 
 from ..algo.degeneration import degeneration_flags
 from ..data import PromptSet
-from ..rollout import Responses
+from ..generation.responses import Responses
 from ..storage.checkpoint import rng_state, set_rng_state
 
 

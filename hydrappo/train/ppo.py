@@ -42,25 +42,18 @@ from ..algo.scores import (
 from ..config import Config, Problems
 from ..config.checks import check_process_shares
 from ..data import PromptSampler, tokenize_prompts
+from ..generation.responses import Responses
+from ..generation.samplers import build_sampler
 from ..model import HydraModel
 from ..rewards import build_reward_source
-from ..rollout import (
-    Experience,
-    Responses,
-    Rollout,
-    evaluate_sequences,
-    minibatch_plan,
-    pack_sequences,
-    pack_split_hidden,
-    response_part,
-)
-from ..sampling import build_sampler
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model
+from .experience import Experience, minibatch_plan
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, evaluation_due
 from .inputs import RLInputs
+from .sequences import Rollout, evaluate_sequences, pack_sequences, pack_split_hidden, response_part
 from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
 
@@ -382,7 +375,7 @@ class PPOTrainer(TrainingLoop):
 
     # ------------------------------------------------------------------ the update
     def ppo_update(self, experience: Experience, plan: StepPlan) -> dict:
-        """ppo_epochs passes of minibatches (rollout.minibatch_plan) over the batch. Each
+        """ppo_epochs passes of minibatches (experience.minibatch_plan) over the batch. Each
         micro-batch's loss is its share of its whole minibatch's (divided by the minibatch's
         token or row count, over every process), so the accumulated gradients, summed over the
         processes, are those of the minibatch's loss however it was split."""

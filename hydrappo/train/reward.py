@@ -29,9 +29,8 @@ from ..algo.scores import score_statistics
 from ..config import GenerationArgs, RewardConfig
 from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, tokenize_responses
 from ..errors import UsageError
+from ..generation.samplers import build_sampler
 from ..model import HydraModel
-from ..rollout import pack_sequences
-from ..sampling import build_sampler
 from ..storage.checkpoint import latest_checkpoint
 from ..storage.reward_branch import (
     REWARD_FORMAT_VERSION,
@@ -42,6 +41,7 @@ from ..storage.reward_branch import (
 )
 from .harness import TrainingError, as_float, prepare
 from .inputs import StageInputs
+from .sequences import pack_sequences
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")

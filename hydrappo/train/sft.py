@@ -31,11 +31,11 @@ from ..algo.losses import response_nll
 from ..config import SFTConfig
 from ..data import DataError, load_sft_rows
 from ..model import HydraModel
-from ..rollout import pack_sequences, response_part
 from ..storage.export import save_model_dir
 from ..storage.models import unquantized_copy
 from .harness import enable_activation_checkpointing, prepare
 from .inputs import StageInputs
+from .sequences import pack_sequences, response_part
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")

@@ -8,8 +8,8 @@ import math
 import torch
 
 from ..model import HydraModel
-from ..rollout import pack_sequences
 from .harness import TrainingLoop, as_float
+from .sequences import pack_sequences
 
 
 def total_steps_of(train, num_examples: int) -> int:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from hydrappo.config import parse_config
-from hydrappo.rollout import Responses
+from hydrappo.generation.responses import Responses
 from hydrappo.train.distributed import end_process_group
 from hydrappo.train.harness import Harness
 from hydrappo.train.ppo import PPOTrainer

@@ -7,7 +7,8 @@ import torch
 
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
-from hydrappo.rollout import evaluate_sequences, generate_responses, pack_sequences, pack_split_hidden
+from hydrappo.generation.responses import generate_responses
+from hydrappo.train.sequences import evaluate_sequences, pack_sequences, pack_split_hidden
 
 from tiny import VOCAB, tiny64, tiny_tokenizer
 

@@ -218,10 +218,10 @@ def test_largest_plans_meet_the_consumer_gpu_targets(capsys):
 @pytest.mark.slow
 def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unquantized(tmp_path):
     from hydrappo.config import ModelConfig
-    from hydrappo.rollout import pack_sequences
     from hydrappo.storage.models import build_hydra
     from hydrappo.storage.reward_branch import load_reward_branch
     from hydrappo.train.reward import RewardTrainer
+    from hydrappo.train.sequences import pack_sequences
 
     from runs import reward_config
 

@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 from hydrappo.algo.losses import aggregate, aggregation_weights
 from hydrappo.algo.masked import explained_variance, explained_variance_of_parts, explained_variance_parts
 from hydrappo.config import RewardConfig, SFTConfig, parse_config
-from hydrappo.rollout import minibatch_plan
 from hydrappo.storage.checkpoint import WEIGHTS_NAME
 from hydrappo.train.distributed import ProcessGroup
+from hydrappo.train.experience import minibatch_plan
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer

@@ -8,9 +8,10 @@ from safetensors.torch import load_file
 from hydrappo import HydraModel
 from hydrappo.cli import main as cli_main
 from hydrappo.config import ConfigError, GenerationArgs, parse_config
-from hydrappo.rollout import generate_responses, pack_sequences
+from hydrappo.generation.responses import generate_responses
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, checkpoint_dirs
 from hydrappo.train.harness import TrainingError
+from hydrappo.train.sequences import pack_sequences
 
 from bounds import EXACT, assert_close_weights
 from runs import TINY, tiny_trainer

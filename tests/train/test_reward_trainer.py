@@ -15,11 +15,11 @@ from hydrappo.algo.scores import score_statistics
 from hydrappo.cli import main as cli_main
 from hydrappo.config import RewardConfig, parse_config
 from hydrappo.data import split_by_prompt
-from hydrappo.rollout import pack_sequences
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError
 from hydrappo.storage.reward_branch import load_reward_branch
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward import RewardTrainer
+from hydrappo.train.sequences import pack_sequences
 
 from runs import TINY, reward_config, write_pairs
 from tiny import FLOAT64_ATOL

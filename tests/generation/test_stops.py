@@ -1,5 +1,5 @@
-"""rollout.first_stop: the binary search over prefix lengths finds the same stop as decoding
-every growing prefix, with about log2(R) + 1 decodes per row instead of R."""
+"""generation/stops.py's first_stop: the binary search over prefix lengths finds the same stop as
+decoding every growing prefix, with about log2(R) + 1 decodes per row instead of R."""
 
 import math
 import random
@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from hydrappo.rollout import first_stop
+from hydrappo.generation.stops import first_stop
 
 from tiny import tiny_tokenizer
 

@@ -4,16 +4,16 @@ A sampler takes the prompts (token ids) and the generation options and returns `
 each row's response trimmed at its first stop, whether it stopped, and, where the sampler
 can (`records_split`), the frozen bottom's split states recorded while sampling, so the
 experience pass runs only the top branches. Whatever samples, PPO's old log-probs come from
-the experience pass (rollout.evaluate_sequences), never from the sampler: a sampler only has
+the experience pass (train/sequences.py, evaluate_sequences), never from the sampler: a sampler only has
 to draw from the policy's distribution, and its own numerics (paged attention, kernels of a
 serving engine) never enter the loss.
 
-    decode               hydrappo's own decode loop (decode.py, through rollout.generate_responses):
+    decode               hydrappo's own decode loop (decode.py, through responses.generate_responses):
                          generate's distribution with less work per token (one uniform number per
                          row instead of an exponential draw over the vocabulary, no per-step
                          processor objects) and rows that ended leave the batch; records the split
                          states and shares the prefill as generate does. Not under FSDP.
-    generate             transformers' `generate` on the hydra's model (rollout.generate_responses):
+    generate             transformers' `generate` on the hydra's model (responses.generate_responses):
                          a KV cache per chunk of `generation_batch_size` rows, records the split
                          states, shares the prefill of a prompt's G samples, runs under FSDP.
     continuous_batching  transformers' continuous batching (`generate_batch`): a paged KV cache,
@@ -36,9 +36,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import GenerationConfig
 
-from .config import GenerationArgs
-from .model import HydraModel
-from .rollout import Responses, first_stop, generate_responses, generation_config
+from ..config import GenerationArgs
+from ..model import HydraModel
+from .responses import Responses, generate_responses, generation_config
+from .stops import first_stop
 
 # The default of `generation.sampler: auto` per device type. CPU: measured (docs/sampling.md,
 # tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
@@ -71,7 +72,7 @@ class Sampler(Protocol):
 
 
 class GenerateSampler:
-    """transformers' `generate` on the hydra's model (rollout.generate_responses). `synced`: the
+    """transformers' `generate` on the hydra's model (responses.generate_responses). `synced`: the
     trunk is sharded over processes, so every process runs every token step (synced_gpus)."""
 
     name = "generate"

@@ -1,5 +1,6 @@
-"""The sampler interface (hydrappo/sampling.py): transformers' generate and its continuous
-batching behind one `sample`, chosen by generation.sampler and built once by the trainer.
+"""The sampler interface (hydrappo/generation/samplers.py): transformers' generate and its
+continuous batching behind one `sample`, chosen by generation.sampler and built once by the
+trainer.
 
 Greedy responses are compared with the model in float64: the two samplers compute the same
 logits through different attention kernels (a padded batch with an SDPA mask against a packed
@@ -14,7 +15,7 @@ import torch
 
 from hydrappo import HydraModel
 from hydrappo.config import ConfigError, GenerationArgs, parse_config
-from hydrappo.sampling import (
+from hydrappo.generation.samplers import (
     ContinuousBatchingSampler,
     DecodeSampler,
     GenerateSampler,

@@ -177,7 +177,7 @@ def test_groups_share_one_prefill(family):
 
 def test_shared_prefill_runs_each_distinct_prompt_once():
     from hydrappo.data import left_pad
-    from hydrappo.rollout import shared_prefill
+    from hydrappo.generation.responses import shared_prefill
 
     hydra = HydraModel(tiny64("llama"), 2)
     chunk = [[5, 6, 7], [5, 6, 7], [8, 9], [8, 9], [8, 9], [5, 6, 7]]

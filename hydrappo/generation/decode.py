@@ -14,11 +14,11 @@ the same distribution with less work per token, which is what the CPU profile bl
   sized for the whole response, where transformers' DynamicLayer concatenates, copying the
   whole cache of every layer at every step (quadratic in the length).
 - No per-step logits-processor and stopping-criteria objects: the few rules of
-  `rollout.generation_config` (temperature, top-k, top-p, EOS and stop ids, min_new_tokens) are
+  `responses.generation_config` (temperature, top-k, top-p, EOS and stop ids, min_new_tokens) are
   applied here directly, in `generate`'s order and with its formulas.
 
 The tokens are drawn from the distribution `generate` draws from, with other random numbers;
-greedy decoding gives `generate`'s tokens exactly (tests/test_decode.py). Old log-probs never
+greedy decoding gives `generate`'s tokens exactly (tests/generation/test_decode.py). Old log-probs never
 come from here: PPO's experience pass computes them.
 """
 
@@ -32,9 +32,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .model import HydraModel
-from .model.arch import cache_argument, output_cache
-from .model.split import position_ids_from_mask
+from ..model import HydraModel
+from ..model.arch import cache_argument, output_cache
+from ..model.split import position_ids_from_mask
 
 # Ended rows leave the batch once they are this share of it (each removal copies the KV cache).
 COMPACT_SHARE = 0.25
@@ -174,7 +174,7 @@ def decode(
     `record_split`: keep the frozen bottom's output for every token fed to the model.
     `feed_last`: also feed each row's last token once (one more step for the rows at the limit),
     so its split state is recorded too (a reward branch reads it). `cache`, `cached_split`: a KV
-    cache (and its recorded states) over the first prompt columns of every row (rollout's shared
+    cache (and its recorded states) over the first prompt columns of every row (responses.py's shared
     prefill): the loop starts after them."""
     # A plain transformers model samples too (`hydrappo compare` of a model folder); only a hydra records.
     model, device = (hydra.model if isinstance(hydra, HydraModel) else hydra), input_ids.device

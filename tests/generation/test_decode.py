@@ -1,10 +1,10 @@
-"""hydrappo's decode loop (hydrappo/decode.py) against transformers' generate: the same greedy
-tokens and recorded split states on every architecture family, draws from the policy's own
+"""hydrappo's decode loop (hydrappo/generation/decode.py) against transformers' generate: the same
+greedy tokens and recorded split states on every architecture family, draws from the policy's own
 (filtered) distribution, and rows that end leave the batch.
 
 Greedy comparisons run the tiny models in float64: the loop and generate run the same modules
 on the same inputs, so their logits agree to rounding (~1e-15), far below the gap between the
-two most likely tokens of these random models (tests/test_sampling.py checks that gap);
+two most likely tokens of these random models (tests/generation/test_samplers.py checks that gap);
 every argmax, hence every token, is the same."""
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from transformers.generation.logits_process import (
 
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
-from hydrappo.decode import PreallocatedLayer, SamplingRule, filtered_logits, sample_from_probs, with_room
-from hydrappo.rollout import generate_responses
+from hydrappo.generation.decode import PreallocatedLayer, SamplingRule, filtered_logits, sample_from_probs, with_room
+from hydrappo.generation.responses import generate_responses
 
 from recorded import float64_hydra, prompts_of, stop_string_case
 from tiny import FAMILIES, VOCAB, first_family_quick, tiny_model, tiny_tokenizer
 
 # States of the two loops: the same float64 computation up to the order of a few sums (see
-# tests/test_rollout_split.py for the bound); measured <= 5e-15.
+# tests/generation/test_recorded_split.py for the bound); measured <= 5e-15.
 STATE_ATOL = 1e-10
 
 

@@ -2,7 +2,7 @@
 
 The engine keeps its own copy of the policy's model in this process, on the training GPU, and
 samples with its own kernels (paged attention, CUDA graphs, continuous batching). The old
-log-probs still come from the experience pass (sampling.py), so the engine's numerics never
+log-probs still come from the experience pass (samplers.py), so the engine's numerics never
 enter the loss; the engine only has to hold the policy's current weights.
 
 What reaches the engine, and when:
@@ -39,11 +39,12 @@ from typing import Protocol
 
 import torch
 
-from .config import GenerationArgs
-from .errors import UsageError
-from .model import HydraModel
-from .model.engine_weights import engine_weights
-from .rollout import Responses, first_stop
+from ..config import GenerationArgs
+from ..errors import UsageError
+from ..model import HydraModel
+from ..model.engine_weights import engine_weights
+from .responses import Responses
+from .stops import first_stop
 
 # The vLLM releases whose wheels pin torch==2.13.0, hydrappo's tested torch (docs/sampling.md):
 # 0.33 pins torch 2.14.0, and pip would replace the torch a user has.

@@ -1,4 +1,4 @@
-"""The serving-engine sampler (hydrappo/serving.py) on the CPU, with a fake engine behind the
+"""The serving-engine sampler (hydrappo/generation/serving.py) on the CPU, with a fake engine behind the
 seam in place of vLLM: what is pushed (names and values), when (every weight once, then the
 trained ones once per update, nothing when nothing changed), responses in generate's form, the
 config's refusals, and PPO steps through the trainer.
@@ -6,7 +6,7 @@ config's refusals, and PPO steps through the trainer.
 The fake builds its model from the policy's config with every weight NaN, as vLLM builds an
 empty one (`load_format="dummy"`), and loads only what is pushed; it samples with that model.
 A weight that was not pushed, or pushed wrong, shows in its responses, which the tests compare
-with generate's on the policy itself (greedy, in float64, as tests/test_sampling.py does)."""
+with generate's on the policy itself (greedy, in float64, as tests/generation/test_samplers.py does)."""
 
 import copy
 
@@ -15,12 +15,13 @@ import torch
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from hydrappo import HydraModel, serving
+from hydrappo import HydraModel
 from hydrappo.config import ConfigError, GenerationArgs, checks, parse_config
 from hydrappo.errors import UsageError
+from hydrappo.generation import serving
+from hydrappo.generation.samplers import GenerateSampler, Sampler, build_sampler
+from hydrappo.generation.serving import EngineRequest, ServingEngineSampler
 from hydrappo.model.lora import merged_model
-from hydrappo.sampling import GenerateSampler, Sampler, build_sampler
-from hydrappo.serving import EngineRequest, ServingEngineSampler
 
 from recorded import float64_hydra, prompts_of, stop_string_case
 from runs import TINY, tiny_trainer
