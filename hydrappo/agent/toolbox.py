@@ -191,17 +191,10 @@ class Outcome:
 def run_call(call: dict | None, tools: dict[str, Tool], *, timeout_s: float | None, on_error: str, step: int | None,
              problem: str | None = None) -> Outcome:  # fmt: skip
     """Execute one parsed call {"name", "arguments"} (None: the model's call did not parse, `problem` says why)."""
-    if call is None:
-        return Outcome(f"Error: the tool call could not be read: {problem}.", valid=False)
-    name, arguments = call.get("name"), call.get("arguments", {})
-    if name not in tools:
-        return Outcome(f"Error: there is no tool named {name!r}; the tools are {', '.join(tools) or 'none'}.", valid=False)
-    if not isinstance(arguments, dict):
-        return Outcome(f"Error: the arguments of {name} must be a JSON object, not {json.dumps(arguments)}.", valid=False)
-    try:
-        inspect.signature(tools[name].fn).bind(**arguments)
-    except TypeError as error:
-        return Outcome(f"Error: {name} cannot take these arguments: {error}.", valid=False)
+    mistake = call_problem(call, tools, problem)
+    if mistake:
+        return Outcome(f"Error: {mistake}.", valid=False)
+    name, arguments = call["name"], call.get("arguments", {})
     where = f"tool {name!r}{_at(step)}, called with {_short(arguments)}"
     try:
         result = call_user(tools[name].fn, where, timeout_s=timeout_s, **arguments)
@@ -210,6 +203,22 @@ def run_call(call: dict | None, tools: dict[str, Tool], *, timeout_s: float | No
         if on_error != "result":
             raise
         return Outcome(f"Error: {error.reason}", valid=True, failed=True)
+
+
+def call_problem(call: dict | None, tools: dict[str, Tool], problem: str | None = None) -> str | None:
+    """What is wrong with a call the model wrote (None: a known tool, arguments that fit its signature)."""
+    if call is None:
+        return f"the tool call could not be read: {problem}"
+    name, arguments = call.get("name"), call.get("arguments", {})
+    if name not in tools:
+        return f"there is no tool named {name!r}; the tools are {', '.join(tools) or 'none'}"
+    if not isinstance(arguments, dict):
+        return f"the arguments of {name} must be a JSON object, not {json.dumps(arguments)}"
+    try:
+        inspect.signature(tools[name].fn).bind(**arguments)
+    except TypeError as error:
+        return f"{name} cannot take these arguments: {error}"
+    return None
 
 
 def tool_text(result, where: str) -> str:

@@ -51,14 +51,16 @@ class StageInputs:
 def read_rl_inputs(config) -> RLInputs:
     data = config.data
     prompts, columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
-    functions = reward_functions(config.reward, columns=list(columns), setting=table_label("data.prompts", data.prompts))
+    # Episodes also hand the rewards their transcripts and environments (train/agent.py).
+    extra = ["transcripts", "environments"] if config.agent.enabled else []
+    functions = reward_functions(config.reward, columns=list(columns) + extra, setting=table_label("data.prompts", data.prompts))
     eval_prompts, eval_columns = [], {}
     if data.eval_prompts:
         eval_prompts, eval_columns = load_prompt_table(
             data.eval_prompts, data.prompt_column, data.eval_split, data.subset, setting="data.eval_prompts"
         )
         for function in functions:
-            function.check_columns(eval_columns, setting=table_label("data.eval_prompts", data.eval_prompts))
+            function.check_columns(list(eval_columns) + extra, setting=table_label("data.eval_prompts", data.eval_prompts))
     return RLInputs(prompts, columns, functions, eval_prompts, eval_columns)
 
 

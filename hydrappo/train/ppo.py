@@ -42,12 +42,14 @@ from ..algo.scores import (
 from ..config import Config, Problems
 from ..config.checks import check_process_shares
 from ..data import PromptSampler, tokenize_prompts
+from ..generation.episodes import summarize
 from ..generation.responses import Responses
 from ..generation.samplers import build_sampler
 from ..model import HydraModel
 from ..rewards import build_reward_source
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
+from .agent import build_agent, environment_scores, episode_columns, play
 from .api import save_model
 from .experience import Experience, minibatch_plan
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
@@ -97,6 +99,9 @@ class PPOTrainer(TrainingLoop):
         self.prompts = tokenize_prompts(self.inputs.prompts, tokenizer, data.max_prompt_length, data.apply_chat_template,
                                         data.system_prompt)  # fmt: skip
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
+        # Multi-turn episodes with tools / environments (agent:, or tools= / environment_factory= objects).
+        self.agent = build_agent(config, tokenizer)
+        self.agent_stats: dict = {}
         self.held_out = None
         if data.eval_prompts:
             self.held_out = HeldOutEvaluation(
@@ -190,8 +195,12 @@ class PPOTrainer(TrainingLoop):
         stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, self.score_responses)
         return {**stats, "time/eval": time.perf_counter() - start}, samples
 
-    def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
+    def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool, rows=None) -> Responses:
         with self.harness.autocast():
+            if self.agent is not None:  # the held-out rows played as episodes
+                return play(self.agent, self.eval_sampler.sample, self.tokenizer, self.inputs.eval_prompts, self.eval_columns,
+                            rows, self.config.generation, system_prompt=self.config.data.system_prompt,
+                            step=self.harness.step, greedy=greedy)  # fmt: skip
             return self.eval_sampler.sample(prompt_ids, self.config.generation, greedy=greedy)
 
     def score_responses(self, rows: list[int], prompt_texts: list[str], responses: Responses) -> tuple[torch.Tensor, dict]:
@@ -202,11 +211,11 @@ class PPOTrainer(TrainingLoop):
         if self.config.reward.use_reward_branch:
             ids, mask, _, width = pack_sequences(responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id)
             branch_scores = self.evaluate(ids.to(self.device), mask.to(self.device), width, with_reference=False).scores
-        texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+        texts = self.texts_of(responses)
         columns = {name: [values[i] for i in rows] for name, values in self.eval_columns.items()}
         messages = self.held_out.prompts.messages
         scores = self.score(prompt_texts, texts, branch_scores, columns, responses.response_ids,
-                            [messages[i] for i in rows] if messages else None)  # fmt: skip
+                            [messages[i] for i in rows] if messages else None, responses=responses)  # fmt: skip
         return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 
     @torch.no_grad()
@@ -220,6 +229,8 @@ class PPOTrainer(TrainingLoop):
         shaped = self.shape(batch, plan)
         experience = self.experience_rows(rollout, shaped)
         stats = {**self.rollout_statistics(batch, shaped, plan), "time/rollout": time.perf_counter() - start}
+        if self.agent is not None:  # per-process means of the episodes (tool calls, their validity, turns)
+            stats |= summarize(rollout.responses.episode_stats, "agent/") | self.agent_stats
         texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
         return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]
 
@@ -234,16 +245,16 @@ class PPOTrainer(TrainingLoop):
             # Every process draws the same prompts and keeps its share of them: the order of the
             # prompts does not depend on the number of processes.
             indices = [i for i in dist.shard(self.sampler.next_batch(ppo.batch_size // group)) for _ in range(group)]
-            responses = self.generate([self.prompts.input_ids[i] for i in indices])
+            responses = self.generate([self.prompts.input_ids[i] for i in indices], indices)
             input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
-                responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
+                responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id, responses.policy_mask
             )
             split = pack_split_hidden(responses, prompt_width, input_ids.shape[1])  # recorded while sampling, or None
             responses.split_hidden = None  # the per-row copies: packed now
             evaluation = self.evaluate(input_ids, attention_mask, prompt_width, with_reference=plan.reference, split_hidden=split)
         return Rollout(
             indices=indices, prompt_texts=[self.prompts.texts[i] for i in indices], responses=responses,
-            response_texts=self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True),
+            response_texts=self.texts_of(responses),
             input_ids=input_ids, attention_mask=attention_mask, action_mask=action_mask.to(self.device),
             prompt_width=prompt_width, evaluation=evaluation,
         )  # fmt: skip
@@ -253,7 +264,7 @@ class PPOTrainer(TrainingLoop):
         columns = {name: [values[i] for i in rollout.indices] for name, values in self.columns.items()}
         messages = [self.prompts.messages[i] for i in rollout.indices] if self.prompts.messages else None
         return self.score(rollout.prompt_texts, rollout.response_texts, rollout.evaluation.scores, columns,
-                          rollout.responses.response_ids, messages)  # fmt: skip
+                          rollout.responses.response_ids, messages, responses=rollout.responses)  # fmt: skip
 
     def gather_batch(self, rollout: Rollout, raw_scores: torch.Tensor) -> dict:
         """The WHOLE batch (every process's rows, gathered, the same on every process): what
@@ -342,10 +353,20 @@ class PPOTrainer(TrainingLoop):
             stats["ppo/returns/mean"] = masked_mean(shaped["returns"], mask).item()
         return stats
 
-    def generate(self, prompt_ids: list[list[int]]) -> Responses:
-        """One sampled response per prompt from the policy."""
+    def generate(self, prompt_ids: list[list[int]], indices=None) -> Responses:
+        """One sampled response per prompt from the policy, or with an agent one episode per prompt row `indices`."""
         with self.harness.autocast():
+            if self.agent is not None:
+                return play(self.agent, self.rollout_sampler.sample, self.tokenizer, self.inputs.prompts, self.columns,
+                            indices, self.config.generation, system_prompt=self.config.data.system_prompt,
+                            step=self.harness.step + 1, record_split=self.records_split)  # fmt: skip
             return self.rollout_sampler.sample(prompt_ids, self.config.generation, record_split=self.records_split)
+
+    def texts_of(self, responses: Responses) -> list[str]:
+        """What the rewards read as the completions: the response, or an episode's final reply."""
+        if responses.final_texts is not None:
+            return list(responses.final_texts)
+        return self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
 
     def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, with_reference=True,
                  split_hidden=None):  # fmt: skip
@@ -360,15 +381,20 @@ class PPOTrainer(TrainingLoop):
         )
 
     def score(self, prompt_texts: list[str], response_texts: list[str], branch_scores, columns=None,
-              completion_ids=None, messages=None) -> torch.Tensor:  # fmt: skip
+              completion_ids=None, messages=None, responses: Responses | None = None) -> torch.Tensor:  # fmt: skip
         """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources);
         `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py)."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
         step = self.harness.step + 1  # named in the error of a reward source that fails
+        if self.agent is not None and responses is not None:
+            columns = {**(columns or {}), **episode_columns(responses, self.tokenizer)}
         scores = self.reward_source(
             samples, prompt_texts, response_texts, step=step, columns=columns, completion_ids=completion_ids,
             branch_scores=branch_scores, prompt_messages=messages,
         )
+        if self.agent is not None and responses is not None:  # an environment's own get_reward(), weight 1 (TRL's rule)
+            own, self.agent_stats = environment_scores(self.agent, responses, step)
+            scores = scores if own is None else scores + own.to(scores)
         if not torch.isfinite(scores).all():
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
         return scores
