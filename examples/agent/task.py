@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", type=int, default=512)
     parser.add_argument("--held-out", type=int, default=20)
-    parser.add_argument("--sft", type=int, default=300, help="synthetic tool-call transcripts for the SFT stage")
+    parser.add_argument("--sft", type=int, default=200, help="synthetic tool-call transcripts for the SFT stage")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args(argv)

@@ -2,8 +2,8 @@
 read, and the tokens of the tool turn that answers them.
 
 - The prompt: the tokenizer's chat template renders the tools' schemas when it knows how (it then
-  renders `tools=`); a template that ignores them (SmolLM2's) gets Qwen2.5's tool instructions in
-  its system turn instead, so the model sees the same format it is asked to write.
+  renders `tools=`); a template that ignores them (SmolLM2's) gets the tools and Qwen2.5's call
+  format in its system turn instead, so the model sees the same format it is asked to write.
 - A turn's calls: Qwen / Hermes `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks by
   default (`parse_tool_calls`); a parser the user names takes a turn's text and returns its calls.
 - The tool turn: its tokens are the suffix the chat template adds to a conversation for the tool
@@ -24,12 +24,11 @@ from .toolbox import AgentSetupError
 
 CALL_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
 
-# Qwen2.5's chat template's words for tools (its system turn), for templates that render none.
+# The tools' description for templates that render none: Qwen2.5's tags (<tools>, <tool_call>), in
+# fewer words than its template's (a small model's every turn prefills this text again).
 TOOLS_PREAMBLE = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
-    'XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+    "You can call these functions:\n<tools>\n{tools}\n</tools>\nTo call one, write <tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
 
 
@@ -108,7 +107,9 @@ def renders_tools(tokenizer) -> bool:
 
 
 def tools_system_text(schemas: list[dict]) -> str:
-    return TOOLS_PREAMBLE.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in schemas))
+    """The tools (their functions' name, description and parameters, one JSON line each) and how to call them."""
+    functions = [{k: v for k, v in schema.get("function", schema).items() if k != "return"} for schema in schemas]
+    return TOOLS_PREAMBLE.format(tools="\n".join(json.dumps(f, ensure_ascii=False) for f in functions))
 
 
 def episode_messages(messages: list[dict], schemas: list[dict], system_prompt: str | None, observation: str | None,

@@ -23,11 +23,11 @@ from ..generation.responses import Responses
 EPISODE_COLUMNS = ("transcripts", "environments")  # what reward functions may take besides the columns
 
 
-def build_agent(config, tokenizer, tools=None, environment_factory=None) -> Agent | None:
-    """The run's Agent, or None when neither tools nor an environment is given."""
+def load_agent_code(config) -> dict | None:
+    """The user code agent: names, imported and checked (tool schemas, environments probed, the
+    parser), before anything is written (train/inputs.py); None without tools or environments."""
     options = config.agent
-    tools = list(tools) if tools is not None else options.tool_specs
-    factory = environment_factory if environment_factory is not None else options.environment_factory
+    tools, factory = options.tool_specs, options.environment_factory
     if not tools and factory is None:
         return None
     base = Path(config.config_file).parent if getattr(config, "config_file", None) else None
@@ -47,12 +47,20 @@ def build_agent(config, tokenizer, tools=None, environment_factory=None) -> Agen
     else:
         raise AgentSetupError(f"agent.tool_call_parser={parser!r} is neither {' nor '.join(calls.PARSERS)} nor "
                               "'file.py:function' (a function from a turn's text to its calls).")  # fmt: skip
+    return {"tools": standalone, "environments": environments, "parse": parse}
+
+
+def build_agent(config, tokenizer, code: dict | None) -> Agent | None:
+    """The run's Agent from its loaded code (load_agent_code), or None without one."""
+    if code is None:
+        return None
+    options = config.agent
     if not getattr(tokenizer, "chat_template", None):
         raise AgentSetupError("multi-turn episodes need the tokenizer's chat template (its tool turn and assistant turns), and "
                               "it has none; use a tokenizer with a chat_template (model.tokenizer_name_or_path).")  # fmt: skip
     calls.tool_suffix_ids(tokenizer, [("probe", "x")])  # the template can append a tool turn: checked before training
     return Agent(
-        tools=standalone, environments=environments, parse=parse, max_iterations=options.max_tool_calling_iterations,
+        tools=code["tools"], environments=code["environments"], parse=code["parse"], max_iterations=options.max_tool_calling_iterations,
         max_episode_tokens=options.max_episode_tokens, timeout_s=options.tool_timeout_s, on_error=options.on_tool_error,
         renders_tools=calls.renders_tools(tokenizer),
     )  # fmt: skip

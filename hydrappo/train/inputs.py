@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..data import DataError, load_prompt_table, read_preference_table, read_sft_table, read_table, split_by_prompt
 from ..rewards import reward_functions
+from .agent import load_agent_code
 
 
 def table_label(setting: str, value) -> str:
@@ -34,6 +35,7 @@ class RLInputs:
     functions: list
     eval_prompts: list
     eval_columns: dict[str, list]
+    agent_code: dict | None = None  # tools, environments, parser (train/agent.py), loaded and checked
 
 
 @dataclass
@@ -61,7 +63,7 @@ def read_rl_inputs(config) -> RLInputs:
         )
         for function in functions:
             function.check_columns(list(eval_columns) + extra, setting=table_label("data.eval_prompts", data.eval_prompts))
-    return RLInputs(prompts, columns, functions, eval_prompts, eval_columns)
+    return RLInputs(prompts, columns, functions, eval_prompts, eval_columns, load_agent_code(config))
 
 
 def _held_out(config, train: dict, prompts: list, read) -> StageInputs:

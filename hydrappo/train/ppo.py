@@ -100,7 +100,7 @@ class PPOTrainer(TrainingLoop):
                                         data.system_prompt)  # fmt: skip
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
         # Multi-turn episodes with tools / environments (agent:, or tools= / environment_factory= objects).
-        self.agent = build_agent(config, tokenizer)
+        self.agent = build_agent(config, tokenizer, self.inputs.agent_code)
         self.agent_stats: dict = {}
         self.held_out = None
         if data.eval_prompts:

@@ -211,7 +211,7 @@ def test_the_tool_turn_is_the_templates_suffix_after_the_policys_end_of_turn():
                                                                   add_special_tokens=False)["input_ids"])  # fmt: skip
     assert not calls.renders_tools(tokenizer)
     messages = calls.episode_messages([{"role": "user", "content": "n4"}], [tool_of(add).schema], "n9", " n5", False)
-    assert messages[0]["role"] == "system" and messages[0]["content"].startswith("n9\n\n# Tools")
+    assert messages[0]["role"] == "system" and messages[0]["content"].startswith("n9\n\nYou can call these functions")
     assert '"name": "add"' in messages[0]["content"] and messages[1] == {"role": "user", "content": "n4 n5"}
 
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{{ messages | length }}{% endfor %}"
