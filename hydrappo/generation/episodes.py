@@ -146,11 +146,12 @@ def episode_statistics(episode: Episode) -> dict:
 
 def summarize(stats: list[dict], prefix: str) -> dict:
     """Batch means of episode_statistics under `prefix` (agent/ or eval/agent/), and the valid-call
-    rate: valid calls over calls written (1.0 when none was written: nothing invalid)."""
+    rate: valid calls over calls written (absent when no call was written: a rate of nothing)."""
     if not stats:
         return {}
     count = len(stats)
     out = {f"{prefix}{key}_mean": sum(s[key] for s in stats) / count for key in stats[0]}
     written = sum(s["tool_calls"] for s in stats)
-    out[f"{prefix}valid_call_rate"] = sum(s["valid_calls"] for s in stats) / written if written else 1.0
+    if written:
+        out[f"{prefix}valid_call_rate"] = sum(s["valid_calls"] for s in stats) / written
     return out

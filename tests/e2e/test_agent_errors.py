@@ -71,4 +71,5 @@ def test_with_on_tool_error_result_the_failure_is_a_tool_turn_and_training_goes_
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1]["step"] == 3 and sum(s["agent/failed_calls_mean"] for s in steps if "agent/failed_calls_mean" in s) > 0
-    assert all(s["agent/valid_call_rate"] == 1.0 for s in steps if "agent/valid_call_rate" in s)
+    rates = [s["agent/valid_call_rate"] for s in steps if "agent/valid_call_rate" in s]
+    assert rates and all(rate == 1.0 for rate in rates)  # the failed calls were valid calls: the tool failed
