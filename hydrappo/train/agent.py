@@ -17,7 +17,7 @@ import torch
 
 from ..agent import calls
 from ..agent.toolbox import AgentSetupError, Environments, load_object, tool_of
-from ..generation.episodes import Agent, run_episodes, start_episodes
+from ..generation.episodes import Agent, run_episodes, start_episodes, summarize
 from ..generation.responses import Responses
 
 EPISODE_COLUMNS = ("transcripts", "environments")  # what reward functions may take besides the columns
@@ -83,6 +83,14 @@ def episode_columns(responses: Responses, tokenizer) -> dict:
     """The keyword arguments rewards may take of an episode (EPISODE_COLUMNS)."""
     return {"transcripts": tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True),
             "environments": list(responses.environments)}  # fmt: skip
+
+
+def gathered_statistics(responses: Responses, gather) -> dict:
+    """agent/* of the whole batch: every process's episodes' statistics, gathered (`gather`: the
+    process group's gather_rows), so the numbers do not depend on the number of processes."""
+    keys = list(responses.episode_stats[0])
+    table = gather(torch.tensor([[stats[key] for key in keys] for stats in responses.episode_stats], dtype=torch.float64))
+    return summarize([dict(zip(keys, row.tolist())) for row in table], "agent/")
 
 
 def environment_scores(agent: Agent, responses: Responses, step: int | None) -> tuple[torch.Tensor | None, dict]:

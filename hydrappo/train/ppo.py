@@ -42,14 +42,13 @@ from ..algo.scores import (
 from ..config import Config, Problems
 from ..config.checks import check_process_shares
 from ..data import PromptSampler, tokenize_prompts
-from ..generation.episodes import summarize
 from ..generation.responses import Responses
 from ..generation.samplers import build_sampler
 from ..model import HydraModel
 from ..rewards import build_reward_source
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
-from .agent import build_agent, environment_scores, episode_columns, play
+from .agent import build_agent, environment_scores, episode_columns, gathered_statistics, play
 from .api import save_model
 from .experience import Experience, minibatch_plan
 from .harness import TrainingError, TrainingLoop, as_float, enable_activation_checkpointing, prepare
@@ -229,8 +228,8 @@ class PPOTrainer(TrainingLoop):
         shaped = self.shape(batch, plan)
         experience = self.experience_rows(rollout, shaped)
         stats = {**self.rollout_statistics(batch, shaped, plan), "time/rollout": time.perf_counter() - start}
-        if self.agent is not None:  # per-process means of the episodes (tool calls, their validity, turns)
-            stats |= summarize(rollout.responses.episode_stats, "agent/") | self.agent_stats
+        if self.agent is not None:  # the whole batch's episodes: tool calls, their validity, turns
+            stats |= gathered_statistics(rollout.responses, self.harness.dist.gather_rows) | self.agent_stats
         texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
         return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]
 
