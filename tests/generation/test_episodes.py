@@ -175,4 +175,4 @@ def test_tool_tokens_have_no_gradient_and_the_loss_is_the_hand_computed_one():
                 terms += max(float(-a * ratio), float(-a * ratio.clamp(0.8, 1.2)))
                 count += 1
     # float64: the hydra's log-probs equal the model's within ~1e-13; the loss sums ~50 such terms
-    assert abs(float(loss) - terms / count) < 1e-10
+    assert abs(loss.item() - terms / count) < 1e-10
