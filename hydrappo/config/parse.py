@@ -104,7 +104,8 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
 
 
 # Text options that also take a YAML list (on the command line: comma-separated).
-TEXT_LISTS = {"reward_fn"}
+TEXT_LISTS = {"reward_fn", "tools"}
+TEXT_MAPS = {"environment_factory"}  # {name: text}: one of several environments per row
 
 
 def _typed_defaults(parser, values: dict, source: str) -> dict:
@@ -126,6 +127,10 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
                 typed[key] = value
             elif key in TEXT_LISTS and isinstance(value, list):  # several values of a text option
                 if not all(isinstance(v, str) for v in value):
+                    raise ValueError(value)
+                typed[key] = value
+            elif key in TEXT_MAPS and isinstance(value, dict):
+                if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
                     raise ValueError(value)
                 typed[key] = value
             elif is_list:

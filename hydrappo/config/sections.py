@@ -23,6 +23,7 @@ from typing import Literal
 
 from ..errors import UsageError
 from .reward_sources import SOURCE_ORDER
+from .agent import AgentArgs
 from .values import (
     AT_LEAST_1, ESTIMATOR_HELP, FINITE, NOT_NEGATIVE, POSITIVE, UNIT, AdvantageEstimator, ImportanceSamplingLevel,
     KlController, KlEstimator, KlPenalty, LoraLayers, LossAggMode, LrScheduler, MixedPrecision, Optimizer, Range,
@@ -523,6 +524,7 @@ class Config(_Sections):
     data: DataArgs = field(default_factory=DataArgs)
     train: TrainArgs = field(default_factory=TrainArgs)
     lora: LoraArgs = field(default_factory=LoraArgs)
+    agent: AgentArgs = field(default_factory=AgentArgs)  # multi-turn episodes with tools (config/agent.py)
 
 
 _STAGE_DATA_PATHS = ("data.train_file", "data.eval_file", "data.stats_file")

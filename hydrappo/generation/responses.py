@@ -35,6 +35,13 @@ class Responses:
     # Per row, the frozen bottom's output for its prompt and response tokens (L_p + L_r, H),
     # recorded while sampling (generate_responses(record_split=True)); else None.
     split_hidden: list[torch.Tensor] | None = None
+    # Multi-turn episodes (episodes.py): per row, 1 on the policy's tokens of response_ids and 0 on
+    # the tool turns'; the policy's last reply (what the rewards read); each row's environment and
+    # its episode's statistics. None for one reply per prompt.
+    policy_mask: list[list[int]] | None = None
+    final_texts: list[str] | None = None
+    environments: list | None = None
+    episode_stats: list[dict] | None = None
 
 
 def generation_config(args: GenerationArgs, tokenizer, greedy: bool = False) -> GenerationConfig:

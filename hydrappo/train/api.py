@@ -37,7 +37,7 @@ def config_of(config_cls, args) -> object:
 
 
 def apply_objects(config, *, model=None, reward_funcs=None, reward_weights=None, train_dataset=None,
-                  eval_dataset=None):  # fmt: skip
+                  eval_dataset=None, tools=None, environment_factory=None):  # fmt: skip
     """Put the objects into `config` (in place). Returns the loaded model to wrap (a
     `PreTrainedModel` given as `model`) or None."""
     loaded = None
@@ -57,6 +57,13 @@ def apply_objects(config, *, model=None, reward_funcs=None, reward_weights=None,
         config.reward.reward_fn = funcs
     if reward_weights is not None:
         config.reward.reward_weights = [float(w) for w in reward_weights]
+    if tools is not None or environment_factory is not None:  # TRL's agent objects: multi-turn episodes
+        if not hasattr(config, "agent"):
+            raise ConfigError(f"tools / environment_factory: {type(config).__name__} has no agent section; they are for RL.")
+        if tools is not None:
+            config.agent.tools = list(tools) if isinstance(tools, (list, tuple)) else [tools]
+        if environment_factory is not None:
+            config.agent.environment_factory = environment_factory
     train_field, eval_field = config.DATASETS  # where train_dataset / eval_dataset go
     for field, table in ((train_field, train_dataset), (eval_field, eval_dataset)):
         if table is not None:
@@ -78,7 +85,8 @@ def save_model(hydra, tokenizer, output_dir) -> Path:
         model.config.name_or_path = saved_name
 
 
-OBJECTS = ("model", "reward_funcs", "reward_weights", "train_dataset", "eval_dataset", "args", "processing_class")
+OBJECTS = ("model", "reward_funcs", "reward_weights", "train_dataset", "eval_dataset", "tools", "environment_factory", "args",
+           "processing_class")
 
 
 def trainer_inputs(config_cls, config, objects: dict, tokenizer=None) -> tuple[object, object, object]:
@@ -99,5 +107,5 @@ def trainer_inputs(config_cls, config, objects: dict, tokenizer=None) -> tuple[o
         raise ConfigError("give the config either first or as args=, not both.")
     elif any(objects.get(name) is not None for name in OBJECTS):
         config = copy.deepcopy(config)
-    loaded = apply_objects(config, **{name: objects.get(name) for name in OBJECTS[:5]})
+    loaded = apply_objects(config, **{name: objects.get(name) for name in OBJECTS[:7]})
     return config, loaded, tokenizer if tokenizer is not None else objects.get("processing_class")

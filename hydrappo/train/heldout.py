@@ -21,6 +21,7 @@ import torch
 
 from ..algo.degeneration import degeneration_flags
 from ..data import PromptSet
+from ..generation.episodes import summarize
 from ..generation.responses import Responses
 from ..storage.checkpoint import rng_state, set_rng_state
 
@@ -96,6 +97,8 @@ class HeldOutEvaluation:
             [row["score"] for row in rows], [row["length"] for row in rows], [row["ended"] for row in rows],
             [row["degenerate"] for row in rows], {name: [row["parts"][name] for row in rows] for name in names},
         )
+        if rows and rows[0]["agent"] is not None:  # multi-turn episodes: their tool calls (generation/episodes.py)
+            stats |= summarize([row["agent"] for row in rows], "eval/agent/")
         samples = [{"prompt": row["prompt"], "response": row["response"], "score": row["score"]} for row in rows]
         return stats, samples
 
@@ -104,15 +107,18 @@ class HeldOutEvaluation:
             torch.manual_seed(self.seed * 1_000_003 + step * 10_007 + rows[0])
         prompt_ids = [self.prompts.input_ids[i] for i in rows]
         prompt_texts = [self.prompts.texts[i] for i in rows]
-        responses: Responses = generate(prompt_ids, self.greedy)
+        responses: Responses = generate(prompt_ids, self.greedy, rows)
         scores, parts = score(rows, prompt_texts, responses)
-        texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+        episodes = responses.episode_stats
+        # An episode's sample is its whole transcript, the chat template's turn markers kept.
+        texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=episodes is None)
         degenerate = degeneration_flags(responses.response_ids, responses.ended)
         return [
             {
                 "prompt": prompt_texts[k], "response": texts[k], "score": float(scores[k]),
                 "length": len(responses.response_ids[k]), "ended": bool(responses.ended[k]), "degenerate": degenerate[k],
                 "parts": {name: float(values[k]) for name, values in parts.items()} if parts else None,
+                "agent": episodes[k] if episodes else None,
             }
             for k in range(len(rows))
         ]  # fmt: skip

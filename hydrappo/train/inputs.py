@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..data import DataError, load_prompt_table, read_preference_table, read_sft_table, read_table, split_by_prompt
 from ..reward_calls import is_missing
 from ..rewards import reward_functions
+from .agent import load_agent_code
 
 
 def table_label(setting: str, value) -> str:
@@ -36,6 +37,7 @@ class RLInputs:
     functions: list
     eval_prompts: list
     eval_columns: dict[str, list]
+    agent_code: dict | None = None  # tools, environments, parser (train/agent.py), loaded and checked
 
 
 @dataclass
@@ -54,7 +56,9 @@ def read_rl_inputs(config) -> RLInputs:
     data = config.data
     prompts, columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
     setting = table_label("data.prompts", data.prompts)
-    functions = reward_functions(config.reward, columns=list(columns), setting=setting)
+    # Episodes also hand the rewards their transcripts and environments (train/agent.py).
+    extra = ["transcripts", "environments"] if config.agent.enabled else []
+    functions = reward_functions(config.reward, columns=list(columns) + extra, setting=setting)
     check_needed_values(functions, columns, setting)
     eval_prompts, eval_columns = [], {}
     if data.eval_prompts:
@@ -63,9 +67,9 @@ def read_rl_inputs(config) -> RLInputs:
         )
         setting = table_label("data.eval_prompts", data.eval_prompts)
         for function in functions:
-            function.check_columns(eval_columns, setting=setting)
+            function.check_columns(list(eval_columns) + extra, setting=setting)
         check_needed_values(functions, eval_columns, setting)
-    return RLInputs(prompts, columns, functions, eval_prompts, eval_columns)
+    return RLInputs(prompts, columns, functions, eval_prompts, eval_columns, load_agent_code(config))
 
 
 def check_needed_values(functions, columns: dict[str, list], setting: str) -> None:

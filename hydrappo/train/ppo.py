@@ -26,6 +26,7 @@ from ..model import HydraModel
 from ..rewards import build_reward_source
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
+from .agent import build_agent, play
 from .api import save_model
 from .harness import TrainingLoop, enable_activation_checkpointing, prepare
 from .heldout import HeldOutEvaluation, held_out_summary
@@ -85,6 +86,9 @@ class PPOTrainer(PPOStep, TrainingLoop):
             self.inputs.prompts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
         )
         self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
+        # Multi-turn episodes with tools / environments (agent:, or tools= / environment_factory= objects).
+        self.agent = build_agent(config, tokenizer, self.inputs.agent_code)
+        self.agent_stats: dict = {}
         self.held_out = None
         if data.eval_prompts:
             self.held_out = HeldOutEvaluation(
@@ -173,8 +177,21 @@ class PPOTrainer(PPOStep, TrainingLoop):
             status(None)
         return {**stats, "time/eval": time.perf_counter() - start}, samples
 
-    def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
+    def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool, rows=None) -> Responses:
         with self.harness.autocast():
+            if self.agent is not None:  # the held-out rows played as episodes
+                return play(
+                    self.agent,
+                    self.eval_sampler.sample,
+                    self.tokenizer,
+                    self.inputs.eval_prompts,
+                    self.eval_columns,
+                    rows,
+                    self.config.generation,
+                    system_prompt=self.config.data.system_prompt,
+                    step=self.harness.step,
+                    greedy=greedy,
+                )
             return self.eval_sampler.sample(prompt_ids, self.config.generation, greedy=greedy)
 
     def score_responses(
@@ -189,7 +206,7 @@ class PPOTrainer(PPOStep, TrainingLoop):
                 responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
             )
             branch_scores = self.evaluate(ids.to(self.device), mask.to(self.device), width, with_reference=False).scores
-        texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+        texts = self.texts_of(responses)
         columns = {name: [values[i] for i in rows] for name, values in self.eval_columns.items()}
         messages = self.held_out.prompts.messages
         scores = self.score(
@@ -201,6 +218,7 @@ class PPOTrainer(PPOStep, TrainingLoop):
             [messages[i] for i in rows] if messages else None,
             step=step,
             row_names=[f"data.eval_prompts row {i}" for i in rows],
+            responses=responses,
         )
         return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 

@@ -42,6 +42,7 @@ from ..algo.losses import PolicyTokens, aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards
 from ..generation.responses import Responses
+from .agent import environment_scores, episode_columns, gathered_statistics, play
 from .experience import Experience, minibatch_plan
 from .harness import TrainingError
 from .heldout import evaluation_due
@@ -119,6 +120,8 @@ class PPOStep:
         shaped = self.shape(batch, plan)
         experience = self.experience_rows(rollout, shaped)
         stats = {**self.rollout_statistics(batch, shaped, plan), "time/rollout": time.perf_counter() - start}
+        if self.agent is not None:  # the whole batch's episodes: tool calls, their validity, turns
+            stats |= gathered_statistics(rollout.responses, self.harness.dist.gather_rows) | self.agent_stats
         texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
         return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]
 
@@ -135,9 +138,9 @@ class PPOStep:
             # prompts does not depend on the number of processes.
             drawn = self.sampler.next_batch(self.config.ppo.batch_size // group)
             indices = [i for i in dist.shard(drawn) for _ in range(group)]
-            responses = self.generate([self.prompts.input_ids[i] for i in indices])
+            responses = self.generate([self.prompts.input_ids[i] for i in indices], indices)
             input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
-                responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
+                responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id, responses.policy_mask
             )
             split = pack_split_hidden(responses, prompt_width, input_ids.shape[1])  # recorded while sampling, or None
             responses.split_hidden = None  # the per-row copies: packed now
@@ -148,7 +151,7 @@ class PPOStep:
             indices=indices,
             prompt_texts=[self.prompts.texts[i] for i in indices],
             responses=responses,
-            response_texts=self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True),
+            response_texts=self.texts_of(responses),
             input_ids=input_ids,
             attention_mask=attention_mask,
             action_mask=action_mask.to(self.device),
@@ -156,10 +159,30 @@ class PPOStep:
             evaluation=evaluation,
         )
 
-    def generate(self, prompt_ids: list[list[int]]) -> Responses:
-        """One sampled response per prompt from the policy (generation/samplers.py)."""
+    def generate(self, prompt_ids: list[list[int]], indices=None) -> Responses:
+        """One sampled response per prompt from the policy (generation/samplers.py), or with an
+        agent one episode per prompt row `indices` (generation/episodes.py)."""
         with self.harness.autocast():
+            if self.agent is not None:
+                return play(
+                    self.agent,
+                    self.rollout_sampler.sample,
+                    self.tokenizer,
+                    self.inputs.prompts,
+                    self.columns,
+                    indices,
+                    self.config.generation,
+                    system_prompt=self.config.data.system_prompt,
+                    step=self.harness.step + 1,
+                    record_split=self.records_split,
+                )
             return self.rollout_sampler.sample(prompt_ids, self.config.generation, record_split=self.records_split)
+
+    def texts_of(self, responses: Responses) -> list[str]:
+        """What the rewards read as the completions: the response, or an episode's final reply."""
+        if responses.final_texts is not None:
+            return list(responses.final_texts)
+        return self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
 
     def evaluate(
         self,
@@ -198,6 +221,7 @@ class PPOStep:
             rollout.responses.response_ids,
             messages,
             row_names=[f"data.prompts row {i}" for i in rollout.indices],
+            responses=rollout.responses,
         )
 
     def score(
@@ -210,6 +234,7 @@ class PPOStep:
         messages=None,
         step=None,
         row_names=None,
+        responses: Responses | None = None,
     ) -> torch.Tensor:
         """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources);
         `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py).
@@ -217,6 +242,8 @@ class PPOStep:
         source's error."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
         step = self.harness.step + 1 if step is None else step
+        if self.agent is not None and responses is not None:
+            columns = {**(columns or {}), **episode_columns(responses, self.tokenizer)}
         scores = self.reward_source(
             samples,
             prompt_texts,
@@ -228,6 +255,9 @@ class PPOStep:
             prompt_messages=messages,
             row_names=row_names,
         )
+        if self.agent is not None and responses is not None:  # an environment's own get_reward(), weight 1 (TRL's rule)
+            own, self.agent_stats = environment_scores(self.agent, responses, step)
+            scores = scores if own is None else scores + own.to(scores)
         if not torch.isfinite(scores).all():
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
         return scores
