@@ -390,8 +390,7 @@ def memory_command(argv: list[str]) -> int:
     parser.add_argument("--train-final-norm", action="store_true")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--entropy", action="store_true", help="an entropy bonus in the update (ppo.ent_coef != 0)")
-    parser.add_argument("--sampler", default=d.sampler, choices=SAMPLERS,
-                        help="graph: the graph sampler's static KV cache is held through the whole step")
+    parser.add_argument("--sampler", default=d.sampler, choices=SAMPLERS, help="graph: its static KV cache is held all step")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--largest", action="store_true", help="peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, default 16)")
     parser.add_argument("--validate", action="store_true", help="measure two PPO steps on this CPU (float32) of a 135M and a "
