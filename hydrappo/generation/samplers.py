@@ -53,7 +53,9 @@ from .stops import first_stop
 # the graph sampler; a rollout of the 1.7B shape (32 x 64 tokens) took 0.57 s against generate's
 # 2.24 s, and the 135M main job's 0.37 s against 1.19 s (the decode loop, measured earlier on an
 # H100, was slower than generate there). Other devices: generate.
-DEFAULT_SAMPLER = {"cpu": "decode", "cuda": "graph"}
+# CUDA keeps transformers' generate until the graph sampler is measured on a GPU as it now is: its
+# only H100 rows ran before the autocast fix and sampled from stale weights (docs/sampling.md).
+DEFAULT_SAMPLER = {"cpu": "decode", "cuda": "generate"}
 
 
 @runtime_checkable
