@@ -355,7 +355,7 @@ def memory_command(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     prog = "hydrappo memory"
     from .model.quantize import TRUNK_QUANTIZATIONS
-    from .planner import plan as planner
+    from .planner import fit, plan as planner
     from .planner.presets import PRESETS
     from .planner.settings import DTYPES, OPTIMIZERS, TrainingSettings
 
@@ -387,6 +387,7 @@ def memory_command(argv: list[str]) -> int:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--entropy", action="store_true", help="an entropy bonus in the update (ppo.ent_coef != 0)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--gpu", type=float, help="GiB of a GPU: which settings fit it, beside TRL's GRPO + LoRA and the classic layout")
     parser.add_argument("--largest", action="store_true", help="peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, default 16)")
     parser.add_argument("--validate", action="store_true", help="measure two PPO steps on this CPU (float32) of a 135M and a "
                         "410M model against the plan (minutes; runs tools/validate_memory.py of a source checkout)")  # fmt: skip
@@ -421,7 +422,8 @@ def memory_command(argv: list[str]) -> int:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
     plan = planner.plan_memory(config, settings, args.model)
-    print(json.dumps(planner.plan_to_dict(plan), indent=2) if args.json else planner.format_plan(plan))
+    text = fit.format_fits(config, settings, args.model, args.gpu) if args.gpu else planner.format_plan(plan)
+    print(json.dumps(planner.plan_to_dict(plan), indent=2) if args.json else text)
     return 0
 
 
