@@ -26,6 +26,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.generation": 3,  # generation/serving.py imports vllm inside functions: an optional extra
     "hydrappo.rewards": 3,
     "hydrappo.reward_calls": 3,
+    "hydrappo.reward_scores": 3,
     "hydrappo.storage": 3,
     "hydrappo.planner": 3,
     "hydrappo.train": 4,

@@ -54,7 +54,7 @@ from .api import trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
-from .progress import ProgressBar
+from .progress import ProgressBar, samples_markdown
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, keep_float32_master_weights, pick_mixed_precision
 
@@ -462,15 +462,6 @@ class RunLog:
         self.bar.close()
         if self.writes:
             self.writer.close()
-
-
-def samples_markdown(samples: list[dict]) -> str:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    rows = ["| prompt | response | score |", "| --- | --- | --- |"]
-    rows += [f"| {cell(s['prompt'])} | {cell(s['response'])} | {s['score']:.3f} |" for s in samples]
-    return "\n".join(rows)
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:

@@ -34,6 +34,7 @@ from ..algo.losses import aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import (
     RunningMoments,
+    fill_unscored,
     group_statistics,
     normalize_scores,
     overlong_filter,
@@ -46,6 +47,7 @@ from ..data import PromptSampler, tokenize_prompts
 from ..generation.responses import Responses
 from ..generation.samplers import build_sampler
 from ..model import HydraModel
+from ..reward_calls import RewardContext, with_columns
 from ..rewards import build_reward_source
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
@@ -93,6 +95,7 @@ class PPOTrainer(TrainingLoop):
             apply_reference_stats(config.reward, branch)
 
         self.reward_source = build_reward_source(config.reward, device=str(self.device), functions=self.inputs.functions)
+        self.reward_context = RewardContext(max_steps=train.total_steps)  # TRL's trainer_state, log_metric, log_extra
         data = config.data
         self.columns, self.eval_columns = self.inputs.columns, self.inputs.eval_columns
         self.prompts = tokenize_prompts(self.inputs.prompts, tokenizer, data.max_prompt_length, data.apply_chat_template,
@@ -163,6 +166,9 @@ class PPOTrainer(TrainingLoop):
         # only in train mode, and turns the KV cache off there: generate in eval mode.
         self.hydra.eval()
         experience, stats, samples = self.make_experience(plan)
+        metrics, extras = self.reward_context.take()  # what the reward functions logged (TRL's log_metric, log_extra)
+        stats.update(metrics)
+        samples = with_columns(samples, extras)
         self.hydra.train(self.config.model.gradient_checkpointing)
         stats.update(self.ppo_update(experience, plan))
         self.hydra.eval()
@@ -195,7 +201,8 @@ class PPOTrainer(TrainingLoop):
             stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
         finally:
             status(None)
-        return {**stats, "time/eval": time.perf_counter() - start}, samples
+        metrics, extras = self.reward_context.take("eval/")
+        return {**stats, **metrics, "time/eval": time.perf_counter() - start}, with_columns(samples, extras)
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
         with self.harness.autocast():
@@ -226,11 +233,12 @@ class PPOTrainer(TrainingLoop):
         with self.harness.dist.phase("scoring responses"):
             raw_scores = self.score_rollout(rollout)
         batch = self.gather_batch(rollout, raw_scores)
+        batch["raw_scores"], batch["unscored"] = fill_unscored(batch["raw_scores"], self.config.generation.samples_per_prompt)
         shaped = self.shape(batch, plan)
         experience = self.experience_rows(rollout, shaped)
         stats = {**self.rollout_statistics(batch, shaped, plan), "time/rollout": time.perf_counter() - start}
         texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
-        return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]
+        return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]  # (NaN: unscored)
 
     def rollout(self, plan: StepPlan) -> Rollout:
         """This process's share of the batch's prompts, each sampled G times (one group in
@@ -304,6 +312,7 @@ class PPOTrainer(TrainingLoop):
         )
         # DAPO's overlong filtering: truncated responses add nothing to the loss.
         loss_mask = overlong_filter(mask, ended) if ppo.mask_truncated else mask
+        loss_mask = loss_mask * (~batch["unscored"]).to(loss_mask)[:, None]  # a sample no reward scored: out of the loss
         return {"scores": scores, "length_penalty": length_penalty, "rewards": rewards, "reward_stats": reward_stats,
                 "advantages": advantages, "returns": returns, "loss_mask": loss_mask}  # fmt: skip
 
@@ -328,10 +337,11 @@ class PPOTrainer(TrainingLoop):
         """env/*, objective/*, tokens/* and ppo/advantages statistics of the whole batch."""
         mask, raw = batch["mask"], batch["raw_scores"]
         stats = {
-            "env/reward_mean": raw.mean().item(),
+            "env/reward_mean": raw[~batch["unscored"]].mean().item() if not batch["unscored"].all() else 0.0,
+            "env/unscored_frac": batch["unscored"].float().mean().item(),  # TRL's None: no reward scored it
             "env/reward_std": raw.std().item() if len(raw) > 1 else 0.0,
             # each source's unweighted mean (env/reward/<function name> | reward_model | reward_branch)
-            **{f"env/reward/{name}": part.mean().item() for name, part in batch["parts"].items()},
+            **{f"env/reward/{name}": part.nanmean().item() for name, part in batch["parts"].items()},
             "env/score_used_mean": shaped["scores"].mean().item(),
             "env/missing_eos_frac": 1.0 - batch["ended"].float().mean().item(),
             "env/degenerate_frac": batch["degenerate"].mean().item(),  # a looping tail (algo/degeneration.py)
@@ -375,11 +385,12 @@ class PPOTrainer(TrainingLoop):
         `step` (default: the step in progress) and `row_names` (each row's table and row) go into a failing source's error."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
         step = self.harness.step + 1 if step is None else step
+        self.reward_context.trainer_state.global_step = self.harness.step  # TRL's: the steps done
         scores = self.reward_source(
             samples, prompt_texts, response_texts, step=step, columns=columns, completion_ids=completion_ids,
-            branch_scores=branch_scores, prompt_messages=messages, row_names=row_names,
+            branch_scores=branch_scores, prompt_messages=messages, row_names=row_names, context=self.reward_context,
         )
-        if not torch.isfinite(scores).all():
+        if torch.isinf(scores).any():  # (NaN: no source scored the sample, TRL's None)
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
         return scores
 
