@@ -68,3 +68,19 @@ def test_a_trl_reward_file_using_all_of_it_runs_unchanged(tmp_path, capsys):
     assert {"reward_metrics/progress", "reward_metrics/async_calls", "env/unscored_frac"} <= set(events.Tags()["scalars"])
     texts = [event.tensor_proto.string_val[0].decode() for event in events.Tensors("samples/text_summary")]
     assert texts and all("| good_words |" in text.splitlines()[0] for text in texts)
+
+
+@pytest.mark.slow
+def test_an_unscored_sample_leaves_the_loss(tmp_path):
+    from runs import tiny_trainer
+
+    trainer = tiny_trainer(tmp_path / "out", "--advantage_estimator", "grpo", "--samples_per_prompt", "4",
+                           "--init_kl_coef", "0", "--batch_size", "8", "--mini_batch_size", "8", "--max_new_tokens", "4")  # fmt: skip
+    nan = float("nan")
+    trainer.score = lambda *args, **kwargs: torch.tensor([nan, 1.0, nan, 0.0, nan, nan, nan, nan])
+    experience, stats, _ = trainer.make_experience(trainer.step_plan())
+    rows = experience.action_mask.sum(-1)
+    assert rows[[0, 2, 4, 5, 6, 7]].tolist() == [0] * 6 and rows[[1, 3]].min() > 0  # unscored: no token in the loss
+    assert stats["env/unscored_frac"] == 6 / 8 and stats["env/reward_mean"] == 0.5  # the scored samples' mean
+    advantages = experience.advantages.sum(-1) / rows.clamp(min=1)
+    assert advantages[1] > 0 > advantages[3]  # scored against their own mean (0.5), not the filled ones'
