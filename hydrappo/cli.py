@@ -147,6 +147,8 @@ OVERWRITE_HELP = "replace an existing --output file: it is moved to a sibling NA
 
 
 def generate_command(argv: list[str]) -> int:
+    from .evaluate import add_reward_options, check_arguments, generate, side_by_side_text, write_comparison
+
     parser = usercode.CommandParser(
         prog="hydrappo generate",
         description="Generate with a checkpoint's policy (and its base model) for a prompts file, score the responses "
@@ -155,8 +157,7 @@ def generate_command(argv: list[str]) -> int:
     parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
     parser.add_argument("--prompts", help="prompts file (default: the training prompts)")
     parser.add_argument("--prompt_column", default=None)
-    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' that scores the responses "
-                        "(default: none; see --trust_checkpoint_code)")
+    add_reward_options(parser)
     parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     parser.add_argument("--max_new_tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=None)
@@ -166,27 +167,26 @@ def generate_command(argv: list[str]) -> int:
     parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
-    from .evaluate import check_arguments, generate, side_by_side_text, write_comparison
-
     check_arguments(output=args.output, inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts},
                     overwrite=args.overwrite)  # fmt: skip
     columns = generate(args.checkpoint, args.prompts, args.prompt_column, args.reward_fn, args.limit,
                        args.max_new_tokens, args.temperature, args.no_base, args.seed,
-                       trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
+                       trust_checkpoint_code=args.trust_checkpoint_code, reward_weights=args.reward_weights)  # fmt: skip
     return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
 
 
 def compare_command(argv: list[str]) -> int:
+    from .evaluate import add_reward_options, check_arguments, compare, side_by_side_text, write_comparison
+
     parser = usercode.CommandParser(
         prog="hydrappo compare",
         description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
         "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
     )
-    parser.add_argument("models", nargs="+", help="checkpoint folders, model directories or Hub ids, optionally NAME=PATH")
+    parser.add_argument("models", nargs="+", help="checkpoint or run folders, model directories or Hub ids, optionally NAME=PATH")
     parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
     parser.add_argument("--prompt_column", default="prompt")
-    parser.add_argument("--reward_fn", help="'module:function' or 'file.py:function' that scores the responses "
-                        "(default: none; see --trust_checkpoint_code)")
+    add_reward_options(parser)
     parser.add_argument("--chat_template", choices=["auto", "yes", "no"], default="auto",
                         help="wrap prompts with each model's chat template (auto: as the first checkpoint was trained)")
     parser.add_argument("--limit", type=int, default=None)
@@ -198,13 +198,11 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
-    from .evaluate import check_arguments, compare, side_by_side_text, write_comparison
-
     check_arguments(output=args.output, inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}},
                     overwrite=args.overwrite)  # fmt: skip
     columns = compare(args.models, args.prompts, args.prompt_column, args.reward_fn, args.chat_template, args.limit,
                       args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed,
-                      trust_checkpoint_code=args.trust_checkpoint_code)  # fmt: skip
+                      trust_checkpoint_code=args.trust_checkpoint_code, reward_weights=args.reward_weights)  # fmt: skip
     return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
 
 
@@ -357,7 +355,7 @@ def memory_command(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     prog = "hydrappo memory"
     from .model.quantize import TRUNK_QUANTIZATIONS
-    from .planner import plan as planner
+    from .planner import fit, plan as planner
     from .planner.presets import PRESETS
     from .planner.settings import DTYPES, OPTIMIZERS, SAMPLERS, TrainingSettings
 
@@ -392,6 +390,7 @@ def memory_command(argv: list[str]) -> int:
     parser.add_argument("--entropy", action="store_true", help="an entropy bonus in the update (ppo.ent_coef != 0)")
     parser.add_argument("--sampler", default=d.sampler, choices=SAMPLERS, help="graph: its static KV cache is held all step")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--gpu", type=float, help="GiB of a GPU: which settings fit it, beside TRL's GRPO + LoRA and the classic layout")
     parser.add_argument("--largest", action="store_true", help="peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, default 16)")
     parser.add_argument("--validate", action="store_true", help="measure two PPO steps on this CPU (float32) of a 135M and a "
                         "410M model against the plan (minutes; runs tools/validate_memory.py of a source checkout)")  # fmt: skip
@@ -426,7 +425,8 @@ def memory_command(argv: list[str]) -> int:
     except (ValueError, OSError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(planner.plan_to_dict(plan), indent=2) if args.json else planner.format_plan(plan))
+    text = fit.format_fits(config, settings, args.model, args.gpu) if args.gpu else planner.format_plan(plan)
+    print(json.dumps(planner.plan_to_dict(plan), indent=2) if args.json else text)
     return 0
 
 

@@ -29,8 +29,8 @@ from .data import PromptSet, load_prompt_table, tokenize_prompts
 from .generation.samplers import build_sampler
 from .rewards import build_reward_source
 from .storage.checkpoint import (
-    CheckpointError, find_checkpoint, is_checkpoint_folder, load_checkpoint_config, load_trainable_weights,
-    seed_everything,
+    CheckpointError, find_checkpoint, is_checkpoint_folder, latest_checkpoint, load_checkpoint_config,
+    load_trainable_weights, seed_everything,
 )
 from .storage.export import load_checkpoint_hydra
 from .storage.models import build_hydra, load_model_and_tokenizer
@@ -151,8 +151,25 @@ def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperatur
     )
 
 
+def add_reward_options(parser) -> None:
+    """--reward_fn (repeated, or comma-separated) and --reward_weights, as a run's reward.reward_fn
+    and reward.reward_weights: the score of generate / compare is then the training score."""
+    parser.add_argument("--reward_fn", action="append", help="'module:function' or 'file.py:function' that scores the "
+                        "responses; several: repeat it or separate them with commas, as reward.reward_fn (default: "
+                        "none; see --trust_checkpoint_code)")  # fmt: skip
+    parser.add_argument("--reward_weights", type=float, nargs="+", help="one weight per --reward_fn (default 1 each), "
+                        "as reward.reward_weights")  # fmt: skip
+
+
+def reward_specs(reward_fn) -> list[str]:
+    """--reward_fn's functions: each value given (it may be repeated) split at commas."""
+    values = reward_fn if isinstance(reward_fn, (list, tuple)) else [reward_fn] if reward_fn else []
+    return RewardArgs(reward_fn=",".join(values)).function_specs
+
+
 def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=None, temperature=None, output=None,
-                    max_prompt_length=None, models=(), inputs=None, overwrite: bool = False) -> None:  # fmt: skip
+                    max_prompt_length=None, models=(), inputs=None, overwrite: bool = False,
+                    reward_weights=None) -> None:  # fmt: skip
     """The options of `generate` and `compare`, all checked before any model loads. --output must
     not be or contain one of `inputs` ({option: path}), nor replace a file inside one (or inside
     the run that holds an input checkpoint); an existing file only with `overwrite`."""
@@ -168,8 +185,12 @@ def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=
         problems.add("--temperature", temperature, "must be > 0", "use e.g. 1.0, or leave it out for the run's own")
     if prompts is not None and not Path(prompts).expanduser().exists() and looks_like_a_path(prompts):
         problems.add("--prompts", prompts, "does not exist: no such file or folder", "fix the path")
-    if reward_fn:
-        check_reward_fn(reward_fn, problems, "--reward_fn")
+    specs = reward_specs(reward_fn)
+    for spec in specs:
+        check_reward_fn(spec, problems, "--reward_fn")
+    if reward_weights and specs and len(reward_weights) != len(specs):
+        problems.add("--reward_weights", reward_weights, f"has {len(reward_weights)} weight(s) for {len(specs)} "
+                     "--reward_fn function(s)", "give one weight per function, in their order")  # fmt: skip
     if output is not None:
         suffix = Path(output).suffix
         why = writable_folder_problem(Path(output).expanduser().absolute().parent)
@@ -185,15 +206,18 @@ def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=
     problems.raise_if_any()
 
 
-def checkpoint_reward(config: Config, reward_fn: str | None, trust_checkpoint_code: bool, checkpoint) -> RewardArgs | None:
-    """The reward to score with: `reward_fn` from the command line; else the checkpoint's
-    reward function only with `trust_checkpoint_code` (it is code); else its reward model (a
-    folder of weights, data); else None."""
+def checkpoint_reward(config: Config, reward_fn, trust_checkpoint_code: bool, checkpoint,
+                      reward_weights=None) -> RewardArgs | None:  # fmt: skip
+    """The reward to score with: `reward_fn` (one spec, comma-separated specs or a list, weighted by
+    `reward_weights`) from the command line; else the checkpoint's reward functions, with the run's
+    weights, only with `trust_checkpoint_code` (it is code); else its reward model (a folder of
+    weights, data); else None."""
     if reward_fn:
-        return RewardArgs(reward_fn=reward_fn)
+        return RewardArgs(reward_fn=reward_specs(reward_fn), reward_weights=reward_weights)
     named = config.reward.reward_fn
     if named and trust_checkpoint_code:
-        return RewardArgs(reward_fn=named, timeout_s=config.reward.timeout_s)
+        return RewardArgs(reward_fn=named, timeout_s=config.reward.timeout_s,
+                          reward_weights=reward_weights or config.reward.reward_weights)  # fmt: skip
     if named:
         logger.warning(
             "not scoring: %s names the reward function %r, and code a checkpoint names is never run unless you say so. "
@@ -207,13 +231,15 @@ def checkpoint_reward(config: Config, reward_fn: str | None, trust_checkpoint_co
 
 
 def generate(checkpoint, prompts=None, prompt_column=None, reward_fn=None, limit=None, max_new_tokens=None,
-             temperature=None, no_base=False, seed=0, trust_checkpoint_code=False) -> dict[str, list[dict]]:  # fmt: skip
+             temperature=None, no_base=False, seed=0, trust_checkpoint_code=False,
+             reward_weights=None) -> dict[str, list[dict]]:  # fmt: skip
     """The base model's and a checkpoint's trained policy's scored responses, by column name."""
-    check_arguments(prompts=prompts, reward_fn=reward_fn, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature)
+    check_arguments(prompts=prompts, reward_fn=reward_fn, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature,
+                    reward_weights=reward_weights)  # fmt: skip
     checkpoint = find_checkpoint(checkpoint)
     config = load_checkpoint_config(checkpoint, Config)
     generation = _generation(config.generation, max_new_tokens, temperature)
-    reward_args = checkpoint_reward(config, reward_fn, trust_checkpoint_code, checkpoint)
+    reward_args = checkpoint_reward(config, reward_fn, trust_checkpoint_code, checkpoint, reward_weights)
     if prompts is None and not config.data.prompts:
         raise CheckpointError(f"{checkpoint} names no training prompts: pass --prompts FILE.")
     device = pick_device(config.train.device)
@@ -237,10 +263,13 @@ def generate(checkpoint, prompts=None, prompt_column=None, reward_fn=None, limit
 
 
 def load_for_generation(spec: str, device):
-    """A model to sample from: a hydrappo checkpoint (its trained policy), or a model
-    directory / bundled name (loaded as is). Returns (name, model, tokenizer, config|None)."""
+    """A model to sample from: a hydrappo checkpoint (its trained policy; a run folder: its newest
+    checkpoint), or a model directory / bundled name (loaded as is). Returns (name, model, tokenizer,
+    config|None)."""
     name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
     location = Path(path).expanduser()
+    if location.is_dir() and not is_checkpoint_folder(location) and latest_checkpoint(location) is not None:
+        location = find_checkpoint(location)  # a run folder, as generate and export take it
     if location.is_dir() and is_checkpoint_folder(location):
         hydra, tokenizer, config = load_checkpoint_hydra(location, device=str(device))
         return name or f"{location.parent.name}/{location.name}", hydra, tokenizer, config
@@ -250,10 +279,11 @@ def load_for_generation(spec: str, device):
 
 def compare(models: list[str], prompts: str, prompt_column="prompt", reward_fn=None, chat_template="auto", limit=None,
             max_new_tokens=None, temperature=None, max_prompt_length=None, seed=0,
-            trust_checkpoint_code=False) -> dict[str, list[dict]]:  # fmt: skip
+            trust_checkpoint_code=False, reward_weights=None) -> dict[str, list[dict]]:  # fmt: skip
     """Several models on the same prompts with the same sampling seed, scored, by column name."""
     check_arguments(prompts=prompts, reward_fn=reward_fn, limit=limit, max_new_tokens=max_new_tokens,
-                    temperature=temperature, max_prompt_length=max_prompt_length, models=models)  # fmt: skip
+                    temperature=temperature, max_prompt_length=max_prompt_length, models=models,
+                    reward_weights=reward_weights)  # fmt: skip
     device = pick_device("auto")
     loaded = [load_for_generation(spec, device) for spec in models]
     trained = next(((spec, config) for spec, (*_, config) in zip(models, loaded) if config is not None), None)
@@ -262,9 +292,10 @@ def compare(models: list[str], prompts: str, prompt_column="prompt", reward_fn=N
     generation = _generation(defaults.generation, max_new_tokens, temperature)
     chat = {"yes": True, "no": False, "auto": defaults.data.apply_chat_template}[chat_template]
     if trained_config is not None:
-        reward_args = checkpoint_reward(trained_config, reward_fn, trust_checkpoint_code, trained[0].rpartition("=")[2])
+        reward_args = checkpoint_reward(trained_config, reward_fn, trust_checkpoint_code, trained[0].rpartition("=")[2],
+                                        reward_weights)  # fmt: skip
     else:
-        reward_args = RewardArgs(reward_fn=reward_fn) if reward_fn else None
+        reward_args = checkpoint_reward(Config(), reward_fn, False, None, reward_weights)
     reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
     texts, table = load_prompt_table(prompts, prompt_column)
     texts = texts[:limit] if limit else texts

@@ -8,7 +8,7 @@ from .prompts import trl_arguments
 
 
 def call_arguments(convention: str, accepts, samples, prompts, outputs, *, columns=None, completion_ids=None,
-                   prompt_messages=None) -> dict:  # fmt: skip
+                   prompt_messages=None, context=None) -> dict:  # fmt: skip
     """The keyword arguments of one call in `convention` ("trlX" or "TRL"), each only where
     `accepts(name)`: trlX's samples/prompts/outputs or TRL's prompts/completions/completion_ids
     (conversational prompts in TRL's shapes: prompts.trl_arguments), then each dataset column."""
@@ -20,6 +20,8 @@ def call_arguments(convention: str, accepts, samples, prompts, outputs, *, colum
         kwargs = {"prompts": list(prompts), "completions": list(outputs)}
         if completion_ids is not None:
             kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
+    if convention == "TRL":  # trainer_state, log_metric, log_extra (a context of their own outside a run)
+        kwargs.update((context or RewardContext()).arguments())
     kwargs = {name: value for name, value in kwargs.items() if accepts(name)}
     for name, values in (columns or {}).items():
         if accepts(name) and name not in kwargs:
@@ -42,3 +44,55 @@ def missing_value(kwargs: dict, columns, row_names=None) -> tuple[int, str]:
         return 0, ""
     row, name = min(found)
     return row, f" {row_names[row] if row_names else f'Sample {row}'} has no {name!r} (None)."
+
+
+# ---------------------------------------------------------------------------- TRL's reward contract
+TRL_EXTRAS = ("trainer_state", "log_metric", "log_extra")  # what TRL's GRPOTrainer passes besides the columns
+
+
+class RewardContext:
+    """What TRL's GRPOTrainer hands its reward functions besides the data, kept by the trainer for
+    the call in progress: `trainer_state` (a transformers TrainerState: global_step = the steps done,
+    max_steps), `log_metric(name, value)` (scalars, averaged over a step's calls and logged as
+    reward_metrics/<name>, eval/reward_metrics/<name> while evaluating) and `log_extra(column,
+    values)` (one value per sample, shown as a column of the samples table in TensorBoard)."""
+
+    def __init__(self, max_steps: int = 0):
+        from transformers import TrainerState
+
+        self.trainer_state = TrainerState(global_step=0, max_steps=max_steps)
+        self.metrics: dict[str, list[float]] = {}
+        self.extras: dict[str, list] = {}
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.extras.setdefault(str(column), []).extend(values)
+
+    def arguments(self) -> dict:
+        return {"trainer_state": self.trainer_state, "log_metric": self.log_metric, "log_extra": self.log_extra}
+
+    def take(self, prefix: str = "") -> tuple[dict, dict]:
+        """({prefix}reward_metrics/<name>: mean of the values logged since the last take, extra columns); both emptied."""
+        metrics = {f"{prefix}reward_metrics/{name}": sum(v) / len(v) for name, v in self.metrics.items() if v}
+        extras, self.metrics, self.extras = self.extras, {}, {}
+        return metrics, extras
+
+
+def await_together(pending: list) -> list:
+    """The results of the awaitables async reward functions returned, awaited together (TRL's
+    asyncio.gather); an exception comes back in its place."""
+    import asyncio
+
+    async def gather():
+        return await asyncio.gather(*pending, return_exceptions=True)
+
+    return asyncio.run(gather()) if pending else []
+
+
+def with_columns(rows: list[dict], extras: dict) -> list[dict]:
+    """Sample rows ({prompt, response, score}) with the columns reward functions logged for them
+    (log_extra: one value per sample, in order; a column of another length is left out)."""
+    kept = {column: values for column, values in extras.items() if len(values) == len(rows)}
+    return [{**row, **{column: values[i] for column, values in kept.items()}} for i, row in enumerate(rows)]

@@ -22,77 +22,18 @@ a row there.
 from __future__ import annotations
 
 import inspect
-import numbers
 import pickle
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import usercode
 from .config.reward_sources import NO_REWARD_SOURCE, reward_source_names, weights_problem
-from .errors import RewardError, RewardFunctionError, refused_pickle
+from .errors import RewardError, RewardFunctionError, refused_pickle  # noqa: F401 (also this module's API)
 from .model.heads import widened
-from .reward_calls import call_arguments, missing_value
+from .reward_calls import TRL_EXTRAS, await_together, call_arguments, missing_value
 from .reward_files import load_reward_function, resolve_path
-
-
-def _short(text: str, limit: int = 80) -> str:
-    text = str(text)
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
-
-
-def _sample(prompts, outputs, row: int) -> str:
-    if prompts is None or outputs is None or not 0 <= row < len(outputs):
-        return ""
-    return f" Sample {row}: prompt {_short(prompts[row])}, response {_short(outputs[row])}."
-
-
-def _is_number(value) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return False
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return value.ndim == 0 or value.shape == (1,)
-    return isinstance(value, (numbers.Real, np.number))
-
-
-def _to_scores(result, count: int, source: str, prompts=None, outputs=None) -> torch.Tensor:
-    """A (count,) float32 CPU tensor from whatever sequence of numbers a source returned;
-    anything else is a RewardFunctionError naming `source` and showing an offending sample."""
-    if result is None:
-        raise RewardFunctionError(f"{source} returned None; it must return one score per sample (missing `return`?).")
-    if isinstance(result, torch.Tensor):
-        scores = result.detach().to("cpu", torch.float32)
-    else:
-        if isinstance(result, (list, tuple)):
-            bad = next((i for i, value in enumerate(result) if not _is_number(value)), None)
-            if bad is not None:
-                raise RewardFunctionError(
-                    f"{source} returned {type(result).__name__} that is not numbers: item {bad} is "
-                    f"{type(result[bad]).__name__} {repr(result[bad])[:40]}; return one number per sample."
-                    f"{_sample(prompts, outputs, bad)}"
-                )
-        try:
-            scores = torch.from_numpy(np.asarray(result, dtype=np.float64)).to(torch.float32)
-        except (TypeError, ValueError) as error:
-            raise RewardFunctionError(
-                f"{source} returned {type(result).__name__} that is not numbers ({error}); "
-                f"return a list, tuple, numpy array or tensor of numbers, one per sample.{_sample(prompts, outputs, 0)}"
-            ) from None
-    if scores.ndim == 2 and scores.shape[1] == 1:  # a (B, 1) column, as classifiers give
-        scores = scores[:, 0]
-    if scores.ndim != 1 or scores.shape[0] != count:
-        raise RewardFunctionError(
-            f"{source} returned scores of shape {tuple(scores.shape)} for {count} samples; return one score per "
-            f"sample.{_sample(prompts, outputs, 0 if scores.ndim != 1 else min(scores.shape[0], count - 1))}"
-        )
-    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-    if bad:
-        shown = ", ".join(f"{i} ({scores[i].item()})" for i in bad[:10])
-        raise RewardFunctionError(
-            f"{source} returned non-finite scores for {len(bad)} sample(s), at rows: {shown}.{_sample(prompts, outputs, bad[0])}"
-        )
-    return scores
+from .reward_scores import _sample, _to_scores
 
 
 def _where(source: str, step: int | None) -> str:
@@ -112,7 +53,7 @@ def callable_spec(fn) -> str:
 
 
 RESERVED_ARGUMENTS = ("samples", "prompts", "outputs", "completions", "completion_ids")
-CONVENTIONS = {"trlX": ("samples", "prompts", "outputs"), "TRL": ("prompts", "completions", "completion_ids")}
+CONVENTIONS = {"trlX": ("samples", "prompts", "outputs"), "TRL": ("prompts", "completions", "completion_ids", *TRL_EXTRAS)}
 
 
 def function_convention(fn, spec: str) -> tuple[str, dict, bool]:
@@ -211,17 +152,19 @@ class FunctionReward:
 
     def __call__(self, samples: list[str], prompts: list[str], outputs: list[str], step: int | None = None, *,
                  columns: dict | None = None, completion_ids=None, branch_scores=None,
-                 prompt_messages=None, row_names=None) -> torch.Tensor:  # fmt: skip
+                 prompt_messages=None, row_names=None, context=None, defer: bool = False):  # fmt: skip
         """Scores (B,) of one batch; `step` (the training step) goes into error messages;
         `columns` {name: B values} and `completion_ids` (B lists of token ids) go to a function
         that takes them. `prompt_messages`: the message lists of conversational prompts (then
         `prompts` are their formatted texts), which TRL's convention gets in TRL's shapes.
-        `row_names`: where each sample's row is ("data.prompts row 17"), for error messages."""
+        `row_names`: where each sample's row is ("data.prompts row 17"), for error messages. `context`: TRL's
+        trainer_state, log_metric, log_extra (reward_calls.RewardContext). An `async def` function's awaitable
+        is awaited here, or with `defer` returned as (awaitable, finish) for RewardSources to await together."""
         if not len(samples) == len(prompts) == len(outputs):
             raise ValueError(f"samples, prompts and outputs differ in length: {len(samples)}, {len(prompts)}, {len(outputs)}.")
         where = _where(f"reward function {self.spec!r}", step)
         kwargs = call_arguments(self.convention, self.accepts, samples, prompts, outputs, columns=columns,
-                                completion_ids=completion_ids, prompt_messages=prompt_messages)  # fmt: skip
+                                completion_ids=completion_ids, prompt_messages=prompt_messages, context=context)  # fmt: skip
         try:
             result = usercode.call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
         except usercode.TimedOut:
@@ -232,12 +175,24 @@ class FunctionReward:
         except usercode.UserCodeError:
             raise
         except Exception as error:
-            row, shown = missing_value(kwargs, columns or {}, row_names)  # a row without a value: the likely cause
-            raise RewardFunctionError(
-                f"{where} raised {type(error).__name__}: {error}{usercode.user_frame(error)}. It was called on {len(samples)} "
-                f"samples.{shown}{_sample(prompts, outputs, row)} Fix the function (or the data), or rerun with --debug."
-            ) from error
-        return _to_scores(result, len(samples), where, prompts, outputs)
+            return self._failed(error, where, kwargs, columns, row_names, prompts, outputs)
+
+        def finish(result):
+            if isinstance(result, Exception):
+                return self._failed(result, where, kwargs, columns, row_names, prompts, outputs)
+            return _to_scores(result, len(samples), where, prompts, outputs)
+
+        if inspect.isawaitable(result):  # TRL's async reward functions
+            return (result, finish) if defer else finish(await_together([result])[0])
+        return finish(result)
+
+    @staticmethod
+    def _failed(error, where, kwargs, columns, row_names, prompts, outputs):
+        row, shown = missing_value(kwargs, columns or {}, row_names)  # a row without a value: the likely cause
+        raise RewardFunctionError(
+            f"{where} raised {type(error).__name__}: {error}{usercode.user_frame(error)}. It was called on {len(outputs)} "
+            f"samples.{shown}{_sample(prompts, outputs, row)} Fix the function (or the data), or rerun with --debug."
+        ) from error
 
 
 @reward_source
@@ -357,9 +312,15 @@ class RewardSources:
         return [name for name, _, _ in self.entries]
 
     def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, **inputs) -> torch.Tensor:
-        self.last = {name: widened(torch.as_tensor(source(samples, prompts, outputs, step=step, **inputs)))
-                     for name, _, source in self.entries}  # fmt: skip
-        return sum(weight * self.last[name] for name, weight, _ in self.entries)  # 1.0 * x and 0 + x are x exactly
+        """A sample a source returned None for (NaN) counts 0 in the sum, as in TRL (nansum); one no source
+        scored is NaN: unscored."""
+        results = {name: source(samples, prompts, outputs, step=step, defer=True, **inputs) for name, _, source in self.entries}
+        pending = {name: result for name, result in results.items() if isinstance(result, tuple)}
+        for (name, (_, finish)), value in zip(pending.items(), await_together([p for p, _ in pending.values()])):
+            results[name] = finish(value)
+        self.last = {name: widened(torch.as_tensor(results[name])) for name, _, _ in self.entries}
+        total = sum(weight * self.last[name].nan_to_num(0.0) for name, weight, _ in self.entries)  # 1.0 * x, 0 + x: x exactly
+        return total.masked_fill(torch.stack([v.isnan() for v in self.last.values()]).all(0), float("nan"))
 
 
 def reward_functions(reward_args, base_dir: str | Path | None = None, columns=None,

@@ -33,6 +33,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.reward_calls": 3,
     "hydrappo.reward_files": 3,  # loading the user's reward functions
     "hydrappo.agent": 3,  # tools, environments, the tool-call format: user code through usercode
+    "hydrappo.reward_scores": 3,
     "hydrappo.storage": 3,
     "hydrappo.planner": 3,
     "hydrappo.train": 4,

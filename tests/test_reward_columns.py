@@ -137,7 +137,8 @@ def test_the_trl_fixture_unchanged(tmp_path):
     ("def f(samples, prompts, outputs, **kw): return [0.0]", ["outputs"],
      "column 'outputs' has the name of an argument reward functions receive"),
     ("def f(prompts, completions, answer, **kw): return [0.0]", ["solution"],
-     "needs argument 'answer', which is neither one of the TRL convention's (prompts, completions, completion_ids) "
+     "needs argument 'answer', which is neither one of the TRL convention's (prompts, completions, completion_ids, trainer_state, "
+     "log_metric, log_extra) "
      "nor a column of data.prompts (columns: solution)"),
 ])  # fmt: skip
 def test_bad_signatures_and_columns(tmp_path, text, columns, message):

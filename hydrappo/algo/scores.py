@@ -238,3 +238,18 @@ def group_statistics(scores: torch.Tensor, group_size: int) -> dict:
     if scores.numel() and bool(((scores == 0) | (scores == 1)).all()):
         stats["env/solve_rate"] = scores.mean().item()
     return stats
+
+
+def fill_unscored(scores: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, unscored mask) for samples no reward scored (TRL's reward functions return None for
+    them: NaN here). Each such sample takes the mean of its group's scored samples (0 when none is
+    scored), so the group mean a baseline subtracts is the scored samples' own, as TRL's nanmean;
+    the trainer then drops its tokens from the loss (TRL gives it advantage 0). Unlike TRL's
+    nanstd, a group's std counts the filled values (they sit at its mean: the std shrinks by at
+    most sqrt(scored / G)). Shapes (B,), B a multiple of `group_size` (1: no groups, mean of all)."""
+    unscored = torch.isnan(scores)
+    groups = scores.reshape(-1, group_size) if group_size > 1 else scores.reshape(1, -1)
+    valid = ~torch.isnan(groups)
+    means = groups.nan_to_num(0.0).sum(-1) / valid.sum(-1).clamp(min=1)
+    filled = torch.where(valid, groups, means[:, None].to(groups.dtype))
+    return filled.reshape(scores.shape), unscored

@@ -15,6 +15,7 @@ import yaml
 from ..usercode import ParserExit
 from .checks import validate
 from .sections import Config, ConfigError, sections_of
+from .trl_names import translate_words, translate_yaml
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -85,6 +86,7 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections ({', '.join(sections)}).")
     flat = {}
+    every = {f.name for cls in sections.values() for f in dataclasses.fields(cls)}
     for section, values in data.items():
         if section not in sections:
             raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sections)}.")
@@ -93,6 +95,12 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
             raise ConfigError(f"{source}: section {section!r} must be a mapping of option: value.")
         valid = [f.name for f in dataclasses.fields(sections[section])]
         for key, value in values.items():
+            trl = translate_yaml(key, value, every, source) if key not in valid else None
+            if trl is not None:  # TRL's GRPOConfig name of an option (config/trl_names.py)
+                if trl[0] in flat or trl[0] in values:
+                    raise ConfigError(f"{source}: {key} (TRL's name) and {trl[0]} are the same option; give one of them.")
+                flat[trl[0]] = trl[1]
+                continue
             if key not in valid:
                 guess = close_match(str(key), valid)
                 hint = f" Did you mean {guess!r}?" if guess else ""
@@ -282,7 +290,8 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     # allow_abbrev=False: a misspelt option is an error, not a guess at another one.
     parser = config_parser(config_cls, exit_on_error=False, allow_abbrev=False)
     parser.set_defaults(**_typed_defaults(parser, defaults, str(config_path) if config_path is not None else "args"))
-    words, spaced = _spell_negative_numbers(list(overrides or []), parser.options)
+    words = translate_words(list(overrides or []), {action.dest for action in parser.options})  # TRL's names
+    words, spaced = _spell_negative_numbers(words, parser.options)
     try:
         args, remaining = parser.parse_known_args(words)
     except argparse.ArgumentError as error:

@@ -36,19 +36,22 @@ def held_out_statistics(scores: list[float], lengths: list[int], ended: list[boo
     """The eval/* scalars of one evaluation. `eval/solve_rate` appears where every score is 0
     or 1 (a verifiable reward): the share of prompts solved. `parts`: each reward's own scores,
     logged as its mean under eval/reward/<name>."""
-    count = len(scores)
+    unscored = sum(score != score for score in scores)  # NaN: no reward scored it (TRL's None)
+    scores, count = [score for score in scores if score == score] or [0.0], len(scores)
     stats = {
         "eval/reward_mean": statistics.fmean(scores),
-        "eval/reward_std": statistics.pstdev(scores) if count > 1 else 0.0,
+        "eval/reward_std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
         "eval/response_len_mean": statistics.fmean(lengths),
         "eval/missing_eos_frac": 1.0 - sum(ended) / count,
         "eval/degenerate_frac": sum(degenerate) / count,
         "eval/prompts": float(count),
     }
     if all(score in (0.0, 1.0) for score in scores):
-        stats["eval/solve_rate"] = sum(scores) / count
+        stats["eval/solve_rate"] = sum(scores) / (count - unscored or 1)
+    if unscored:
+        stats["eval/unscored_frac"] = unscored / count
     for name, values in (parts or {}).items():
-        stats[f"eval/reward/{name}"] = statistics.fmean(values)
+        stats[f"eval/reward/{name}"] = statistics.fmean([v for v in values if v == v] or [0.0])
     return stats
 
 

@@ -23,6 +23,7 @@ from ..data import PromptSampler, tokenize_prompts
 from ..generation.responses import Responses
 from ..generation.samplers import build_sampler
 from ..model import HydraModel
+from ..reward_calls import RewardContext, with_columns
 from ..rewards import build_reward_source
 from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
@@ -80,6 +81,7 @@ class PPOTrainer(PPOStep, TrainingLoop):
         self.reward_source = build_reward_source(
             config.reward, device=str(self.device), functions=self.inputs.functions
         )
+        self.reward_context = RewardContext(max_steps=train.total_steps)  # TRL's trainer_state, log_metric, log_extra
         data = config.data
         self.columns, self.eval_columns = self.inputs.columns, self.inputs.eval_columns
         self.prompts = tokenize_prompts(
@@ -175,7 +177,8 @@ class PPOTrainer(PPOStep, TrainingLoop):
             stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
         finally:
             status(None)
-        return {**stats, "time/eval": time.perf_counter() - start}, samples
+        metrics, extras = self.reward_context.take("eval/")
+        return {**stats, **metrics, "time/eval": time.perf_counter() - start}, with_columns(samples, extras)
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool, rows=None) -> Responses:
         with self.harness.autocast():

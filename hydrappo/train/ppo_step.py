@@ -40,8 +40,16 @@ from ..algo.advantages import estimate_advantages
 from ..algo.degeneration import degeneration_flags
 from ..algo.losses import PolicyTokens, aggregation_weights, ppo_loss
 from ..algo.masked import explained_variance_parts, masked_mean, masked_sum
-from ..algo.scores import group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards
+from ..algo.scores import (
+    fill_unscored,
+    group_statistics,
+    normalize_scores,
+    overlong_filter,
+    overlong_penalty,
+    shape_rewards,
+)
 from ..generation.responses import Responses
+from ..reward_calls import with_columns
 from .agent import environment_scores, episode_columns, gathered_statistics, play
 from .experience import Experience, minibatch_plan
 from .harness import TrainingError
@@ -67,6 +75,7 @@ class WholeBatch:
     degenerate: torch.Tensor  # (N,) 1.0 where the response ends in a loop
     prompt_lengths: torch.Tensor  # (N,)
     parts: dict[str, torch.Tensor]  # (N,) each reward source's own scores, when there are several
+    unscored: torch.Tensor | None = None  # (N,) bool: no reward source scored the sample (TRL's None)
 
 
 @dataclass
@@ -91,6 +100,9 @@ class PPOStep:
         # only in train mode, and turns the KV cache off there: generate in eval mode.
         self.hydra.eval()
         experience, stats, samples = self.make_experience(plan)  # 1. sample, 2. score, 3. shape
+        metrics, extras = self.reward_context.take()  # what the reward functions logged (TRL's log_metric, log_extra)
+        stats.update(metrics)
+        samples = with_columns(samples, extras)
         self.hydra.train(self.config.model.gradient_checkpointing)
         stats.update(self.ppo_update(experience, plan))  # 4. update
         self.hydra.eval()
@@ -117,13 +129,15 @@ class PPOStep:
         with self.harness.dist.phase("scoring responses"):
             raw_scores = self.score_rollout(rollout)
         batch = self.gather_batch(rollout, raw_scores)
+        # A sample no reward scored (NaN, TRL's None) takes its group's scored mean and leaves the loss.
+        batch.raw_scores, batch.unscored = fill_unscored(batch.raw_scores, plan.group_size)
         shaped = self.shape(batch, plan)
         experience = self.experience_rows(rollout, shaped)
         stats = {**self.rollout_statistics(batch, shaped, plan), "time/rollout": time.perf_counter() - start}
         if self.agent is not None:  # the whole batch's episodes: tool calls, their validity, turns
             stats |= gathered_statistics(rollout.responses, self.harness.dist.gather_rows) | self.agent_stats
         texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
-        return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]
+        return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]  # (NaN: unscored)
 
     # ------------------------------------------------------------------ 1. sample
     def rollout(self, plan: StepPlan) -> Rollout:
@@ -242,6 +256,7 @@ class PPOStep:
         source's error."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
         step = self.harness.step + 1 if step is None else step
+        self.reward_context.trainer_state.global_step = self.harness.step  # TRL's: the steps done
         if self.agent is not None and responses is not None:
             columns = {**(columns or {}), **episode_columns(responses, self.tokenizer)}
         scores = self.reward_source(
@@ -254,11 +269,12 @@ class PPOStep:
             branch_scores=branch_scores,
             prompt_messages=messages,
             row_names=row_names,
+            context=self.reward_context,
         )
         if self.agent is not None and responses is not None:  # an environment's own get_reward(), weight 1 (TRL's rule)
             own, self.agent_stats = environment_scores(self.agent, responses, step)
             scores = scores if own is None else scores + own.to(scores)
-        if not torch.isfinite(scores).all():
+        if torch.isinf(scores).any():  # (NaN: no source scored the sample, TRL's None)
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
         return scores
 
@@ -327,8 +343,8 @@ class PPOStep:
             reward_stats=reward_stats,
             advantages=advantages,
             returns=returns,
-            # DAPO's overlong filtering: truncated responses add nothing to the loss.
-            loss_mask=overlong_filter(mask, ended) if plan.mask_truncated else mask,
+            # DAPO's overlong filtering: truncated responses add nothing to the loss; nor does a sample no reward scored.
+            loss_mask=(overlong_filter(mask, ended) if plan.mask_truncated else mask) * (~batch.unscored).to(mask)[:, None],
         )
 
     def experience_rows(self, rollout: Rollout, shaped: Shaped) -> Experience:
@@ -360,10 +376,11 @@ class PPOStep:
         """env/*, objective/*, tokens/* and ppo/advantages statistics of the whole batch."""
         mask, raw = batch.mask, batch.raw_scores
         stats = {
-            "env/reward_mean": raw.mean().item(),
+            "env/reward_mean": raw[~batch.unscored].mean().item() if not batch.unscored.all() else 0.0,
+            "env/unscored_frac": batch.unscored.float().mean().item(),  # TRL's None: no reward scored it
             "env/reward_std": raw.std().item() if len(raw) > 1 else 0.0,
             # each source's unweighted mean (env/reward/<function name> | reward_model | reward_branch)
-            **{f"env/reward/{name}": part.mean().item() for name, part in batch.parts.items()},
+            **{f"env/reward/{name}": part.nanmean().item() for name, part in batch.parts.items()},
             "env/score_used_mean": shaped.scores.mean().item(),
             "env/missing_eos_frac": 1.0 - batch.ended.float().mean().item(),
             "env/degenerate_frac": batch.degenerate.mean().item(),  # a looping tail (algo/degeneration.py)

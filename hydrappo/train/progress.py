@@ -43,3 +43,17 @@ class ProgressBar:
 
     def close(self) -> None:
         self.tqdm.close()
+
+
+def samples_markdown(samples: list[dict]) -> str:
+    """Rows of {prompt, response, score, and any column a reward function added (TRL's log_extra)} as a
+    markdown table (TensorBoard's text tab)."""
+
+    def cell(value) -> str:
+        text = f"{value:.3f}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    columns = ["prompt", "response", "score"] + [key for key in samples[0] if key not in ("prompt", "response", "score")]
+    rows = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    rows += ["| " + " | ".join(cell(sample.get(key, "")) for key in columns) + " |" for sample in samples]
+    return "\n".join(rows)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..storage.checkpoint import run_write_errors
-from .progress import ProgressBar
+from .progress import ProgressBar, samples_markdown
 
 logger = logging.getLogger("hydrappo")
 
@@ -69,14 +69,6 @@ class RunLog:
         if self.writes:
             self.writer.close()
 
-
-def samples_markdown(samples: list[dict]) -> str:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    rows = ["| prompt | response | score |", "| --- | --- | --- |"]
-    rows += [f"| {cell(s['prompt'])} | {cell(s['response'])} | {s['score']:.3f} |" for s in samples]
-    return "\n".join(rows)
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:

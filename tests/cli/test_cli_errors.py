@@ -456,7 +456,7 @@ def test_resume_combined_with_overwrite_or_into_another_run(ws, capsys, caplog, 
     cli(["train", CONFIG, "--output_dir", ws / "run", "--resume", "--overwrite_output_dir"], 2, "--resume",
         "--overwrite_output_dir", "give one of them", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
     other = tmp_path / "other"
-    (other / "tensorboard").mkdir(parents=True)
+    (other / "checkpoint-3").mkdir(parents=True)  # a run of its own (a folder of a failed run's logs blocks nothing)
     cli(["train", CONFIG, "--output_dir", other, "--resume", ws / "run" / "checkpoint-1"], 2, "already holds a run",
         str(other), capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
 
