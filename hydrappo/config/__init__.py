@@ -1,14 +1,16 @@
-"""Every option of hydrappo: dataclasses with help text (sections.py), read from YAML with
+"""Every option of hydrappo: dataclasses with help text (options.py, stage_options.py, agent.py; sections.py
+puts them together per command), read from YAML with
 command-line overrides (parse.py) and checked as a whole before anything loads (checks.py)."""
 
 from .checks import Problems, is_device_name, validate
 from .parse import config_parser, parse_config
 from .paths import check_reward_fn, input_paths, looks_like_a_path, startup_inputs, writable_folder_problem
-from .sections import (
-    DTYPE_NAMES, REWARD_SECTIONS, SECTIONS, SFT_SECTIONS, Config, ConfigError, DataArgs, GenerationArgs, LoraArgs,
-    ModelConfig, PPOArgs, PreferenceDataArgs, RewardArgs, RewardConfig, RewardTrainArgs, RunArgs, SFTConfig,
-    SFTDataArgs, SFTTrainArgs, StageTrainArgs, TrainArgs, canonical_dtype, resolve_path, sections_of, torch_dtype,
+from .options import (
+    DTYPE_NAMES, ConfigError, DataArgs, GenerationArgs, LoraArgs, ModelConfig, PPOArgs, RewardArgs, RunArgs, TrainArgs,
+    canonical_dtype, resolve_path, torch_dtype,
 )
+from .sections import REWARD_SECTIONS, SECTIONS, SFT_SECTIONS, Config, RewardConfig, SFTConfig, sections_of
+from .stage_options import PreferenceDataArgs, RewardTrainArgs, SFTDataArgs, SFTTrainArgs, StageTrainArgs
 from .values import KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, Range
 
 __all__ = [

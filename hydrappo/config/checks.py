@@ -26,17 +26,8 @@ from ..model.lora import lora_problems
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
-from .sections import (
-    DTYPE_RULE,
-    Config,
-    ConfigError,
-    GenerationArgs,
-    PPOArgs,
-    RewardConfig,
-    SFTConfig,
-    canonical_dtype,
-    choices_of,
-)
+from .options import DTYPE_RULE, ConfigError, GenerationArgs, PPOArgs, canonical_dtype
+from .sections import Config, RewardConfig, SFTConfig, choices_of
 
 logger = logging.getLogger("hydrappo")
 

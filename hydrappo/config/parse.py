@@ -14,7 +14,8 @@ import yaml
 
 from ..usercode import ParserExit
 from .checks import validate
-from .sections import Config, ConfigError, sections_of
+from .options import ConfigError
+from .sections import Config, sections_of
 from .trl_names import translate_words, translate_yaml
 
 

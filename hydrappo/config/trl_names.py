@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .sections import ConfigError
+from .options import ConfigError
 
 
 @dataclass(frozen=True)

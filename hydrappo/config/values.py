@@ -1,4 +1,4 @@
-"""What an option's value may be, declared with the option in config/sections.py: the words of a
+"""What an option's value may be, declared with the option in config/options.py: the words of a
 `Literal[...]` type, or a `Range` in the field's metadata (`metadata={"help": ..., "range": Range(...)}`).
 config/checks.py reads both from the fields and reports every value outside them at once."""
 
