@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import usercode
+from . import console, usercode
 from .errors import HydrappoError, describe_os_error
 
 # ---------------------------------------------------------------------------- train, reward, sft
@@ -359,7 +359,7 @@ def memory_command(argv: list[str]) -> int:
     from .model.quantize import TRUNK_QUANTIZATIONS
     from .planner import plan as planner
     from .planner.presets import PRESETS
-    from .planner.settings import DTYPES, OPTIMIZERS, TrainingSettings
+    from .planner.settings import DTYPES, OPTIMIZERS, SAMPLERS, TrainingSettings
 
     d = TrainingSettings()
     parser = usercode.CommandParser(
@@ -390,6 +390,8 @@ def memory_command(argv: list[str]) -> int:
     parser.add_argument("--train-final-norm", action="store_true")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--entropy", action="store_true", help="an entropy bonus in the update (ppo.ent_coef != 0)")
+    parser.add_argument("--sampler", default=d.sampler, choices=SAMPLERS,
+                        help="graph: the graph sampler's static KV cache is held through the whole step")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--largest", action="store_true", help="peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, default 16)")
     parser.add_argument("--validate", action="store_true", help="measure two PPO steps on this CPU (float32) of a 135M and a "
@@ -412,7 +414,7 @@ def memory_command(argv: list[str]) -> int:
             gradient_accumulation_steps=args.gradient_accumulation_steps, generation_batch_size=args.generation_batch_size,
             prompt_length=args.prompt_length, response_length=args.response_length, reward_model=not args.no_reward_model,
             train_lm_head=args.train_lm_head, train_final_norm=args.train_final_norm,
-            gradient_checkpointing=args.gradient_checkpointing, entropy_in_update=args.entropy,
+            gradient_checkpointing=args.gradient_checkpointing, entropy_in_update=args.entropy, sampler=args.sampler,
         )  # fmt: skip
         if args.largest:
             print(planner.format_largest(settings, args.lora_rank or 16))
@@ -442,6 +444,8 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:  # the program does not wait for threads user code left (usercode)
     usercode.COMMAND_LINE = True
+    if argv is None:  # the program: a closed stdout or stderr (tee ended by Ctrl-C) must not stop training
+        console.survive_lost_output()
     return usercode.leave_threads_behind(_main(argv), end_process=argv is None)
 
 

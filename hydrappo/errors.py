@@ -48,6 +48,20 @@ class DataError(UsageError):
     """Data is unusable; the message says what is wrong and how to fix it."""
 
 
+class RewardError(HydrappoError, ValueError):
+    """A reward source is misconfigured (exit code 2) or failed (RewardFunctionError, 1); the
+    message says what to fix."""
+
+    exit_code = 2
+
+
+class RewardFunctionError(RewardError):
+    """A reward source raised, hung past reward.timeout_s, or returned something that is not one
+    finite number per sample. The message names the source, the step and one offending sample."""
+
+    exit_code = 1
+
+
 class WriteError(HydrappoError):
     """The operating system refused a write (a full disk, a permission, a read-only file system):
     the message says what could not be written, where, why in plain words, and what survives."""

@@ -7,7 +7,7 @@ returning float32 scores of shape (B,), where `samples[i] == prompts[i] + output
 `branch_scores` are the reward branch's scores from the policy's own forward pass. Kinds:
 
 - `FunctionReward`: a user's Python function, from "package.module:function" or
-  "path/to/file.py:function", in trlX's convention `fn(samples, prompts, outputs, **columns)`
+  "path/to/file.py:function" (loaded by reward_files.py), in trlX's convention `fn(samples, prompts, outputs, **columns)`
   or TRL's `fn(prompts, completions, **columns)` (`function_convention` says which).
 - `ClassifierReward`: an `AutoModelForSequenceClassification` directory or Hub id.
 - `BranchReward`: the hydra reward branch (`reward.use_reward_branch`).
@@ -21,13 +21,9 @@ a row there.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import numbers
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,23 +31,10 @@ import torch
 
 from . import usercode
 from .config.reward_sources import NO_REWARD_SOURCE, reward_source_names, weights_problem
-from .errors import HydrappoError, refused_pickle
+from .errors import RewardError, RewardFunctionError, refused_pickle
 from .model.heads import widened
-from .prompts import trl_arguments
-
-
-class RewardError(HydrappoError, ValueError):
-    """A reward source is misconfigured (exit code 2) or failed (RewardFunctionError, 1); the
-    message says what to fix."""
-
-    exit_code = 2
-
-
-class RewardFunctionError(RewardError):
-    """A reward source raised, hung past reward.timeout_s, or returned something that is not one
-    finite number per sample. The message names the source, the step and one offending sample."""
-
-    exit_code = 1
+from .reward_calls import call_arguments, missing_value
+from .reward_files import load_reward_function, resolve_path
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -63,15 +46,6 @@ def _sample(prompts, outputs, row: int) -> str:
     if prompts is None or outputs is None or not 0 <= row < len(outputs):
         return ""
     return f" Sample {row}: prompt {_short(prompts[row])}, response {_short(outputs[row])}."
-
-
-def _resolve(path: str, base_dir: str | Path | None) -> Path:
-    """Relative paths are relative to `base_dir` (a config file's folder) when the file
-    exists there, else to the current directory (the trainer's rule for all paths)."""
-    candidate = Path(path)
-    if base_dir is not None and not candidate.is_absolute() and (Path(base_dir) / candidate).exists():
-        return Path(base_dir) / candidate
-    return candidate
 
 
 def _is_number(value) -> bool:
@@ -205,26 +179,8 @@ class FunctionReward:
             if columns is not None:
                 self.check_columns(columns, setting)
             return
-        target, _, name = spec.rpartition(":")
-        if not target or not name.isidentifier():
-            raise RewardError(
-                f"reward function {spec!r} is not of the form 'package.module:function' or 'path/to/file.py:function'."
-            )
         self.spec, self.timeout_s = spec, timeout_s
-        is_file = target.endswith(".py") or "/" in target or "\\" in target
-        module = self._load_file(_resolve(target, base_dir), base_dir) if is_file else self._import(target)
-        if not hasattr(module, name):
-            defined = sorted(
-                n for n, v in vars(module).items()
-                if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
-            )
-            raise RewardError(
-                f"reward function {spec!r}: {target} has no {name!r}; callables it defines: {', '.join(defined) or '(none)'}."
-            )
-        self.fn = getattr(module, name)
-        if not callable(self.fn):
-            raise RewardError(f"reward function {spec!r}: {name!r} is not callable (it is {type(self.fn).__name__} {self.fn!r}).")
-        self.name = name
+        self.fn, self.name = load_reward_function(spec, base_dir)
         self.convention, self.parameters, self.takes_any = function_convention(self.fn, spec)
         if columns is not None:
             self.check_columns(columns, setting)
@@ -253,70 +209,19 @@ class FunctionReward:
                 "parameter a default, or fix its name."
             )
 
-    @staticmethod
-    def _import(module_name: str):
-        try:
-            with usercode.running(f"reward function module {module_name!r}", at_import=True):
-                return importlib.import_module(module_name)
-        except usercode.UserCodeError:
-            raise
-        except ModuleNotFoundError as error:
-            if error.name is None or not (module_name == error.name or module_name.startswith(error.name + ".")):
-                raise _import_failed(f"reward function module {module_name!r}", error) from error
-            raise RewardError(
-                f"reward function module {module_name!r} is not importable from sys.path; install it, add its folder "
-                "to PYTHONPATH, or name the file instead: 'path/to/file.py:function'."
-            ) from None
-        except Exception as error:
-            raise _import_failed(f"reward function module {module_name!r}", error) from error
-
-    @staticmethod
-    def _load_file(path: Path, base_dir):
-        if not path.is_file():
-            where = f" (looked in {base_dir} and the current directory)" if base_dir is not None else ""
-            raise RewardError(f"reward function file {str(path)!r} does not exist{where}.")
-        path = path.resolve()
-        # A unique, stable module name per file, registered in sys.modules before it runs
-        # so that dataclasses, pickling and the like work inside the user's file.
-        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-        module_name = f"_hydrappo_reward_{path.stem}_{digest}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            with usercode.running(f"reward function file {str(path)!r}", at_import=True):
-                spec.loader.exec_module(module)
-        except BaseException as error:
-            del sys.modules[module_name]
-            if isinstance(error, Exception) and not isinstance(error, usercode.UserCodeError):
-                raise _import_failed(f"reward function file {str(path)!r}", error) from error
-            raise
-        return module
-
     def __call__(self, samples: list[str], prompts: list[str], outputs: list[str], step: int | None = None, *,
                  columns: dict | None = None, completion_ids=None, branch_scores=None,
-                 prompt_messages=None) -> torch.Tensor:  # fmt: skip
+                 prompt_messages=None, row_names=None) -> torch.Tensor:  # fmt: skip
         """Scores (B,) of one batch; `step` (the training step) goes into error messages;
         `columns` {name: B values} and `completion_ids` (B lists of token ids) go to a function
         that takes them. `prompt_messages`: the message lists of conversational prompts (then
-        `prompts` are their formatted texts), which TRL's convention gets in TRL's shapes."""
+        `prompts` are their formatted texts), which TRL's convention gets in TRL's shapes.
+        `row_names`: where each sample's row is ("data.prompts row 17"), for error messages."""
         if not len(samples) == len(prompts) == len(outputs):
             raise ValueError(f"samples, prompts and outputs differ in length: {len(samples)}, {len(prompts)}, {len(outputs)}.")
         where = _where(f"reward function {self.spec!r}", step)
-        if self.convention == "trlX":
-            kwargs = {"samples": list(samples), "prompts": list(prompts), "outputs": list(outputs)}
-        elif prompt_messages is not None:  # TRL's conversational format (prompts.trl_arguments)
-            kwargs = dict(zip(("prompts", "completions"), trl_arguments(prompt_messages, outputs)))
-        else:
-            kwargs = {"prompts": list(prompts), "completions": list(outputs)}
-            if completion_ids is not None:
-                kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
-        kwargs = {name: value for name, value in kwargs.items() if self.accepts(name)}
-        for name, values in (columns or {}).items():
-            if self.accepts(name) and name not in kwargs:
-                if len(values) != len(samples):
-                    raise ValueError(f"column {name!r} has {len(values)} values for {len(samples)} samples.")
-                kwargs[name] = list(values)
+        kwargs = call_arguments(self.convention, self.accepts, samples, prompts, outputs, columns=columns,
+                                completion_ids=completion_ids, prompt_messages=prompt_messages)  # fmt: skip
         try:
             result = usercode.call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
         except usercode.TimedOut:
@@ -327,22 +232,12 @@ class FunctionReward:
         except usercode.UserCodeError:
             raise
         except Exception as error:
+            row, shown = missing_value(kwargs, columns or {}, row_names)  # a row without a value: the likely cause
             raise RewardFunctionError(
                 f"{where} raised {type(error).__name__}: {error}{usercode.user_frame(error)}. It was called on {len(samples)} "
-                f"samples.{_sample(prompts, outputs, 0)} Fix the function, or rerun with --debug for the traceback."
+                f"samples.{shown}{_sample(prompts, outputs, row)} Fix the function (or the data), or rerun with --debug."
             ) from error
         return _to_scores(result, len(samples), where, prompts, outputs)
-
-
-def _import_failed(what: str, error: Exception) -> RewardError:
-    if isinstance(error, SyntaxError):
-        where = f" ({Path(error.filename or '').name}, line {error.lineno})"
-    else:
-        where = usercode.user_frame(error)
-    return RewardError(
-        f"{what} failed to import: {type(error).__name__}: {error}{where}. Fix it (a missing module: install it), "
-        "or rerun with --debug for the traceback."
-    )
 
 
 @reward_source
@@ -355,7 +250,7 @@ class ClassifierReward:
 
     @classmethod
     def build(cls, what, reward_args, *, base_dir, device, functions):
-        return cls(_resolve(what, base_dir), label=reward_args.reward_model_label, device=device)
+        return cls(resolve_path(what, base_dir), label=reward_args.reward_model_label, device=device)
 
     def __init__(self, path: str | Path, label: int = -1, batch_size: int = 16, device: str = "cpu", max_length: int = 512):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer

@@ -21,7 +21,8 @@ PACKAGE = ROOT / "hydrappo"
 
 LAYERS = {  # module prefix -> rank; a module may import only modules of its rank or below
     "hydrappo.errors": 0,
-    "hydrappo.usercode": 0,  # calling user code (reward functions): imports errors only
+    "hydrappo.usercode": 0,
+    "hydrappo.console": 0,  # the command's output streams  # calling user code (reward functions): imports errors only
     "hydrappo.model": 1,
     "hydrappo.algo": 1,
     "hydrappo.config": 2,
@@ -29,6 +30,8 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.prompts": 3,
     "hydrappo.generation": 3,  # generation/serving.py imports vllm inside functions: an optional extra
     "hydrappo.rewards": 3,
+    "hydrappo.reward_calls": 3,
+    "hydrappo.reward_files": 3,  # loading the user's reward functions
     "hydrappo.storage": 3,
     "hydrappo.planner": 3,
     "hydrappo.train": 4,

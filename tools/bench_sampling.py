@@ -43,7 +43,13 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hydrappo.config import GenerationArgs, ModelConfig  # noqa: E402
-from hydrappo.generation.samplers import ContinuousBatchingSampler, DecodeSampler, GenerateSampler  # noqa: E402
+from hydrappo.generation.graph_decode import GraphSampler  # noqa: E402
+from hydrappo.generation.samplers import (  # noqa: E402
+    ContinuousBatchingSampler,
+    DecodeSampler,
+    GenerateSampler,
+    build_sampler,
+)
 from hydrappo.model import HydraModel  # noqa: E402
 from hydrappo.model.hydra import disable_dropout  # noqa: E402
 
@@ -127,8 +133,11 @@ def candidates(args, hydra, tokenizer, prompts, gen: GenerationArgs) -> dict:
 
         return run
 
+    auto = build_sampler(GenerationArgs(sampler="auto"), hydra, tokenizer)  # what a run picks on this device
     found = {"generate": call(GenerateSampler(hydra, tokenizer), record_split=record),
-             "decode": call(DecodeSampler(hydra, tokenizer), record_split=record)}  # fmt: skip
+             "decode": call(DecodeSampler(hydra, tokenizer), record_split=record),
+             f"auto (= {auto.name})": call(auto, record_split=record),
+             "graph": call(GraphSampler(hydra, tokenizer), record_split=record)}  # fmt: skip
     for page in (int(p) for p in args.page_sizes.split(",") if p):
         found[f"continuous_batching page {page}"] = call(ContinuousBatchingSampler(hydra, tokenizer, page_size=page))
     if args.default_cache:
@@ -206,6 +215,9 @@ def main(argv=None) -> None:
         cpu_speed = tokens / cpu_medians[name] / (reference_tokens / cpu_medians["generate"])
         print(f"{name:40} {seconds:8.2f} {cpu_medians[name]:7.2f} {tokens:7d} {tokens / seconds:9.1f} {speed:11.2f}x "
               f"{cpu_speed:10.2f}x {same:>9}/{len(reference)}")  # fmt: skip
+    auto = next(name for name in medians if name.startswith("auto"))
+    print(f"{auto} against the decode loop: {medians['decode'] / medians[auto]:.3f}x the tokens/s (wall), "
+          f"{cpu_medians['decode'] / cpu_medians[auto]:.3f}x (CPU time)")
     if args.profile:
         print("one call under torch.profiler, seconds by operator kind (self CPU time, all threads):")
         table = {name: operator_times(fn) for name, fn in functions.items()}

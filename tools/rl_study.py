@@ -276,6 +276,12 @@ STUDY_VARIANTS = {
     "full (N=-1)": ["--num_layers_unfrozen", "-1"],
     # Every layer trains at the example's learning rate above; full fine-tuning usually wants a smaller one.
     "full lr=1e-5 (N=-1)": ["--num_layers_unfrozen", "-1", "--learning_rate", "1e-5"],
+    # Bands of trainable layers in the middle of SmolLM2-135M's 30 (the top 4 are 26:30).
+    "band=6:10": ["--trainable_layers", "6:10"],
+    "band=13:17": ["--trainable_layers", "13:17"],
+    "band=20:24": ["--trainable_layers", "20:24"],
+    "band=14:16": ["--trainable_layers", "14:16"],
+    "LoRA r=16 band=13:17": ["--trainable_layers", "13:17", "--lora_r", "16"],
 }
 
 
@@ -318,7 +324,9 @@ def planner_figure(options: list[str], preset: str = "llama-3.1-8b", gpu_gib: in
     config = preset_config(preset)
     if everywhere:
         layers = config.num_hidden_layers  # adapters in every layer: the planner's LoRA on the top N
-    settings = TrainingSettings(num_layers_unfrozen=layers, trainable_layers=None if everywhere else band, lora_rank=rank)
+    # The examples score with reward functions: no reward model in the plan.
+    settings = TrainingSettings(num_layers_unfrozen=layers, trainable_layers=None if everywhere else band, lora_rank=rank,
+                                reward_model=False)
     plan = planner.plan_memory(config, settings, preset)
     return {"planner_peak_gib": plan.hydra.peak / 2**30, "planner_fits": plan.hydra.fits(gpu_gib)}
 
@@ -341,7 +349,7 @@ def study_main(defaults: dict, doc: str, argv=None) -> int:
     runs = []
     for name in args.variants:
         options = [*defaults.get("options", []), *STUDY_VARIANTS[name]]
-        folder = name.split(",")[0].replace("=", "").replace(" ", "_").replace("(", "").replace(")", "")
+        folder = name.split(",")[0].replace("=", "").replace(" ", "_").replace("(", "").replace(")", "").replace(":", "-")
         if not args.sweep:
             runs.append((name, options, folder))
             continue
@@ -369,3 +377,74 @@ def study_main(defaults: dict, doc: str, argv=None) -> int:
          "median step time (s, this machine)", "held-out reward", joined=False)  # fmt: skip
     print(table)
     return 0
+
+
+# ---------------------------------------------------------------------------- one table from several studies
+def option_value(command: str, flag: str, default: str | None = None) -> str | None:
+    """The last value given to `flag` in a printed command line (the one argparse keeps)."""
+    words = command.split()
+    values = [words[i + 1] for i, word in enumerate(words[:-1]) if word == flag]
+    return values[-1] if values else default
+
+
+def held_out_curve(run_dir: Path, key: str) -> dict[int, float]:
+    """{step: value} of one eval/* scalar of a run (the held-out curve the run logged)."""
+    return {int(row["step"]): row[key] for row in read_metrics(run_dir) if key in row}
+
+
+def report_main(argv=None) -> int:
+    """One table and one PNG from the study.json files of several study folders (a study run in
+    parts, e.g. a learning-rate sweep in folders of its own):
+
+        python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...] [--curve eval/reward/accuracy]
+
+    Each row: the setting, its learning rate, the greedy held-out curve the run logged (`--curve`), the
+    sampled held-out score and KL of the last checkpoint (heldout()), how the answers end, peak RSS of
+    the run and the planner's figure for the preset. The PNG has one point per setting at its best
+    learning rate (by the best point of its curve): held-out score against the planner's peak memory."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="one table and one PNG from several study folders")
+    parser.add_argument("table", type=Path)
+    parser.add_argument("png", type=Path)
+    parser.add_argument("dirs", nargs="+", type=Path)
+    parser.add_argument("--curve", default="eval/reward/accuracy", help="the eval/* scalar of the held-out curve")
+    parser.add_argument("--title", default="held-out score against memory, each setting at its best learning rate")
+    args = parser.parse_args(argv)
+    rows = []
+    for folder in args.dirs:
+        for row in json.loads((folder / "study.json").read_text()):
+            run_dir = Path(option_value(row["command"], "--output_dir"))
+            curve = held_out_curve(run_dir, args.curve)
+            setting = row["name"].split(" lr=")[0]
+            row.update(planner_figure(row["command"].split()))  # the current plan (no reward model), for every row alike
+            rows.append({**row, "setting": setting, "lr": float(option_value(row["command"], "--learning_rate", "nan")),
+                         "curve": curve, "best": max(curve.values()) if curve else None,
+                         "best_step": max(curve, key=curve.get) if curve else None, "last": curve[max(curve)] if curve else None})
+    rows.sort(key=lambda r: (r["setting"], r["lr"]))
+    steps = sorted({step for r in rows for step in r["curve"]})
+    lines = ["| setting | lr | " + " | ".join(f"step {s}" for s in steps)
+             + " | best (step) | sampled score | sampled KL | ends with EOS | looping | peak RSS MiB | planner GiB |",
+             "| --- | ---: |" + " ---: |" * len(steps) + " ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        cells = [f"{r['curve'][s]:.2f}" if s in r["curve"] else "" for s in steps]
+        rss = f"{r['peak_rss_mib']:.0f}" if r.get("peak_rss_mib") else ""
+        lines.append(f"| {r['setting']} | {r['lr']:g} | " + " | ".join(cells)
+                     + f" | {r['best']:.2f} ({r['best_step']}) | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
+                     + f" | {r['degenerate_frac']:.2f} | {rss} | {r['planner_peak_gib']:.1f} |")
+    args.table.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    best = {}
+    for r in rows:
+        if r["best"] is not None and (r["setting"] not in best or r["best"] > best[r["setting"]]["best"]):
+            best[r["setting"]] = r
+    points = [{**r, "label": f"{r['setting']} lr {r['lr']:g}"} for r in best.values()]
+    plot(points, "planner_peak_gib", "best", args.png, args.title, "planner's peak memory, Llama-3.1-8B bf16 (GiB)",
+         f"best held-out {args.curve.rsplit('/', 1)[-1]} (greedy)", label="label", joined=False)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["report"]:
+        sys.exit(report_main(sys.argv[2:]))
+    sys.exit("usage: python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...]")

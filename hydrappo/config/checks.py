@@ -272,7 +272,7 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         problems.add("generation.min_new_tokens", gen.min_new_tokens, "has no continuous-batching version in "
                      "transformers (generation.sampler: continuous_batching would drop it)",
                      "set min_new_tokens: 0, or sampler: decode or generate")  # fmt: skip
-    if gen.sampler in ("continuous_batching", "decode") and config.train.fsdp_trunk:
+    if gen.sampler in ("continuous_batching", "decode", "graph") and config.train.fsdp_trunk:
         problems.add("generation.sampler", gen.sampler, "cannot run a trunk sharded over processes "
                      "(train.fsdp_trunk: every process must run every token step in lockstep)",
                      "use sampler: generate (or auto), or fsdp_trunk: false")  # fmt: skip

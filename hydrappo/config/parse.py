@@ -73,6 +73,12 @@ def load_yaml(text: str):
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
 
 
+def close_match(word: str, valid) -> str | None:
+    """The valid name closest to a misspelt `word` (difflib's ratio), or None when none is close."""
+    match = difflib.get_close_matches(word, list(valid), n=1)
+    return match[0] if match else None
+
+
 def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
     if data is None:
         return {}
@@ -88,8 +94,10 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
         valid = [f.name for f in dataclasses.fields(sections[section])]
         for key, value in values.items():
             if key not in valid:
+                guess = close_match(str(key), valid)
+                hint = f" Did you mean {guess!r}?" if guess else ""
                 raise ConfigError(
-                    f"{source}: unknown key {key!r} in section {section!r}; valid keys: {', '.join(valid)}."
+                    f"{source}: unknown key {key!r} in section {section!r}.{hint} Valid keys: {', '.join(valid)}."
                 )
             flat[key] = value
     return flat
@@ -281,11 +289,10 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
             f"that starts with '-' can be written {option}=VALUE."
         ) from None
     if remaining:
-        valid = sorted(action.dest for action in parser.options if action.dest != "help")
-        guesses = [
-            f"--{match[0]}" for word in remaining if word.startswith("-")
-            for match in [difflib.get_close_matches(word.lstrip("-").replace("-", "_"), valid, n=1)] if match
-        ]  # fmt: skip
+        # (a bool option's --no_X action shares its dest: each option once)
+        valid = sorted({action.dest for action in parser.options if action.dest != "help"})
+        guesses = [f"--{match}" for word in remaining if word.startswith("-")
+                   for match in [close_match(word.lstrip("-").replace("-", "_"), valid)] if match]  # fmt: skip
         hint = f" Did you mean {', '.join(guesses)}?" if guesses else ""
         raise ConfigError(
             f"unknown command-line option(s) {' '.join(remaining)}.{hint} The valid options: --{', --'.join(valid)}."

@@ -153,7 +153,9 @@ class GenerationArgs:
         default="auto",
         metadata={"help": "What samples the responses: decode (hydrappo's own decode loop: the distribution of "
                           "generate with less work per token, ended rows leave the batch; records the frozen "
-                          "bottom's outputs, shares a prompt's prefill; no train.fsdp_trunk) | generate "
+                          "bottom's outputs, shares a prompt's prefill; no train.fsdp_trunk) | graph (the decode loop's step over "
+                          "a static KV cache, captured as a CUDA graph and replayed per token; records and shares "
+                          "too; no train.fsdp_trunk) | generate "
                           "(transformers' generate: records and shares too, runs under train.fsdp_trunk) | continuous_batching "
                           "(transformers' generate_batch, a paged KV cache where rows leave as they end; records "
                           "nothing, no min_new_tokens, no train.fsdp_trunk) | vllm (a vLLM engine in the process "
@@ -337,9 +339,11 @@ class RunArgs:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Start a new run in an output_dir that holds an earlier one: the earlier run is moved to a "
-                          "sibling folder (OUTPUT_DIR.previous-<time>), never deleted. Without it (or --resume) such a "
-                          "start is refused."},
+        metadata={"help": "Start a new run in an output_dir that holds an earlier one: the earlier run is moved to the "
+                          "sibling folder OUTPUT_DIR.previous (one that holds only a failed run's logs is replaced; "
+                          "one with checkpoints is never deleted: the start is refused until you move it). Without it "
+                          "(or --resume) such a start is refused; a folder with only the logs of a run that failed "
+                          "before its first checkpoint needs neither."},
     )
 
 
@@ -389,7 +393,7 @@ class LoraArgs:
 class StageTrainArgs(OptimizerArgs, RunArgs):
     """Options of the supervised stages (reward model, SFT) that are not about data."""
 
-    output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here."})
+    output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."})
     epochs: int = field(default=1, metadata={"help": "Passes over the training data.", "range": NOT_NEGATIVE})
     max_steps: int = field(default=0, metadata={"help": "Stop after this many optimizer steps (0: after `epochs`).", "range": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes")})
     batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.", "range": AT_LEAST_1})
@@ -407,14 +411,14 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
 
 @dataclass
 class RewardTrainArgs(StageTrainArgs):
-    output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs."})
+    output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs (relative to the current directory)."})
     learning_rate: float = _with_default(OptimizerArgs, "learning_rate", 5e-5)
     pooling: RewardPooling = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
 
 
 @dataclass
 class SFTTrainArgs(StageTrainArgs):
-    output_dir: str = field(default="outputs/sft", metadata={"help": "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs)."})
+    output_dir: str = field(default="outputs/sft", metadata={"help": "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs), relative to the current directory."})
 
 
 @dataclass

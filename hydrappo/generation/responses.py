@@ -71,7 +71,8 @@ def generate_responses(
 ) -> Responses:
     """Sample one response per prompt with the policy, in chunks of `generation_batch_size`.
     `loop`: "generate" (transformers' generate) or "decode" (hydrappo's own loop, decode.py: the
-    same distribution, less work per token, ended rows leave the batch).
+    same distribution, less work per token, ended rows leave the batch), or a chunk function of
+    _decode_chunk's signature (graph_decode.py's static step).
     `synced` (generate only): the trunk is sharded over processes (FSDP), so every process runs every token
     step until all are done (transformers' synced_gpus), each layer's gather meeting the others'.
     `record_split`: keep the frozen bottom's output for every prompt and response token, which
@@ -81,7 +82,7 @@ def generate_responses(
     transformers model (`hydrappo compare`): it samples, but neither records nor shares."""
     is_hydra = isinstance(hydra, HydraModel)
     share = (args.share_prompt_prefill if share is None else share) and is_hydra and not synced
-    sample_chunk = CHUNK_SAMPLERS[loop]
+    sample_chunk = loop if callable(loop) else CHUNK_SAMPLERS[loop]
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
     responses, ended, split_rows = [], [], []
     for start in range(0, len(prompts), args.generation_batch_size):

@@ -13,6 +13,10 @@ serving engine) never enter the loss.
                          row instead of an exponential draw over the vocabulary, no per-step
                          processor objects) and rows that ended leave the batch; records the split
                          states and shares the prefill as generate does. Not under FSDP.
+    graph                the decode loop's step with fixed shapes (graph_decode.py): a static KV cache
+                         per bucket of rows x length, every per-token tensor preallocated, the step
+                         captured as a CUDA graph and replayed (eager elsewhere); rows that ended stay
+                         in the batch. Records the split states and shares the prefill. Not under FSDP.
     generate             transformers' `generate` on the hydra's model (responses.generate_responses):
                          a KV cache per chunk of `generation_batch_size` rows, records the split
                          states, shares the prefill of a prompt's G samples, runs under FSDP.
@@ -41,13 +45,15 @@ from ..model import HydraModel
 from .responses import Responses, generate_responses, generation_config
 from .stops import first_stop
 
-# The default of `generation.sampler: auto` per device type. CPU: measured (docs/sampling.md,
-# tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
+# The default of `generation.sampler: auto` per device type, as measured (docs/sampling.md).
+# CPU (tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
 # than generate at every page size tried (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's
 # tokens/s, 32 x 24: 0.68x; a 4-layer toy: 0.11x, its ~0.8 s fixed cost per call), and it records
-# no split states, so the experience pass costs more too. Other devices: not measured yet, so
-# transformers' generate stays their default.
-DEFAULT_SAMPLER = {"cpu": "decode"}
+# no split states, so the experience pass costs more too. CUDA (tools/bench_gpu.py, one H100):
+# the graph sampler; a rollout of the 1.7B shape (32 x 64 tokens) took 0.57 s against generate's
+# 2.24 s, and the 135M main job's 0.37 s against 1.19 s (the decode loop, measured earlier on an
+# H100, was slower than generate there). Other devices: generate.
+DEFAULT_SAMPLER = {"cpu": "decode", "cuda": "graph"}
 
 
 @runtime_checkable
@@ -165,19 +171,26 @@ class ContinuousBatchingSampler:
         return Responses(prompt_ids=prompts, response_ids=responses, ended=ended)
 
 
-def resolve_sampler(name: str, device, synced: bool = False) -> str:
+def resolve_sampler(name: str, device, synced: bool = False, quantized: bool = False) -> str:
     """The sampler `generation.sampler` names; `auto`: DEFAULT_SAMPLER's for the device type,
-    and generate for a trunk sharded over processes (only it runs in lockstep)."""
+    and generate for a trunk sharded over processes (only it runs in lockstep). A quantized trunk
+    never gets the graph sampler from `auto`: bitsandbytes' kernels were not measured in a graph."""
     if name != "auto":
         return name
-    return "generate" if synced else DEFAULT_SAMPLER.get(torch.device(device).type, "generate")
+    chosen = "generate" if synced else DEFAULT_SAMPLER.get(torch.device(device).type, "generate")
+    return "generate" if chosen == "graph" and quantized else chosen
 
 
 def build_sampler(args: GenerationArgs, hydra: HydraModel, tokenizer, *, synced: bool = False) -> Sampler:
     """The sampler of `args.sampler` for this hydra (built once per run)."""
-    name = resolve_sampler(args.sampler, hydra.device, synced)
+    quantized = getattr(hydra, "trunk_quantization", "none") != "none"
+    name = resolve_sampler(args.sampler, hydra.device, synced, quantized)
     if name == "decode":
         return DecodeSampler(hydra, tokenizer)
+    if name == "graph":
+        from .graph_decode import GraphSampler
+
+        return GraphSampler(hydra, tokenizer)
     if name == "continuous_batching":
         return ContinuousBatchingSampler(hydra, tokenizer)
     if name == "vllm":

@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..model.band import band_problem, parse_band, resolve_band
 from ..model.logprobs import CHUNK_ELEMENTS
+from ..generation.graph_decode import bucket_of
 from .activations import ActivationTrace, trace_activations
 from .counts import (
     ParameterCounts, count_parameters, load_model_config, lora_parameters, reward_head_parameters, value_head_parameters,
@@ -199,8 +200,14 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     replaced, quantized = quantized_trunk(counts, split, q, embeddings=counts.lm_head > 0 or train_head)
     dequantized = 2 * counts.largest_linear * w if q != "none" else 0  # a weight dequantized for its matmul
 
-    def kv_cache(batch):
-        return 2 * L * batch * counts.kv_size * T * w
+    def kv_cache(batch, length=T):
+        return 2 * L * batch * counts.kv_size * length * w
+
+    # The graph sampler keeps one bucket's static KV cache (rows up to a power of two, length up
+    # to a multiple of 64, every layer at full length) and its split-state buffer between samples.
+    bucket_rows, bucket_length = bucket_of(gen, T)
+    graph = s.sampler == "graph"
+    held_kv = kv_cache(bucket_rows, bucket_length) + (bucket_rows * bucket_length * h * w if not full else 0)
 
     logits_eval = _chunk_elements(gen * R, v) * 4 * CHUNK_COPIES_EVAL
     logits_update = _chunk_elements(micro * R, v) * 4 * (CHUNK_COPIES_EVAL if s.entropy_in_update else CHUNK_COPIES_UPDATE)
@@ -246,7 +253,10 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
                   "of the trainable weights" if s.uses_master_weights and trainable_low else "none"),
         Component("optimizer state", _optimizer_bytes(trainable_low, s.optimizer, state_bytes)
                   + _optimizer_bytes(trainable_fp32, s.optimizer, 4), "static", s.optimizer),
-        Component("KV cache", kv_cache(gen), "generate", f"{gen} sequences x {T} tokens, all {L} layers"),
+        Component("KV cache", held_kv if graph else kv_cache(gen), "static" if graph else "generate",
+                  f"the graph sampler's bucket, {bucket_rows} rows x {bucket_length} positions, all {L} layers, "
+                  "and its split-state buffer, held between samples" if graph else
+                  f"{gen} sequences x {T} tokens, all {L} layers"),  # fmt: skip
         Component("generation workspace", generate_workspace, "generate", "prefill MLP intermediates, next-token logits"),
         Component("recorded split states", recorded, "generate",
                   f"{s.batch_size} rollouts, kept for the experience pass" if recorded else "none (no frozen split)"),

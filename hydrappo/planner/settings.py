@@ -17,6 +17,7 @@ FRAGMENTATION = 1.10
 CUDA_CONTEXT_GIB = 0.75
 DTYPES = tuple(name for canonical, aliases in DTYPE_NAMES.items() for name in (canonical, *aliases))
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
+SAMPLERS = ("decode", "generate", "graph")  # the ones whose memory differs: graph holds its KV cache
 # Float32 copies of one logits chunk alive at the peak of a log-prob chunk, as counted for the
 # chunked code before the fused pass over the vocabulary (commit 27cf8e9): forward with entropy
 # (logits, exp for logsumexp, softmax, softmax*logits) and backward (recomputed logits, their
@@ -51,12 +52,15 @@ class TrainingSettings:
     train_final_norm: bool = False
     gradient_checkpointing: bool = False
     entropy_in_update: bool = False  # ppo.ent_coef != 0
+    sampler: str = "decode"  # graph: the static KV cache of the graph sampler's bucket is held between samples
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of: {', '.join(DTYPES)}.")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer {self.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}.")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler {self.sampler!r} is not one of: {', '.join(SAMPLERS)}.")
         if self.trunk_quantization not in TRUNK_QUANTIZATIONS:
             raise ValueError(f"trunk_quantization {self.trunk_quantization!r} is not one of: {', '.join(TRUNK_QUANTIZATIONS)}.")
         for name in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "generation_batch_size",

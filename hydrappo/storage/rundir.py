@@ -1,10 +1,14 @@
 """An output folder belongs to one run: a new run never writes over an earlier one.
 
 A training command that starts (not `--resume`) in an output_dir that already holds a run
-(checkpoint-<step> folders, metrics, TensorBoard logs, a model written by sft) is refused,
-unless `--overwrite_output_dir` is given: then the earlier run is moved, whole, to a sibling
-folder `OUTPUT_DIR.previous-<time>`, never deleted. `hydrappo export --out` follows the same
-rule for the folder it writes.
+(checkpoint-<step> folders, a model written by sft) is refused, unless `--overwrite_output_dir`
+is given: then the earlier run is moved, whole, to the sibling folder `OUTPUT_DIR.previous`.
+A folder that holds only the logs of a run that failed before its first checkpoint
+(tensorboard/, metrics.jsonl, a stale lock) blocks nothing: the fixed command starts afresh and
+those logs move to `OUTPUT_DIR.previous` the same way. One such sibling at most: one that holds
+only logs is replaced (the message says so), one that holds checkpoints or a model is never
+deleted (the new run is refused until it is renamed or removed). `hydrappo export --out`
+moves an existing folder to `NAME.previous-<time>`.
 
 While a run trains, its process (process 0 under a launcher) holds an OS lock (flock) on
 `OUTPUT_DIR/.hydrappo.lock`, which names the holder (host, PID, start time): a second run
@@ -21,21 +25,22 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import socket
 import time
 from pathlib import Path
 
 from ..config import input_paths, startup_inputs, writable_folder_problem
-from ..config.resume import resume_changes
 from ..errors import UsageError
 from .atomic import rename_to_sibling
-from .checkpoint import CONFIG_NAME, CheckpointError, checkpoint_dirs, resolve_resume
+from .checkpoint import CheckpointError, checkpoint_dirs, resolve_resume, resume_check
 
 logger = logging.getLogger("hydrappo")
 
 _RUN_FILES = re.compile(
     r"^(checkpoint-\d+|metrics(\..+)?\.jsonl|tensorboard|config\.json|adapter_config\.json|sft_config\.yaml)$"
 )
+_LOG_FILES = re.compile(r"^(metrics(\..+)?\.jsonl|tensorboard)$")  # what a run writes before any weights
 
 
 class OutputDirError(UsageError):
@@ -202,13 +207,18 @@ def earlier_run(output_dir: str | os.PathLike) -> list[str]:
 def move_aside(path: str | os.PathLike, tag: str = "previous") -> Path:
     """Rename a folder (or file) to a new sibling `NAME.previous-<time>` and return that."""
     path = Path(path).expanduser().absolute()
+    refuse_unmovable(path)
+    return rename_to_sibling(path, tag)
+
+
+def refuse_unmovable(path: Path) -> None:
+    """OutputDirError for the current directory, one of its parents, the home folder or a root."""
     here = Path.cwd().absolute()
     if path == here or path in here.parents or path == Path.home() or path == Path(path.anchor):
         raise OutputDirError(
             f"{path} is the current directory, one of its parents or the home folder: it cannot be moved aside. "
             "Choose a folder of its own for the output."
         )
-    return rename_to_sibling(path, tag)
 
 
 def resumes_in(resume, output_dir: str | os.PathLike) -> bool:
@@ -262,28 +272,66 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, 
         if resume in (True, "latest", "") and not checkpoint_dirs(output_dir):  # (the same test as resolve_resume's)
             raise CheckpointError(
                 f"--resume: no checkpoint found in {option}={str(output_dir)!r}, so there is nothing to continue; "
-                + (f"it holds the files of a run that ended before its first checkpoint ({shown}): start a new run "
-                   "over them with --overwrite_output_dir instead of --resume (they are moved to a sibling folder, not "
-                   "deleted), or choose another output_dir." if found else "start without --resume.")
+                + (f"it holds the files of a run that ended before its first checkpoint ({shown}): start without "
+                   f"--resume (they are moved to {previous_folder(output_dir)}, not deleted), or choose another "
+                   "output_dir." if found else "start without --resume.")
             )  # fmt: skip
         return None
     if not found:
         return None
-    if not overwrite:
+    failed = not holds_weights(output_dir)  # the logs of a run that failed before its first checkpoint
+    if not overwrite and not failed:
         how = ("Continue it with --resume, start a new run over it with --overwrite_output_dir" if checkpoint_dirs(output_dir)
-               else "It wrote no checkpoint, so there is nothing to resume: start a new run over it with --overwrite_output_dir")  # fmt: skip
+               else "Start a new run over it with --overwrite_output_dir")  # fmt: skip
         raise OutputDirError(
-            f"{option}={str(output_dir)!r} already holds a run ({shown}). {how} (the earlier run is moved to a sibling "
-            "folder, not deleted), or choose another output_dir."
+            f"{option}={str(output_dir)!r} already holds a run ({shown}). {how} (the earlier run is moved to "
+            f"{previous_folder(output_dir)}, not deleted), or choose another output_dir."
         )
     refuse_own_inputs(output_dir, inputs, option)  # moved aside, it would take them along
     if not move:
         return None
-    refuse_moving_live_runs(Path(output_dir).expanduser().absolute(), option)  # (its own lock is this process's)
-    moved = move_aside(output_dir)
+    root = Path(output_dir).expanduser().absolute()
+    refuse_moving_live_runs(root, option)  # (its own lock is this process's)
+    moved, replaced = move_to_previous(root, option)
     lock_output_dir(output_dir, option)  # the lock file went with the earlier run: lock the new folder
-    logger.warning("%s: the earlier run in %s was moved to %s", option, output_dir, moved)
+    what = "the logs of a run that wrote no checkpoint" if failed else "the earlier run"
+    logger.warning("%s: %s in %s (%s) moved to %s%s", option, what, output_dir, shown, moved,
+                   " (replacing the logs of a failed run kept there before)" if replaced else "")  # fmt: skip
     return moved
+
+
+def holds_weights(folder: str | os.PathLike) -> bool:
+    """Whether a run folder holds a checkpoint or a model (anything of a run besides its logs)."""
+    return bool(checkpoint_dirs(folder)) or any(not _LOG_FILES.match(name) for name in earlier_run(folder))
+
+
+def previous_folder(output_dir: str | os.PathLike) -> Path:
+    """Where an earlier run in `output_dir` is moved: the one sibling OUTPUT_DIR.previous."""
+    root = Path(output_dir).expanduser().absolute()
+    return root.with_name(root.name + ".previous")
+
+
+def move_to_previous(root: Path, option: str) -> tuple[Path, bool]:
+    """Move the run folder `root` to `previous_folder(root)`; returns it and whether an earlier
+    sibling there (the logs of a failed run, nothing more) was replaced. A sibling that holds a
+    checkpoint or a model, or anything that is no run folder, is never deleted: OutputDirError."""
+    refuse_unmovable(root)
+    target = previous_folder(root)
+    replaced = False
+    if target.exists() or target.is_symlink():
+        keeps = target.is_symlink() or not target.is_dir() or holds_weights(target) or any(
+            not (_LOG_FILES.match(child.name) or child.name == LOCK_NAME) for child in target.iterdir())  # fmt: skip
+        if keeps:
+            raise OutputDirError(
+                f"{option}={str(root)!r}: the earlier run would move to {target}, which already holds another one "
+                f"({', '.join(sorted(p.name for p in target.iterdir() if p.name != LOCK_NAME)[:6]) if target.is_dir() else 'a file'}). "
+                "Rename or remove that folder to keep or drop it (hydrappo deletes no checkpoint), then run again."
+            )
+        refuse_moving_live_runs(target, option)
+        shutil.rmtree(target)
+        replaced = True
+    os.replace(root, target)
+    return target, replaced
 
 
 def start_run(config, resume_arg, *, writer: bool = True):
@@ -300,16 +348,6 @@ def start_run(config, resume_arg, *, writer: bool = True):
     checkpoint = resolve_resume(resume_arg, output_dir, set_aside=writer)
     resume_check(checkpoint, config)
     return checkpoint
-
-
-def resume_check(checkpoint: Path, config) -> list[str]:
-    """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
-    CheckpointError naming them when one of them may not change. Nothing loads: the command line
-    asks before the model is built, the harness again before the checkpoint's weights load."""
-    refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config)
-    if refusals:
-        raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
-    return changes
 
 
 def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True,

@@ -8,8 +8,8 @@
 The harness owns: seeding; the device; ONE mixed-precision mechanism (train/precision.py);
 the AdamW optimizer and the learning-rate schedule; the non-finite policy (a non-finite
 loss or gradient skips the update and is counted, `max_nonfinite_steps` in a row stop the
-run naming the last good checkpoint); the logs (TensorBoard, metrics.jsonl and a tqdm bar,
-with the same conventions for every stage); atomic checkpoints that keep the last K; and
+run naming the last good checkpoint); the logs (train/run_log.py: TensorBoard, metrics.jsonl
+and a tqdm bar, with the same conventions for every stage); atomic checkpoints that keep the last K; and
 exact resume (weights, optimizer, scheduler, every RNG, the loss scaler, and the loop's own
 state, which the loop hands over as a dict); and, under torchrun or accelerate launch, the
 process group (train/distributed.py): one device per process, the trainable parameters equal on
@@ -22,10 +22,8 @@ defaults for what a loop may leave out.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -41,7 +39,7 @@ from ..storage.checkpoint import (
     load_training_state,
     refuse_foreign_checkpoint_entries,
     resolve_resume,
-    run_write_errors,
+    resume_check,
     rng_state,
     save_checkpoint,
     seed_everything,
@@ -49,13 +47,14 @@ from ..storage.checkpoint import (
     trainable_state_dict,
 )
 from ..storage.models import build_hydra, fetch_hub_models
-from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir, resume_check
+from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir
 from .api import trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, keep_float32_master_weights, pick_mixed_precision
+from .run_log import RunLog
 
 logger = logging.getLogger("hydrappo")
 
@@ -64,10 +63,6 @@ SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": 
 
 class TrainingError(HydrappoError):
     """Training cannot go on (e.g. too many non-finite steps in a row)."""
-
-
-def as_float(value) -> float:
-    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
 def _holds_tensors(value) -> bool:
@@ -106,6 +101,7 @@ class Harness:
         self.nonfinite_total = 0
         self.fp16_overflows = 0
         self.trunk_sharded = False  # train.fsdp_trunk: the frozen layers are sharded over the processes
+        self.log: RunLog | None = None  # while run() runs (its bar says what a loop does between steps)
 
     # ------------------------------------------------------------------ precision and optimizer
     def autocast(self):
@@ -221,6 +217,7 @@ class Harness:
             raise
         history = []
         stop = StopOnSignal(lambda: latest_checkpoint(self.output_dir), lambda: f"step {self.step + 1}").install()
+        self.log = log
         try:
             if self.step == 0:
                 initial = loop.before_training()
@@ -228,6 +225,7 @@ class Harness:
                 if initial:
                     with dist.phase("logging"):
                         history.append(log.write(0, initial, samples))
+                log.bar.restart_clock()  # a step's time on the bar is its own (the baseline has its time/eval)
             while self.step < total_steps:
                 stats, samples = loop.train_step()
                 self.step += 1
@@ -245,6 +243,7 @@ class Harness:
             raise stop.abandoned(error) from None
         finally:
             stop.uninstall()
+            self.log = None
             log.close()
             release_output_dir(self.output_dir)
             usercode.warn_at_end_of_run()  # the Python API: threads a reward function left running
@@ -409,92 +408,3 @@ def prepare(loop: TrainingLoop, config_cls, config, objects: dict, *, hydra=None
         raise ConfigError("pass the tokenizer together with a hydra model.")
     loop.harness, loop.device, loop.hydra, loop.tokenizer = harness, harness.device, hydra, tokenizer
     return inputs
-
-
-class RunLog:
-    """TensorBoard scalars, one JSON line per step in metrics.jsonl, and a tqdm bar.
-
-    Lines of metrics.jsonl past the step a run starts from belong to an earlier or an
-    interrupted run: they are moved to a side file (nothing written is lost), and the
-    TensorBoard writer purges its events past that step."""
-
-    def __init__(self, output_dir: Path, start_step: int, total_steps: int, loop, run, write: bool = True):
-        """`write=False` (every process but 0 of a distributed run): records only, no files, no bar."""
-        from torch.utils.tensorboard import SummaryWriter
-        from tqdm.auto import tqdm
-
-        self.writes = write
-        self.path = output_dir / "metrics.jsonl"
-        self.progress = loop.progress
-        self.samples_every = getattr(run, "log_samples_every", 0)
-        self.num_samples = getattr(run, "num_log_samples", 4)
-        if not write:
-            return
-        keep_metrics_up_to(self.path, start_step)
-        self.writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
-        self.bar = tqdm(total=total_steps, initial=start_step, desc=loop.name, disable=not run.progress_bar, dynamic_ncols=True)
-
-    def scalars(self, step: int, stats: dict) -> None:
-        if not self.writes:
-            return
-        for key, value in stats.items():
-            self.writer.add_scalar(key, as_float(value), step)
-
-    def write(self, step: int, stats: dict, samples: list[dict] | None = None) -> dict:
-        record = {"step": step, **{key: as_float(value) for key, value in stats.items()}}
-        if not self.writes:
-            return record
-        self.scalars(step, stats)
-        for tag, rows in (samples if isinstance(samples, dict) else {"samples": samples}).items():
-            periodic = tag == "samples"  # training samples every log_samples_every steps; evaluations' always
-            if rows and (not periodic or (self.samples_every and step % self.samples_every == 0)):
-                self.writer.add_text(tag, samples_markdown(rows[: self.num_samples]), step)
-        with run_write_errors(f"the metrics of step {step}", self.path):
-            with self.path.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
-        if step:
-            self.bar.update(1)
-            shown = {label: f"{record[key]:.3f}" for label, key in self.progress.items() if key in record}
-            self.bar.set_postfix(**shown)
-        return record
-
-    def close(self) -> None:
-        if self.writes:
-            self.bar.close()
-            self.writer.close()
-
-
-def samples_markdown(samples: list[dict]) -> str:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    rows = ["| prompt | response | score |", "| --- | --- | --- |"]
-    rows += [f"| {cell(s['prompt'])} | {cell(s['response'])} | {s['score']:.3f} |" for s in samples]
-    return "\n".join(rows)
-
-
-def keep_metrics_up_to(path: Path, step: int) -> None:
-    """Move the lines of metrics.jsonl logged after `step` to a side file, so that
-    metrics.jsonl reads as one run and nothing written is lost."""
-    if not path.exists():
-        return
-    kept, dropped = [], []
-    for line in path.read_bytes().splitlines():
-        if not line.strip():
-            continue
-        (kept if _metrics_step(line) <= step else dropped).append(line)
-    if dropped:
-        # A line that does not parse (half-written by a killed run) goes with the dropped ones.
-        side = path.with_name(f"metrics.after-step-{step}.{int(time.time())}.jsonl")
-        side.write_bytes(b"\n".join(dropped) + b"\n")
-        path.write_bytes(b"".join(line + b"\n" for line in kept))
-        logger.warning("moved %d metrics lines logged after step %d to %s", len(dropped), step, side.name)
-
-
-def _metrics_step(line: bytes) -> float:
-    """The step of a metrics.jsonl line; infinite for a line that is not a complete record."""
-    try:
-        record = json.loads(line)
-        return float(record.get("step", 0)) if isinstance(record, dict) else math.inf
-    except (ValueError, TypeError):
-        return math.inf

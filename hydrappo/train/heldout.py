@@ -51,6 +51,23 @@ def held_out_statistics(scores: list[float], lengths: list[int], ended: list[boo
     return stats
 
 
+def held_out_summary(history: list[dict]) -> str:
+    """", held-out reward 0.750 (step 0: 0.250), solved 0.750 (0.250)" from a run's records: its
+    last evaluation beside the first (the baseline); "" when the run evaluated nothing."""
+    evaluated = [record for record in history if "eval/reward_mean" in record]
+    if not evaluated:
+        return ""
+    first, last = evaluated[0], evaluated[-1]
+    text = f", held-out reward {last['eval/reward_mean']:.3f}"
+    if first is not last:
+        text += f" (step {first['step']:.0f}: {first['eval/reward_mean']:.3f})"
+    if "eval/solve_rate" in last:
+        text += f", solved {last['eval/solve_rate']:.3f}"
+        if first is not last and "eval/solve_rate" in first:
+            text += f" ({first['eval/solve_rate']:.3f})"
+    return text
+
+
 class HeldOutEvaluation:
     """Answers every held-out prompt with the current policy and scores the answers.
 

@@ -10,10 +10,12 @@ What the trainer does with them later (tokenizing, scoring) needs the model's to
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
 from ..data import DataError, load_prompt_table, read_preference_table, read_sft_table, read_table, split_by_prompt
+from ..reward_calls import is_missing
 from ..rewards import reward_functions
 
 
@@ -51,15 +53,37 @@ class StageInputs:
 def read_rl_inputs(config) -> RLInputs:
     data = config.data
     prompts, columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
-    functions = reward_functions(config.reward, columns=list(columns), setting=table_label("data.prompts", data.prompts))
+    setting = table_label("data.prompts", data.prompts)
+    functions = reward_functions(config.reward, columns=list(columns), setting=setting)
+    check_needed_values(functions, columns, setting)
     eval_prompts, eval_columns = [], {}
     if data.eval_prompts:
         eval_prompts, eval_columns = load_prompt_table(
             data.eval_prompts, data.prompt_column, data.eval_split, data.subset, setting="data.eval_prompts"
         )
+        setting = table_label("data.eval_prompts", data.eval_prompts)
         for function in functions:
-            function.check_columns(eval_columns, setting=table_label("data.eval_prompts", data.eval_prompts))
+            function.check_columns(eval_columns, setting=setting)
+        check_needed_values(functions, eval_columns, setting)
     return RLInputs(prompts, columns, functions, eval_prompts, eval_columns)
+
+
+def check_needed_values(functions, columns: dict[str, list], setting: str) -> None:
+    """Every row's value of each column a reward function needs (a parameter without a default) is
+    there: a missing one would fail mid-run, at whichever step first draws that row."""
+    for function in functions:
+        for name, parameter in function.parameters.items():
+            if name not in columns or parameter.default is not inspect.Parameter.empty:
+                continue
+            rows = [i for i, value in enumerate(columns[name]) if is_missing(value)]
+            if rows:
+                shown = ", ".join(map(str, rows[:10])) + (f" and {len(rows) - 10} more" if len(rows) > 10 else "")
+                raise DataError(
+                    f"{setting}: row {rows[0]} (counting from 0) has no value in column {name!r} (None), which "
+                    f"reward.reward_fn={function.spec!r} needs (its parameter {name!r} has no default); {len(rows)} of "
+                    f"{len(columns[name])} rows lack it (rows {shown}). Fill them in or drop those rows, or give the "
+                    "parameter a default and handle None in the function."
+                )
 
 
 def _held_out(config, train: dict, prompts: list, read) -> StageInputs:

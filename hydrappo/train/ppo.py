@@ -9,6 +9,7 @@ policy, checkpoints and resume are the harness's (train/harness.py).
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from ..storage.checkpoint import CheckpointError
 from ..storage.reward_branch import apply_reference_stats, load_reward_branch
 from .api import save_model
 from .harness import TrainingLoop, enable_activation_checkpointing, prepare
-from .heldout import HeldOutEvaluation
+from .heldout import HeldOutEvaluation, held_out_summary
 from .inputs import RLInputs
 from .ppo_step import PPOStep
 from .sequences import pack_sequences
@@ -46,7 +47,7 @@ class PPOTrainer(PPOStep, TrainingLoop):
     """
 
     name = "PPO"
-    progress = {"reward": "env/reward_mean", "kl": "objective/kl"}
+    progress = {"reward": "env/reward_mean", "kl": "objective/kl", "eval": "eval/reward_mean"}
 
     def __init__(
         self,
@@ -142,7 +143,7 @@ class PPOTrainer(PPOStep, TrainingLoop):
         last = history[-1]
         kl = f", KL {last['objective/kl']:.3f}" if "objective/kl" in last else ""
         return (
-            f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}; "
+            f"done: step {last['step']}, reward {last['env/reward_mean']:.3f}{kl}{held_out_summary(history)}; "
             f"checkpoints, metrics.jsonl and TensorBoard logs in {self.config.train.output_dir}"
         )
 
@@ -163,7 +164,13 @@ class PPOTrainer(PPOStep, TrainingLoop):
         """eval/* statistics and rows of the policy's answers to the held-out prompts (train/heldout.py)."""
         start = time.perf_counter()
         self.hydra.eval()
-        stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, self.score_responses)
+        status = self.harness.log.bar.status if self.harness.log is not None else (lambda text: None)
+        status(f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts")  # on the bar and in the log
+        try:
+            score = functools.partial(self.score_responses, step=step)  # a reward's error names this step
+            stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
+        finally:
+            status(None)
         return {**stats, "time/eval": time.perf_counter() - start}, samples
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool) -> Responses:
@@ -171,7 +178,7 @@ class PPOTrainer(PPOStep, TrainingLoop):
             return self.eval_sampler.sample(prompt_ids, self.config.generation, greedy=greedy)
 
     def score_responses(
-        self, rows: list[int], prompt_texts: list[str], responses: Responses
+        self, rows: list[int], prompt_texts: list[str], responses: Responses, step: int | None = None
     ) -> tuple[torch.Tensor, dict]:
         """Scores of responses to held-out prompts `rows` outside the experience pass, from the
         run's reward sources (with the held-out table's columns), and each source's own scores;
@@ -192,6 +199,8 @@ class PPOTrainer(PPOStep, TrainingLoop):
             columns,
             responses.response_ids,
             [messages[i] for i in rows] if messages else None,
+            step=step,
+            row_names=[f"data.eval_prompts row {i}" for i in rows],
         )
         return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
 

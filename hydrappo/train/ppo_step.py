@@ -43,8 +43,9 @@ from ..algo.masked import explained_variance_parts, masked_mean, masked_sum
 from ..algo.scores import group_statistics, normalize_scores, overlong_filter, overlong_penalty, shape_rewards
 from ..generation.responses import Responses
 from .experience import Experience, minibatch_plan
-from .harness import TrainingError, as_float
+from .harness import TrainingError
 from .heldout import evaluation_due
+from .run_log import as_float
 from .sequences import Rollout, evaluate_sequences, pack_sequences, pack_split_hidden, response_part
 from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
@@ -196,6 +197,7 @@ class PPOStep:
             columns,
             rollout.responses.response_ids,
             messages,
+            row_names=[f"data.prompts row {i}" for i in rollout.indices],
         )
 
     def score(
@@ -206,11 +208,15 @@ class PPOStep:
         columns=None,
         completion_ids=None,
         messages=None,
+        step=None,
+        row_names=None,
     ) -> torch.Tensor:
         """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources);
-        `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py)."""
+        `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py).
+        `step` (default: the step in progress) and `row_names` (each row's table and row) go into a failing
+        source's error."""
         samples = [p + r for p, r in zip(prompt_texts, response_texts)]
-        step = self.harness.step + 1  # named in the error of a reward source that fails
+        step = self.harness.step + 1 if step is None else step
         scores = self.reward_source(
             samples,
             prompt_texts,
@@ -220,6 +226,7 @@ class PPOStep:
             completion_ids=completion_ids,
             branch_scores=branch_scores,
             prompt_messages=messages,
+            row_names=row_names,
         )
         if not torch.isfinite(scores).all():
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")

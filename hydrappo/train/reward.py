@@ -39,8 +39,9 @@ from ..storage.reward_branch import (
     load_reward_branch,
     save_reward_folder,
 )
-from .harness import TrainingError, as_float, prepare
+from .harness import TrainingError, prepare
 from .inputs import StageInputs
+from .run_log import as_float
 from .sequences import pack_sequences
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 

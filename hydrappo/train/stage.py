@@ -8,7 +8,8 @@ import math
 import torch
 
 from ..model import HydraModel
-from .harness import TrainingLoop, as_float
+from .harness import TrainingLoop
+from .run_log import as_float
 from .sequences import pack_sequences
 
 

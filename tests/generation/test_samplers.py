@@ -98,11 +98,11 @@ def test_build_sampler_follows_the_option_and_auto_is_decode_on_cpu():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", ["decode", "generate", "continuous_batching"])
+@pytest.mark.parametrize("sampler", ["decode", "graph", "generate", "continuous_batching"])
 def test_the_trainer_runs_a_step_with_each_sampler(tmp_path, sampler):
     trainer = tiny_trainer(tmp_path, "--total_steps", "1", "--save_every", "0", "--sampler", sampler)
     assert trainer.rollout_sampler.name == sampler
-    # decode and generate record the split states; continuous batching leaves the trunk pass to the experience pass.
+    # decode, graph and generate record the split states; continuous batching leaves the trunk pass to the experience pass.
     assert trainer.records_split == (sampler != "continuous_batching")
     history = trainer.train()
     assert len(history) == 1 and history[0]["tokens/responses_len_mean"] > 0
@@ -115,10 +115,11 @@ def test_config_refuses_what_continuous_batching_cannot_do():
     message = str(error.value)
     assert "generation.min_new_tokens=2 has no continuous-batching version" in message
     assert "generation.sampler='continuous_batching' cannot run a trunk sharded" in message
-    with pytest.raises(ConfigError) as error:
-        parse_config(TINY / "config.yaml", ["--sampler", "decode", "--fsdp_trunk", "true", "--output_dir", "/tmp/unused"])
-    assert "generation.sampler='decode' cannot run a trunk sharded" in str(error.value)
+    for sampler in ("decode", "graph"):
+        with pytest.raises(ConfigError) as error:
+            parse_config(TINY / "config.yaml", ["--sampler", sampler, "--fsdp_trunk", "true", "--output_dir", "/tmp/unused"])
+        assert f"generation.sampler={sampler!r} cannot run a trunk sharded" in str(error.value)
     with pytest.raises(
-        ConfigError, match="generation.sampler='sglang' is not one of: auto, decode, generate, continuous_batching, vllm"
+        ConfigError, match="generation.sampler='sglang' is not one of: auto, decode, graph, generate, continuous_batching, vllm"
     ):
         parse_config(TINY / "config.yaml", ["--sampler", "sglang", "--output_dir", "/tmp/unused"])

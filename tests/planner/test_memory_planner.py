@@ -106,6 +106,22 @@ def test_planner_is_monotonic_and_hydra_beats_the_classic_layout():
     assert no_reward.hydra.static < plan.hydra.static and no_reward.classic.static < plan.classic.static
 
 
+def test_the_graph_sampler_holds_its_buckets_kv_cache_through_the_step():
+    """32 rows x (256 + 256) positions: a bucket of 32 x 512, held as static memory (its KV cache
+    of every layer, and the split-state buffer), where the decode loop's KV cache lives only while
+    it samples."""
+    config = preset_config("smollm2-135m")
+    counts = count_parameters(config)
+    base = TrainingSettings(generation_batch_size=32, batch_size=32)
+    loop, graph = (plan_memory(config, replace(base, sampler=name), counts=counts) for name in ("decode", "graph"))
+    loop_kv, graph_kv = (next(c for c in plan.hydra.components if c.name == "KV cache") for plan in (loop, graph))
+    assert loop_kv.phase == "generate" and graph_kv.phase == "static"
+    bucket = 2 * counts.num_layers * 32 * counts.kv_size * 512 * 2 + 32 * 512 * counts.hidden_size * 2
+    assert graph_kv.bytes == bucket
+    assert graph.hydra.static == loop.hydra.static + bucket
+    assert graph.hydra.peak >= loop.hydra.peak
+
+
 def test_fits_follow_the_peak():
     plan = plan_memory(preset_config("llama-3.1-8b"), TrainingSettings(), counts=count_parameters(preset_config("llama-3.1-8b")))
     assert plan.hydra.peak > 8 * GIB  # 16 GB of bf16 weights alone

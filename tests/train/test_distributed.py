@@ -331,14 +331,14 @@ def test_a_signal_to_one_process_stops_both_after_the_same_step_with_its_checkpo
 @pytest.mark.slow
 def test_overwrite_output_dir_on_two_processes_moves_the_earlier_run_aside_once(tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
+    (out / "checkpoint-1").mkdir(parents=True)
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     argv = ["-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), "--total_steps", "1",
             "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1", "--no_progress_bar"]  # fmt: skip
     refused = launch(argv)
     assert [r.returncode for r in refused] == [2, 2], describe(refused)
-    assert all("already holds a run (metrics.jsonl)" in r.stderr for r in refused), describe(refused)
+    assert all("already holds a run (checkpoint-1, metrics.jsonl)" in r.stderr for r in refused), describe(refused)
     check_ok(launch([*argv, "--overwrite_output_dir"]))
-    moved = list(tmp_path.glob("out.previous-*"))
+    moved = list(tmp_path.glob("out.previous*"))
     assert len(moved) == 1 and (moved[0] / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert [row["step"] for row in metrics(out)] == [1]

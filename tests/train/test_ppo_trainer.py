@@ -143,7 +143,7 @@ def test_nonfinite_losses_are_skipped_then_stop_with_the_checkpoint_intact(tmp_p
 def test_config_errors_list_the_valid_choices(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("ppo:\n  learning_rat: 1.0\n")
-    with pytest.raises(ConfigError, match="unknown key 'learning_rat' in section 'ppo'; valid keys: .*learning_rate"):
+    with pytest.raises(ConfigError, match="unknown key 'learning_rat' in section 'ppo'. Did you mean 'learning_rate'.* Valid keys: "):
         parse_config(bad)
     bad.write_text("trainer:\n  x: 1\n")
     with pytest.raises(ConfigError, match="unknown section 'trainer'; valid sections: model, generation"):
