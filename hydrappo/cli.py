@@ -380,15 +380,11 @@ def memory_command(argv: list[str]) -> int:
     parser.add_argument("--trunk-quantization", default=d.trunk_quantization, choices=TRUNK_QUANTIZATIONS,
                         help="the frozen bottom layers (and frozen untied input embeddings) in int8 / 4bit")
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per PPO step")
-    parser.add_argument("--mini-batch-size", type=int, default=d.mini_batch_size)
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=d.gradient_accumulation_steps)
-    parser.add_argument("--generation-batch-size", type=int, default=d.generation_batch_size)
-    parser.add_argument("--prompt-length", type=int, default=d.prompt_length)
-    parser.add_argument("--response-length", type=int, default=d.response_length)
+    for flag in ("--mini-batch-size", "--gradient-accumulation-steps", "--generation-batch-size", "--prompt-length", "--response-length"):
+        parser.add_argument(flag, type=int, default=getattr(d, flag[2:].replace("-", "_")))
     parser.add_argument("--no-reward-model", action="store_true", help="a reward function scores (no reward branch/model)")
-    parser.add_argument("--train-lm-head", action="store_true")
-    parser.add_argument("--train-final-norm", action="store_true")
-    parser.add_argument("--gradient-checkpointing", action="store_true")
+    for flag in ("--train-lm-head", "--train-final-norm", "--gradient-checkpointing"):
+        parser.add_argument(flag, action="store_true")
     parser.add_argument("--entropy", action="store_true", help="an entropy bonus in the update (ppo.ent_coef != 0)")
     parser.add_argument("--sampler", default=d.sampler, choices=SAMPLERS,
                         help="graph: the graph sampler's static KV cache is held through the whole step")

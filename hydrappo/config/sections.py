@@ -107,8 +107,7 @@ class ModelConfig:
     num_layers_unfrozen: int = field(
         default=2, metadata={"help": "Top decoder layers that train (0: heads only, -1: the whole model).", "range": Range(-1, fix="use N >= 1 top layers (0: heads only, -1: the whole model)")}
     )
-    trainable_layers: str | None = field(default=None, metadata={"help": "A band of decoder layers that trains instead of the top num_layers_unfrozen: 'START:END', 0-based, END exclusive (a Python slice), e.g. '12:16' ('12:' runs to the top). The layers below run once, frozen; those above stay frozen, run by policy and reference. "
-                                                                         "On the command line it replaces the file's num_layers_unfrozen (and --num_layers_unfrozen the file's band)."})
+    trainable_layers: str | None = field(default=None, metadata={"help": "A band of decoder layers that trains instead of the top num_layers_unfrozen: 'START:END', 0-based, END exclusive (a Python slice), e.g. '12:16' ('12:' runs to the top). The layers below run once, frozen; those above stay frozen, run by policy and reference. On the command line it replaces the file's num_layers_unfrozen (and --num_layers_unfrozen the file's band)."})
     train_lm_head: bool = field(default=False, metadata={"help": "Also train the lm_head (untied from the embeddings)."})
     train_final_norm: bool = field(default=False, metadata={"help": "Also train the final norm."})
     layers_path: str | None = field(default=None, metadata={"help": "Dotted path of the decoder layer list, for unusual models."})
