@@ -36,6 +36,7 @@ from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_
 from ..config.parse import close_match
 from ..config.paths import hub_id_problem, looks_like_a_model_path
 from ..errors import UsageError, refused_pickle
+from ..model.band import band_problem, parse_band
 from .atomic import is_nonempty_dir, write_directory
 from .hub import ModelLoadError, hub_snapshot
 
@@ -407,22 +408,14 @@ def ready_for_training(model, tokenizer, device: str | torch.device = "cpu", dty
 
 
 def check_band_fits(model_config: ModelConfig) -> None:
-    """Refuse a model.trainable_layers band that runs past the model's top from its config.json,
-    before any weight loads (a GGUF source is checked by the hydra, once loaded)."""
-    if model_config.trainable_layers is None:
-        return
+    """A band past the model's top, refused from config.json before any weight loads (GGUF: by the hydra)."""
     from transformers import AutoConfig
-
-    from ..model.band import band_problem, parse_band
-
-    directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file, model_config.revision)
+    directory, _ = resolve_model_source(model_config.name_or_path, model_config.gguf_file, model_config.revision)
     try:
-        config = AutoConfig.from_pretrained(str(directory)) if gguf is None else None
+        config = AutoConfig.from_pretrained(str(directory)).get_text_config()
     except (OSError, ValueError):
         return  # loading says what is wrong with the source
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(config, "num_hidden_layers", None)
-    problem = band_problem(parse_band(model_config.trainable_layers), layers) if isinstance(layers, int) else None
+    problem = band_problem(parse_band(model_config.trainable_layers), getattr(config, "num_hidden_layers", None))
     if problem is not None:
         raise ModelLoadError(f"model.trainable_layers={model_config.trainable_layers!r} {problem[0]}; {problem[1]}.")
 
@@ -448,7 +441,7 @@ def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_h
     quantization = model_config.trunk_quantization
     load_device = "cpu" if quantization != "none" else device
     dtype = resolve_dtype(model_config.dtype, dtype_device or device)
-    if loaded is None:
+    if loaded is None and model_config.trainable_layers is not None:
         check_band_fits(model_config)
     if loaded is None:
         model, tokenizer = load_model_and_tokenizer(model_config, device=load_device, dtype=dtype)

@@ -155,9 +155,9 @@ SMALL_RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--
              "--score_normalization", "running", "--no_progress_bar"]  # fmt: skip
 
 
-def train_small(out: Path, *extra: str, worker: str | None = None):
+def train_small(out: Path, *extra: str, worker: str | None = None, timeout: float = 90):
     command = ["tests/helpers/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
-    return launch([*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra])
+    return launch([*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra], timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +236,18 @@ def test_a_trunk_sharded_with_fsdp2_trains_like_a_whole_one(tmp_path):
     check_ok(results)
     assert "FSDP: 147968 frozen parameters sharded over 2 processes, 73984 of them on this one" in results[0].stderr
     check_ok(train_small(tmp_path / "whole", "--reuse_trunk_pass", "false", "--sampler", "generate"))
+    assert_equal_weights(weights(tmp_path / "whole", 4), weights(tmp_path / "fsdp", 4))
+
+
+@pytest.mark.slow
+def test_a_band_on_a_sharded_trunk_trains_like_a_whole_one(tmp_path):
+    """Band 1:3 of 4: the layer below and the reference's copies of the band (3 layers of 36,992
+    parameters) are sharded; the band and the frozen layer above it stay whole on each process."""
+    band = ["--trainable_layers", "1:3", "--train_lm_head", "false"]
+    results = train_small(tmp_path / "fsdp", *band, "--fsdp_trunk", timeout=300)
+    check_ok(results)
+    assert "FSDP: 110976 frozen parameters sharded over 2 processes, 55488 of them on this one" in results[0].stderr
+    check_ok(train_small(tmp_path / "whole", *band, "--reuse_trunk_pass", "false", "--sampler", "generate", timeout=300))
     assert_equal_weights(weights(tmp_path / "whole", 4), weights(tmp_path / "fsdp", 4))
 
 

@@ -331,3 +331,34 @@ def test_ppo_value_head_starts_from_the_reward_head(trained, tmp_path):
     # In float64: V(h) = w.relu(h) - w.relu(-h) + b sums other terms than w.h + b (tests/helpers/tiny.py: FLOAT64_ATOL).
     hidden = torch.randn(4, ppo.hydra.value_head.hidden_size, dtype=torch.float64)
     torch.testing.assert_close(ppo.hydra.value_head(hidden), ppo.hydra.reward_branch.head(hidden), atol=FLOAT64_ATOL, rtol=0)
+
+
+def test_a_bands_reward_branch_trains_from_the_split_to_the_top_and_fits_any_split_there(tmp_path):
+    """model.trainable_layers 1:3 of 4: the reward stage trains a branch of layers 1..3 (the band
+    and the layer above it); it scores alike on a fresh hydra split at layer 1 (another band, or the
+    top 3), and a hydra split elsewhere refuses it, naming the options that would fit."""
+    reward_config(tmp_path, dtype="float64", epochs=1)
+    config = parse_config(tmp_path / "reward.yaml", ["--trainable_layers", "1:3"], config_cls=RewardConfig)
+    trainer = RewardTrainer(config, config_dir=tmp_path)
+    trainer.train()
+    assert len(trainer.branch.layers) == 3
+    pairs = trainer.eval_pairs
+    prompts, responses = pairs.prompt_ids[:6] * 2, pairs.chosen_ids[:6] + pairs.rejected_ids[:6]
+    expected = trainer.score(prompts, responses)
+    input_ids, attention_mask, _, _ = pack_sequences(prompts, responses, trainer.tokenizer.pad_token_id)
+
+    from hydrappo.config import ModelConfig
+    from hydrappo.storage.models import load_model_and_tokenizer
+
+    def trunk():
+        torch.manual_seed(0)
+        return load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)[0]
+
+    for split in ({"trainable_layers": "1:2"}, {"num_layers_unfrozen": 3}):
+        hydra = HydraModel(trunk(), **split)
+        hydra.attach_reward_branch(load_reward_branch(hydra, tmp_path / "reward"))
+        with torch.no_grad():
+            scores = hydra.forward_hydra(input_ids, attention_mask).scores
+        torch.testing.assert_close(scores, expected, atol=FLOAT64_ATOL, rtol=0)
+    with pytest.raises(CheckpointError, match="num_layers_unfrozen: 3 .*trainable_layers band starting at layer 1"):
+        load_reward_branch(HydraModel(trunk(), 2), tmp_path / "reward")
