@@ -12,8 +12,14 @@ from .model import HydraModel, HydraOutput, RewardBranch, RewardHead, ValueHead
 __version__ = "0.1.0"
 
 # name -> module, imported on first use
-_LAZY = {"PPOTrainer": ".train.ppo", "RewardTrainer": ".train.reward", "SFTTrainer": ".train.sft",
-         "Config": ".config", "RewardConfig": ".config", "SFTConfig": ".config"}  # fmt: skip
+_LAZY = {
+    "PPOTrainer": ".train.ppo",
+    "RewardTrainer": ".train.reward",
+    "SFTTrainer": ".train.sft",
+    "Config": ".config",
+    "RewardConfig": ".config",
+    "SFTConfig": ".config",
+}
 
 __all__ = ["HydraModel", "HydraOutput", "RewardBranch", "RewardHead", "ValueHead", *_LAZY, "__version__"]
 

@@ -58,8 +58,13 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
 
     parser = usercode.CommandParser(prog=prog, description=description, add_help=False)
     parser.add_argument("config", nargs="?", help="YAML config (see examples/)")
-    parser.add_argument("--resume", nargs="?", const="latest", default=None,
-                        help="continue from the latest checkpoint in train.output_dir, or from PATH")  # fmt: skip
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="continue from the latest checkpoint in train.output_dir, or from PATH",
+    )
     parser.add_argument("-h", "--help", action="store_true")
     args, overrides = parser.parse_known_args(argv)
     if args.help or args.config is None:
@@ -105,15 +110,27 @@ class Stage:
 
 
 STAGES = {
-    "train": Stage("Run PPO. Options after the config file override it, e.g. --learning_rate 3e-6.", "Config",
-                   lambda: _trainer("ppo"), "PPO from a YAML config"),
-    "reward": Stage("Train a reward branch on preference pairs (prompt, chosen, rejected). Options after the config "
-                    "file override it, e.g. --learning_rate 1e-4.", "RewardConfig", lambda: _trainer("reward"),
-                    "train a reward branch on preference pairs"),
-    "sft": Stage("Supervised fine-tuning of the top layers (or LoRA adapters) on prompt/response pairs; writes a model "
-                 "directory (or adapter) that a PPO config can start from. Options after the config file override it.",
-                 "SFTConfig", lambda: _trainer("sft"), "supervised fine-tuning of the top layers; writes a model directory"),
-}  # fmt: skip
+    "train": Stage(
+        "Run PPO. Options after the config file override it, e.g. --learning_rate 3e-6.",
+        "Config",
+        lambda: _trainer("ppo"),
+        "PPO from a YAML config",
+    ),
+    "reward": Stage(
+        "Train a reward branch on preference pairs (prompt, chosen, rejected). Options after the config "
+        "file override it, e.g. --learning_rate 1e-4.",
+        "RewardConfig",
+        lambda: _trainer("reward"),
+        "train a reward branch on preference pairs",
+    ),
+    "sft": Stage(
+        "Supervised fine-tuning of the top layers (or LoRA adapters) on prompt/response pairs; writes a model "
+        "directory (or adapter) that a PPO config can start from. Options after the config file override it.",
+        "SFTConfig",
+        lambda: _trainer("sft"),
+        "supervised fine-tuning of the top layers; writes a model directory",
+    ),
+}
 
 
 def stage_command(name: str, argv: list[str]) -> int:
@@ -129,8 +146,10 @@ def stage_command(name: str, argv: list[str]) -> int:
     history = trainer.train(resume=resume)
     if not history:
         more = trainer.more_steps_option
-        _report(f"nothing to do: the run is already at step {trainer.step} and {more} is {trainer.total_steps}; "
-                f"raise {more} to train it further.")  # fmt: skip
+        _report(
+            f"nothing to do: the run is already at step {trainer.step} and {more} is {trainer.total_steps}; "
+            f"raise {more} to train it further."
+        )
         return 0
     _report(trainer.summary(history))
     return 0
@@ -154,7 +173,9 @@ def generate_command(argv: list[str]) -> int:
         description="Generate with a checkpoint's policy (and its base model) for a prompts file, score the responses "
         "and print them side by side with the mean score of each.",
     )
-    parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
+    parser.add_argument(
+        "checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)"
+    )
     parser.add_argument("--prompts", help="prompts file (default: the training prompts)")
     parser.add_argument("--prompt_column", default=None)
     add_reward_options(parser)
@@ -164,14 +185,29 @@ def generate_command(argv: list[str]) -> int:
     parser.add_argument("--no_base", action="store_true", help="skip the base model's responses")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the comparison to FILE (.md table, .html or .jsonl rows)")
-    parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP)
+    parser.add_argument(
+        "--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP
+    )
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
-    check_arguments(output=args.output, inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts},
-                    overwrite=args.overwrite)  # fmt: skip
-    columns = generate(args.checkpoint, args.prompts, args.prompt_column, args.reward_fn, args.limit,
-                       args.max_new_tokens, args.temperature, args.no_base, args.seed,
-                       trust_checkpoint_code=args.trust_checkpoint_code, reward_weights=args.reward_weights)  # fmt: skip
+    check_arguments(
+        output=args.output,
+        inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts},
+        overwrite=args.overwrite,
+    )
+    columns = generate(
+        args.checkpoint,
+        args.prompts,
+        args.prompt_column,
+        args.reward_fn,
+        args.limit,
+        args.max_new_tokens,
+        args.temperature,
+        args.no_base,
+        args.seed,
+        trust_checkpoint_code=args.trust_checkpoint_code,
+        reward_weights=args.reward_weights,
+    )
     return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
 
 
@@ -183,26 +219,48 @@ def compare_command(argv: list[str]) -> int:
         description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
         "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
     )
-    parser.add_argument("models", nargs="+", help="checkpoint or run folders, model directories or Hub ids, optionally NAME=PATH")
+    parser.add_argument(
+        "models", nargs="+", help="checkpoint or run folders, model directories or Hub ids, optionally NAME=PATH"
+    )
     parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
     parser.add_argument("--prompt_column", default="prompt")
     add_reward_options(parser)
-    parser.add_argument("--chat_template", choices=["auto", "yes", "no"], default="auto",
-                        help="wrap prompts with each model's chat template (auto: as the first checkpoint was trained)")
+    parser.add_argument(
+        "--chat_template",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="wrap prompts with each model's chat template (auto: as the first checkpoint was trained)",
+    )
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--max_new_tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--max_prompt_length", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="also write the table to FILE (.md, .html or .jsonl)")
-    parser.add_argument("--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP)
+    parser.add_argument(
+        "--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP
+    )
     parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
-    check_arguments(output=args.output, inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}},
-                    overwrite=args.overwrite)  # fmt: skip
-    columns = compare(args.models, args.prompts, args.prompt_column, args.reward_fn, args.chat_template, args.limit,
-                      args.max_new_tokens, args.temperature, args.max_prompt_length, args.seed,
-                      trust_checkpoint_code=args.trust_checkpoint_code, reward_weights=args.reward_weights)  # fmt: skip
+    check_arguments(
+        output=args.output,
+        inputs={"--prompts": args.prompts, **{m: m.rpartition("=")[2] for m in args.models}},
+        overwrite=args.overwrite,
+    )
+    columns = compare(
+        args.models,
+        args.prompts,
+        args.prompt_column,
+        args.reward_fn,
+        args.chat_template,
+        args.limit,
+        args.max_new_tokens,
+        args.temperature,
+        args.max_prompt_length,
+        args.seed,
+        trust_checkpoint_code=args.trust_checkpoint_code,
+        reward_weights=args.reward_weights,
+    )
     return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
 
 
@@ -245,23 +303,43 @@ TRLX_EPILOG = (
 def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     if command == "checkpoint":
-        parser = usercode.CommandParser(prog=prog, epilog=EXPORT_EPILOG, formatter_class=raw, description=(
-            "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
-            "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone."))  # fmt: skip
-        parser.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
+        parser = usercode.CommandParser(
+            prog=prog,
+            epilog=EXPORT_EPILOG,
+            formatter_class=raw,
+            description=(
+                "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
+                "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone."
+            ),
+        )
+        parser.add_argument(
+            "checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)"
+        )
         parser.add_argument("--out", required=True, help="output model directory (must be empty or new)")
-        parser.add_argument("--base-model", help="base model location, overriding the checkpoint's config.yaml (if it moved)")
+        parser.add_argument(
+            "--base-model", help="base model location, overriding the checkpoint's config.yaml (if it moved)"
+        )
         parser.add_argument("--tokenizer", help="tokenizer location, overriding the checkpoint's config.yaml")
-        parser.add_argument("--dtype", type=_dtype_arg, help="dtype of the written weights (default: the training dtype)")
+        parser.add_argument(
+            "--dtype", type=_dtype_arg, help="dtype of the written weights (default: the training dtype)"
+        )
         parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 2GB (default 5GB)")
         parser.add_argument("--value-head", help="also write the value head to this .safetensors file")
         parser.add_argument("--reward-branch", help="also write the run's reward branch to this .safetensors file")
         parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
     elif command == "trlx":
-        parser = usercode.CommandParser(prog=prog, epilog=TRLX_EPILOG, formatter_class=raw, description=(
-            "Convert a trlX hydra checkpoint (AutoModelForCausalLMWithHydraValueHead: base_model.*, v_head.*, "
-            "frozen_head.*) to a hydrappo checkpoint, to keep training with hydrappo."))  # fmt: skip
-        parser.add_argument("source", help="trlX checkpoint: a directory (pytorch_model.bin, model.safetensors, shards) or a file")
+        parser = usercode.CommandParser(
+            prog=prog,
+            epilog=TRLX_EPILOG,
+            formatter_class=raw,
+            description=(
+                "Convert a trlX hydra checkpoint (AutoModelForCausalLMWithHydraValueHead: base_model.*, v_head.*, "
+                "frozen_head.*) to a hydrappo checkpoint, to keep training with hydrappo."
+            ),
+        )
+        parser.add_argument(
+            "source", help="trlX checkpoint: a directory (pytorch_model.bin, model.safetensors, shards) or a file"
+        )
         parser.add_argument("--out", required=True, help="hydrappo checkpoint directory to write")
         parser.add_argument("--write-base", help="write the base model directory (config, tokenizer, safetensors) here")
         parser.add_argument("--base-model", help="the original model trlX started from (needed without a frozen head)")
@@ -273,14 +351,23 @@ def _export_parser(command: str, prog: str) -> argparse.ArgumentParser:
         from .storage.models import BUNDLED_MODELS
 
         parser = usercode.CommandParser(
-            prog=prog, description="Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer)."
+            prog=prog,
+            description="Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer).",
         )
-        parser.add_argument("source", help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file")
+        parser.add_argument(
+            "source",
+            help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file",
+        )
         parser.add_argument("--gguf-file", default=None, help="GGUF file inside the source directory")
         parser.add_argument("--out", required=True, help="output model directory (created)")
-    parser.add_argument("--overwrite_output_dir", "--overwrite", dest="overwrite", action="store_true",
-                        help="write over a non-empty --out (and existing files): what is there is moved to a sibling "
-                        "NAME.previous-<time>, never deleted")  # fmt: skip
+    parser.add_argument(
+        "--overwrite_output_dir",
+        "--overwrite",
+        dest="overwrite",
+        action="store_true",
+        help="write over a non-empty --out (and existing files): what is there is moved to a sibling "
+        "NAME.previous-<time>, never deleted",
+    )
     return parser
 
 
@@ -312,10 +399,16 @@ def export_command(argv: list[str]) -> int:
         for option, path in (("--value-head", args.value_head), ("--reward-branch", args.reward_branch)):
             claim_output_path(path, overwrite=args.overwrite, option=option, folder=False, inputs=inputs)
         out = export_checkpoint(
-            checkpoint, args.out, base_model=args.base_model, tokenizer=args.tokenizer, dtype=args.dtype,
-            max_shard_size=args.max_shard_size, value_head=args.value_head, reward_branch=args.reward_branch,
+            checkpoint,
+            args.out,
+            base_model=args.base_model,
+            tokenizer=args.tokenizer,
+            dtype=args.dtype,
+            max_shard_size=args.max_shard_size,
+            value_head=args.value_head,
+            reward_branch=args.reward_branch,
             device=args.device,
-        )  # fmt: skip
+        )
         print(f"wrote the trained policy of {checkpoint} to {out}")
         if args.value_head:
             print(f"wrote the value head to {args.value_head}")
@@ -326,10 +419,15 @@ def export_command(argv: list[str]) -> int:
         claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
         claim_output_path(args.write_base, overwrite=args.overwrite, option="--write-base", inputs=inputs)
         result = convert_trlx(
-            args.source, args.out, config=args.config, write_base=args.write_base, base_model=args.base_model,
-            num_layers_unfrozen=args.num_layers_unfrozen, tokenizer=args.tokenizer,
+            args.source,
+            args.out,
+            config=args.config,
+            write_base=args.write_base,
+            base_model=args.base_model,
+            num_layers_unfrozen=args.num_layers_unfrozen,
+            tokenizer=args.tokenizer,
             max_shard_size=args.max_shard_size,
-        )  # fmt: skip
+        )
         print(
             f"wrote hydrappo checkpoint {result.checkpoint} on base model {result.base_model}\n"
             f"  model.name_or_path: {result.base_model}\n  model.num_layers_unfrozen: {result.num_layers_unfrozen}\n"
@@ -361,59 +459,104 @@ def memory_command(argv: list[str]) -> int:
 
     d = TrainingSettings()
     parser = usercode.CommandParser(
-        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan the GPU memory of PPO-RLHF with hydrappo (one trunk) and with the classic four-model "
         "layout, per component, and list the GPU sizes it fits.",
         epilog=f"presets: {', '.join(PRESETS)}\n\n" + "\n".join(planner.__doc__.split("\n\n")[1:2]),
-    )  # fmt: skip
+    )
     parser.add_argument("model", nargs="?", help="a preset name, a config.json or a model directory")
     layers = parser.add_mutually_exclusive_group()  # two ways to say which layers train
-    layers.add_argument("-N", "--num-layers-unfrozen", type=int, help=f"trainable top layers (-1: all; default {d.num_layers_unfrozen})")
-    layers.add_argument("--trainable-layers", metavar="START:END", help="a band of trainable layers instead of the top N (0-based, END exclusive, e.g. 12:16)")
-    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on the top N layers (0: full training)")
+    layers.add_argument(
+        "-N", "--num-layers-unfrozen", type=int, help=f"trainable top layers (-1: all; default {d.num_layers_unfrozen})"
+    )
+    layers.add_argument(
+        "--trainable-layers",
+        metavar="START:END",
+        help="a band of trainable layers instead of the top N (0-based, END exclusive, e.g. 12:16)",
+    )
+    parser.add_argument(
+        "--lora-rank", type=int, default=0, help="LoRA adapters of this rank on the top N layers (0: full training)"
+    )
     parser.add_argument("--dtype", default=d.dtype, choices=sorted(DTYPES), help="weights dtype")
-    parser.add_argument("--master-weights", choices=("auto", "yes", "no"), default="auto",
-                        help="fp32 master copy + fp32 optimizer state of trainable weights (auto: when dtype is not fp32)")
+    parser.add_argument(
+        "--master-weights",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="fp32 master copy + fp32 optimizer state of trainable weights (auto: when dtype is not fp32)",
+    )
     parser.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS)
-    parser.add_argument("--trunk-quantization", default=d.trunk_quantization, choices=TRUNK_QUANTIZATIONS,
-                        help="the frozen bottom layers (and frozen untied input embeddings) in int8 / 4bit")
+    parser.add_argument(
+        "--trunk-quantization",
+        default=d.trunk_quantization,
+        choices=TRUNK_QUANTIZATIONS,
+        help="the frozen bottom layers (and frozen untied input embeddings) in int8 / 4bit",
+    )
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per PPO step")
     parser.add_argument("--mini-batch-size", type=int, default=d.mini_batch_size)
     parser.add_argument("--gradient-accumulation-steps", type=int, default=d.gradient_accumulation_steps)
     parser.add_argument("--generation-batch-size", type=int, default=d.generation_batch_size)
     parser.add_argument("--prompt-length", type=int, default=d.prompt_length)
     parser.add_argument("--response-length", type=int, default=d.response_length)
-    parser.add_argument("--no-reward-model", action="store_true", help="a reward function scores (no reward branch/model)")
+    parser.add_argument(
+        "--no-reward-model", action="store_true", help="a reward function scores (no reward branch/model)"
+    )
     parser.add_argument("--train-lm-head", action="store_true")
     parser.add_argument("--train-final-norm", action="store_true")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--entropy", action="store_true", help="an entropy bonus in the update (ppo.ent_coef != 0)")
-    parser.add_argument("--sampler", default=d.sampler, choices=SAMPLERS, help="graph: its static KV cache is held all step")
+    parser.add_argument(
+        "--sampler", default=d.sampler, choices=SAMPLERS, help="graph: its static KV cache is held all step"
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("--gpu", type=float, help="GiB of a GPU: which settings fit it, beside TRL's GRPO + LoRA and the classic layout")
-    parser.add_argument("--largest", action="store_true", help="peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, default 16)")
-    parser.add_argument("--validate", action="store_true", help="measure two PPO steps on this CPU (float32) of a 135M and a "
-                        "410M model against the plan (minutes; runs tools/validate_memory.py of a source checkout)")  # fmt: skip
+    parser.add_argument(
+        "--gpu", type=float, help="GiB of a GPU: which settings fit it, beside TRL's GRPO + LoRA and the classic layout"
+    )
+    parser.add_argument(
+        "--largest",
+        action="store_true",
+        help="peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, default 16)",
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="measure two PPO steps on this CPU (float32) of a 135M and a "
+        "410M model against the plan (minutes; runs tools/validate_memory.py of a source checkout)",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     if args.validate:
         script = Path(__file__).resolve().parents[1] / "tools" / "validate_memory.py"
         if not script.is_file():
-            print(f"{prog}: --validate runs tools/validate_memory.py of a hydrappo source checkout; this installation "
-                  "has none (clone the repository and run it there).", file=sys.stderr)  # fmt: skip
+            print(
+                f"{prog}: --validate runs tools/validate_memory.py of a hydrappo source checkout; this installation "
+                "has none (clone the repository and run it there).",
+                file=sys.stderr,
+            )
             return 2
         return subprocess.run([sys.executable, str(script)]).returncode
     try:
         settings = TrainingSettings(
             num_layers_unfrozen=d.num_layers_unfrozen if args.num_layers_unfrozen is None else args.num_layers_unfrozen,
-            trainable_layers=args.trainable_layers, lora_rank=args.lora_rank, dtype=args.dtype, optimizer=args.optimizer,
-            master_weights={"auto": None, "yes": True, "no": False}[args.master_weights], trunk_quantization=args.trunk_quantization,
-            batch_size=args.batch_size, mini_batch_size=args.mini_batch_size,
-            gradient_accumulation_steps=args.gradient_accumulation_steps, generation_batch_size=args.generation_batch_size,
-            prompt_length=args.prompt_length, response_length=args.response_length, reward_model=not args.no_reward_model,
-            train_lm_head=args.train_lm_head, train_final_norm=args.train_final_norm,
-            gradient_checkpointing=args.gradient_checkpointing, entropy_in_update=args.entropy, sampler=args.sampler,
-        )  # fmt: skip
+            trainable_layers=args.trainable_layers,
+            lora_rank=args.lora_rank,
+            dtype=args.dtype,
+            optimizer=args.optimizer,
+            master_weights={"auto": None, "yes": True, "no": False}[args.master_weights],
+            trunk_quantization=args.trunk_quantization,
+            batch_size=args.batch_size,
+            mini_batch_size=args.mini_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            generation_batch_size=args.generation_batch_size,
+            prompt_length=args.prompt_length,
+            response_length=args.response_length,
+            reward_model=not args.no_reward_model,
+            train_lm_head=args.train_lm_head,
+            train_final_norm=args.train_final_norm,
+            gradient_checkpointing=args.gradient_checkpointing,
+            entropy_in_update=args.entropy,
+            sampler=args.sampler,
+        )
         if args.largest:
             print(planner.format_largest(settings, args.lora_rank or 16))
             return 0
@@ -436,7 +579,10 @@ COMMANDS = {
     **{name: (functools.partial(stage_command, name), stage.summary) for name, stage in STAGES.items()},
     "generate": (generate_command, "a checkpoint's and its base model's responses, scored, side by side"),
     "compare": (compare_command, "several models on the same prompts, scored side by side"),
-    "export": (export_command, "checkpoint -> transformers model dir; `export trlx` / `export gguf` convert into hydrappo"),
+    "export": (
+        export_command,
+        "checkpoint -> transformers model dir; `export trlx` / `export gguf` convert into hydrappo",
+    ),
     "memory": (memory_command, "plan GPU memory per component, hydrappo vs the classic four models"),
 }
 
@@ -451,7 +597,9 @@ def main(argv: list[str] | None = None) -> int:  # the program does not wait for
 def _main(argv: list[str] | None) -> int:
     rank, world_size = _process()
     # Under a launcher only process 0 tells what it is doing; every process warns.
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     # bitsandbytes (imported by peft when installed) warns on CPUs with AVX512-BF16 that an optional
     # kernel package is missing; hydrappo pins its quantized modules to the path that does not use it.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
@@ -476,7 +624,9 @@ def _main(argv: list[str] | None) -> int:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     except SystemExit as done:  # anyone else's (user code a check did not wrap): an error
         last = traceback.extract_tb(done.__traceback__)[-1]
-        return _fail(prog, f"sys.exit({done.code!r}) was called ({Path(last.filename).name}, line {last.lineno}).", 1, debug)
+        return _fail(
+            prog, f"sys.exit({done.code!r}) was called ({Path(last.filename).name}, line {last.lineno}).", 1, debug
+        )
     except HydrappoError as error:  # raised on purpose, with a message that says what to fix: show just that
         return _fail(prog, str(error), error.exit_code, debug)
     except KeyboardInterrupt:
@@ -487,11 +637,23 @@ def _main(argv: list[str] | None) -> int:
             # The operating system refused something (a full disk, a permission): not a bug.
             reason, fix = described or (error.strerror.lower() if error.strerror else str(error), "check the path")
             paths = [os.fsdecode(p) for p in (getattr(error, "filename", None), getattr(error, "filename2", None)) if p]
-            where = f" at {' -> '.join(paths)}" if paths else ""  # (a path given as bytes, e.g. by TensorBoard, as text)
-            return _fail(prog, f"the operating system refused a file operation{where}: {reason}; {fix}. Files "
-                         "written completely before it are intact.", 1, debug)  # fmt: skip
-        return _fail(prog, f"unexpected error: {type(error).__name__}: {error}. This is a bug (or a case hydrappo "
-                     "does not check yet): rerun with --debug for the traceback and report it.", 1, debug)  # fmt: skip
+            where = (
+                f" at {' -> '.join(paths)}" if paths else ""
+            )  # (a path given as bytes, e.g. by TensorBoard, as text)
+            return _fail(
+                prog,
+                f"the operating system refused a file operation{where}: {reason}; {fix}. Files "
+                "written completely before it are intact.",
+                1,
+                debug,
+            )
+        return _fail(
+            prog,
+            f"unexpected error: {type(error).__name__}: {error}. This is a bug (or a case hydrappo "
+            "does not check yet): rerun with --debug for the traceback and report it.",
+            1,
+            debug,
+        )
     finally:
         if "torch.distributed" in sys.modules:  # a command that ran under a launcher
             from .train.distributed import end_process_group

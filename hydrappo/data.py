@@ -41,7 +41,9 @@ BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parqu
 # --------------------------------------------------------------------------- reading tables
 def _is_saved_dataset(path: Path) -> bool:
     """A folder written by Dataset.save_to_disk / DatasetDict.save_to_disk."""
-    return (path / "dataset_dict.json").is_file() or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file())
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
 
 
 def _is_hub_layout(path: Path) -> bool:
@@ -63,11 +65,14 @@ def _data_files(path: Path, setting: str, allow_text: bool) -> list[Path]:
     what = "prompt" if allow_text else "data"
     if path.is_file():
         if path.suffix.lower() not in kinds:
-            raise DataError(f"{setting}: {path}: unsupported {what} file type {path.suffix!r}; use one of {', '.join(kinds)}.")
+            raise DataError(
+                f"{setting}: {path}: unsupported {what} file type {path.suffix!r}; use one of {', '.join(kinds)}."
+            )
         return [path]
     # Sorted, so that the row order (and hence the sampler's indices and the eval split) is stable.
     files = sorted(
-        f for f in path.rglob("*")
+        f
+        for f in path.rglob("*")
         if f.is_file() and f.suffix.lower() in kinds and not any(p.startswith(".") for p in f.relative_to(path).parts)
     )
     if not files:
@@ -97,12 +102,16 @@ def _check_utf8(file: Path, setting: str) -> None:
         try:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError:
-            raise DataError(f"{setting}: {file}: not UTF-8 text: it ends inside a character (cut short?). Save it as UTF-8.") from None
+            raise DataError(
+                f"{setting}: {file}: not UTF-8 text: it ends inside a character (cut short?). Save it as UTF-8."
+            ) from None
 
 
 def _empty(file: Path, setting: str, column: str) -> DataError:
-    return DataError(f"{setting}: {file} is empty: it holds no rows. Fill it (e.g. one JSON object per line with a "
-                     f"{column!r} field for .jsonl, one text per line for .txt), or point {setting} at another file.")  # fmt: skip
+    return DataError(
+        f"{setting}: {file} is empty: it holds no rows. Fill it (e.g. one JSON object per line with a "
+        f"{column!r} field for .jsonl, one text per line for .txt), or point {setting} at another file."
+    )
 
 
 def _unique_keys(pairs: list) -> dict:
@@ -125,17 +134,25 @@ def _check_rows(file: Path, setting: str, column: str) -> None:
             try:
                 row = json.loads(line, object_pairs_hook=_unique_keys) if line.strip() else {}
             except KeyError as error:
-                raise DataError(f"{setting}: {file}: line {number} gives the key {error.args[0]!r} twice; a JSON object "
-                                "holds each key once: keep one of them.") from None  # fmt: skip
+                raise DataError(
+                    f"{setting}: {file}: line {number} gives the key {error.args[0]!r} twice; a JSON object "
+                    "holds each key once: keep one of them."
+                ) from None
             except ValueError as error:
-                raise DataError(f"{setting}: {file}: line {number} is not one JSON object ({getattr(error, 'msg', error)} "
-                                f"at column {getattr(error, 'colno', '?')}); a .jsonl file holds one per line: fix it.") from None  # fmt: skip
+                raise DataError(
+                    f"{setting}: {file}: line {number} is not one JSON object ({getattr(error, 'msg', error)} "
+                    f"at column {getattr(error, 'colno', '?')}); a .jsonl file holds one per line: fix it."
+                ) from None
             if not isinstance(row, dict):
-                raise DataError(f"{setting}: {file}: line {number} holds a JSON {type(row).__name__}, not an object "
-                                f'({{"{column}": ...}}); a .jsonl file holds one JSON object per line.')  # fmt: skip
+                raise DataError(
+                    f"{setting}: {file}: line {number} holds a JSON {type(row).__name__}, not an object "
+                    f'({{"{column}": ...}}); a .jsonl file holds one JSON object per line.'
+                )
             if bad := re.search("[\ud800-\udfff]", json.dumps(row, ensure_ascii=False)):  # pyarrow: "Trailing data"
-                raise DataError(f"{setting}: {file}: line {number} holds a lone surrogate \\u{ord(bad.group()):04x} (half a UTF-16 "
-                                "pair, not Unicode: text cut inside an emoji?); fix the text on that line (or write \\ufffd).")  # fmt: skip
+                raise DataError(
+                    f"{setting}: {file}: line {number} holds a lone surrogate \\u{ord(bad.group()):04x} (half a UTF-16 "
+                    "pair, not Unicode: text cut inside an emoji?); fix the text on that line (or write \\ufffd)."
+                )
 
 
 def _root_cause(error: BaseException) -> BaseException:
@@ -174,9 +191,20 @@ def _load_datasets(source: str, split: str, subset: str | None, setting: str) ->
         ) from None
 
 
-def read_table(source: str | Path, columns: list[str], optional: list[str] = (), *, setting: str = "data.train_file",
-               split: str = "train", subset: str | None = None, allow_text: bool = False, nonempty: bool = False,
-               others: bool = False, options: dict | None = None, conversations: bool = False) -> dict:  # fmt: skip
+def read_table(
+    source: str | Path,
+    columns: list[str],
+    optional: list[str] = (),
+    *,
+    setting: str = "data.train_file",
+    split: str = "train",
+    subset: str | None = None,
+    allow_text: bool = False,
+    nonempty: bool = False,
+    others: bool = False,
+    options: dict | None = None,
+    conversations: bool = False,
+) -> dict:
     """{column: list of values} of `source` (see the module docstring). `columns` must be
     present in every file and hold text (non-blank text with `nonempty`; the first may hold
     message lists with `conversations`, prompts.py); an `optional` column missing anywhere maps
@@ -220,7 +248,9 @@ def read_table(source: str | Path, columns: list[str], optional: list[str] = (),
         raise
     except Exception as error:  # pyarrow and datasets raise many types while decoding columns
         cause = _root_cause(error)
-        raise DataError(f"{setting}: {source!r} could not be read: {type(cause).__name__}: {str(cause)[:300]}.") from None
+        raise DataError(
+            f"{setting}: {source!r} could not be read: {type(cause).__name__}: {str(cause)[:300]}."
+        ) from None
 
 
 @contextlib.contextmanager
@@ -249,7 +279,9 @@ def in_memory_dataset(table, setting: str, split: str = "train"):
 
     if isinstance(table, DatasetDict):
         if split not in table:
-            raise DataError(f"{setting}: the DatasetDict has no split {split!r} (splits: {', '.join(table)}); name one.")
+            raise DataError(
+                f"{setting}: the DatasetDict has no split {split!r} (splits: {', '.join(table)}); name one."
+            )
         return table[split]
     if isinstance(table, Dataset):
         return table
@@ -263,8 +295,17 @@ def in_memory_dataset(table, setting: str, split: str = "train"):
     )
 
 
-def _columns(loaded, source: str, columns: list[str], optional, setting: str, nonempty: bool, others: bool = False,
-             options: dict | None = None, conversations: bool = False) -> dict:  # fmt: skip
+def _columns(
+    loaded,
+    source: str,
+    columns: list[str],
+    optional,
+    setting: str,
+    nonempty: bool,
+    others: bool = False,
+    options: dict | None = None,
+    conversations: bool = False,
+) -> dict:
     table = {name: [] for name in (*columns, *optional)}
     extra: dict[str, list] = {}
     rows = 0
@@ -292,7 +333,9 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
                 values = conversation_column(values, where, unit, name)  # message lists (prompts.py)
             for row, value in enumerate(values if not (values and isinstance(values[0], list)) else ()):
                 if not isinstance(value, str):
-                    raise DataError(f"{where}: {unit} {row + 1} has a {type(value).__name__} {name} ({value!r}); it must be text.")
+                    raise DataError(
+                        f"{where}: {unit} {row + 1} has a {type(value).__name__} {name} ({value!r}); it must be text."
+                    )
                 if nonempty and not value.strip():
                     raise DataError(f"{where}: {unit} {row + 1} has an empty {name}; remove it.")
             table[name].extend(values)
@@ -304,25 +347,52 @@ def _columns(loaded, source: str, columns: list[str], optional, setting: str, no
     if not table[columns[0]]:
         raise DataError(f"{setting}: {source!r} holds no rows: the data is empty.")
     if len({isinstance(value, list) for value in table[columns[0]]}) > 1:  # files of text and files of message lists
-        raise DataError(f"{setting}={source}: some files hold the {columns[0]} as text, others as message lists; give one kind.")
+        raise DataError(
+            f"{setting}={source}: some files hold the {columns[0]} as text, others as message lists; give one kind."
+        )
     table.update(extra)
     return table
 
 
-def load_prompt_texts(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,
-                      setting: str = "data.prompts") -> list[str]:  # fmt: skip
+def load_prompt_texts(
+    path: str, column: str = "prompt", split: str = "train", subset: str | None = None, setting: str = "data.prompts"
+) -> list[str]:
     """All prompts of `path` (see `read_table`); for .txt files each line is a prompt.
     `setting` names the option in errors."""
-    return read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True,
-                      options={column: "data.prompt_column"})[column]  # fmt: skip
+    return read_table(
+        path,
+        [column],
+        setting=setting,
+        split=split,
+        subset=subset,
+        allow_text=True,
+        nonempty=True,
+        options={column: "data.prompt_column"},
+    )[column]
 
 
-def load_prompt_table(path: str, column: str = "prompt", split: str = "train", subset: str | None = None,
-                      setting: str = "data.prompts", option: str = "data.prompt_column") -> tuple[list, dict[str, list]]:  # fmt: skip
+def load_prompt_table(
+    path: str,
+    column: str = "prompt",
+    split: str = "train",
+    subset: str | None = None,
+    setting: str = "data.prompts",
+    option: str = "data.prompt_column",
+) -> tuple[list, dict[str, list]]:
     """(prompts: texts or message lists, {other column: values, row-aligned}) of `path`: the
     other columns go to the reward functions as keyword arguments. `option` names the column."""
-    table = read_table(path, [column], setting=setting, split=split, subset=subset, allow_text=True, nonempty=True,
-                       others=True, options={column: option}, conversations=True)  # fmt: skip
+    table = read_table(
+        path,
+        [column],
+        setting=setting,
+        split=split,
+        subset=subset,
+        allow_text=True,
+        nonempty=True,
+        others=True,
+        options={column: option},
+        conversations=True,
+    )
     texts = table.pop(column)
     return texts, table
 
@@ -402,7 +472,9 @@ def split_by_prompt(prompts: list[str], eval_fraction: float, seed: int) -> tupl
     return [i for i, p in enumerate(prompts) if p not in held], [i for i, p in enumerate(prompts) if p in held]
 
 
-def tokenize_responses(texts: list[str], tokenizer, max_length: int, append_eos: bool, add_special_tokens: bool = False):
+def tokenize_responses(
+    texts: list[str], tokenizer, max_length: int, append_eos: bool, add_special_tokens: bool = False
+):
     """Token ids of each response, cut to `max_length`. With `append_eos` a response ends
     with EOS as a finished PPO response does, unless it was cut (a cut response did not end)."""
     encoded = tokenizer(list(texts), add_special_tokens=add_special_tokens)["input_ids"] if texts else []
@@ -414,7 +486,9 @@ def tokenize_responses(texts: list[str], tokenizer, max_length: int, append_eos:
 
 def encode_prompts(texts: list[str], tokenizer, data) -> list[list[int]]:
     """Token ids of prompts, formatted and cut as the data options say."""
-    return tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt).input_ids
+    return tokenize_prompts(
+        texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
+    ).input_ids
 
 
 @dataclass
@@ -433,7 +507,10 @@ class PreferencePairs:
     def subset(self, index: list[int]) -> PreferencePairs:
         pick = lambda values: [values[i] for i in index]  # noqa: E731
         return PreferencePairs(
-            pick(self.prompts), pick(self.prompt_ids), pick(self.chosen_ids), pick(self.rejected_ids),
+            pick(self.prompts),
+            pick(self.prompt_ids),
+            pick(self.chosen_ids),
+            pick(self.rejected_ids),
             pick(self.margins) if self.margins is not None else None,
         )
 
@@ -441,11 +518,21 @@ class PreferencePairs:
 def read_preference_table(path, data, setting: str = "data.train_file", split: str | None = None) -> dict:
     """The (prompt, chosen, rejected[, margin]) columns `PreferenceDataArgs` names, checked (the
     margins as floats): what can be refused before a tokenizer loads."""
-    names = {data.prompt_column: "data.prompt_column", data.chosen_column: "data.chosen_column",
-             data.rejected_column: "data.rejected_column"}  # fmt: skip
+    names = {
+        data.prompt_column: "data.prompt_column",
+        data.chosen_column: "data.chosen_column",
+        data.rejected_column: "data.rejected_column",
+    }
     columns = ([data.prompt_column] if data.prompt_column else []) + [data.chosen_column, data.rejected_column]
-    table = read_table(path, columns, [data.margin_column] if data.margin_column else [], setting=setting,
-                       split=split or data.split, subset=data.subset, options=names)  # fmt: skip
+    table = read_table(
+        path,
+        columns,
+        [data.margin_column] if data.margin_column else [],
+        setting=setting,
+        split=split or data.split,
+        subset=data.subset,
+        options=names,
+    )
     if data.margin_column:
         where = f"{setting}={path}"
         if table[data.margin_column] is None:
@@ -453,14 +540,22 @@ def read_preference_table(path, data, setting: str = "data.train_file", split: s
         try:
             table[data.margin_column] = [float(m) for m in table[data.margin_column]]
         except (TypeError, ValueError) as error:
-            raise DataError(f"{where}: margin column {data.margin_column!r} holds a value that is not a number ({error}).") from None
+            raise DataError(
+                f"{where}: margin column {data.margin_column!r} holds a value that is not a number ({error})."
+            ) from None
         if not all(math.isfinite(m) for m in table[data.margin_column]):
             raise DataError(f"{where}: margin column {data.margin_column!r} holds non-finite values.")
     return table
 
 
-def load_preference_pairs(path: str | Path, tokenizer, data, setting: str = "data.train_file",
-                          split: str | None = None, table: dict | None = None) -> PreferencePairs:  # fmt: skip
+def load_preference_pairs(
+    path: str | Path,
+    tokenizer,
+    data,
+    setting: str = "data.train_file",
+    split: str | None = None,
+    table: dict | None = None,
+) -> PreferencePairs:
     """Read (or take the `table` read_preference_table read) and tokenize (prompt, chosen, rejected[, margin]) rows."""
     table = table if table is not None else read_preference_table(path, data, setting, split)
     chosen, rejected = table[data.chosen_column], table[data.rejected_column]
@@ -483,12 +578,24 @@ def load_preference_pairs(path: str | Path, tokenizer, data, setting: str = "dat
 def read_sft_table(path, data, setting: str = "data.train_file", split: str | None = None) -> dict:
     """The prompt and response columns `SFTDataArgs` names, checked."""
     names = {data.prompt_column: "data.prompt_column", data.response_column: "data.response_column"}
-    return read_table(path, [data.prompt_column, data.response_column], setting=setting, split=split or data.split,
-                      subset=data.subset, options=names)  # fmt: skip
+    return read_table(
+        path,
+        [data.prompt_column, data.response_column],
+        setting=setting,
+        split=split or data.split,
+        subset=data.subset,
+        options=names,
+    )
 
 
-def load_sft_rows(path: str | Path, tokenizer, data, setting: str = "data.train_file", split: str | None = None,
-                  table: dict | None = None):  # fmt: skip
+def load_sft_rows(
+    path: str | Path,
+    tokenizer,
+    data,
+    setting: str = "data.train_file",
+    split: str | None = None,
+    table: dict | None = None,
+):
     """(prompt texts, prompt ids, response ids) of prompt/response rows (or of the `table` read_sft_table read)."""
     table = table if table is not None else read_sft_table(path, data, setting, split)
     prompts = table[data.prompt_column]

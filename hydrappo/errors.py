@@ -141,7 +141,9 @@ def plain_write_errors(what: str, where: str | os.PathLike, survives: str, then:
 def refused_pickle(error: BaseException, folder: str | os.PathLike, option: str) -> str | None:
     """The message for a model folder whose pickled weights (pytorch_model*.bin) torch's
     weights_only loader refused, naming the file and what it holds; None for any other error."""
-    if type(error).__name__ != "UnpicklingError" or "weights_only" not in str(error).replace("Weights only", "weights_only"):
+    if type(error).__name__ != "UnpicklingError" or "weights_only" not in str(error).replace(
+        "Weights only", "weights_only"
+    ):
         return None
     folder = Path(folder)
     files = sorted(path.name for path in folder.glob("*.bin")) or ["its pickled weights file"]

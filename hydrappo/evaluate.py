@@ -29,8 +29,13 @@ from .data import PromptSet, load_prompt_table, tokenize_prompts
 from .generation.samplers import build_sampler
 from .rewards import build_reward_source
 from .storage.checkpoint import (
-    CheckpointError, find_checkpoint, is_checkpoint_folder, latest_checkpoint, load_checkpoint_config,
-    load_trainable_weights, seed_everything,
+    CheckpointError,
+    find_checkpoint,
+    is_checkpoint_folder,
+    latest_checkpoint,
+    load_checkpoint_config,
+    load_trainable_weights,
+    seed_everything,
 )
 from .storage.export import load_checkpoint_hydra
 from .storage.models import build_hydra, load_model_and_tokenizer
@@ -40,8 +45,15 @@ from .train.precision import pick_device
 logger = logging.getLogger("hydrappo")
 
 
-def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: GenerationArgs, reward_source, seed: int = 0,
-                       columns: dict | None = None):  # fmt: skip
+def generate_and_score(
+    hydra,
+    tokenizer,
+    prompts: PromptSet,
+    generation: GenerationArgs,
+    reward_source,
+    seed: int = 0,
+    columns: dict | None = None,
+):
     """One sampled response per prompt, and its score (the reward functions get the prompts'
     other `columns`). Seeded, so that two models compared on the same prompts see the same
     random numbers."""
@@ -54,13 +66,22 @@ def generate_and_score(hydra, tokenizer, prompts: PromptSet, generation: Generat
     scores = [None] * len(texts)
     if reward_source is not None:
         samples = [p + r for p, r in zip(prompts.texts, texts)]
-        scores = [float(s) for s in reward_source(samples, prompts.texts, texts, columns=columns,
-                                                  completion_ids=responses.response_ids,
-                                                  prompt_messages=prompts.messages)]  # fmt: skip
+        scores = [
+            float(s)
+            for s in reward_source(
+                samples,
+                prompts.texts,
+                texts,
+                columns=columns,
+                completion_ids=responses.response_ids,
+                prompt_messages=prompts.messages,
+            )
+        ]
     return [
         {"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
-        for p, r, s, e, d in zip(prompts.texts, texts, scores, responses.ended,
-                                 degeneration_flags(responses.response_ids, responses.ended))
+        for p, r, s, e, d in zip(
+            prompts.texts, texts, scores, responses.ended, degeneration_flags(responses.response_ids, responses.ended)
+        )
     ]
 
 
@@ -121,7 +142,10 @@ def side_by_side_html(columns: dict[str, list[dict]]) -> str:
             score = "" if row["score"] is None else f"{row['score']:.3f}"
             cells += [f"<td>{html.escape(row['response'])}</td>", f"<td>{score}</td>"]
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    means = "".join(f"<td></td><td><b>{'' if mean_score(columns[n]) is None else f'{mean_score(columns[n]):.3f}'}</b></td>" for n in names)
+    means = "".join(
+        f"<td></td><td><b>{'' if mean_score(columns[n]) is None else f'{mean_score(columns[n]):.3f}'}</b></td>"
+        for n in names
+    )
     rows.append(f"<tr><td><b>mean</b></td>{means}</tr>")
     return f"<table border=1 cellpadding=4>\n{head}\n" + "\n".join(rows) + "\n</table>\n"
 
@@ -143,6 +167,7 @@ def write_comparison(columns: dict[str, list[dict]], path: Path, overwrite: bool
     else:
         path.write_text(side_by_side_markdown(columns) + "\n")
 
+
 def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperature: float | None) -> GenerationArgs:
     return dataclasses.replace(
         defaults,
@@ -154,11 +179,19 @@ def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperatur
 def add_reward_options(parser) -> None:
     """--reward_fn (repeated, or comma-separated) and --reward_weights, as a run's reward.reward_fn
     and reward.reward_weights: the score of generate / compare is then the training score."""
-    parser.add_argument("--reward_fn", action="append", help="'module:function' or 'file.py:function' that scores the "
-                        "responses; several: repeat it or separate them with commas, as reward.reward_fn (default: "
-                        "none; see --trust_checkpoint_code)")  # fmt: skip
-    parser.add_argument("--reward_weights", type=float, nargs="+", help="one weight per --reward_fn (default 1 each), "
-                        "as reward.reward_weights")  # fmt: skip
+    parser.add_argument(
+        "--reward_fn",
+        action="append",
+        help="'module:function' or 'file.py:function' that scores the "
+        "responses; several: repeat it or separate them with commas, as reward.reward_fn (default: "
+        "none; see --trust_checkpoint_code)",
+    )
+    parser.add_argument(
+        "--reward_weights",
+        type=float,
+        nargs="+",
+        help="one weight per --reward_fn (default 1 each), as reward.reward_weights",
+    )
 
 
 def reward_specs(reward_fn) -> list[str]:
@@ -167,18 +200,38 @@ def reward_specs(reward_fn) -> list[str]:
     return RewardArgs(reward_fn=",".join(values)).function_specs
 
 
-def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=None, temperature=None, output=None,
-                    max_prompt_length=None, models=(), inputs=None, overwrite: bool = False,
-                    reward_weights=None) -> None:  # fmt: skip
+def check_arguments(
+    *,
+    prompts=None,
+    reward_fn=None,
+    limit=None,
+    max_new_tokens=None,
+    temperature=None,
+    output=None,
+    max_prompt_length=None,
+    models=(),
+    inputs=None,
+    overwrite: bool = False,
+    reward_weights=None,
+) -> None:
     """The options of `generate` and `compare`, all checked before any model loads. --output must
     not be or contain one of `inputs` ({option: path}), nor replace a file inside one (or inside
     the run that holds an input checkpoint); an existing file only with `overwrite`."""
     refuse_own_inputs(output, with_run_folders(inputs or {}), "--output", file=True)
     problems = Problems()
     if output is not None and Path(output).is_file() and not overwrite:
-        problems.add("--output", output, "already exists", "choose another file, or pass --overwrite to move the "
-                     "existing one to a sibling NAME.previous-<time> (nothing is deleted)")  # fmt: skip
-    for option, value in (("--limit", limit), ("--max_new_tokens", max_new_tokens), ("--max_prompt_length", max_prompt_length)):
+        problems.add(
+            "--output",
+            output,
+            "already exists",
+            "choose another file, or pass --overwrite to move the "
+            "existing one to a sibling NAME.previous-<time> (nothing is deleted)",
+        )
+    for option, value in (
+        ("--limit", limit),
+        ("--max_new_tokens", max_new_tokens),
+        ("--max_prompt_length", max_prompt_length),
+    ):
         if value is not None and value < 1:
             problems.add(option, value, "must be at least 1", f"give a positive number, or leave {option} out")
     if temperature is not None and not temperature > 0:
@@ -189,8 +242,12 @@ def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=
     for spec in specs:
         check_reward_fn(spec, problems, "--reward_fn")
     if reward_weights and specs and len(reward_weights) != len(specs):
-        problems.add("--reward_weights", reward_weights, f"has {len(reward_weights)} weight(s) for {len(specs)} "
-                     "--reward_fn function(s)", "give one weight per function, in their order")  # fmt: skip
+        problems.add(
+            "--reward_weights",
+            reward_weights,
+            f"has {len(reward_weights)} weight(s) for {len(specs)} --reward_fn function(s)",
+            "give one weight per function, in their order",
+        )
     if output is not None:
         suffix = Path(output).suffix
         why = writable_folder_problem(Path(output).expanduser().absolute().parent)
@@ -206,8 +263,9 @@ def check_arguments(*, prompts=None, reward_fn=None, limit=None, max_new_tokens=
     problems.raise_if_any()
 
 
-def checkpoint_reward(config: Config, reward_fn, trust_checkpoint_code: bool, checkpoint,
-                      reward_weights=None) -> RewardArgs | None:  # fmt: skip
+def checkpoint_reward(
+    config: Config, reward_fn, trust_checkpoint_code: bool, checkpoint, reward_weights=None
+) -> RewardArgs | None:
     """The reward to score with: `reward_fn` (one spec, comma-separated specs or a list, weighted by
     `reward_weights`) from the command line; else the checkpoint's reward functions, with the run's
     weights, only with `trust_checkpoint_code` (it is code); else its reward model (a folder of
@@ -216,13 +274,18 @@ def checkpoint_reward(config: Config, reward_fn, trust_checkpoint_code: bool, ch
         return RewardArgs(reward_fn=reward_specs(reward_fn), reward_weights=reward_weights)
     named = config.reward.reward_fn
     if named and trust_checkpoint_code:
-        return RewardArgs(reward_fn=named, timeout_s=config.reward.timeout_s,
-                          reward_weights=reward_weights or config.reward.reward_weights)  # fmt: skip
+        return RewardArgs(
+            reward_fn=named,
+            timeout_s=config.reward.timeout_s,
+            reward_weights=reward_weights or config.reward.reward_weights,
+        )
     if named:
         logger.warning(
             "not scoring: %s names the reward function %r, and code a checkpoint names is never run unless you say so. "
             "Read it, then pass --reward_fn %s (or --trust_checkpoint_code) to score the responses.",
-            Path(checkpoint) / "config.yaml", named, named,
+            Path(checkpoint) / "config.yaml",
+            named,
+            named,
         )
         return None
     if config.reward.reward_model:
@@ -230,12 +293,28 @@ def checkpoint_reward(config: Config, reward_fn, trust_checkpoint_code: bool, ch
     return None
 
 
-def generate(checkpoint, prompts=None, prompt_column=None, reward_fn=None, limit=None, max_new_tokens=None,
-             temperature=None, no_base=False, seed=0, trust_checkpoint_code=False,
-             reward_weights=None) -> dict[str, list[dict]]:  # fmt: skip
+def generate(
+    checkpoint,
+    prompts=None,
+    prompt_column=None,
+    reward_fn=None,
+    limit=None,
+    max_new_tokens=None,
+    temperature=None,
+    no_base=False,
+    seed=0,
+    trust_checkpoint_code=False,
+    reward_weights=None,
+) -> dict[str, list[dict]]:
     """The base model's and a checkpoint's trained policy's scored responses, by column name."""
-    check_arguments(prompts=prompts, reward_fn=reward_fn, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature,
-                    reward_weights=reward_weights)  # fmt: skip
+    check_arguments(
+        prompts=prompts,
+        reward_fn=reward_fn,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        reward_weights=reward_weights,
+    )
     checkpoint = find_checkpoint(checkpoint)
     config = load_checkpoint_config(checkpoint, Config)
     generation = _generation(config.generation, max_new_tokens, temperature)
@@ -251,14 +330,17 @@ def generate(checkpoint, prompts=None, prompt_column=None, reward_fn=None, limit
     texts, table = load_prompt_table(prompts or data.prompts, prompt_column or data.prompt_column)
     texts = texts[:limit] if limit else texts
     table = {name: values[: len(texts)] for name, values in table.items()}
-    prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
+    prompt_set = tokenize_prompts(
+        texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
+    )
 
     columns = {}
     if not no_base:
         columns["base"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source, seed, table)
     load_trainable_weights(hydra, checkpoint)
-    columns[f"trained ({checkpoint.name})"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source,
-                                                                 seed, table)  # fmt: skip
+    columns[f"trained ({checkpoint.name})"] = generate_and_score(
+        hydra, tokenizer, prompt_set, generation, reward_source, seed, table
+    )
     return columns
 
 
@@ -277,13 +359,31 @@ def load_for_generation(spec: str, device):
     return name or (location.name if location.exists() else path), model, tokenizer, None
 
 
-def compare(models: list[str], prompts: str, prompt_column="prompt", reward_fn=None, chat_template="auto", limit=None,
-            max_new_tokens=None, temperature=None, max_prompt_length=None, seed=0,
-            trust_checkpoint_code=False, reward_weights=None) -> dict[str, list[dict]]:  # fmt: skip
+def compare(
+    models: list[str],
+    prompts: str,
+    prompt_column="prompt",
+    reward_fn=None,
+    chat_template="auto",
+    limit=None,
+    max_new_tokens=None,
+    temperature=None,
+    max_prompt_length=None,
+    seed=0,
+    trust_checkpoint_code=False,
+    reward_weights=None,
+) -> dict[str, list[dict]]:
     """Several models on the same prompts with the same sampling seed, scored, by column name."""
-    check_arguments(prompts=prompts, reward_fn=reward_fn, limit=limit, max_new_tokens=max_new_tokens,
-                    temperature=temperature, max_prompt_length=max_prompt_length, models=models,
-                    reward_weights=reward_weights)  # fmt: skip
+    check_arguments(
+        prompts=prompts,
+        reward_fn=reward_fn,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        max_prompt_length=max_prompt_length,
+        models=models,
+        reward_weights=reward_weights,
+    )
     device = pick_device("auto")
     loaded = [load_for_generation(spec, device) for spec in models]
     trained = next(((spec, config) for spec, (*_, config) in zip(models, loaded) if config is not None), None)
@@ -292,8 +392,9 @@ def compare(models: list[str], prompts: str, prompt_column="prompt", reward_fn=N
     generation = _generation(defaults.generation, max_new_tokens, temperature)
     chat = {"yes": True, "no": False, "auto": defaults.data.apply_chat_template}[chat_template]
     if trained_config is not None:
-        reward_args = checkpoint_reward(trained_config, reward_fn, trust_checkpoint_code, trained[0].rpartition("=")[2],
-                                        reward_weights)  # fmt: skip
+        reward_args = checkpoint_reward(
+            trained_config, reward_fn, trust_checkpoint_code, trained[0].rpartition("=")[2], reward_weights
+        )
     else:
         reward_args = checkpoint_reward(Config(), reward_fn, False, None, reward_weights)
     reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None

@@ -38,10 +38,16 @@ def conversation_column(values: list, where: str, unit: str, name: str) -> list[
     """A prompt column of message lists, checked: every row one. The turns as written (`datasets`
     gives every turn each key any turn of the column has, the ones it lacks as None)."""
     for row, value in enumerate(values):
-        problem = conversation_problem(value) if isinstance(value, (list, tuple)) else "is text while other rows hold message lists"
+        problem = (
+            conversation_problem(value)
+            if isinstance(value, (list, tuple))
+            else "is text while other rows hold message lists"
+        )
         if problem:
-            raise DataError(f"{where}: {unit} {row + 1}: the {name} {problem}; a {name} column holds text or message lists "
-                            '([{"role": "user", "content": text}, ...]), one kind.')  # fmt: skip
+            raise DataError(
+                f"{where}: {unit} {row + 1}: the {name} {problem}; a {name} column holds text or message lists "
+                '([{"role": "user", "content": text}, ...]), one kind.'
+            )
     return [[{key: value for key, value in turn.items() if value is not None} for turn in value] for value in values]
 
 
@@ -63,12 +69,14 @@ def format_prompt(text: str | list, tokenizer, apply_chat_template: bool, system
         )
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     if not conversation:
-        return tokenizer.apply_chat_template([*messages, {"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)  # fmt: skip
+        return tokenizer.apply_chat_template(
+            [*messages, {"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
     messages = [*(messages if text[0]["role"] != "system" else []), *text]
     continued = messages[-1]["role"] == "assistant"
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not continued,
-                                         continue_final_message=continued)  # fmt: skip
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=not continued, continue_final_message=continued
+    )
 
 
 def trl_arguments(conversations: list[list[dict]], completions: list[str]) -> tuple[list, list]:
@@ -125,6 +133,11 @@ def tokenize_prompts(
     if truncated:
         logger.warning(
             "%d of %d prompts are longer than max_prompt_length=%d tokens and were truncated from the left to %d tokens.",
-            truncated, len(texts), max_prompt_length, max_prompt_length,
+            truncated,
+            len(texts),
+            max_prompt_length,
+            max_prompt_length,
         )
-    return PromptSet(texts=formatted if messages else list(texts), formatted=formatted, input_ids=input_ids, messages=messages)
+    return PromptSet(
+        texts=formatted if messages else list(texts), formatted=formatted, input_ids=input_ids, messages=messages
+    )

@@ -7,8 +7,18 @@ from __future__ import annotations
 from .prompts import trl_arguments
 
 
-def call_arguments(convention: str, accepts, samples, prompts, outputs, *, columns=None, completion_ids=None,
-                   prompt_messages=None, context=None) -> dict:  # fmt: skip
+def call_arguments(
+    convention: str,
+    accepts,
+    samples,
+    prompts,
+    outputs,
+    *,
+    columns=None,
+    completion_ids=None,
+    prompt_messages=None,
+    context=None,
+) -> dict:
     """The keyword arguments of one call in `convention` ("trlX" or "TRL"), each only where
     `accepts(name)`: trlX's samples/prompts/outputs or TRL's prompts/completions/completion_ids
     (conversational prompts in TRL's shapes: prompts.trl_arguments), then each dataset column."""

@@ -53,7 +53,10 @@ def callable_spec(fn) -> str:
 
 
 RESERVED_ARGUMENTS = ("samples", "prompts", "outputs", "completions", "completion_ids")
-CONVENTIONS = {"trlX": ("samples", "prompts", "outputs"), "TRL": ("prompts", "completions", "completion_ids", *TRL_EXTRAS)}
+CONVENTIONS = {
+    "trlX": ("samples", "prompts", "outputs"),
+    "TRL": ("prompts", "completions", "completion_ids", *TRL_EXTRAS),
+}
 
 
 def function_convention(fn, spec: str) -> tuple[str, dict, bool]:
@@ -64,7 +67,9 @@ def function_convention(fn, spec: str) -> tuple[str, dict, bool]:
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as error:
-        raise RewardError(f"reward.reward_fn={spec!r}: its parameters cannot be read ({error}); wrap it in a def.") from None
+        raise RewardError(
+            f"reward.reward_fn={spec!r}: its parameters cannot be read ({error}); wrap it in a def."
+        ) from None
     kinds = inspect.Parameter
     params = {n: p for n, p in signature.parameters.items() if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)}
     takes_any = any(p.kind is kinds.VAR_KEYWORD for p in signature.parameters.values())
@@ -112,8 +117,14 @@ class FunctionReward:
     def build(cls, what, reward_args, *, base_dir, device, functions):
         return functions.pop(0)  # loaded before any model (reward_functions), in the order named
 
-    def __init__(self, spec, base_dir: str | Path | None = None, timeout_s: float | None = None, columns=None,
-                 setting: str = "data.prompts"):  # fmt: skip
+    def __init__(
+        self,
+        spec,
+        base_dir: str | Path | None = None,
+        timeout_s: float | None = None,
+        columns=None,
+        setting: str = "data.prompts",
+    ):
         if callable(spec):  # a function object (the Python API): no import
             self.fn, self.spec, self.timeout_s, self.name = spec, callable_spec(spec), timeout_s, callable_name(spec)
             self.convention, self.parameters, self.takes_any = function_convention(self.fn, self.spec)
@@ -150,9 +161,21 @@ class FunctionReward:
                 "parameter a default, or fix its name."
             )
 
-    def __call__(self, samples: list[str], prompts: list[str], outputs: list[str], step: int | None = None, *,
-                 columns: dict | None = None, completion_ids=None, branch_scores=None,
-                 prompt_messages=None, row_names=None, context=None, defer: bool = False):  # fmt: skip
+    def __call__(
+        self,
+        samples: list[str],
+        prompts: list[str],
+        outputs: list[str],
+        step: int | None = None,
+        *,
+        columns: dict | None = None,
+        completion_ids=None,
+        branch_scores=None,
+        prompt_messages=None,
+        row_names=None,
+        context=None,
+        defer: bool = False,
+    ):
         """Scores (B,) of one batch; `step` (the training step) goes into error messages;
         `columns` {name: B values} and `completion_ids` (B lists of token ids) go to a function
         that takes them. `prompt_messages`: the message lists of conversational prompts (then
@@ -161,12 +184,25 @@ class FunctionReward:
         trainer_state, log_metric, log_extra (reward_calls.RewardContext). An `async def` function's awaitable
         is awaited here, or with `defer` returned as (awaitable, finish) for RewardSources to await together."""
         if not len(samples) == len(prompts) == len(outputs):
-            raise ValueError(f"samples, prompts and outputs differ in length: {len(samples)}, {len(prompts)}, {len(outputs)}.")
+            raise ValueError(
+                f"samples, prompts and outputs differ in length: {len(samples)}, {len(prompts)}, {len(outputs)}."
+            )
         where = _where(f"reward function {self.spec!r}", step)
-        kwargs = call_arguments(self.convention, self.accepts, samples, prompts, outputs, columns=columns,
-                                completion_ids=completion_ids, prompt_messages=prompt_messages, context=context)  # fmt: skip
+        kwargs = call_arguments(
+            self.convention,
+            self.accepts,
+            samples,
+            prompts,
+            outputs,
+            columns=columns,
+            completion_ids=completion_ids,
+            prompt_messages=prompt_messages,
+            context=context,
+        )
         try:
-            result = usercode.call_with_timeout(lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s)
+            result = usercode.call_with_timeout(
+                lambda **kw: usercode.call(self.fn, where, **kw), kwargs, self.timeout_s
+            )
         except usercode.TimedOut:
             raise RewardFunctionError(
                 f"{where} did not return within reward.timeout_s={self.timeout_s} s for {len(samples)} samples; make it "
@@ -207,7 +243,9 @@ class ClassifierReward:
     def build(cls, what, reward_args, *, base_dir, device, functions):
         return cls(resolve_path(what, base_dir), label=reward_args.reward_model_label, device=device)
 
-    def __init__(self, path: str | Path, label: int = -1, batch_size: int = 16, device: str = "cpu", max_length: int = 512):
+    def __init__(
+        self, path: str | Path, label: int = -1, batch_size: int = 16, device: str = "cpu", max_length: int = 512
+    ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         from .storage.models import local_source
@@ -243,7 +281,9 @@ class ClassifierReward:
         if pad_id is None:
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad_id is None:
-            raise RewardError(f"{path}: neither the model config nor the tokenizer defines a pad or EOS token; set pad_token_id.")
+            raise RewardError(
+                f"{path}: neither the model config nor the tokenizer defines a pad or EOS token; set pad_token_id."
+            )
         text_config.pad_token_id = pad_id
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad_id)
         # Right padding keeps every real token at the position it has unbatched.
@@ -259,20 +299,31 @@ class ClassifierReward:
         self.label, self.batch_size, self.device, self.max_length = label, batch_size, device, max_length
 
     @torch.no_grad()
-    def __call__(self, samples: list[str], prompts: list[str] | None = None, outputs: list[str] | None = None,
-                 step: int | None = None, **_) -> torch.Tensor:  # fmt: skip
+    def __call__(
+        self,
+        samples: list[str],
+        prompts: list[str] | None = None,
+        outputs: list[str] | None = None,
+        step: int | None = None,
+        **_,
+    ) -> torch.Tensor:
         scores = []
         for start in range(0, len(samples), self.batch_size):
             batch = self.tokenizer(
                 list(samples[start : start + self.batch_size]),
-                padding=True, truncation=True, max_length=self.max_length, return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
             )
             logits = self.model(
                 input_ids=batch["input_ids"].to(self.device), attention_mask=batch["attention_mask"].to(self.device)
             ).logits
             scores.append(logits[:, self.label].float().cpu())
         result = torch.cat(scores) if scores else torch.zeros(0)
-        return _to_scores(result, len(samples), _where(f"reward model {self.model.name_or_path!r}", step), prompts, outputs)
+        return _to_scores(
+            result, len(samples), _where(f"reward model {self.model.name_or_path!r}", step), prompts, outputs
+        )
 
 
 @reward_source
@@ -288,11 +339,15 @@ class BranchReward:
 
     def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, *, branch_scores=None, **_):
         if branch_scores is None:
-            raise RewardFunctionError("reward.use_reward_branch is set but no reward branch is attached (model.reward_branch_path).")
+            raise RewardFunctionError(
+                "reward.use_reward_branch is set but no reward branch is attached (model.reward_branch_path)."
+            )
         # float64 stays float64 (exact comparisons); _to_scores would make it float32
         scores = widened(branch_scores.detach()).cpu()
         if scores.shape != (len(samples),) or not torch.isfinite(scores).all():
-            raise RewardFunctionError(f"{_where('the reward branch', step)} gave scores {scores.tolist()} for {len(samples)} samples.")
+            raise RewardFunctionError(
+                f"{_where('the reward branch', step)} gave scores {scores.tolist()} for {len(samples)} samples."
+            )
         return scores
 
 
@@ -314,26 +369,38 @@ class RewardSources:
     def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, **inputs) -> torch.Tensor:
         """A sample a source returned None for (NaN) counts 0 in the sum, as in TRL (nansum); one no source
         scored is NaN: unscored."""
-        results = {name: source(samples, prompts, outputs, step=step, defer=True, **inputs) for name, _, source in self.entries}
+        results = {
+            name: source(samples, prompts, outputs, step=step, defer=True, **inputs) for name, _, source in self.entries
+        }
         pending = {name: result for name, result in results.items() if isinstance(result, tuple)}
         for (name, (_, finish)), value in zip(pending.items(), await_together([p for p, _ in pending.values()])):
             results[name] = finish(value)
         self.last = {name: widened(torch.as_tensor(results[name])) for name, _, _ in self.entries}
-        total = sum(weight * self.last[name].nan_to_num(0.0) for name, weight, _ in self.entries)  # 1.0 * x, 0 + x: x exactly
+        total = sum(
+            weight * self.last[name].nan_to_num(0.0) for name, weight, _ in self.entries
+        )  # 1.0 * x, 0 + x: x exactly
         return total.masked_fill(torch.stack([v.isnan() for v in self.last.values()]).all(0), float("nan"))
 
 
-def reward_functions(reward_args, base_dir: str | Path | None = None, columns=None,
-                     setting: str = "data.prompts") -> list[FunctionReward]:  # fmt: skip
+def reward_functions(
+    reward_args, base_dir: str | Path | None = None, columns=None, setting: str = "data.prompts"
+) -> list[FunctionReward]:
     """The reward functions `RewardArgs` names, imported and checked against the data's
     `columns` (when given; `setting` names the table): what can be refused before any model loads."""
     timeout_s = getattr(reward_args, "timeout_s", None)
-    return [FunctionReward(spec, base_dir=base_dir, timeout_s=timeout_s, columns=columns, setting=setting)
-            for spec in reward_args.function_specs]  # fmt: skip
+    return [
+        FunctionReward(spec, base_dir=base_dir, timeout_s=timeout_s, columns=columns, setting=setting)
+        for spec in reward_args.function_specs
+    ]
 
 
-def build_reward_source(reward_args, base_dir: str | Path | None = None, device: str = "cpu", columns=None,
-                        functions: list[FunctionReward] | None = None) -> RewardSources:  # fmt: skip
+def build_reward_source(
+    reward_args,
+    base_dir: str | Path | None = None,
+    device: str = "cpu",
+    columns=None,
+    functions: list[FunctionReward] | None = None,
+) -> RewardSources:
     """Every reward source `RewardArgs` names (`reward_source_names`), weighted by
     reward.reward_weights (1 each by default), as one RewardSources. `functions` are ones
     `reward_functions` already loaded."""

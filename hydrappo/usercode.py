@@ -72,13 +72,22 @@ def running(what: str, at_import: bool = False):
     except SystemExit as error:
         code = "" if error.code is None else repr(error.code)
         last = traceback.extract_tb(error.__traceback__)[-1:]
-        hint = (" (argparse: it parsed the command line, which holds hydrappo's arguments; parse arguments under "
-                "`if __name__ == '__main__':`)") if last and Path(last[0].filename).name == "argparse.py" else ""  # fmt: skip
+        hint = (
+            (
+                " (argparse: it parsed the command line, which holds hydrappo's arguments; parse arguments under "
+                "`if __name__ == '__main__':`)"
+            )
+            if last and Path(last[0].filename).name == "argparse.py"
+            else ""
+        )
         raise UserCodeError(
             f"{what} called sys.exit({code}) (SystemExit){' while it was imported' if at_import else ''}{hint}; code "
             "the trainer runs must not end the process. "
-            + ("Raise an error that says what went wrong instead." if at_import else
-               "Return a value (or raise an error that says what went wrong).")
+            + (
+                "Raise an error that says what went wrong instead."
+                if at_import
+                else "Return a value (or raise an error that says what went wrong)."
+            )
         ) from None
     except KeyboardInterrupt:
         if real_interrupts:
@@ -100,7 +109,10 @@ def _catch_real_interrupts(seen: list[int]):
     """While Python's own SIGINT handler is in place (in the main thread), note a real Ctrl-C
     before it raises KeyboardInterrupt, so that `running` tells it from user code's own raise.
     Returns the handler to put back, or None when nothing was changed."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         return None
 
     def interrupted(signum, frame):
@@ -151,7 +163,11 @@ def _warn(left: list, consequence: str) -> None:
     names = ", ".join(f"{thread.name!r} (started by the {what})" for thread, what in left)
     logging.getLogger("hydrappo").warning(
         "%d thread(s) started by user code still running: %s; %s (start such threads with daemon=True, or end "
-        "them before returning).", len(left), names, consequence)  # fmt: skip
+        "them before returning).",
+        len(left),
+        names,
+        consequence,
+    )
 
 
 def user_frame(error: BaseException) -> str:

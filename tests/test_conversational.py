@@ -19,8 +19,10 @@ from runs import TINY
 
 PROMPTS = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
 # A chat template over the tiny vocabulary: a turn is its role's word and its content.
-TEMPLATE = ("{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2'}[m['role']] }} {{ m['content'] }} "
-            "{% endfor %}{% if add_generation_prompt %}n3{% endif %}")  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2'}[m['role']] }} {{ m['content'] }} "
+    "{% endfor %}{% if add_generation_prompt %}n3{% endif %}"
+)
 
 
 def tokenizer_with_template():
@@ -77,14 +79,19 @@ def test_trl_convention_gets_messages_and_trlx_gets_text():
     messages, outputs = [conversation(1), conversation(3)], [" g2 n4", " g3"]
     inputs = dict(columns={"answer": ["n4", "x"], "row": [1, 3]}, prompt_messages=messages)
     CALLS.clear()
-    FunctionReward(f"{__name__}:conversational_accuracy")([p + o for p, o in zip(formatted, outputs)], formatted, outputs, **inputs)
+    FunctionReward(f"{__name__}:conversational_accuracy")(
+        [p + o for p, o in zip(formatted, outputs)], formatted, outputs, **inputs
+    )
     FunctionReward(f"{__name__}:trlx_style")([p + o for p, o in zip(formatted, outputs)], formatted, outputs, **inputs)
     (_, prompts, completions, _, _), (_, samples, texts, trlx_outputs, _) = CALLS
     assert prompts == [conversation(1), conversation(3)[:1]]  # the continued assistant turn moves to the completion
     assert completions == [[{"role": "assistant", "content": " g2 n4"}], [{"role": "assistant", "content": "g1 g3"}]]
     assert messages == [conversation(1), conversation(3)]  # the function cleared its own copy
     assert texts == formatted and trlx_outputs == outputs and samples == [p + o for p, o in zip(formatted, outputs)]
-    assert FunctionReward(f"{__name__}:starts_with_good_word")(formatted, formatted, outputs, **inputs).tolist() == [0.0, 1.0]
+    assert FunctionReward(f"{__name__}:starts_with_good_word")(formatted, formatted, outputs, **inputs).tolist() == [
+        0.0,
+        1.0,
+    ]
 
 
 def test_a_prompt_column_holds_text_or_message_lists(tmp_path):
@@ -96,7 +103,9 @@ def test_a_prompt_column_holds_text_or_message_lists(tmp_path):
     with pytest.raises(DataError, match=r"row 2: the prompt is text while other rows hold message lists"):
         load_prompt_table(str(path))
     path.write_text(json.dumps({"prompt": [{"role": "user", "text": "n1"}]}) + "\n")
-    with pytest.raises(DataError, match=r"row 1: the prompt holds .* as message 1, not \{'role': text, 'content': text\}"):
+    with pytest.raises(
+        DataError, match=r"row 1: the prompt holds .* as message 1, not \{'role': text, 'content': text\}"
+    ):
         load_prompt_table(str(path))
 
 
@@ -106,23 +115,34 @@ def test_a_run_on_message_lists_passes_trls_shapes_and_trlxs_text(tmp_path):
     tokenizer = tokenizer_with_template()
     CALLS.clear()
     trainer = PPOTrainer(
-        model, processing_class=tokenizer, train_dataset=ROWS, eval_dataset=ROWS[:6],
+        model,
+        processing_class=tokenizer,
+        train_dataset=ROWS,
+        eval_dataset=ROWS[:6],
         reward_funcs=[starts_with_good_word, conversational_accuracy, trlx_style],
-        args={"model": {"num_layers_unfrozen": 2}, "generation": {"max_new_tokens": 4, "samples_per_prompt": 2},
-              "ppo": {"batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1, "advantage_estimator": "grpo"},
-              "train": {"output_dir": str(tmp_path / "run"), "total_steps": 1, "save_every": 0, "progress_bar": False}},
-    )  # fmt: skip
+        args={
+            "model": {"num_layers_unfrozen": 2},
+            "generation": {"max_new_tokens": 4, "samples_per_prompt": 2},
+            "ppo": {"batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1, "advantage_estimator": "grpo"},
+            "train": {"output_dir": str(tmp_path / "run"), "total_steps": 1, "save_every": 0, "progress_bar": False},
+        },
+    )
     for i, row in enumerate(ROWS):
         continued = i % 3 == 0
-        expected = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=not continued,
-                                                 continue_final_message=continued)  # fmt: skip
+        expected = tokenizer.apply_chat_template(
+            row["prompt"], tokenize=False, add_generation_prompt=not continued, continue_final_message=continued
+        )
         assert trainer.prompts.formatted[i] == expected
     history = trainer.train()
     assert "env/reward/starts_with_good_word" in history[-1] and "eval/reward/starts_with_good_word" in history[0]
     assert len(CALLS) == 6  # each function once for the rollouts of step 1 and for the evaluations at steps 0 and 1
-    for (_, prompts, completions, answer, rows), (_, samples, texts, outputs, trlx_rows) in zip(CALLS[::2], CALLS[1::2]):
+    for (_, prompts, completions, answer, rows), (_, samples, texts, outputs, trlx_rows) in zip(
+        CALLS[::2], CALLS[1::2]
+    ):
         assert rows == trlx_rows
-        for prompt, completion, a, i, text, output, sample in zip(prompts, completions, answer, rows, texts, outputs, samples):
+        for prompt, completion, a, i, text, output, sample in zip(
+            prompts, completions, answer, rows, texts, outputs, samples
+        ):
             assert prompt == [{"role": "user", "content": PROMPTS[i]}] and a == ROWS[i]["answer"]
             start = "g1" if i % 3 == 0 else ""
             assert completion == [{"role": "assistant", "content": start + output}]

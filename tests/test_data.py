@@ -199,7 +199,6 @@ def test_sampler_resume_equals_uninterrupted_run():
         PromptSampler(3, seed=7).load_state_dict({"epoch": 0, "position": 8, "seed": 7})
 
 
-
 def test_a_dataset_saved_with_save_to_disk_and_its_splits(tmp_path):
     from datasets import DatasetDict
 
@@ -207,7 +206,9 @@ def test_a_dataset_saved_with_save_to_disk_and_its_splits(tmp_path):
     Dataset.from_dict({"prompt": ["w1", "w2"]}).save_to_disk(str(single))
     assert load_prompt_texts(str(single)) == ["w1", "w2"]
     both = tmp_path / "both"
-    DatasetDict({"train": Dataset.from_dict({"prompt": ["w1"]}), "test": Dataset.from_dict({"prompt": ["w9"]})}).save_to_disk(str(both))
+    DatasetDict(
+        {"train": Dataset.from_dict({"prompt": ["w1"]}), "test": Dataset.from_dict({"prompt": ["w9"]})}
+    ).save_to_disk(str(both))
     assert load_prompt_texts(str(both), split="test") == ["w9"]
     with pytest.raises(DataError, match="has no split 'validation'; splits: train, test"):
         load_prompt_texts(str(both), split="validation")
@@ -241,7 +242,9 @@ def test_pairs_and_sft_rows_come_through_the_same_reader(tmp_path):
 
     tokenizer = tiny_tokenizer()
     saved = tmp_path / "pairs"
-    Dataset.from_dict({"prompt": ["w1", "w2"], "chosen": ["w3", "w4"], "rejected": ["w5", "w6"]}).save_to_disk(str(saved))
+    Dataset.from_dict({"prompt": ["w1", "w2"], "chosen": ["w3", "w4"], "rejected": ["w5", "w6"]}).save_to_disk(
+        str(saved)
+    )
     pairs = load_preference_pairs(str(saved), tokenizer, PreferenceDataArgs(append_eos=False))
     ids = tokenizer.convert_tokens_to_ids
     assert pairs.prompts == ["w1", "w2"] and pairs.chosen_ids == [ids(["w3"]), ids(["w4"])]

@@ -16,9 +16,18 @@ from hydrappo.data import DataError, read_table
 from runs import TINY
 
 
-@pytest.mark.parametrize("name, content", [("prompts.jsonl", ""), ("prompts.jsonl", "\n  \n"), ("prompts.txt", ""),
-                                           ("prompts.csv", ""), ("prompts.csv", "prompt\n"), ("prompts.json", "[]"),
-                                           ("prompts.json", " [ ]\n")])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("prompts.jsonl", ""),
+        ("prompts.jsonl", "\n  \n"),
+        ("prompts.txt", ""),
+        ("prompts.csv", ""),
+        ("prompts.csv", "prompt\n"),
+        ("prompts.json", "[]"),
+        ("prompts.json", " [ ]\n"),
+    ],
+)
 def test_an_empty_file_says_so_naming_the_option_and_the_file(tmp_path, name, content):
     (tmp_path / name).write_text(content)
     with pytest.raises(DataError) as error:
@@ -38,10 +47,17 @@ def test_a_lone_surrogate_names_the_file_and_the_line(tmp_path, caplog):
     assert "Failed to load JSON" not in caplog.text  # datasets never got to log its own failure
 
 
-@pytest.mark.parametrize("line, words", [('{"prompt": "a" "b"}', "line 2 is not one JSON object (Expecting ',' delimiter"),
-                                         ('["a"]', "line 2 holds a JSON list, not an object"),
-                                         ('{"prompt": "b", "prompt": "c"}', "line 2 gives the key 'prompt' twice; a JSON "
-                                          "object holds each key once: keep one of them.")])  # fmt: skip
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ('{"prompt": "a" "b"}', "line 2 is not one JSON object (Expecting ',' delimiter"),
+        ('["a"]', "line 2 holds a JSON list, not an object"),
+        (
+            '{"prompt": "b", "prompt": "c"}',
+            "line 2 gives the key 'prompt' twice; a JSON object holds each key once: keep one of them.",
+        ),
+    ],
+)
 def test_a_jsonl_line_that_is_not_an_object_is_named(tmp_path, line, words):
     file = tmp_path / "pairs.jsonl"
     file.write_text('{"prompt": "a"}\n' + line + "\n")

@@ -138,7 +138,7 @@ def test_no_import_cycle():
         path.append(name)
         for target in sorted(GRAPH[name]):
             if state.get(target) == 1:
-                cycle = path[path.index(target):] + [target]
+                cycle = path[path.index(target) :] + [target]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if target not in state:
                 visit(target)
@@ -153,13 +153,19 @@ def test_no_import_cycle():
 def test_the_reader_sees_function_level_imports():
     """The rule holds for imports inside functions too (they once hid a cycle)."""
     # The CLI imports every command's module inside its function, so that `hydrappo --help` is quick.
-    assert {"hydrappo.train.ppo", "hydrappo.train.reward", "hydrappo.train.sft", "hydrappo.evaluate"} <= GRAPH["hydrappo.cli"]
+    assert {"hydrappo.train.ppo", "hydrappo.train.reward", "hydrappo.train.sft", "hydrappo.evaluate"} <= GRAPH[
+        "hydrappo.cli"
+    ]
     assert "hydrappo.storage.models" in GRAPH["hydrappo.train.harness"]
 
 
+# One limit for every module, as ruff formats them: a module that outgrows it is split where its
+# meaning splits (config/options.py, stage_options.py and sections.py are one such split), never
+# squeezed back under it.
+MODULE_LINE_LIMIT = 700
+
+
 def test_modules_stay_small():
-    # config/sections.py is a table of options with their help text: it grows by three lines an option
-    limits = {"hydrappo.model.hydra": 650, "hydrappo.cli": 510, "hydrappo.config.sections": 580, "hydrappo.data": 520}
-    for name, path in MODULES.items():
+    for path in MODULES.values():
         lines = len(path.read_text().splitlines())
-        assert lines <= limits.get(name, 500), f"{path.relative_to(PACKAGE.parent)} has {lines} lines"
+        assert lines <= MODULE_LINE_LIMIT, f"{path.relative_to(PACKAGE.parent)} has {lines} lines; split it by meaning"

@@ -59,10 +59,21 @@ def test_the_layout_block_names_every_module_and_nothing_that_is_gone():
 
 
 def test_the_layout_parser_reads_nesting_and_skips_descriptions():
-    lines = ["hydrappo/", "  cli.py               every command", "  model/               THE IDEA",
-             "    arch.py              find layers,", "                       hydra.py is not an entry here",
-             "tests/      pytest"]  # fmt: skip
-    assert layout_entries(lines) == {"hydrappo/", "hydrappo/cli.py", "hydrappo/model/", "hydrappo/model/arch.py", "tests/"}
+    lines = [
+        "hydrappo/",
+        "  cli.py               every command",
+        "  model/               THE IDEA",
+        "    arch.py              find layers,",
+        "                       hydra.py is not an entry here",
+        "tests/      pytest",
+    ]
+    assert layout_entries(lines) == {
+        "hydrappo/",
+        "hydrappo/cli.py",
+        "hydrappo/model/",
+        "hydrappo/model/arch.py",
+        "tests/",
+    }
 
 
 def slug(heading: str) -> str:
@@ -92,7 +103,9 @@ def test_slug_follows_github():
     assert slug("Critic-free RL: GRPO, Dr. GRPO") == "critic-free-rl-grpo-dr-grpo"
 
 
-@pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize(
+    "page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.relative_to(ROOT).as_posix()
+)
 def test_every_relative_link_resolves(page):
     broken = []
     for target, anchor in links(page):

@@ -21,7 +21,7 @@ PROMPTS = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_
 
 # trlX's signature with two columns: checks that every row's columns are its prompt's, records
 # the rows it saw (one line per call and process) and scores by length.
-CHECKER = '''
+CHECKER = """
 import json, os
 
 PROMPTS = {prompts!r}
@@ -36,14 +36,15 @@ def aligned(samples, prompts, outputs, answer, row, **kwargs):
     with open({log!r}, "a") as f:
         f.write(json.dumps({{"rank": os.environ.get("RANK", "0"), "rows": list(row)}}) + "\\n")
     return [float(len(o)) for o in outputs]
-'''
+"""
 
 
 def write_inputs(tmp_path: Path) -> tuple[Path, Path, Path]:
     """(prompts.jsonl with `answer` and `row` columns, checker.py, its log)."""
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p, "answer": p.split()[-1], "row": i}) + "\n"
-                               for i, p in enumerate(PROMPTS)))  # fmt: skip
+    prompts.write_text(
+        "".join(json.dumps({"prompt": p, "answer": p.split()[-1], "row": i}) + "\n" for i, p in enumerate(PROMPTS))
+    )
     log = tmp_path / "calls.jsonl"
     checker = tmp_path / "checker.py"
     checker.write_text(CHECKER.format(prompts=PROMPTS, log=str(log)))
@@ -54,8 +55,23 @@ def specs(checker: Path) -> str:
     return f"{TRL}:accuracy_reward,{TRL}:format_reward,{checker}:aligned"
 
 
-RUN = ["--total_steps", "2", "--save_every", "0", "--batch_size", "8", "--mini_batch_size", "4",
-       "--samples_per_prompt", "2", "--no_progress_bar", "--reward_weights", "2.0", "1.0", "0.25"]  # fmt: skip
+RUN = [
+    "--total_steps",
+    "2",
+    "--save_every",
+    "0",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--samples_per_prompt",
+    "2",
+    "--no_progress_bar",
+    "--reward_weights",
+    "2.0",
+    "1.0",
+    "0.25",
+]
 
 
 def check_run(out: Path, log: Path, processes: int) -> None:
@@ -79,8 +95,22 @@ def check_run(out: Path, log: Path, processes: int) -> None:
 def test_columns_reach_both_signatures_weighted_and_logged(tmp_path):
     prompts, checker, log = write_inputs(tmp_path)
     out = tmp_path / "out"
-    assert main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), "--prompts", str(prompts),
-                 "--reward_fn", specs(checker), *RUN]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(TINY / "config.yaml"),
+                "--output_dir",
+                str(out),
+                "--prompts",
+                str(prompts),
+                "--reward_fn",
+                specs(checker),
+                *RUN,
+            ]
+        )
+        == 0
+    )
     check_run(out, log, 1)
 
 
@@ -88,8 +118,24 @@ def test_columns_reach_both_signatures_weighted_and_logged(tmp_path):
 def test_columns_under_two_processes_each_scoring_its_own_rows(tmp_path):
     prompts, checker, log = write_inputs(tmp_path)
     out = tmp_path / "out"
-    check_ok(launch(["-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), "--prompts",
-                     str(prompts), "--reward_fn", specs(checker), *RUN], timeout=180))  # fmt: skip
+    check_ok(
+        launch(
+            [
+                "-m",
+                "hydrappo",
+                "train",
+                str(TINY / "config.yaml"),
+                "--output_dir",
+                str(out),
+                "--prompts",
+                str(prompts),
+                "--reward_fn",
+                specs(checker),
+                *RUN,
+            ],
+            timeout=180,
+        )
+    )
     check_run(out, log, 2)
 
 
@@ -100,7 +146,9 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_the_first_parameter_decides_the_convention(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         def trl(prompts, completions, completion_ids, answer, **kwargs):
             assert "samples" not in kwargs and "outputs" not in kwargs
             return [float(a == c) + len(i) for c, a, i in zip(completions, answer, completion_ids)]
@@ -110,37 +158,54 @@ def test_the_first_parameter_decides_the_convention(tmp_path):
 
         def trlx(samples, prompts, outputs):  # an old function: columns it cannot take are not passed
             return [float(len(s)) for s in samples]
-    """)
+    """,
+    )
     columns = {"answer": ["x", "y"], "other": [1, 2]}
     inputs = dict(columns=columns, completion_ids=[[1, 2], [3]])
     trl = FunctionReward(f"{path}:trl", columns=list(columns))
     assert trl.convention == "TRL" and trl(["px", "py"], ["p", "p"], ["x", "z"], **inputs).tolist() == [3.0, 1.0]
     assert FunctionReward(f"{path}:trl_no_kwargs").convention == "TRL"
-    assert FunctionReward(f"{path}:trl_no_kwargs")(["px", "pz"], ["p", "p"], ["x", "z"], **inputs).tolist() == [1.0, 0.0]
+    assert FunctionReward(f"{path}:trl_no_kwargs")(["px", "pz"], ["p", "p"], ["x", "z"], **inputs).tolist() == [
+        1.0,
+        0.0,
+    ]
     trlx = FunctionReward(f"{path}:trlx", columns=list(columns))
     assert trlx.convention == "trlX" and trlx(["ab", "c"], ["a", "c"], ["b", ""], **inputs).tolist() == [2.0, 1.0]
 
 
 def test_the_trl_fixture_unchanged(tmp_path):
-    source = build_reward_source(RewardArgs(reward_fn=f"{TRL}:accuracy_reward,{TRL}:format_reward", reward_weights=[1.0, 0.5]),
-                                 columns=["answer"])  # fmt: skip
+    source = build_reward_source(
+        RewardArgs(reward_fn=f"{TRL}:accuracy_reward,{TRL}:format_reward", reward_weights=[1.0, 0.5]),
+        columns=["answer"],
+    )
     outputs = ["<think>hm</think> 42", "41", "<think>x</think>"]
     scores = source([f"q{o}" for o in outputs], ["q"] * 3, outputs, columns={"answer": ["42", "42", 7]})
     assert scores.tolist() == [1.5, 0.0, 0.5]
     assert {name: s.tolist() for name, s in source.last.items()} == {
-        "accuracy_reward": [1.0, 0.0, 0.0], "format_reward": [1.0, 0.0, 1.0]}
+        "accuracy_reward": [1.0, 0.0, 0.0],
+        "format_reward": [1.0, 0.0, 1.0],
+    }
 
 
-@pytest.mark.parametrize("text, columns, message", [
-    ("def f(sample, prompts, outputs): return [0.0]", [], "fit neither reward function convention"),
-    ("def f(*args, **kwargs): return [0.0]", [], "fit neither reward function convention"),
-    ("def f(samples, prompts, outputs, **kw): return [0.0]", ["outputs"],
-     "column 'outputs' has the name of an argument reward functions receive"),
-    ("def f(prompts, completions, answer, **kw): return [0.0]", ["solution"],
-     "needs argument 'answer', which is neither one of the TRL convention's (prompts, completions, completion_ids, trainer_state, "
-     "log_metric, log_extra) "
-     "nor a column of data.prompts (columns: solution)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, columns, message",
+    [
+        ("def f(sample, prompts, outputs): return [0.0]", [], "fit neither reward function convention"),
+        ("def f(*args, **kwargs): return [0.0]", [], "fit neither reward function convention"),
+        (
+            "def f(samples, prompts, outputs, **kw): return [0.0]",
+            ["outputs"],
+            "column 'outputs' has the name of an argument reward functions receive",
+        ),
+        (
+            "def f(prompts, completions, answer, **kw): return [0.0]",
+            ["solution"],
+            "needs argument 'answer', which is neither one of the TRL convention's (prompts, completions, completion_ids, trainer_state, "
+            "log_metric, log_extra) "
+            "nor a column of data.prompts (columns: solution)",
+        ),
+    ],
+)
 def test_bad_signatures_and_columns(tmp_path, text, columns, message):
     path = write(tmp_path, text)
     with pytest.raises(RewardError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -148,13 +213,16 @@ def test_bad_signatures_and_columns(tmp_path, text, columns, message):
 
 
 def test_a_failing_function_among_several_is_named(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         def good(completions, **kw):
             return [1.0] * len(completions)
 
         def bad(completions, **kw):
             raise KeyError("label")
-    """)
+    """,
+    )
     source = build_reward_source(RewardArgs(reward_fn=[f"{path}:good", f"{path}:bad"]))
     with pytest.raises(RewardFunctionError, match=rf"reward function '{path}:bad' at step 3 raised KeyError"):
         source(["pa"], ["p"], ["a"], step=3)
@@ -173,15 +241,20 @@ def tiny_classifier(folder: Path) -> Path:
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(TINY / "model", num_labels=1)).save_pretrained(folder)
+    AutoModelForSequenceClassification.from_config(
+        AutoConfig.from_pretrained(TINY / "model", num_labels=1)
+    ).save_pretrained(folder)
     AutoTokenizer.from_pretrained(TINY / "model").save_pretrained(folder)
     return folder
 
 
 def test_a_classifier_and_a_function_combine(tmp_path):
     path = write(tmp_path, "def length(completions, **kw):\n    return [float(len(c)) for c in completions]\n")
-    source = build_reward_source(RewardArgs(reward_fn=f"{path}:length", reward_model=str(tiny_classifier(tmp_path / "rm")),
-                                            reward_weights=[1.0, 0.5]))  # fmt: skip
+    source = build_reward_source(
+        RewardArgs(
+            reward_fn=f"{path}:length", reward_model=str(tiny_classifier(tmp_path / "rm")), reward_weights=[1.0, 0.5]
+        )
+    )
     assert source.names == ["length", "reward_model"]
     outputs = [" g1 g2", " n3", ""]
     total = source([f"n1{o}" for o in outputs], ["n1"] * 3, outputs)
@@ -200,13 +273,19 @@ def test_a_classifier_and_a_function_in_training_log_each_part(tmp_path):
     def length(completions, **kwargs):
         return [float(len(c.split())) for c in completions]
 
-    trainer = PPOTrainer(model=str(TINY / "model"), reward_funcs=length, reward_weights=[1.0, 0.5], train_dataset=TINY / "prompts.jsonl",
-                         args={"model": {"random_init": True, "num_layers_unfrozen": 2},
-                               "reward": {"reward_model": str(tiny_classifier(tmp_path / "rm"))},
-                               "generation": {"max_new_tokens": 4},
-                               "ppo": {"batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1},
-                               "train": {"output_dir": str(tmp_path / "run"), "total_steps": 2, "save_every": 0,
-                                         "progress_bar": False}})  # fmt: skip
+    trainer = PPOTrainer(
+        model=str(TINY / "model"),
+        reward_funcs=length,
+        reward_weights=[1.0, 0.5],
+        train_dataset=TINY / "prompts.jsonl",
+        args={
+            "model": {"random_init": True, "num_layers_unfrozen": 2},
+            "reward": {"reward_model": str(tiny_classifier(tmp_path / "rm"))},
+            "generation": {"max_new_tokens": 4},
+            "ppo": {"batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1},
+            "train": {"output_dir": str(tmp_path / "run"), "total_steps": 2, "save_every": 0, "progress_bar": False},
+        },
+    )
     history = trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2] and history == rows
@@ -247,11 +326,31 @@ def test_held_out_evaluation_scores_with_the_held_out_columns_and_logs_each_rewa
     prompts, _, _ = write_inputs(tmp_path)
     # The held-out file's answer is "" (in every completion: accuracy 1); training's are the prompts' last words.
     held_out = tmp_path / "held_out.jsonl"
-    held_out.write_text("".join(json.dumps({"prompt": p, "answer": "", "row": i}) + "\n" for i, p in enumerate(PROMPTS[:6])))
+    held_out.write_text(
+        "".join(json.dumps({"prompt": p, "answer": "", "row": i}) + "\n" for i, p in enumerate(PROMPTS[:6]))
+    )
     out = tmp_path / "out"
-    assert main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), "--prompts", str(prompts),
-                 "--eval_prompts", str(held_out), "--reward_fn", f"{TRL}:accuracy_reward,{TRL}:format_reward",
-                 *RUN[:-4], "--reward_weights", "2.0", "1.0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(TINY / "config.yaml"),
+                "--output_dir",
+                str(out),
+                "--prompts",
+                str(prompts),
+                "--eval_prompts",
+                str(held_out),
+                "--reward_fn",
+                f"{TRL}:accuracy_reward,{TRL}:format_reward",
+                *RUN[:-4],
+                "--reward_weights",
+                "2.0",
+                "1.0",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evaluated = [row for row in rows if "eval/reward_mean" in row]
     assert [row["step"] for row in evaluated] == [0, 2]

@@ -17,16 +17,28 @@ from runs import FAST_SMALL, ROOT, TINY
 
 def train(tmp_path, body: str) -> list[str]:
     (tmp_path / "user_reward.py").write_text(body)
-    return ["train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path / "out"),
-            "--reward_fn", f"{tmp_path / 'user_reward.py'}:reward_fn", *FAST_SMALL]  # fmt: skip
+    return [
+        "train",
+        str(TINY / "config.yaml"),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--reward_fn",
+        f"{tmp_path / 'user_reward.py'}:reward_fn",
+        *FAST_SMALL,
+    ]
 
 
-@pytest.mark.parametrize(("statement", "said"), [
-    ("sys.exit(0)", "called sys.exit(0) (SystemExit)"),
-    ("sys.exit()", "called sys.exit() (SystemExit)"),
-    ("raise KeyboardInterrupt", "raised KeyboardInterrupt"),
-])  # fmt: skip
-def test_exit_or_interrupt_inside_a_reward_function_is_an_error_naming_it_and_the_step(tmp_path, capsys, statement, said):
+@pytest.mark.parametrize(
+    ("statement", "said"),
+    [
+        ("sys.exit(0)", "called sys.exit(0) (SystemExit)"),
+        ("sys.exit()", "called sys.exit() (SystemExit)"),
+        ("raise KeyboardInterrupt", "raised KeyboardInterrupt"),
+    ],
+)
+def test_exit_or_interrupt_inside_a_reward_function_is_an_error_naming_it_and_the_step(
+    tmp_path, capsys, statement, said
+):
     argv = train(tmp_path, f"import sys\n\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    {statement}\n")
     assert main(argv) == 1
     err = capsys.readouterr().err
@@ -57,7 +69,9 @@ def test_non_daemon_threads_user_code_leaves_running_are_noted():
     usercode.call(lambda: threading.Thread(target=stop.wait, name="left-running").start(), "reward function 'x'")
     usercode.call(lambda: threading.Thread(target=stop.wait, daemon=True).start(), "reward function 'y'")
     try:
-        assert [(t.name, what) for t, what in usercode.threads_left_behind()] == [("left-running", "reward function 'x'")]
+        assert [(t.name, what) for t, what in usercode.threads_left_behind()] == [
+            ("left-running", "reward function 'x'")
+        ]
     finally:
         stop.set()
         usercode.LEFT_BEHIND.clear()
@@ -65,10 +79,15 @@ def test_non_daemon_threads_user_code_leaves_running_are_noted():
 
 @pytest.mark.slow
 def test_a_thread_left_running_by_the_reward_function_does_not_keep_the_process_alive(tmp_path):
-    argv = train(tmp_path, "import threading, time\n\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n"
-                           "    threading.Thread(target=time.sleep, args=(3600,), name='poller').start()\n"
-                           "    return [0.0] * len(outputs)\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "hydrappo", *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    argv = train(
+        tmp_path,
+        "import threading, time\n\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n"
+        "    threading.Thread(target=time.sleep, args=(3600,), name='poller').start()\n"
+        "    return [0.0] * len(outputs)\n",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "hydrappo", *argv], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     assert "done: step 1" in done.stdout
     assert "1 thread(s) started by user code still running: 'poller' (started by the reward function" in done.stderr
@@ -76,14 +95,26 @@ def test_a_thread_left_running_by_the_reward_function_does_not_keep_the_process_
 
 
 # --------------------------------------------------------------------------- the reward module's import
-@pytest.mark.parametrize(("body", "said"), [
-    ("import sys\nsys.exit(0)\n", "called sys.exit(0) (SystemExit) while it was imported; code the trainer runs must not end"),
-    ("import argparse\nargparse.ArgumentParser().parse_args()\n",
-     "called sys.exit(2) (SystemExit) while it was imported (argparse: it parsed the command line"),
-    ("raise KeyboardInterrupt\n", "raised KeyboardInterrupt while it was imported; code the trainer runs must not"),
-])  # fmt: skip
-def test_exit_argparse_or_interrupt_at_import_is_an_error_of_the_reward_module(tmp_path, capsys, monkeypatch, body, said):
-    argv = train(tmp_path, body + "\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    return [0.0] * len(outputs)\n")
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            "import sys\nsys.exit(0)\n",
+            "called sys.exit(0) (SystemExit) while it was imported; code the trainer runs must not end",
+        ),
+        (
+            "import argparse\nargparse.ArgumentParser().parse_args()\n",
+            "called sys.exit(2) (SystemExit) while it was imported (argparse: it parsed the command line",
+        ),
+        ("raise KeyboardInterrupt\n", "raised KeyboardInterrupt while it was imported; code the trainer runs must not"),
+    ],
+)
+def test_exit_argparse_or_interrupt_at_import_is_an_error_of_the_reward_module(
+    tmp_path, capsys, monkeypatch, body, said
+):
+    argv = train(
+        tmp_path, body + "\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    return [0.0] * len(outputs)\n"
+    )
     monkeypatch.setattr(sys, "argv", ["hydrappo", *argv])  # what argparse in the module reads
     assert main(argv) == 1
     err = capsys.readouterr().err
@@ -113,7 +144,7 @@ def test_non_daemon_threads_started_at_import_are_noted(tmp_path, monkeypatch, s
     (tmp_path / "threaded_reward.py").write_text(
         "import threading\nSTOP = threading.Event()\nthreading.Thread(target=STOP.wait, name='import-poller').start()\n"
         "\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    return [0.0] * len(outputs)\n"
-    )  # fmt: skip
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     name = f"{tmp_path / 'threaded_reward.py'}:reward_fn" if spec == "file" else "threaded_reward:reward_fn"
     try:
@@ -129,13 +160,20 @@ def test_non_daemon_threads_started_at_import_are_noted(tmp_path, monkeypatch, s
 
 @pytest.mark.slow
 def test_a_thread_started_when_the_reward_module_is_imported_does_not_keep_the_process_alive(tmp_path):
-    argv = train(tmp_path, "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), name='poller').start()\n"
-                           "\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    return [0.0] * len(outputs)\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "hydrappo", *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    argv = train(
+        tmp_path,
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), name='poller').start()\n"
+        "\n\ndef reward_fn(samples, prompts, outputs, **kwargs):\n    return [0.0] * len(outputs)\n",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "hydrappo", *argv], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     assert "done: step 1" in done.stdout
-    assert (f"1 thread(s) started by user code still running: 'poller' (started by the reward function file "
-            f"'{tmp_path / 'user_reward.py'}' (at import)); hydrappo exits without waiting for them") in done.stderr  # fmt: skip
+    assert (
+        f"1 thread(s) started by user code still running: 'poller' (started by the reward function file "
+        f"'{tmp_path / 'user_reward.py'}' (at import)); hydrappo exits without waiting for them"
+    ) in done.stderr
 
 
 PYTHON_API = """
@@ -164,5 +202,7 @@ def test_the_python_api_names_threads_left_running_when_train_returns(tmp_path):
     script = PYTHON_API.format(model=str(TINY / "model"), out=str(tmp_path / "out"))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0 and "trained" in done.stdout, done.stderr
-    assert ("1 thread(s) started by user code still running: 'poller' (started by the reward function '__main__:reward_fn' "
-            "at step 1); this Python program will not end until they do") in done.stderr, done.stderr  # fmt: skip
+    assert (
+        "1 thread(s) started by user code still running: 'poller' (started by the reward function '__main__:reward_fn' "
+        "at step 1); this Python program will not end until they do"
+    ) in done.stderr, done.stderr

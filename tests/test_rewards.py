@@ -107,8 +107,11 @@ def test_function_spec_errors(module_dir, monkeypatch, spec, message):
 def test_missing_dependency_inside_the_module_is_not_hidden(tmp_path, monkeypatch):
     (tmp_path / "hp_test_needs_dep.py").write_text("import hp_missing_dependency_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(RewardError, match="failed to import: ModuleNotFoundError: No module named "
-                       "'hp_missing_dependency_xyz' \\(hp_test_needs_dep.py, line 1\\)") as error:
+    with pytest.raises(
+        RewardError,
+        match="failed to import: ModuleNotFoundError: No module named "
+        "'hp_missing_dependency_xyz' \\(hp_test_needs_dep.py, line 1\\)",
+    ) as error:
         FunctionReward("hp_test_needs_dep:f")
     assert isinstance(error.value.__cause__, ModuleNotFoundError)  # kept for --debug's traceback
 
@@ -185,7 +188,9 @@ def test_each_reward_source_kind_has_one_class():
 
 def test_build_reward_source(module_dir, tmp_path):
     branch = build_reward_source(RewardArgs(use_reward_branch=True))
-    assert branch.names == ["reward_branch"] and branch(["a"], ["a"], [""], branch_scores=torch.tensor([2.5])).tolist() == [2.5]
+    assert branch.names == ["reward_branch"] and branch(
+        ["a"], ["a"], [""], branch_scores=torch.tensor([2.5])
+    ).tolist() == [2.5]
     function = build_reward_source(RewardArgs(reward_fn="hp_test_rewards_mod.py:word_count"), base_dir=module_dir)
     assert function.names == ["word_count"] and call(function).tolist() == [1.0, 3.0, 0.0]
     save_classifier(module_dir / "rm", num_labels=2)
@@ -194,5 +199,7 @@ def test_build_reward_source(module_dir, tmp_path):
     with pytest.raises(RewardError, match="no reward source is set"):  # the words of the config check
         build_reward_source(RewardArgs())
     with pytest.raises(RewardError, match=r"reward.reward_weights=\[1.0\] has 1 weight.* for 2 reward source"):
-        build_reward_source(RewardArgs(reward_fn="hp_test_rewards_mod.py:word_count", use_reward_branch=True,
-                                       reward_weights=[1.0]), base_dir=module_dir)  # fmt: skip
+        build_reward_source(
+            RewardArgs(reward_fn="hp_test_rewards_mod.py:word_count", use_reward_branch=True, reward_weights=[1.0]),
+            base_dir=module_dir,
+        )

@@ -38,9 +38,12 @@ def main() -> None:
     model_config = load_model_config(name)
     counts = count_parameters(model_config)
     settings = TrainingSettings(
-        num_layers_unfrozen=config.model.num_layers_unfrozen, lora_rank=config.lora.lora_r, dtype="float32",
-        train_lm_head=config.model.train_lm_head, train_final_norm=config.model.train_final_norm,
-    )  # fmt: skip
+        num_layers_unfrozen=config.model.num_layers_unfrozen,
+        lora_rank=config.lora.lora_r,
+        dtype="float32",
+        train_lm_head=config.model.train_lm_head,
+        train_final_norm=config.model.train_final_norm,
+    )
     plan = plan_memory(model_config, settings, name, counts)
     trainable = plan.hydra.trainable_parameters
     if not config.ppo.uses_critic:  # the estimator's row (algo/advantages.py ESTIMATORS) says it has no value head
@@ -49,17 +52,27 @@ def main() -> None:
     whole = 4 * counts.total
     ppo = config.ppo
     updates = ppo.ppo_epochs * (ppo.batch_size // ppo.mini_batch_size)
-    print(f"model {name}: {counts.total:,} parameters = {whole:,} bytes in float32 ({whole / MIB:.1f} MiB), "
-          f"{whole // 2 / MIB:.1f} MiB in bf16")  # fmt: skip
-    print(f"trainable with num_layers_unfrozen={config.model.num_layers_unfrozen}, lora_r={config.lora.lora_r}, "
-          f"estimator {ppo.advantage_estimator}: {trainable:,} parameters")  # fmt: skip
-    print(f"gradient all-reduce per optimizer step: {per_update:,} bytes ({per_update / MIB:.1f} MiB) = "
-          f"{per_update / whole:.3f} x the whole model's float32 parameter bytes")  # fmt: skip
-    print(f"per PPO step ({ppo.ppo_epochs} epochs x {ppo.batch_size // ppo.mini_batch_size} minibatches = {updates} "
-          f"optimizer steps): {updates * per_update / MIB:.1f} MiB")  # fmt: skip
+    print(
+        f"model {name}: {counts.total:,} parameters = {whole:,} bytes in float32 ({whole / MIB:.1f} MiB), "
+        f"{whole // 2 / MIB:.1f} MiB in bf16"
+    )
+    print(
+        f"trainable with num_layers_unfrozen={config.model.num_layers_unfrozen}, lora_r={config.lora.lora_r}, "
+        f"estimator {ppo.advantage_estimator}: {trainable:,} parameters"
+    )
+    print(
+        f"gradient all-reduce per optimizer step: {per_update:,} bytes ({per_update / MIB:.1f} MiB) = "
+        f"{per_update / whole:.3f} x the whole model's float32 parameter bytes"
+    )
+    print(
+        f"per PPO step ({ppo.ppo_epochs} epochs x {ppo.batch_size // ppo.mini_batch_size} minibatches = {updates} "
+        f"optimizer steps): {updates * per_update / MIB:.1f} MiB"
+    )
     classic = 4 * plan.classic.trainable_parameters
-    print(f"the classic layout in DDP (whole policy + whole critic): {classic / MIB:.1f} MiB per optimizer step, "
-          f"{classic / per_update:.1f} x hydrappo's")  # fmt: skip
+    print(
+        f"the classic layout in DDP (whole policy + whole critic): {classic / MIB:.1f} MiB per optimizer step, "
+        f"{classic / per_update:.1f} x hydrappo's"
+    )
 
 
 if __name__ == "__main__":

@@ -53,14 +53,25 @@ def build(args, name: str, estimator: str, kl_coef: float, kl_penalty: str, grou
     hydra = HydraModel(model, args.num_layers_unfrozen)
     run = Config(
         model=ModelConfig(num_layers_unfrozen=args.num_layers_unfrozen),
-        generation=GenerationArgs(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                  generation_batch_size=args.batch, samples_per_prompt=group),
-        ppo=PPOArgs(batch_size=args.batch, mini_batch_size=args.mini_batch, ppo_epochs=args.ppo_epochs,
-                    advantage_estimator=estimator, init_kl_coef=kl_coef, kl_controller="fixed", kl_penalty=kl_penalty),
+        generation=GenerationArgs(
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            generation_batch_size=args.batch,
+            samples_per_prompt=group,
+        ),
+        ppo=PPOArgs(
+            batch_size=args.batch,
+            mini_batch_size=args.mini_batch,
+            ppo_epochs=args.ppo_epochs,
+            advantage_estimator=estimator,
+            init_kl_coef=kl_coef,
+            kl_controller="fixed",
+            kl_penalty=kl_penalty,
+        ),
         reward=RewardArgs(reward_fn=f"{Path(__file__).resolve()}:length_reward"),
         data=DataArgs(prompts=prompts, max_prompt_length=args.prompt_len),
         train=TrainArgs(output_dir=f"{out}/{name}", device="cpu", mixed_precision="no", progress_bar=False),
-    )  # fmt: skip
+    )
     return PPOTrainer(run, hydra=hydra, tokenizer=tokenizer)
 
 
@@ -133,22 +144,35 @@ def main(argv=None) -> int:
                     times[name][phase].append(clock[phase])
                 if resident is not None:
                     peaks[name].append(_current_peak() - resident)
-    print(f"model {args.model}{f' ({args.num_layers} layers)' if args.num_layers else ''}, N = {args.num_layers_unfrozen}, "
-          f"{args.batch} responses ({args.batch // args.group} prompts x G = {args.group} for GRPO) x {args.new_tokens} "
-          f"new tokens, {args.ppo_epochs} epochs of mini-batches of {args.mini_batch}; median of {args.repeats} "
-          f"interleaved steps, {torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"model {args.model}{f' ({args.num_layers} layers)' if args.num_layers else ''}, N = {args.num_layers_unfrozen}, "
+        f"{args.batch} responses ({args.batch // args.group} prompts x G = {args.group} for GRPO) x {args.new_tokens} "
+        f"new tokens, {args.ppo_epochs} epochs of mini-batches of {args.mini_batch}; median of {args.repeats} "
+        f"interleaved steps, {torch.get_num_threads()} threads"
+    )
     print(f"\n{'seconds':<10}" + "".join(f"{name:>10}" for name in trainers) + f"{'grpo/ppo':>10}")
     for phase in phases:
         medians = {name: statistics.median(times[name][phase]) for name in trainers}
-        print(f"{phase:<10}" + "".join(f"{m:10.2f}" for m in medians.values()) + f"{medians['grpo'] / medians['ppo']:10.3f}")
+        print(
+            f"{phase:<10}"
+            + "".join(f"{m:10.2f}" for m in medians.values())
+            + f"{medians['grpo'] / medians['ppo']:10.3f}"
+        )
     print(f"\n{'MiB':<22}" + "".join(f"{name:>10}" for name in trainers) + f"{'grpo/ppo':>10}")
     sizes = {name: static_bytes(trainer) for name, trainer in trainers.items()}
     for key in ("trainable", "gradients", "adamw"):
-        print(f"{key:<22}" + "".join(f"{sizes[n][key] / MIB:10.1f}" for n in trainers) + f"{sizes['grpo'][key] / sizes['ppo'][key]:10.3f}")
+        print(
+            f"{key:<22}"
+            + "".join(f"{sizes[n][key] / MIB:10.1f}" for n in trainers)
+            + f"{sizes['grpo'][key] / sizes['ppo'][key]:10.3f}"
+        )
     if all(peaks.values()):
         steps = {name: statistics.median(values) for name, values in peaks.items()}
-        print(f"{'peak RSS added by step':<22}" + "".join(f"{steps[n] / MIB:10.1f}" for n in trainers)
-              + f"{steps['grpo'] / steps['ppo']:10.3f}")  # fmt: skip
+        print(
+            f"{'peak RSS added by step':<22}"
+            + "".join(f"{steps[n] / MIB:10.1f}" for n in trainers)
+            + f"{steps['grpo'] / steps['ppo']:10.3f}"
+        )
     return 0
 
 

@@ -36,8 +36,24 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sentiment" / "config.yaml"
 # 32 rows x exactly 64 new tokens, 2 trained layers, 4 PPO epochs of 4 minibatches: the shape of
 # the race against TRL's PPOTrainer (tools/race_trl.py) at 360M and 1.7B.
-RACE = ["--num_layers_unfrozen", "2", "--max_new_tokens", "64", "--min_new_tokens", "64", "--generation_batch_size",
-        "32", "--batch_size", "32", "--mini_batch_size", "8", "--kl_controller", "fixed", "--learning_rate", "1e-6"]  # fmt: skip
+RACE = [
+    "--num_layers_unfrozen",
+    "2",
+    "--max_new_tokens",
+    "64",
+    "--min_new_tokens",
+    "64",
+    "--generation_batch_size",
+    "32",
+    "--batch_size",
+    "32",
+    "--mini_batch_size",
+    "8",
+    "--kl_controller",
+    "fixed",
+    "--learning_rate",
+    "1e-6",
+]
 RUNS = {  # name: (model folder, options)
     "main135": ("s135", []),
     "n2_360": ("s360", RACE),
@@ -74,7 +90,9 @@ def replay_matches_eager(model_dir: Path) -> str:
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the code, not the graph
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.bfloat16).to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.bfloat16).to(device).eval()
+    )
     hydra = HydraModel(model, 2)
     trained = [p for p in hydra.parameters() if p.requires_grad]
     for parameter in trained:  # as train/precision.py keeps them under mixed precision
@@ -88,8 +106,10 @@ def replay_matches_eager(model_dir: Path) -> str:
     rounds = []
     for _ in range(2):
         with torch.autocast(device, dtype=torch.bfloat16):
-            got = [generate_responses(hydra, tokenizer, prompts, args, greedy=True, record_split=True, loop=decoding.chunk)
-                   for decoding in (replay, eager)]  # fmt: skip
+            got = [
+                generate_responses(hydra, tokenizer, prompts, args, greedy=True, record_split=True, loop=decoding.chunk)
+                for decoding in (replay, eager)
+            ]
         states = max(float((a - b).abs().max()) for a, b in zip(got[0].split_hidden, got[1].split_hidden))
         rounds.append((got[0].response_ids == got[1].response_ids, states, got[0].response_ids))
         with torch.no_grad():
@@ -97,19 +117,44 @@ def replay_matches_eager(model_dir: Path) -> str:
                 parameter.mul_(-1.5)  # an optimizer step's kind of change: in place
     graphs = type(replay.live.graph).__name__
     moved = rounds[0][2] != rounds[1][2]
-    passed = all(same and states == 0.0 for same, states, _ in rounds) and moved and (graphs == "CUDAGraph" or device == "cpu")
-    return (f"CHECK {'PASS' if passed else 'FAIL'}: captured replay vs eager step, greedy, 24 rows x 48 tokens at "
-            f"{model_dir.name}, bf16 with float32 trained layers under autocast: graph {graphs}; before an in-place "
-            f"weight change: tokens equal {rounds[0][0]}, max |state difference| {rounds[0][1]:.3g}; after it: tokens "
-            f"equal {rounds[1][0]}, max |state difference| {rounds[1][1]:.3g}; the change moved the tokens: {moved}")  # fmt: skip
+    passed = (
+        all(same and states == 0.0 for same, states, _ in rounds)
+        and moved
+        and (graphs == "CUDAGraph" or device == "cpu")
+    )
+    return (
+        f"CHECK {'PASS' if passed else 'FAIL'}: captured replay vs eager step, greedy, 24 rows x 48 tokens at "
+        f"{model_dir.name}, bf16 with float32 trained layers under autocast: graph {graphs}; before an in-place "
+        f"weight change: tokens equal {rounds[0][0]}, max |state difference| {rounds[0][1]:.3g}; after it: tokens "
+        f"equal {rounds[1][0]}, max |state difference| {rounds[1][1]:.3g}; the change moved the tokens: {moved}"
+    )
 
 
 def one_run(name: str, sampler: str, args) -> dict:
     folder, options = RUNS[name]
     out_dir = args.out / f"{name}_{sampler}"
-    command = [sys.executable, "-m", "hydrappo", "train", str(EXAMPLE), "--name_or_path", str(args.models / folder),
-               "--random_init", "true", "--total_steps", str(args.steps), "--sampler", sampler, *options,
-               "--progress_bar", "false", "--save_every", "1000", "--output_dir", str(out_dir)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "hydrappo",
+        "train",
+        str(EXAMPLE),
+        "--name_or_path",
+        str(args.models / folder),
+        "--random_init",
+        "true",
+        "--total_steps",
+        str(args.steps),
+        "--sampler",
+        sampler,
+        *options,
+        "--progress_bar",
+        "false",
+        "--save_every",
+        "1000",
+        "--output_dir",
+        str(out_dir),
+    ]
     start = time.perf_counter()
     with open(args.out / f"{name}_{sampler}.log", "w") as log:
         try:
@@ -126,18 +171,30 @@ def one_run(name: str, sampler: str, args) -> dict:
         return {"name": name, "sampler": sampler, "code": code, "wall": wall}
     rollout = statistics.median(r["time/rollout"] for r in timed)
     update = statistics.median(r["time/update"] for r in timed)
-    return {"name": name, "sampler": sampler, "code": code, "wall": wall, "steps": len(rows), "step": rollout + update,
-            "rollout": rollout, "update": update,
-            "length": statistics.median(r.get("tokens/responses_len_mean", 0) for r in timed)}  # fmt: skip
+    return {
+        "name": name,
+        "sampler": sampler,
+        "code": code,
+        "wall": wall,
+        "steps": len(rows),
+        "step": rollout + update,
+        "rollout": rollout,
+        "update": update,
+        "length": statistics.median(r.get("tokens/responses_len_mean", 0) for r in timed),
+    }
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| model shape, sampler | step | rollout | update | response length | steps | exit |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    lines = [
+        "| model shape, sampler | step | rollout | update | response length | steps | exit |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for r in results:
         if "step" in r:
-            lines.append(f"| {r['name']}, {r['sampler']} | {r['step']:.2f} s | {r['rollout']:.2f} s | {r['update']:.2f} s "
-                         f"| {r['length']:.1f} | {r['steps']} | {r['code']} |")  # fmt: skip
+            lines.append(
+                f"| {r['name']}, {r['sampler']} | {r['step']:.2f} s | {r['rollout']:.2f} s | {r['update']:.2f} s "
+                f"| {r['length']:.1f} | {r['steps']} | {r['code']} |"
+            )
         else:
             lines.append(f"| {r['name']}, {r['sampler']} | - | - | - | - | - | {r['code']} |")
     return "\n".join(lines)

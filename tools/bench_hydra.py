@@ -96,9 +96,11 @@ def main(argv=None):
                 fn()
                 times[name].append(time.perf_counter() - start)
 
-    print(f"model {args.model}: {hydra.arch.num_layers} layers, N = {hydra.num_layers_unfrozen}, "
-          f"batch {args.batch} x {args.seq_len} tokens, {torch.get_num_threads()} threads, "
-          f"median of {args.repeats}")
+    print(
+        f"model {args.model}: {hydra.arch.num_layers} layers, N = {hydra.num_layers_unfrozen}, "
+        f"batch {args.batch} x {args.seq_len} tokens, {torch.get_num_threads()} threads, "
+        f"median of {args.repeats}"
+    )
     plain_time = statistics.median(times["plain forward"])
     for name, samples in times.items():
         median = statistics.median(samples)
@@ -107,9 +109,11 @@ def main(argv=None):
     expected = base_bytes + hydra.num_layers_unfrozen * layer_bytes + head_bytes
     if hydra.full_model:
         expected = 2 * base_bytes + head_bytes
-    print(f"parameter bytes: base {base_bytes / 2**20:.1f} MiB, hydra {hydra_bytes / 2**20:.1f} MiB "
-          f"(ratio {hydra_bytes / base_bytes:.3f}); base + {hydra.num_layers_unfrozen} layer copies + value head "
-          f"= {expected / 2**20:.1f} MiB -> {'exact' if expected == hydra_bytes else 'MISMATCH'}")
+    print(
+        f"parameter bytes: base {base_bytes / 2**20:.1f} MiB, hydra {hydra_bytes / 2**20:.1f} MiB "
+        f"(ratio {hydra_bytes / base_bytes:.3f}); base + {hydra.num_layers_unfrozen} layer copies + value head "
+        f"= {expected / 2**20:.1f} MiB -> {'exact' if expected == hydra_bytes else 'MISMATCH'}"
+    )
 
 
 if __name__ == "__main__":

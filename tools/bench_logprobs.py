@@ -166,16 +166,22 @@ def lm_head_alone(model, args) -> None:
         with torch.no_grad():
             function(hidden, labels, head, temperature=args.temperature)
 
-    print(f"lm_head alone: {rows} rows x vocab {vocab} x hidden {hidden_size}, temperature {args.temperature}, "
-          "frozen lm_head; floor: its matmul FLOPs at the 1024^3 matmul rate of the same rounds")  # fmt: skip
-    print(f"{'pass':28} {'before s':>9} {'after s':>9} {'after/before':>13} {'before x floor':>15} "
-          f"{'after x floor':>14} {'GFLOP/s':>8}")  # fmt: skip
+    print(
+        f"lm_head alone: {rows} rows x vocab {vocab} x hidden {hidden_size}, temperature {args.temperature}, "
+        "frozen lm_head; floor: its matmul FLOPs at the 1024^3 matmul rate of the same rounds"
+    )
+    print(
+        f"{'pass':28} {'before s':>9} {'after s':>9} {'after/before':>13} {'before x floor':>15} "
+        f"{'after x floor':>14} {'GFLOP/s':>8}"
+    )
     for name, work, matmuls in (("forward + input gradient", update, 2), ("forward, no_grad", experience, 1)):
         seconds = interleaved({k: (lambda f=f, work=work: work(f)) for k, f in CANDIDATES.items()}, args.repeats)
         floor = matmuls * 2 * rows * vocab * hidden_size / (seconds[RATE] * 1e9)
         before, after = seconds["before"], seconds["after"]
-        print(f"{name:28} {before:9.4f} {after:9.4f} {after / before:13.2f} {before / floor:15.2f} "
-              f"{after / floor:14.2f} {seconds[RATE]:8.1f}")  # fmt: skip
+        print(
+            f"{name:28} {before:9.4f} {after:9.4f} {after / before:13.2f} {before / floor:15.2f} "
+            f"{after / floor:14.2f} {seconds[RATE]:8.1f}"
+        )
 
 
 def update_phase(model, args) -> None:
@@ -186,8 +192,9 @@ def update_phase(model, args) -> None:
     # The trainer's optimizer (torch's fused AdamW kernel where it runs), and torch's AdamW as a
     # loop of elementwise operations per tensor, the optimizer before (docs/benchmarks.md).
     hyper = layout.optimizer.defaults
-    adamw_loop = torch.optim.AdamW(layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
-                                   weight_decay=hyper["weight_decay"])  # torch's default  # fmt: skip
+    adamw_loop = torch.optim.AdamW(
+        layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"], weight_decay=hyper["weight_decay"]
+    )  # torch's default
     candidates = {  # name: (token_logprobs, optimizer)
         "before": (previous_token_logprobs, adamw_loop),
         "fused log-probs": (token_logprobs, adamw_loop),
@@ -204,10 +211,12 @@ def update_phase(model, args) -> None:
     seconds = interleaved({k: (lambda c=c: update(*c)) for k, c in candidates.items()}, args.repeats)
     flops = flop_floors(layout, args, sum(len(row) for row in responses.response_ids))["update"]
     floor = flops / (seconds[RATE] * 1e9)
-    print(f"update phase: {args.batch} responses x ({args.prompt_len} + {args.new_tokens}) tokens, "
-          f"N = {args.num_layers_unfrozen}, {args.ppo_epochs} epochs of mini-batch {args.mini_batch}, "
-          f"temperature {args.temperature}; {flops / 1e9:.1f} GFLOP, at the 1024^3 matmul rate of the same rounds "
-          f"({seconds[RATE]:.1f} GFLOP/s) a floor of {floor:.2f} s")  # fmt: skip
+    print(
+        f"update phase: {args.batch} responses x ({args.prompt_len} + {args.new_tokens}) tokens, "
+        f"N = {args.num_layers_unfrozen}, {args.ppo_epochs} epochs of mini-batch {args.mini_batch}, "
+        f"temperature {args.temperature}; {flops / 1e9:.1f} GFLOP, at the 1024^3 matmul rate of the same rounds "
+        f"({seconds[RATE]:.1f} GFLOP/s) a floor of {floor:.2f} s"
+    )
     print(f"{'update':28} {'seconds':>9} {'/ before':>9} {'x floor':>9}")
     for name in candidates:
         print(f"{name:28} {seconds[name]:9.3f} {seconds[name] / seconds['before']:9.2f} {seconds[name] / floor:9.2f}")
@@ -219,9 +228,11 @@ def update_phase(model, args) -> None:
             wall = time.perf_counter() - start
             events = prof.key_averages()
             matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS) / 1e6
-            print(f"--- {name}: one profiled update {wall:.2f} s; matmul operators {matmul:.2f} s "
-                  f"({matmul / wall:.0%}, {flops / matmul / 1e9:.1f} GFLOP/s: the update is {wall / matmul:.2f}x "
-                  "its own matmuls); top operators by self CPU time:")  # fmt: skip
+            print(
+                f"--- {name}: one profiled update {wall:.2f} s; matmul operators {matmul:.2f} s "
+                f"({matmul / wall:.0%}, {flops / matmul / 1e9:.1f} GFLOP/s: the update is {wall / matmul:.2f}x "
+                "its own matmuls); top operators by self CPU time:"
+            )
             print(events.table(sort_by="self_cpu_time_total", row_limit=15))
 
 

@@ -93,7 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-layers-unfrozen", type=int, default=2, help="hydrappo's N")
     parser.add_argument("--batch", type=int, default=8, help="prompts per PPO iteration")
     parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--samples-per-prompt", type=int, default=1, help="G: each prompt in G consecutive rows of the batch")
+    parser.add_argument(
+        "--samples-per-prompt", type=int, default=1, help="G: each prompt in G consecutive rows of the batch"
+    )
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--ppo-epochs", type=int, default=4)
     parser.add_argument("--mini-batch", type=int, default=4)
@@ -102,20 +104,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip-memory", action="store_true", help="no peak-memory child processes")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument(
-        "--compare-reuse", action="store_true",
+        "--compare-reuse",
+        action="store_true",
         help="instead of the classic comparison: hydrappo with the experience pass on the split hidden states "
-             "recorded while sampling and one prefill per distinct prompt (generation.reuse_trunk_pass and "
-             "share_prompt_prefill, the defaults) against both off (the whole trunk again, a prefill per row)",
+        "recorded while sampling and one prefill per distinct prompt (generation.reuse_trunk_pass and "
+        "share_prompt_prefill, the defaults) against both off (the whole trunk again, a prefill per row)",
     )
     parser.add_argument(
-        "--no-reward-branch", action="store_true",
+        "--no-reward-branch",
+        action="store_true",
         help="with --compare-reuse: score with a fixed function instead of a reward branch, as the main job's "
-             "reward function does (the last sampled token's state is then never needed)",
+        "reward function does (the last sampled token's state is then never needed)",
     )
     parser.add_argument(
-        "--lora-rank", type=int, default=0,
+        "--lora-rank",
+        type=int,
+        default=0,
         help="instead of the classic comparison: full top-N training against LoRA of this rank on the top N "
-             "layers and on all layers (bytes and time per PPO iteration)",
+        "layers and on all layers (bytes and time per PPO iteration)",
     )
     return parser.parse_args(argv)
 
@@ -173,7 +179,9 @@ def make_prompts(args, vocab_size: int) -> list[list[int]]:
 def generation_args(args) -> GenerationArgs:
     # Sampling, and the log-probs the trainer takes, at the tool's temperature (tools that set none: 1).
     return GenerationArgs(
-        max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, generation_batch_size=args.batch,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        generation_batch_size=args.batch,
         temperature=getattr(args, "temperature", 1.0),
     )
 
@@ -191,7 +199,10 @@ def advantages_of(scores, logprobs, ref_logprobs, values, action_mask):
 
 def make_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        params, lr=PPO.learning_rate, betas=(PPO.adam_beta1, PPO.adam_beta2), eps=PPO.adam_eps,
+        params,
+        lr=PPO.learning_rate,
+        betas=(PPO.adam_beta1, PPO.adam_beta2),
+        eps=PPO.adam_eps,
         weight_decay=PPO.weight_decay,
     )
 
@@ -206,7 +217,9 @@ def ppo_epochs(experience: Experience, forward, params, optimizer, ppo_epochs: i
         for start in range(0, size, mini_batch):
             batch = experience.minibatch(order[start : start + mini_batch])
             logprobs, values = forward(batch)
-            settings = PPOLossSettings(cliprange=PPO.cliprange, cliprange_value=PPO.cliprange_value, vf_coef=PPO.vf_coef)
+            settings = PPOLossSettings(
+                cliprange=PPO.cliprange, cliprange_value=PPO.cliprange_value, vf_coef=PPO.vf_coef
+            )
             loss, _ = ppo_loss(PolicyTokens(logprobs, values=values), batch.sampled_tokens(), settings)
             loss.backward()
             nn.utils.clip_grad_norm_(params, PPO.max_grad_norm)
@@ -259,7 +272,9 @@ def fixed_scores(completions, **columns):
     return torch.linspace(-1, 1, len(completions)).tolist()
 
 
-def build_trainer(hydra: HydraModel, args, prompts: list[list[int]], reward_branch: bool, reuse_trunk: bool) -> PPOTrainer:
+def build_trainer(
+    hydra: HydraModel, args, prompts: list[list[int]], reward_branch: bool, reuse_trunk: bool
+) -> PPOTrainer:
     """A PPOTrainer around `hydra` with the benchmark's settings (the library's defaults for the
     rest), on the CPU in float32. Its prompt table holds each distinct prompt of `prompts` once (it
     samples each G times itself), written in a word tokenizer whose word 'wN' is token N, so that it
@@ -268,19 +283,30 @@ def build_trainer(hydra: HydraModel, args, prompts: list[list[int]], reward_bran
     here it is built in memory); else fixed_scores. `reuse_trunk`: the experience pass on the split
     states recorded while sampling, one prefill per distinct prompt (the defaults); False: neither."""
     group = args.samples_per_prompt
-    generation = replace(generation_args(args), samples_per_prompt=group, reuse_trunk_pass=reuse_trunk,
-                         share_prompt_prefill=reuse_trunk)  # fmt: skip
+    generation = replace(
+        generation_args(args), samples_per_prompt=group, reuse_trunk_pass=reuse_trunk, share_prompt_prefill=reuse_trunk
+    )
     config = Config(
-        model=ModelConfig(num_layers_unfrozen=args.num_layers_unfrozen), generation=generation,
+        model=ModelConfig(num_layers_unfrozen=args.num_layers_unfrozen),
+        generation=generation,
         ppo=PPOArgs(batch_size=args.batch, mini_batch_size=args.mini_batch, ppo_epochs=args.ppo_epochs),
         data=DataArgs(max_prompt_length=args.prompt_len),
         # Nothing is written there: the benchmark times the step's methods, never harness.run.
-        train=TrainArgs(output_dir=str(Path(tempfile.gettempdir()) / "bench_ppo"), device="cpu", mixed_precision="no",
-                        progress_bar=False),
-    )  # fmt: skip
+        train=TrainArgs(
+            output_dir=str(Path(tempfile.gettempdir()) / "bench_ppo"),
+            device="cpu",
+            mixed_precision="no",
+            progress_bar=False,
+        ),
+    )
     rows = [{"prompt": " ".join(f"w{token}" for token in prompt)} for prompt in prompts[::group]]
-    trainer = PPOTrainer(config, hydra=hydra, tokenizer=tokenizer_for_vocab(hydra.config.vocab_size),
-                         reward_funcs=[fixed_scores], train_dataset=rows)  # fmt: skip
+    trainer = PPOTrainer(
+        config,
+        hydra=hydra,
+        tokenizer=tokenizer_for_vocab(hydra.config.vocab_size),
+        reward_funcs=[fixed_scores],
+        train_dataset=rows,
+    )
     if reward_branch:
         trainer.reward_source = build_reward_source(RewardArgs(use_reward_branch=True))
     return trainer
@@ -292,8 +318,15 @@ class HydraLayout(Layout):
 
     name = "hydrappo"
 
-    def __init__(self, base_model, args, lora=None, lora_layers: str = "top", reward_branch: bool = True,
-                 reuse_trunk: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        base_model,
+        args,
+        lora=None,
+        lora_layers: str = "top",
+        reward_branch: bool = True,
+        reuse_trunk: bool = True,
+    ):
         super().__init__(args)
         self.hydra = HydraModel(
             base_model, num_layers_unfrozen=args.num_layers_unfrozen, lora=lora, lora_layers=lora_layers
@@ -383,7 +416,10 @@ def response_logprobs(model, ids, mask, offset: int, with_entropy: bool = False)
     """Log-probs (and entropy) of the response tokens under a full causal LM, (B, R)."""
     hidden = decoder_hidden(locate(model).decoder, ids, mask)
     logprobs, entropy = token_logprobs(
-        hidden[:, offset:-1], ids[:, offset + 1 :], output_embeddings(model), logits_transform(model),
+        hidden[:, offset:-1],
+        ids[:, offset + 1 :],
+        output_embeddings(model),
+        logits_transform(model),
         with_entropy=with_entropy,
     )
     is_pad = mask[:, offset + 1 :] == 0
@@ -526,7 +562,9 @@ def bench_update(hydra: HydraLayout, repeats: int) -> dict[str, float]:
         with whole_trunk_updates(hydra.hydra):
             trainer.ppo_update(experience, plan)
 
-    return interleaved_medians({"forward_top on cached split": cached, "whole trunk every mini-batch": whole_trunk}, repeats)
+    return interleaved_medians(
+        {"forward_top on cached split": cached, "whole trunk every mini-batch": whole_trunk}, repeats
+    )
 
 
 # ---------------------------------------------------------------------------- report
@@ -545,7 +583,9 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
 def versus(label: str, hydra_value: float, classic_value: float, unit: str, scale: float = 1.0, digits: int = 2):
     """A table row: label, hydrappo, classic, hydrappo / classic."""
     return [
-        label, f"{hydra_value / scale:.{digits}f} {unit}", f"{classic_value / scale:.{digits}f} {unit}",
+        label,
+        f"{hydra_value / scale:.{digits}f} {unit}",
+        f"{classic_value / scale:.{digits}f} {unit}",
         f"{hydra_value / classic_value:.3f}",
     ]
 
@@ -568,10 +608,12 @@ def report_memory(args, hydra: HydraLayout, classic: ClassicLayout, peaks: dict 
         rows.append(versus("peak RSS growth (own child process)", peaks["hydrappo"], peaks["classic"], "MiB", MIB, 0))
     print_table("   memory", ["", "hydrappo", "classic", "hydra/classic"], rows)
     if peaks:
-        print(f"   peak RSS: each layout built and run for {args.memory_iterations} PPO iteration(s) in its own "
-              "spawned child;\n   ru_maxrss(RUSAGE_SELF) at the end minus ru_maxrss after imports "
-              f"({peaks['hydrappo baseline'] / MIB:.0f} / {peaks['classic baseline'] / MIB:.0f} MiB). "
-              "Timing ran in this process.")
+        print(
+            f"   peak RSS: each layout built and run for {args.memory_iterations} PPO iteration(s) in its own "
+            "spawned child;\n   ru_maxrss(RUSAGE_SELF) at the end minus ru_maxrss after imports "
+            f"({peaks['hydrappo baseline'] / MIB:.0f} / {peaks['classic baseline'] / MIB:.0f} MiB). "
+            "Timing ran in this process."
+        )
 
 
 def report_generation(args, times: dict) -> None:
@@ -580,8 +622,10 @@ def report_generation(args, times: dict) -> None:
     print_table(
         f"2. generation, {args.batch} x {args.new_tokens} new tokens (median of {args.repeats})",
         ["", "time", "tokens/s"],
-        [["hydra (generate_responses)", f"{hydra_time:.2f} s", f"{tokens / hydra_time:.1f}"],
-         ["plain model.generate", f"{plain_time:.2f} s", f"{tokens / plain_time:.1f}"]],
+        [
+            ["hydra (generate_responses)", f"{hydra_time:.2f} s", f"{tokens / hydra_time:.1f}"],
+            ["plain model.generate", f"{plain_time:.2f} s", f"{tokens / plain_time:.1f}"],
+        ],
     )
     ratio = plain_time / hydra_time
     print(f"   throughput ratio hydra/plain {ratio:.3f} (target >= 0.95: {'ok' if ratio >= 0.95 else 'MISSED'})")
@@ -612,7 +656,9 @@ def bench_lora(args) -> None:
         f"LoRA r={args.lora_rank}, top {args.num_layers_unfrozen} layers": HydraLayout(
             copy.deepcopy(base), args, lora=lora, lora_layers="top", reward_branch=False
         ),
-        f"LoRA r={args.lora_rank}, all layers": HydraLayout(copy.deepcopy(base), args, lora=lora, lora_layers="all", reward_branch=False),
+        f"LoRA r={args.lora_rank}, all layers": HydraLayout(
+            copy.deepcopy(base), args, lora=lora, lora_layers="all", reward_branch=False
+        ),
     }
     times = interleaved_medians({name: layout.iteration for name, layout in layouts.items()}, args.repeats)
     full_name = next(iter(layouts))
@@ -621,9 +667,11 @@ def bench_lora(args) -> None:
     print(header)
     for name, layout in layouts.items():
         state, t = layout.state_bytes(), times[name]
-        print(f"{name:<34s} {state['params'] / MIB:8.1f}Mi {state['trainable'] / MIB:8.2f}Mi {state['adam'] / MIB:7.2f}Mi "
-              f"{t['generate']:8.2f}s {t['experience']:10.2f}s {t['update']:7.2f}s {t['total']:7.2f}s "
-              f"{t['total'] / times[full_name]['total']:8.3f}")
+        print(
+            f"{name:<34s} {state['params'] / MIB:8.1f}Mi {state['trainable'] / MIB:8.2f}Mi {state['adam'] / MIB:7.2f}Mi "
+            f"{t['generate']:8.2f}s {t['experience']:10.2f}s {t['update']:7.2f}s {t['total']:7.2f}s "
+            f"{t['total'] / times[full_name]['total']:8.3f}"
+        )
 
 
 def bench_reuse(args) -> None:
@@ -642,9 +690,12 @@ def bench_reuse(args) -> None:
     print(f"{'':<26s} {'generate':>9s} {'experience':>11s} {'update':>8s} {'total':>8s}")
     for name, t in times.items():
         print(f"{name:<26s} {t['generate']:8.2f}s {t['experience']:10.2f}s {t['update']:7.2f}s {t['total']:7.2f}s")
-    print(f"{'ratio (after / before)':<26s} " + " ".join(
-        f"{new[k] / old[k]:{w}.3f} " for k, w in (("generate", 8), ("experience", 10), ("update", 7), ("total", 7))
-    ))  # fmt: skip
+    print(
+        f"{'ratio (after / before)':<26s} "
+        + " ".join(
+            f"{new[k] / old[k]:{w}.3f} " for k, w in (("generate", 8), ("experience", 10), ("update", 7), ("total", 7))
+        )
+    )
 
 
 def main(argv=None) -> None:
@@ -652,11 +703,14 @@ def main(argv=None) -> None:
     configure(args)
     print("$ " + shlex.join([sys.executable, *sys.argv]))
     config = model_config(args)
-    print(f"model {args.model}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, vocab "
-          f"{config.vocab_size}; N = {args.num_layers_unfrozen}; batch {args.batch} prompts x {args.prompt_len} "
-          f"tokens, {args.new_tokens} new tokens, {args.ppo_epochs} PPO epochs, mini-batch {args.mini_batch}; "
-          f"float32, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
-          f"{transformers.__version__}", flush=True)
+    print(
+        f"model {args.model}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, vocab "
+        f"{config.vocab_size}; N = {args.num_layers_unfrozen}; batch {args.batch} prompts x {args.prompt_len} "
+        f"tokens, {args.new_tokens} new tokens, {args.ppo_epochs} PPO epochs, mini-batch {args.mini_batch}; "
+        f"float32, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}",
+        flush=True,
+    )
 
     if args.lora_rank:
         bench_lora(args)

@@ -54,8 +54,12 @@ from hydrappo.model import HydraModel  # noqa: E402
 from hydrappo.model.hydra import disable_dropout  # noqa: E402
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
-ATTENTION = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
-             "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_efficient_attention")  # fmt: skip
+ATTENTION = (
+    "aten::scaled_dot_product_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_attention_math",
+    "aten::_scaled_dot_product_efficient_attention",
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,14 +70,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", default="24-40", help="prompt lengths, LOW-HIGH tokens (random ids)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--page-sizes", default="256,32", help="continuous batching page sizes to compare ('': none)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="sample at this temperature, as training does (0: greedy, the same tokens for all)")
-    parser.add_argument("--prompts-file", default=None,
-                        help="real prompts (a prompt table, e.g. examples/sentiment/prompts.jsonl, through the "
-                             "chat template) instead of random ids: the first --prompts of them")  # fmt: skip
-    parser.add_argument("--default-cache", action="store_true",
-                        help="also continuous batching with transformers' own cache sizing (60%% of the free RAM "
-                             "on a CPU: gigabytes; use with --model tiny on a shared machine)")  # fmt: skip
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample at this temperature, as training does (0: greedy, the same tokens for all)",
+    )
+    parser.add_argument(
+        "--prompts-file",
+        default=None,
+        help="real prompts (a prompt table, e.g. examples/sentiment/prompts.jsonl, through the "
+        "chat template) instead of random ids: the first --prompts of them",
+    )
+    parser.add_argument(
+        "--default-cache",
+        action="store_true",
+        help="also continuous batching with transformers' own cache sizing (60%% of the free RAM "
+        "on a CPU: gigabytes; use with --model tiny on a shared machine)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
     parser.add_argument("--profile", action="store_true", help="one profiled call of each candidate")
@@ -87,14 +101,24 @@ def load(args):
         from transformers import LlamaConfig, PreTrainedTokenizerFast
 
         torch.manual_seed(0)
-        config = LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                             num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
-                             pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+        config = LlamaConfig(
+            vocab_size=512,
+            hidden_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=256,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         config._attn_implementation = "sdpa"
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
         vocab = {f"t{i}": i for i in range(512)}
-        tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")),
-                                            eos_token="t2", pad_token="t0")  # fmt: skip
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")), eos_token="t2", pad_token="t0"
+        )
     else:
         from hydrappo.storage.models import load_model_and_tokenizer
 
@@ -134,10 +158,12 @@ def candidates(args, hydra, tokenizer, prompts, gen: GenerationArgs) -> dict:
         return run
 
     auto = build_sampler(GenerationArgs(sampler="auto"), hydra, tokenizer)  # what a run picks on this device
-    found = {"generate": call(GenerateSampler(hydra, tokenizer), record_split=record),
-             "decode": call(DecodeSampler(hydra, tokenizer), record_split=record),
-             f"auto (= {auto.name})": call(auto, record_split=record),
-             "graph": call(GraphSampler(hydra, tokenizer), record_split=record)}  # fmt: skip
+    found = {
+        "generate": call(GenerateSampler(hydra, tokenizer), record_split=record),
+        "decode": call(DecodeSampler(hydra, tokenizer), record_split=record),
+        f"auto (= {auto.name})": call(auto, record_split=record),
+        "graph": call(GraphSampler(hydra, tokenizer), record_split=record),
+    }
     for page in (int(p) for p in args.page_sizes.split(",") if p):
         found[f"continuous_batching page {page}"] = call(ContinuousBatchingSampler(hydra, tokenizer, page_size=page))
     if args.default_cache:
@@ -195,29 +221,38 @@ def main(argv=None) -> None:
     transformers.logging.disable_progress_bar()
     hydra, tokenizer = load(args)
     prompts = make_prompts(args, hydra.config.vocab_size, tokenizer)
-    gen = GenerationArgs(max_new_tokens=args.new_tokens, generation_batch_size=args.prompts,
-                         temperature=args.temperature or 1.0)  # fmt: skip
+    gen = GenerationArgs(
+        max_new_tokens=args.new_tokens, generation_batch_size=args.prompts, temperature=args.temperature or 1.0
+    )
     functions = candidates(args, hydra, tokenizer, prompts, gen)
     medians, cpu_medians, results = interleaved_medians(functions, args.repeats)
 
     reference = results["generate"].response_ids
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}"
     source = args.prompts_file or f"random prompts of {args.prompt_len} tokens"
-    print(f"{args.model}: {len(prompts)} {source} x {args.new_tokens} new tokens ({mode}), "
-          f"N = {args.num_layers_unfrozen}, threads {torch.get_num_threads()}, medians of {args.repeats} interleaved rounds")  # fmt: skip
-    print(f"{'sampler':40} {'seconds':>8} {'CPU s':>7} {'tokens':>7} {'tokens/s':>9} {'vs generate':>12} "
-          f"{'(CPU time)':>11} {'same responses':>15}")  # fmt: skip
+    print(
+        f"{args.model}: {len(prompts)} {source} x {args.new_tokens} new tokens ({mode}), "
+        f"N = {args.num_layers_unfrozen}, threads {torch.get_num_threads()}, medians of {args.repeats} interleaved rounds"
+    )
+    print(
+        f"{'sampler':40} {'seconds':>8} {'CPU s':>7} {'tokens':>7} {'tokens/s':>9} {'vs generate':>12} "
+        f"{'(CPU time)':>11} {'same responses':>15}"
+    )
     reference_tokens = sum(len(row) for row in reference)
     for name, seconds in medians.items():
         tokens = sum(len(row) for row in results[name].response_ids)
         same = sum(a == b for a, b in zip(results[name].response_ids, reference))
         speed = tokens / seconds / (reference_tokens / medians["generate"])
         cpu_speed = tokens / cpu_medians[name] / (reference_tokens / cpu_medians["generate"])
-        print(f"{name:40} {seconds:8.2f} {cpu_medians[name]:7.2f} {tokens:7d} {tokens / seconds:9.1f} {speed:11.2f}x "
-              f"{cpu_speed:10.2f}x {same:>9}/{len(reference)}")  # fmt: skip
+        print(
+            f"{name:40} {seconds:8.2f} {cpu_medians[name]:7.2f} {tokens:7d} {tokens / seconds:9.1f} {speed:11.2f}x "
+            f"{cpu_speed:10.2f}x {same:>9}/{len(reference)}"
+        )
     auto = next(name for name in medians if name.startswith("auto"))
-    print(f"{auto} against the decode loop: {medians['decode'] / medians[auto]:.3f}x the tokens/s (wall), "
-          f"{cpu_medians['decode'] / cpu_medians[auto]:.3f}x (CPU time)")
+    print(
+        f"{auto} against the decode loop: {medians['decode'] / medians[auto]:.3f}x the tokens/s (wall), "
+        f"{cpu_medians['decode'] / cpu_medians[auto]:.3f}x (CPU time)"
+    )
     if args.profile:
         print("one call under torch.profiler, seconds by operator kind (self CPU time, all threads):")
         table = {name: operator_times(fn) for name, fn in functions.items()}

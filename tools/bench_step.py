@@ -60,14 +60,17 @@ def main(argv=None) -> None:
     layout = HydraLayout(build_base_model(args), args, reward_branch=False)  # the main job scores with a function
     trainer = layout.trainer
     hyper = layout.optimizer.defaults
-    adamw_loop = torch.optim.AdamW(layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
-                                   weight_decay=hyper["weight_decay"])  # torch's default on the CPU  # fmt: skip
+    adamw_loop = torch.optim.AdamW(
+        layout.params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"], weight_decay=hyper["weight_decay"]
+    )  # torch's default on the CPU
     settings = {  # name: (sampler, log-prob function, optimizer)
         "before": (GenerateSampler(layout.hydra, trainer.tokenizer), previous_token_logprobs, adamw_loop),
         "after": (trainer.rollout_sampler, token_logprobs, layout.optimizer),
     }
-    print(f"after: sampler {trainer.rollout_sampler.name}, fused AdamW {layout.optimizer.defaults.get('fused')}; "
-          f"threads {torch.get_num_threads()}")  # fmt: skip
+    print(
+        f"after: sampler {trainer.rollout_sampler.name}, fused AdamW {layout.optimizer.defaults.get('fused')}; "
+        f"threads {torch.get_num_threads()}"
+    )
 
     def step(name: str) -> dict[str, float]:
         sampler, logprobs, optimizer = settings[name]
@@ -86,10 +89,14 @@ def main(argv=None) -> None:
     for round_index in range(args.repeats):
         for name in settings if round_index % 2 == 0 else reversed(list(settings)):
             samples[name].append(step(name))
-    median = {name: {key: statistics.median(s[key] for s in rows) for key in (*PHASES, "cpu")}
-              for name, rows in samples.items()}  # fmt: skip
-    print(f"{args.batch} responses x ({args.prompt_len} + {args.new_tokens}) tokens, N = {args.num_layers_unfrozen}, "
-          f"{args.ppo_epochs} epochs of mini-batch {args.mini_batch}; medians of {args.repeats} interleaved steps")  # fmt: skip
+    median = {
+        name: {key: statistics.median(s[key] for s in rows) for key in (*PHASES, "cpu")}
+        for name, rows in samples.items()
+    }
+    print(
+        f"{args.batch} responses x ({args.prompt_len} + {args.new_tokens}) tokens, N = {args.num_layers_unfrozen}, "
+        f"{args.ppo_epochs} epochs of mini-batch {args.mini_batch}; medians of {args.repeats} interleaved steps"
+    )
     print(f"{'phase':12} {'before s':>9} {'after s':>9} {'after / before':>15}")
     for key in (*PHASES, "cpu"):
         label = "step, CPU s" if key == "cpu" else key

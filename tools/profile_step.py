@@ -35,10 +35,26 @@ from hydrappo.generation.responses import generate_responses  # noqa: E402
 from hydrappo.generation.stops import first_stop  # noqa: E402
 from hydrappo.train.sequences import pack_sequences  # noqa: E402
 
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
-              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention")  # fmt: skip
-SAMPLING_OPS = ("aten::softmax", "aten::_softmax", "aten::multinomial", "aten::topk", "aten::sort",
-                "aten::cumsum", "aten::div", "aten::argmax", "aten::log_softmax")  # fmt: skip
+MATMUL_OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::scaled_dot_product_attention",
+)
+SAMPLING_OPS = (
+    "aten::softmax",
+    "aten::_softmax",
+    "aten::multinomial",
+    "aten::topk",
+    "aten::sort",
+    "aten::cumsum",
+    "aten::div",
+    "aten::argmax",
+    "aten::log_softmax",
+)
 
 
 def step_shape_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,14 +166,17 @@ def main(argv=None) -> None:
     phases = {
         "generate": median_seconds(layout.rollout, args.repeats),
         "prefill (generate 1 token)": median_seconds(
-            lambda: generate_responses(layout.hydra, layout.tokenizer, layout.prompts, one_token), args.repeats),
+            lambda: generate_responses(layout.hydra, layout.tokenizer, layout.prompts, one_token), args.repeats
+        ),
         "stop handling (first_stop, no stop strings)": median_seconds(
             lambda: [first_stop(row, {layout.tokenizer.eos_token_id}, [], None) for row in responses.response_ids],
-            args.repeats),
+            args.repeats,
+        ),
         "packing": median_seconds(
             lambda: pack_sequences(responses.prompt_ids, responses.response_ids, layout.tokenizer.pad_token_id),
-            args.repeats),
-    }  # fmt: skip
+            args.repeats,
+        ),
+    }
     # The trainer's make_experience without its sampling (packing, the experience pass, scoring,
     # shaping), and its ppo_update: PPO steps after one warm-up.
     rates.append(matmul_gflops(1024, 1024, 1024))
@@ -173,19 +192,27 @@ def main(argv=None) -> None:
     bound = decode_flops_per_token(model, args.batch) / (peak * 1e9)
     step = phases["generate"] + phases["experience"] + phases["update"]
 
-    print(f"threads {torch.get_num_threads()}, {args.batch} responses x {args.new_tokens} new tokens, "
-          f"prompts {args.prompt_len} tokens, N = {args.num_layers_unfrozen}, "
-          f"{model.config.num_hidden_layers} layers, hidden {hidden}")  # fmt: skip
+    print(
+        f"threads {torch.get_num_threads()}, {args.batch} responses x {args.new_tokens} new tokens, "
+        f"prompts {args.prompt_len} tokens, N = {args.num_layers_unfrozen}, "
+        f"{model.config.num_hidden_layers} layers, hidden {hidden}"
+    )
     print(f"{'phase':48} {'seconds':>8} {'of step':>8}")
     for name, seconds in phases.items():
         print(f"{name:48} {seconds:8.3f} {seconds / step:8.1%}")
     print(f"{'decode, per token (all rows)':48} {decode:8.4f}")
     print(f"{'  its FLOP bound at the peak matmul rate':48} {bound:8.4f}   ({decode / bound:.1f}x the bound)")
-    print(f"matmul GFLOP/s: 1024^3 {peak:.1f} (median of {', '.join(f'{r:.1f}' for r in rates)}); decode shape {args.batch}x{hidden}x{model.config.intermediate_size} "
-          f"{at_decode:.1f}")  # fmt: skip
+    print(
+        f"matmul GFLOP/s: 1024^3 {peak:.1f} (median of {', '.join(f'{r:.1f}' for r in rates)}); decode shape {args.batch}x{hidden}x{model.config.intermediate_size} "
+        f"{at_decode:.1f}"
+    )
     floors = flop_floors(layout, args, sum(len(row) for row in responses.response_ids))
-    measured = {"prefill": phases["prefill (generate 1 token)"], "decode, per token (all rows)": decode,
-                "experience": phases["experience"], "update": phases["update"]}  # fmt: skip
+    measured = {
+        "prefill": phases["prefill (generate 1 token)"],
+        "decode, per token (all rows)": decode,
+        "experience": phases["experience"],
+        "update": phases["update"],
+    }
     print(f"FLOP floors at the 1024^3 matmul rate ({peak:.1f} GFLOP/s; matmul FLOPs only):")
     print(f"{'phase':32} {'GFLOP':>9} {'floor s':>9} {'measured s':>11} {'x floor':>8}")
     for name, flops in floors.items():

@@ -151,8 +151,18 @@ def configure(args) -> None:
 
 # Imported by every child before its memory baseline: what either side loads on its way (hydrappo's
 # trainer pulls datasets, pandas and peft in lazily, ~200 MiB), so that the growth is the run's, not code.
-COMMON_MODULES = ("torch", "transformers", "transformers.trainer", "datasets", "accelerate", "peft", "pandas",
-                  "hydrappo.train.ppo", "hydrappo.storage.models", "hydrappo.prompts")  # fmt: skip
+COMMON_MODULES = (
+    "torch",
+    "transformers",
+    "transformers.trainer",
+    "datasets",
+    "accelerate",
+    "peft",
+    "pandas",
+    "hydrappo.train.ppo",
+    "hydrappo.storage.models",
+    "hydrappo.prompts",
+)
 
 
 def import_common_modules() -> None:
@@ -251,17 +261,44 @@ def run_hydrappo(args, lockstep: Lockstep, num_layers_unfrozen: int) -> None:
     with tempfile.TemporaryDirectory() as output_dir:  # the trainer writes nothing: train_step() only
         options = {
             "model": {"num_layers_unfrozen": num_layers_unfrozen},
-            "generation": {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens,
-                           "temperature": args.temperature, "top_k": 0, "top_p": 1.0, "generation_batch_size": args.batch},
-            "ppo": {"batch_size": args.batch, "mini_batch_size": args.mini_batch, "ppo_epochs": args.ppo_epochs,
-                    "learning_rate": args.learning_rate, "max_grad_norm": 0.0, "kl_controller": "fixed",
-                    "init_kl_coef": 0.05, "kl_estimator": "k1", "vf_coef": 0.1, "cliprange": 0.2, "cliprange_value": 0.2},
+            "generation": {
+                "max_new_tokens": args.new_tokens,
+                "min_new_tokens": args.new_tokens,
+                "temperature": args.temperature,
+                "top_k": 0,
+                "top_p": 1.0,
+                "generation_batch_size": args.batch,
+            },
+            "ppo": {
+                "batch_size": args.batch,
+                "mini_batch_size": args.mini_batch,
+                "ppo_epochs": args.ppo_epochs,
+                "learning_rate": args.learning_rate,
+                "max_grad_norm": 0.0,
+                "kl_controller": "fixed",
+                "init_kl_coef": 0.05,
+                "kl_estimator": "k1",
+                "vf_coef": 0.1,
+                "cliprange": 0.2,
+                "cliprange_value": 0.2,
+            },
             "data": {"apply_chat_template": True, "max_prompt_length": 64},
-            "train": {"output_dir": output_dir, "device": "cpu", "mixed_precision": "no", "progress_bar": False,
-                      "total_steps": args.steps + 1, "seed": 0},
-        }  # fmt: skip
-        trainer = PPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[reward_fn],
-                             train_dataset=[{"prompt": text} for text in args.prompt_texts], args=options)  # fmt: skip
+            "train": {
+                "output_dir": output_dir,
+                "device": "cpu",
+                "mixed_precision": "no",
+                "progress_bar": False,
+                "total_steps": args.steps + 1,
+                "seed": 0,
+            },
+        }
+        trainer = PPOTrainer(
+            model=model,
+            processing_class=tokenizer,
+            reward_funcs=[reward_fn],
+            train_dataset=[{"prompt": text} for text in args.prompt_texts],
+            args=options,
+        )
         trainer.generate = Timed(trainer.generate, lambda responses, prompts: [len(r) for r in responses.response_ids])
         lockstep.ready(trainer.prompts.input_ids)
         for _ in range(args.steps + 1):
@@ -374,35 +411,72 @@ def run_trl(args, lockstep: Lockstep) -> None:
             lockstep.wait()
 
         def on_step_end(self, arguments, state, *unused, **named):
-            lockstep.step_done({"generate": generate.seconds, "new_tokens": generate.measured,
-                                "reward adapter": reward_model.backbone.seconds,
-                                "checkpointing": checkpointing(trainer.policy_model)})  # fmt: skip
+            lockstep.step_done(
+                {
+                    "generate": generate.seconds,
+                    "new_tokens": generate.measured,
+                    "reward adapter": reward_model.backbone.seconds,
+                    "checkpointing": checkpointing(trainer.policy_model),
+                }
+            )
             reward_model.backbone.seconds = 0.0
             if state.global_step < steps:
                 lockstep.wait()
 
     with tempfile.TemporaryDirectory() as output_dir:
         config = PPOConfig(
-            output_dir=output_dir, report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=True, seed=0,
-            bf16=False, fp16=False, activation_checkpointing=False, gradient_checkpointing=False,
-            per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
-            num_mini_batches=args.batch // args.mini_batch, num_ppo_epochs=args.ppo_epochs,
-            total_episodes=args.batch * steps, local_rollout_forward_batch_size=args.batch,
-            response_length=args.new_tokens, temperature=args.temperature, stop_token=None,
-            num_sample_generations=0, learning_rate=args.learning_rate, lr_scheduler_type="constant",
-            adam_beta2=0.95, weight_decay=0.0, kl_coef=0.05, kl_estimator="k1", vf_coef=0.1, cliprange=0.2,
-            cliprange_value=0.2, gamma=1.0, lam=0.95,
-        )  # fmt: skip
+            output_dir=output_dir,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            use_cpu=True,
+            seed=0,
+            bf16=False,
+            fp16=False,
+            activation_checkpointing=False,
+            gradient_checkpointing=False,
+            per_device_train_batch_size=args.batch,
+            gradient_accumulation_steps=1,
+            num_mini_batches=args.batch // args.mini_batch,
+            num_ppo_epochs=args.ppo_epochs,
+            total_episodes=args.batch * steps,
+            local_rollout_forward_batch_size=args.batch,
+            response_length=args.new_tokens,
+            temperature=args.temperature,
+            stop_token=None,
+            num_sample_generations=0,
+            learning_rate=args.learning_rate,
+            lr_scheduler_type="constant",
+            adam_beta2=0.95,
+            weight_decay=0.0,
+            kl_coef=0.05,
+            kl_estimator="k1",
+            vf_coef=0.1,
+            cliprange=0.2,
+            cliprange_value=0.2,
+            gamma=1.0,
+            lam=0.95,
+        )
         dataset = Dataset.from_dict({"input_ids": prompt_ids})
-        trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=None,
-                             reward_model=reward_model, value_model=value_model, train_dataset=dataset,
-                             eval_dataset=dataset)  # fmt: skip
+        trainer = PPOTrainer(
+            args=config,
+            processing_class=tokenizer,
+            model=policy,
+            ref_model=None,
+            reward_model=reward_model,
+            value_model=value_model,
+            train_dataset=dataset,
+            eval_dataset=dataset,
+        )
         for callback in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(callback)
         trainer.add_callback(LockstepCallback())
-        generate = Timed(trainer.policy_model.generate, lambda output, **named: (
-            [output.sequences.shape[1] - named["input_ids"].shape[1]] * output.sequences.shape[0]
-        ))  # fmt: skip
+        generate = Timed(
+            trainer.policy_model.generate,
+            lambda output, **named: (
+                [output.sequences.shape[1] - named["input_ids"].shape[1]] * output.sequences.shape[0]
+            ),
+        )
         trainer.policy_model.generate = generate
         lockstep.ready(prompt_ids)
         trainer.train()
@@ -425,8 +499,9 @@ def receive(side: str, process, connection):
     """The child's next message; a child that died or reported an error stops the race."""
     while not connection.poll(1.0):
         if not process.is_alive():
-            raise RaceError(f"the {side} child exited with code {process.exitcode} without a word "
-                            "(killed? out of memory?)")  # fmt: skip
+            raise RaceError(
+                f"the {side} child exited with code {process.exitcode} without a word (killed? out of memory?)"
+            )
     message = connection.recv()
     if message[0] == "error":
         raise RaceError(f"the {side} child failed:\n{message[1]}")
@@ -447,8 +522,10 @@ def race(args) -> dict:
         results = {side: {"steps": [], "extras": []} for side in args.sides}
         prompts = {side: receive(side, *children[side])[1] for side in args.sides}
         if len({str(ids) for ids in prompts.values()}) > 1:
-            raise RaceError("the sides tokenized the prompts differently: " + "; ".join(
-                f"{side}: {[len(ids) for ids in rows]} tokens" for side, rows in prompts.items()))  # fmt: skip
+            raise RaceError(
+                "the sides tokenized the prompts differently: "
+                + "; ".join(f"{side}: {[len(ids) for ids in rows]} tokens" for side, rows in prompts.items())
+            )
         widths = [len(ids) for ids in next(iter(prompts.values()))]
         print(
             f"prompts: {len(widths)} a step, {min(widths)}-{max(widths)} tokens (padded to {max(widths)})", flush=True
@@ -490,10 +567,13 @@ def side_numbers(result: dict) -> dict[str, float]:
     step = statistics.median(result["steps"][1:])
     generate = statistics.median(extra["generate"] for extra in extras)
     return {
-        "s/step (median)": step, "  generate": generate, "  rest of the step": step - generate,
-        "peak RSS, MiB": memory["peak"] / MIB, "  after imports, MiB": memory["baseline"] / MIB,
+        "s/step (median)": step,
+        "  generate": generate,
+        "  rest of the step": step - generate,
+        "peak RSS, MiB": memory["peak"] / MIB,
+        "  after imports, MiB": memory["baseline"] / MIB,
         "  growth over imports, MiB": (memory["peak"] - memory["baseline"]) / MIB,
-    }  # fmt: skip
+    }
 
 
 def report(args, results: dict) -> None:
@@ -530,10 +610,12 @@ def report(args, results: dict) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]))
-    print(f"race: {args.model}, VADER (examples/sentiment/reward.py), batch {args.batch}, {args.new_tokens} new tokens, "
-          f"{args.ppo_epochs} PPO epochs, mini-batch {args.mini_batch}, float32, {args.threads or 'default'} threads a side; "
-          f"sides: {' '.join(args.sides)}",
-          flush=True)  # fmt: skip
+    print(
+        f"race: {args.model}, VADER (examples/sentiment/reward.py), batch {args.batch}, {args.new_tokens} new tokens, "
+        f"{args.ppo_epochs} PPO epochs, mini-batch {args.mini_batch}, float32, {args.threads or 'default'} threads a side; "
+        f"sides: {' '.join(args.sides)}",
+        flush=True,
+    )
     if "trl" in args.sides:
         from importlib.metadata import version
 

@@ -50,8 +50,17 @@ class Variant:
 
 
 def command(variant: Variant, output_dir: Path, steps: int | None) -> list[str]:
-    cmd = [sys.executable, "-m", "hydrappo", "train", str(variant.config), *variant.options,
-           "--output_dir", str(output_dir), "--no_progress_bar"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hydrappo",
+        "train",
+        str(variant.config),
+        *variant.options,
+        "--output_dir",
+        str(output_dir),
+        "--no_progress_bar",
+    ]
     if steps:
         cmd += ["--total_steps", str(steps), "--save_every", str(steps)]
     return cmd
@@ -111,13 +120,22 @@ def summarise_metrics(rows: list[dict], last: int = 10) -> dict:
 
 def distinct_n(token_rows: list[list[int]], n: int = 2) -> float:
     """Distinct n-grams over all n-grams of all responses (Li et al. 2016, distinct-n)."""
-    grams = [tuple(row[i:i + n]) for row in token_rows for i in range(len(row) - n + 1)]
+    grams = [tuple(row[i : i + n]) for row in token_rows for i in range(len(row) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
 @torch.no_grad()
-def heldout(run_dir: Path | None, prompts: Path, reward_fn: str, *, base_config: Path | None = None, limit: int | None = None,
-            seed: int = 1234, samples: int = 4, base_options: list[str] | None = None) -> dict:  # fmt: skip
+def heldout(
+    run_dir: Path | None,
+    prompts: Path,
+    reward_fn: str,
+    *,
+    base_config: Path | None = None,
+    limit: int | None = None,
+    seed: int = 1234,
+    samples: int = 4,
+    base_options: list[str] | None = None,
+) -> dict:
     """Measure the latest checkpoint of `run_dir` (or, with run_dir None, the base model of
     `base_config` with the command-line options `base_options`, e.g. a reward branch's path that
     the config file names elsewhere) on held-out prompts; see the module docstring."""
@@ -136,20 +154,31 @@ def heldout(run_dir: Path | None, prompts: Path, reward_fn: str, *, base_config:
     data, generation = config.data, config.generation
     texts, columns = load_prompt_table(str(prompts), data.prompt_column)  # the other columns go to the reward
     texts, columns = texts[:limit], {name: values[:limit] for name, values in columns.items()}
-    prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt)
+    prompt_set = tokenize_prompts(
+        texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
+    )
     torch.manual_seed(seed)
     responses = generate_responses(hydra, tokenizer, prompt_set.input_ids, generation)
     input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
         responses.prompt_ids, responses.response_ids, tokenizer.pad_token_id
     )
-    out = evaluate_sequences(hydra, input_ids, attention_mask, prompt_width, temperature=generation.temperature,
-                             chunk_size=generation.generation_batch_size, with_reference=True)  # fmt: skip
+    out = evaluate_sequences(
+        hydra,
+        input_ids,
+        attention_mask,
+        prompt_width,
+        temperature=generation.temperature,
+        chunk_size=generation.generation_batch_size,
+        with_reference=True,
+    )
     kl = masked_sum(out.logprobs.float() - out.ref_logprobs.float(), action_mask.to(out.logprobs.device), dim=-1).cpu()
     response_texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
     source = build_reward_source(RewardArgs(reward_fn=reward_fn))
     samples_text = [p + r for p, r in zip(texts, response_texts)]
-    scores = [float(s) for s in source(samples_text, texts, response_texts, columns=columns,
-                                       completion_ids=responses.response_ids)]  # fmt: skip
+    scores = [
+        float(s)
+        for s in source(samples_text, texts, response_texts, columns=columns, completion_ids=responses.response_ids)
+    ]
     flags = degeneration_flags(responses.response_ids, responses.ended)
     eos = [s for s, ended in zip(responses.response_ids, responses.ended) if ended]
     return {
@@ -157,13 +186,17 @@ def heldout(run_dir: Path | None, prompts: Path, reward_fn: str, *, base_config:
         "kl": kl.mean().item(),
         "eos_frac": statistics.fmean(map(float, responses.ended)),
         "degenerate_frac": statistics.fmean(map(float, flags)),
-        "distinct2": distinct_n([ids[:-1] if e and ids else ids for ids, e in zip(responses.response_ids, responses.ended)]),
+        "distinct2": distinct_n(
+            [ids[:-1] if e and ids else ids for ids, e in zip(responses.response_ids, responses.ended)]
+        ),
         "response_tokens_mean": statistics.fmean(len(ids) for ids in responses.response_ids),
         "prompts": len(texts),
         "ended_answers": len(eos),
-        "samples": [{"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
-                    for p, r, s, e, d in list(zip(texts, response_texts, scores, responses.ended, flags))[:samples]],
-    }  # fmt: skip
+        "samples": [
+            {"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
+            for p, r, s, e, d in list(zip(texts, response_texts, scores, responses.ended, flags))[:samples]
+        ],
+    }
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -178,8 +211,18 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str
     return "\n".join(lines)
 
 
-def plot(points: list[dict], x: str, y: str, path: Path, title: str, xlabel: str, ylabel: str, label: str = "name",
-         base: dict | None = None, joined: bool = True) -> None:  # fmt: skip
+def plot(
+    points: list[dict],
+    x: str,
+    y: str,
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    label: str = "name",
+    base: dict | None = None,
+    joined: bool = True,
+) -> None:
     """A scatter of `points` (dicts) with their labels, joined in order (a frontier) or not (settings
     that form no curve), optionally the base model as a star, to a PNG."""
     import matplotlib
@@ -228,8 +271,13 @@ def frontier_main(defaults: dict, doc: str, argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--values", nargs="+", type=float, default=defaults["values"],
-                        help=f"values of --{defaults['knob']} (default: {defaults['values']})")  # fmt: skip
+    parser.add_argument(
+        "--values",
+        nargs="+",
+        type=float,
+        default=defaults["values"],
+        help=f"values of --{defaults['knob']} (default: {defaults['values']})",
+    )
     parser.add_argument("--knob", default=defaults["knob"], choices=("kl_target", "init_kl_coef"))
     run_arguments(parser, defaults)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
@@ -237,8 +285,14 @@ def frontier_main(defaults: dict, doc: str, argv=None) -> int:
     out = Path(args.output_dir)
     # The base model is the config's with the options given for every run (--extra), so a path they
     # override (a reward branch's) is checked where the runs will find it.
-    base = heldout(None, Path(args.eval_prompts), args.reward_fn, base_config=Path(args.config), limit=args.limit,
-                   base_options=args.extra)  # fmt: skip
+    base = heldout(
+        None,
+        Path(args.eval_prompts),
+        args.reward_fn,
+        base_config=Path(args.config),
+        limit=args.limit,
+        base_options=args.extra,
+    )
     base.update(name="base", value=0.0)
     points = []
     for value in args.values:
@@ -253,12 +307,27 @@ def frontier_main(defaults: dict, doc: str, argv=None) -> int:
         (out / "frontier.json").write_text(json.dumps({"base": base, "points": points}, indent=1))
     points.sort(key=lambda p: p["kl"])
     title = f"{Path(args.config).parent.name}: held-out reward vs KL ({args.knob}, {points[0].get('steps')} steps)"
-    plot(points, "kl", "reward", out / "frontier.png", title, "KL to the reference (nats per response, held-out)",
-         "held-out reward", base=base)  # fmt: skip
-    columns = [(args.knob, "name", ""), ("held-out reward", "reward", ".3f"), ("held-out KL", "kl", ".2f"),
-               ("train KL, last 10", "kl_last", ".2f"), ("beta, last 10", "kl_coef_last", ".3f"),
-               ("ends with EOS", "eos_frac", ".2f"), ("degenerate", "degenerate_frac", ".2f"),
-               ("distinct-2", "distinct2", ".2f"), ("median step s", "median_step_s", ".1f")]  # fmt: skip
+    plot(
+        points,
+        "kl",
+        "reward",
+        out / "frontier.png",
+        title,
+        "KL to the reference (nats per response, held-out)",
+        "held-out reward",
+        base=base,
+    )
+    columns = [
+        (args.knob, "name", ""),
+        ("held-out reward", "reward", ".3f"),
+        ("held-out KL", "kl", ".2f"),
+        ("train KL, last 10", "kl_last", ".2f"),
+        ("beta, last 10", "kl_coef_last", ".3f"),
+        ("ends with EOS", "eos_frac", ".2f"),
+        ("degenerate", "degenerate_frac", ".2f"),
+        ("distinct-2", "distinct2", ".2f"),
+        ("median step s", "median_step_s", ".1f"),
+    ]
     table = markdown_table([base, *points], columns)
     (out / "frontier.md").write_text(table + "\n")
     print(table)
@@ -325,8 +394,9 @@ def planner_figure(options: list[str], preset: str = "llama-3.1-8b", gpu_gib: in
     if everywhere:
         layers = config.num_hidden_layers  # adapters in every layer: the planner's LoRA on the top N
     # The examples score with reward functions: no reward model in the plan.
-    settings = TrainingSettings(num_layers_unfrozen=layers, trainable_layers=None if everywhere else band, lora_rank=rank,
-                                reward_model=False)
+    settings = TrainingSettings(
+        num_layers_unfrozen=layers, trainable_layers=None if everywhere else band, lora_rank=rank, reward_model=False
+    )
     plan = planner.plan_memory(config, settings, preset)
     return {"planner_peak_gib": plan.hydra.peak / 2**30, "planner_fits": plan.hydra.fits(gpu_gib)}
 
@@ -341,15 +411,20 @@ def study_main(defaults: dict, doc: str, argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(STUDY_VARIANTS), choices=list(STUDY_VARIANTS))
     run_arguments(parser, defaults)
     parser.add_argument("--preset", default="llama-3.1-8b", help="the planner's model for the memory column")
-    parser.add_argument("--sweep", action="store_true",
-                        help="run every setting at the three learning rates of its kind (LEARNING_RATE_GRIDS)")  # fmt: skip
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run every setting at the three learning rates of its kind (LEARNING_RATE_GRIDS)",
+    )
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
     runs = []
     for name in args.variants:
         options = [*defaults.get("options", []), *STUDY_VARIANTS[name]]
-        folder = name.split(",")[0].replace("=", "").replace(" ", "_").replace("(", "").replace(")", "").replace(":", "-")
+        folder = (
+            name.split(",")[0].replace("=", "").replace(" ", "_").replace("(", "").replace(")", "").replace(":", "-")
+        )
         if not args.sweep:
             runs.append((name, options, folder))
             continue
@@ -367,14 +442,28 @@ def study_main(defaults: dict, doc: str, argv=None) -> int:
         rows = [r for r in rows if r["name"] != name] + [row]
         print(json.dumps({k: v for k, v in row.items() if k != "samples"}), flush=True)
         (out / "study.json").write_text(json.dumps(rows, indent=1))
-    columns = [("setting", "name", ""), ("steps", "steps", "d"), ("held-out reward", "reward", ".3f"),
-               ("held-out KL", "kl", ".2f"), ("median step s", "median_step_s", ".1f"),
-               ("peak RSS MiB", "peak_rss_mib", ".0f"), (f"planner peak GiB ({args.preset})", "planner_peak_gib", ".1f"),
-               ("fits 24 GB", "planner_fits", "")]  # fmt: skip
+    columns = [
+        ("setting", "name", ""),
+        ("steps", "steps", "d"),
+        ("held-out reward", "reward", ".3f"),
+        ("held-out KL", "kl", ".2f"),
+        ("median step s", "median_step_s", ".1f"),
+        ("peak RSS MiB", "peak_rss_mib", ".0f"),
+        (f"planner peak GiB ({args.preset})", "planner_peak_gib", ".1f"),
+        ("fits 24 GB", "planner_fits", ""),
+    ]
     table = markdown_table(rows, columns)
     (out / "study.md").write_text(table + "\n")
-    plot(rows, "median_step_s", "reward", out / "study.png", f"{Path(args.config).parent.name}: top-N vs LoRA vs full",
-         "median step time (s, this machine)", "held-out reward", joined=False)  # fmt: skip
+    plot(
+        rows,
+        "median_step_s",
+        "reward",
+        out / "study.png",
+        f"{Path(args.config).parent.name}: top-N vs LoRA vs full",
+        "median step time (s, this machine)",
+        "held-out reward",
+        joined=False,
+    )
     print(table)
     return 0
 
@@ -417,21 +506,37 @@ def report_main(argv=None) -> int:
             run_dir = Path(option_value(row["command"], "--output_dir"))
             curve = held_out_curve(run_dir, args.curve)
             setting = row["name"].split(" lr=")[0]
-            row.update(planner_figure(row["command"].split()))  # the current plan (no reward model), for every row alike
-            rows.append({**row, "setting": setting, "lr": float(option_value(row["command"], "--learning_rate", "nan")),
-                         "curve": curve, "best": max(curve.values()) if curve else None,
-                         "best_step": max(curve, key=curve.get) if curve else None, "last": curve[max(curve)] if curve else None})
+            row.update(
+                planner_figure(row["command"].split())
+            )  # the current plan (no reward model), for every row alike
+            rows.append(
+                {
+                    **row,
+                    "setting": setting,
+                    "lr": float(option_value(row["command"], "--learning_rate", "nan")),
+                    "curve": curve,
+                    "best": max(curve.values()) if curve else None,
+                    "best_step": max(curve, key=curve.get) if curve else None,
+                    "last": curve[max(curve)] if curve else None,
+                }
+            )
     rows.sort(key=lambda r: (r["setting"], r["lr"]))
     steps = sorted({step for r in rows for step in r["curve"]})
-    lines = ["| setting | lr | " + " | ".join(f"step {s}" for s in steps)
-             + " | best (step) | sampled score | sampled KL | ends with EOS | looping | peak RSS MiB | planner GiB |",
-             "| --- | ---: |" + " ---: |" * len(steps) + " ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| setting | lr | "
+        + " | ".join(f"step {s}" for s in steps)
+        + " | best (step) | sampled score | sampled KL | ends with EOS | looping | peak RSS MiB | planner GiB |",
+        "| --- | ---: |" + " ---: |" * len(steps) + " ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         cells = [f"{r['curve'][s]:.2f}" if s in r["curve"] else "" for s in steps]
         rss = f"{r['peak_rss_mib']:.0f}" if r.get("peak_rss_mib") else ""
-        lines.append(f"| {r['setting']} | {r['lr']:g} | " + " | ".join(cells)
-                     + f" | {r['best']:.2f} ({r['best_step']}) | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
-                     + f" | {r['degenerate_frac']:.2f} | {rss} | {r['planner_peak_gib']:.1f} |")
+        lines.append(
+            f"| {r['setting']} | {r['lr']:g} | "
+            + " | ".join(cells)
+            + f" | {r['best']:.2f} ({r['best_step']}) | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
+            + f" | {r['degenerate_frac']:.2f} | {rss} | {r['planner_peak_gib']:.1f} |"
+        )
     args.table.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     best = {}
@@ -439,8 +544,17 @@ def report_main(argv=None) -> int:
         if r["best"] is not None and (r["setting"] not in best or r["best"] > best[r["setting"]]["best"]):
             best[r["setting"]] = r
     points = [{**r, "label": f"{r['setting']} lr {r['lr']:g}"} for r in best.values()]
-    plot(points, "planner_peak_gib", "best", args.png, args.title, "planner's peak memory, Llama-3.1-8B bf16 (GiB)",
-         f"best held-out {args.curve.rsplit('/', 1)[-1]} (greedy)", label="label", joined=False)
+    plot(
+        points,
+        "planner_peak_gib",
+        "best",
+        args.png,
+        args.title,
+        "planner's peak memory, Llama-3.1-8B bf16 (GiB)",
+        f"best held-out {args.curve.rsplit('/', 1)[-1]} (greedy)",
+        label="label",
+        joined=False,
+    )
     return 0
 
 

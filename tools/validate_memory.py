@@ -39,8 +39,16 @@ VALIDATION_MODELS = {
     # SmolLM2-135M's shape (preset), and a ~400M Llama.
     "smollm2-135m": None,
     "llama-400m": dict(
-        model_type="llama", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=64, vocab_size=32000, max_position_embeddings=4096, tie_word_embeddings=True,
+        model_type="llama",
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
     ),
 }
 
@@ -56,13 +64,26 @@ def validation_config(name: str):
 
 
 # (trunk quantization, optimizer) pairs measured by default.
-VARIANTS = {"none/adamw": ("none", "adamw"), "int8/adamw8bit": ("int8", "adamw8bit"), "4bit/adamw8bit": ("4bit", "adamw8bit")}
+VARIANTS = {
+    "none/adamw": ("none", "adamw"),
+    "int8/adamw8bit": ("int8", "adamw8bit"),
+    "4bit/adamw8bit": ("4bit", "adamw8bit"),
+}
 
 
 def validation_settings(**overrides) -> TrainingSettings:
     """What --validate runs on the CPU: float32, one PPO step of hydrappo's trainer."""
-    values = dict(num_layers_unfrozen=2, dtype="float32", optimizer="adamw", batch_size=8, mini_batch_size=4,
-                  generation_batch_size=8, prompt_length=64, response_length=64, reward_model=False)  # fmt: skip
+    values = dict(
+        num_layers_unfrozen=2,
+        dtype="float32",
+        optimizer="adamw",
+        batch_size=8,
+        mini_batch_size=4,
+        generation_batch_size=8,
+        prompt_length=64,
+        response_length=64,
+        reward_model=False,
+    )
     values.update(overrides)
     return TrainingSettings(**values)
 
@@ -122,15 +143,27 @@ def _measure_child(name: str, settings: dict, device: str = "cpu") -> dict:
             handle.write(json.dumps({"prompt": " ".join(f"w{int(i)}" for i in words)}) + "\n")
     cfg = Config(
         model=ModelConfig(num_layers_unfrozen=s.num_layers_unfrozen, dtype=s.dtype),
-        generation=GenerationArgs(max_new_tokens=s.response_length, min_new_tokens=s.response_length,
-                                  generation_batch_size=s.generation_batch_size),
-        ppo=PPOArgs(batch_size=s.batch_size, mini_batch_size=s.mini_batch_size, ppo_epochs=1,
-                    gradient_accumulation_steps=s.gradient_accumulation_steps, optimizer=s.optimizer),
+        generation=GenerationArgs(
+            max_new_tokens=s.response_length,
+            min_new_tokens=s.response_length,
+            generation_batch_size=s.generation_batch_size,
+        ),
+        ppo=PPOArgs(
+            batch_size=s.batch_size,
+            mini_batch_size=s.mini_batch_size,
+            ppo_epochs=1,
+            gradient_accumulation_steps=s.gradient_accumulation_steps,
+            optimizer=s.optimizer,
+        ),
         reward=RewardArgs(reward_fn=f"{Path(__file__).resolve()}:validation_reward"),
         data=DataArgs(prompts=os.path.join(tmp, "prompts.jsonl"), max_prompt_length=s.prompt_length),
-        train=TrainArgs(output_dir=os.path.join(tmp, "out"), device=device, progress_bar=False,
-                        mixed_precision="bf16" if cuda and s.torch_dtype == torch.bfloat16 else "no"),
-    )  # fmt: skip
+        train=TrainArgs(
+            output_dir=os.path.join(tmp, "out"),
+            device=device,
+            progress_bar=False,
+            mixed_precision="bf16" if cuda and s.torch_dtype == torch.bfloat16 else "no",
+        ),
+    )
     peak = _Peak(device)
     baseline = 0 if cuda else _peak_rss_bytes()
 
@@ -221,15 +254,23 @@ def measure(name: str, settings: TrainingSettings, timeout: float = 1800, device
     result = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--measure-child"],
         input=json.dumps({"name": name, "settings": asdict(settings), "device": device}),
-        capture_output=True, text=True, timeout=timeout, env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     if result.returncode != 0:
         raise RuntimeError(f"measuring {name} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def validate(models: list[str] | None = None, settings: TrainingSettings | None = None, tolerance: float = 0.20,
-             variants: list[str] | None = None, device: str = "cpu") -> list[dict]:  # fmt: skip
+def validate(
+    models: list[str] | None = None,
+    settings: TrainingSettings | None = None,
+    tolerance: float = 0.20,
+    variants: list[str] | None = None,
+    device: str = "cpu",
+) -> list[dict]:
     """Planner's hydrappo peak against the measured peak of two PPO steps, per model and variant."""
     settings = settings or validation_settings()
     rows = []
@@ -241,11 +282,24 @@ def validate(models: list[str] | None = None, settings: TrainingSettings | None 
             measured = measure(name, varied, device=device)
             predicted = plan.hydra.peak
             error = predicted / measured["peak"] - 1
-            rows.append({"model": name, "variant": variant, "parameters": plan.counts.total, "predicted": predicted,
-                         "measured": measured["peak"], "measured_build": measured["build"], "error": error,
-                         "within": abs(error) <= tolerance, "plan": plan, "measured_phases": measured.get("phases", {}),
-                         "planned_phases": {phase: plan.hydra.static + plan.hydra.phase_bytes(phase)
-                                            for phase in ("generate", "evaluate", "update")}})  # fmt: skip
+            rows.append(
+                {
+                    "model": name,
+                    "variant": variant,
+                    "parameters": plan.counts.total,
+                    "predicted": predicted,
+                    "measured": measured["peak"],
+                    "measured_build": measured["build"],
+                    "error": error,
+                    "within": abs(error) <= tolerance,
+                    "plan": plan,
+                    "measured_phases": measured.get("phases", {}),
+                    "planned_phases": {
+                        phase: plan.hydra.static + plan.hydra.phase_bytes(phase)
+                        for phase in ("generate", "evaluate", "update")
+                    },
+                }
+            )
     return rows
 
 
@@ -259,8 +313,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(VALIDATION_MODELS), default=list(VALIDATION_MODELS))
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
-                        help="trunk quantization / optimizer pairs")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="trunk quantization / optimizer pairs",
+    )
     parser.add_argument("--device", default="cpu", help="cpu (float32, peak RSS) or cuda (bfloat16, allocated memory)")
     parser.add_argument("--plans", action="store_true", help="also print each plan's components")
     args = parser.parse_args(argv)
@@ -268,18 +327,26 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device.startswith("cuda")
     s = validation_settings(dtype="bfloat16") if cuda else validation_settings()
     rows = validate(args.models, s, variants=args.variants, device=args.device)
-    print(f"two PPO steps (the second measured phase by phase) on {'this GPU' if cuda else 'this CPU'}: {s.dtype}, "
-          f"N={s.num_layers_unfrozen}, batch {s.batch_size}, mini-batch {s.mini_batch_size}, prompt {s.prompt_length} + "
-          f"response {s.response_length}, reward function; {'allocated' if cuda else 'resident'} memory")  # fmt: skip
-    print(f"  {'model':<14} {'params':>8} {'trunk/optimizer':<16} {'phase':<9} {'planned':>10} {'measured':>10} {'error':>7}")
+    print(
+        f"two PPO steps (the second measured phase by phase) on {'this GPU' if cuda else 'this CPU'}: {s.dtype}, "
+        f"N={s.num_layers_unfrozen}, batch {s.batch_size}, mini-batch {s.mini_batch_size}, prompt {s.prompt_length} + "
+        f"response {s.response_length}, reward function; {'allocated' if cuda else 'resident'} memory"
+    )
+    print(
+        f"  {'model':<14} {'params':>8} {'trunk/optimizer':<16} {'phase':<9} {'planned':>10} {'measured':>10} {'error':>7}"
+    )
     for row in rows:
-        print(f"  {row['model']:<14} {row['parameters'] / 1e6:7.0f}M {row['variant']:<16} {'peak':<9} "
-              f"{row['predicted'] / 2**20:7.0f}MiB {row['measured'] / 2**20:7.0f}MiB {row['error']:+7.1%} "
-              f"{'ok' if row['within'] else 'OFF'}")  # fmt: skip
+        print(
+            f"  {row['model']:<14} {row['parameters'] / 1e6:7.0f}M {row['variant']:<16} {'peak':<9} "
+            f"{row['predicted'] / 2**20:7.0f}MiB {row['measured'] / 2**20:7.0f}MiB {row['error']:+7.1%} "
+            f"{'ok' if row['within'] else 'OFF'}"
+        )
         for phase, measured in row["measured_phases"].items():
             planned = row["planned_phases"][phase]
-            print(f"  {'':<14} {'':>8} {'':<16} {phase:<9} {planned / 2**20:7.0f}MiB {measured / 2**20:7.0f}MiB "
-                  f"{planned / measured - 1:+7.1%}")  # fmt: skip
+            print(
+                f"  {'':<14} {'':>8} {'':<16} {phase:<9} {planned / 2**20:7.0f}MiB {measured / 2**20:7.0f}MiB "
+                f"{planned / measured - 1:+7.1%}"
+            )
     if args.plans:
         for row in rows:
             print()

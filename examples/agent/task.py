@@ -82,12 +82,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     held_out, train, sft = rows[: args.held_out], rows[args.held_out : args.held_out + args.train], rows[-args.sft :]
     for name, part in (("train_prompts.jsonl", train), ("eval_prompts.jsonl", held_out)):
-        (args.out / name).write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in part))
+        (args.out / name).write_text(
+            "".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in part)
+        )
     from hydrappo.storage.models import _load_tokenizer
 
     tokenizer = _load_tokenizer("smollm2-135m-instruct")
     (args.out / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_rows(sft, tokenizer)))
-    print(f"wrote {len(train)} training, {len(held_out)} held-out questions and {len(sft)} SFT transcripts to {args.out}")
+    print(
+        f"wrote {len(train)} training, {len(held_out)} held-out questions and {len(sft)} SFT transcripts to {args.out}"
+    )
     return 0
 
 

@@ -38,11 +38,18 @@ VARIANTS = {  # config.yaml weighs a format term 0.2 beside accuracy: "format" i
 }
 
 COLUMNS = [
-    ("lever", "name", ""), ("steps", "steps", "d"), ("held-out accuracy", "reward", ".2f"), ("KL (nats)", "kl", ".2f"),
-    ("ends with EOS", "eos_frac", ".2f"), ("degenerate", "degenerate_frac", ".2f"), ("distinct-2", "distinct2", ".2f"),
-    ("tokens", "response_tokens_mean", ".1f"), ("train reward, last 5", "train_reward_last", ".2f"),
-    ("entropy, last 5", "entropy_last", ".2f"), ("median step s", "median_step_s", ".1f"),
-]  # fmt: skip
+    ("lever", "name", ""),
+    ("steps", "steps", "d"),
+    ("held-out accuracy", "reward", ".2f"),
+    ("KL (nats)", "kl", ".2f"),
+    ("ends with EOS", "eos_frac", ".2f"),
+    ("degenerate", "degenerate_frac", ".2f"),
+    ("distinct-2", "distinct2", ".2f"),
+    ("tokens", "response_tokens_mean", ".1f"),
+    ("train reward, last 5", "train_reward_last", ".2f"),
+    ("entropy, last 5", "entropy_last", ".2f"),
+    ("median step s", "median_step_s", ".1f"),
+]
 
 
 def main(argv=None) -> int:
@@ -59,8 +66,15 @@ def main(argv=None) -> int:
     reward_fn = f"{HERE / 'reward.py'}:accuracy"  # whatever the variant was rewarded with
     rows = []
     if args.base:
-        rows.append({"name": "untrained", "steps": 0, **rl_study.heldout(None, Path(args.eval_prompts), reward_fn,
-                                                                         base_config=Path(args.config), limit=args.limit)})
+        rows.append(
+            {
+                "name": "untrained",
+                "steps": 0,
+                **rl_study.heldout(
+                    None, Path(args.eval_prompts), reward_fn, base_config=Path(args.config), limit=args.limit
+                ),
+            }
+        )
     for name in args.variants:
         variant = rl_study.Variant(name, Path(args.config), VARIANTS[name])
         run_dir = out / name.replace("+", "_")
@@ -71,7 +85,9 @@ def main(argv=None) -> int:
         print(json.dumps({k: v for k, v in row.items() if k != "samples"}), flush=True)
         (out / "levers.json").write_text(json.dumps(rows, indent=1))
     table = rl_study.markdown_table(rows, COLUMNS)
-    answers = "\n".join(f"- {row['name']}: " + " / ".join(f"`{s['response']!r}`" for s in row["samples"][:3]) for row in rows)
+    answers = "\n".join(
+        f"- {row['name']}: " + " / ".join(f"`{s['response']!r}`" for s in row["samples"][:3]) for row in rows
+    )
     (out / "levers.md").write_text(table + "\n\nFirst held-out answers:\n" + answers + "\n")
     print(table)
     return 0

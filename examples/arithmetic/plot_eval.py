@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
             axes.plot(*zip(*points), label=label, **STYLES[label])
     if train:
         axes.plot(*zip(*train), color="grey", alpha=0.4, linewidth=1, label="training batches' accuracy")
-    axes.set(xlabel="step", ylabel="share of answers", ylim=(-0.02, 1.02), title="arithmetic (GRPO), held-out questions")
+    axes.set(
+        xlabel="step", ylabel="share of answers", ylim=(-0.02, 1.02), title="arithmetic (GRPO), held-out questions"
+    )
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     out = args.out or args.run / "eval_curve.png"

@@ -73,7 +73,12 @@ def held_out_index(trainer: RewardTrainer, rows: list[dict]) -> list[int]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", nargs="+", default=["outputs/preference/pairs.jsonl"], help="pairs files (make_pairs.py), read in order")
+    parser.add_argument(
+        "--pairs",
+        nargs="+",
+        default=["outputs/preference/pairs.jsonl"],
+        help="pairs files (make_pairs.py), read in order",
+    )
     parser.add_argument("--num_pairs", type=int, default=0, help="keep the first K pairs (0: all)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--config", default=str(HERE / "reward.yaml"))
@@ -90,8 +95,16 @@ def main(argv=None) -> int:
     shared_rows: dict = {}
     results = []
     for name in args.variants:
-        overrides = ["--train_file", str(data_file), "--output_dir", str(out / name), "--overwrite_output_dir",
-                     "--no_progress_bar", *VARIANTS[name], *args.extra]  # fmt: skip
+        overrides = [
+            "--train_file",
+            str(data_file),
+            "--output_dir",
+            str(out / name),
+            "--overwrite_output_dir",
+            "--no_progress_bar",
+            *VARIANTS[name],
+            *args.extra,
+        ]
         config = parse_config(args.config, overrides, config_cls=RewardConfig)
         start = time.process_time()
         trainer = RewardTrainer(config, hydra=hydra, tokenizer=tokenizer)
@@ -112,21 +125,31 @@ def main(argv=None) -> int:
         wide = gaps >= args.gap
         train_stats = trainer.evaluate(trainer.train_pairs, "train")
         result = {
-            "variant": name, "options": " ".join(VARIANTS[name] + args.extra), "pairs": len(rows),
-            "train_pairs": len(trainer.train_pairs), "held_out_pairs": len(pairs), "wide_pairs": int(wide.sum()),
-            "held_out_acc": accuracy(chosen, rejected), "held_out_acc_wide": accuracy(chosen[wide], rejected[wide]),
-            "train_acc": train_stats["train/accuracy"], "cpu_min": (time.process_time() - start) / 60,
-        }  # fmt: skip
+            "variant": name,
+            "options": " ".join(VARIANTS[name] + args.extra),
+            "pairs": len(rows),
+            "train_pairs": len(trainer.train_pairs),
+            "held_out_pairs": len(pairs),
+            "wide_pairs": int(wide.sum()),
+            "held_out_acc": accuracy(chosen, rejected),
+            "held_out_acc_wide": accuracy(chosen[wide], rejected[wide]),
+            "train_acc": train_stats["train/accuracy"],
+            "cpu_min": (time.process_time() - start) / 60,
+        }
         results.append(result)
         print(json.dumps(result), flush=True)
         with open(out / "levers.jsonl", "a") as handle:
             handle.write(json.dumps(result) + "\n")
         del trainer
-    print(f"| variant | options | pairs | held-out acc (all) | held-out acc (gap >= {args.gap:.1f}) | train acc | CPU-min |")
+    print(
+        f"| variant | options | pairs | held-out acc (all) | held-out acc (gap >= {args.gap:.1f}) | train acc | CPU-min |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['variant']} | `{r['options']}` | {r['pairs']} | {r['held_out_acc']:.3f} ({r['held_out_pairs']}) | "
-              f"{r['held_out_acc_wide']:.3f} ({r['wide_pairs']}) | {r['train_acc']:.3f} | {r['cpu_min']:.1f} |")
+        print(
+            f"| {r['variant']} | `{r['options']}` | {r['pairs']} | {r['held_out_acc']:.3f} ({r['held_out_pairs']}) | "
+            f"{r['held_out_acc_wide']:.3f} ({r['wide_pairs']}) | {r['train_acc']:.3f} | {r['cpu_min']:.1f} |"
+        )
     return 0
 
 

@@ -86,14 +86,19 @@ def main(argv=None) -> int:
                         continue
                     win, lose = (a, b) if scores[a] > scores[b] else (b, a)
                     row = {
-                        "prompt": texts[index], "chosen": raw[win], "rejected": raw[lose],
-                        "gold_chosen": scores[win], "gold_rejected": scores[lose],
+                        "prompt": texts[index],
+                        "chosen": raw[win],
+                        "rejected": raw[lose],
+                        "gold_chosen": scores[win],
+                        "gold_rejected": scores[lose],
                     }
                     handle.write(json.dumps(row) + "\n")
                     pairs += 1
                     if pairs == args.num_pairs:
                         break
-                logging.info("%d/%d pairs (%d ties skipped), %.0f s", pairs, args.num_pairs, ties, time.perf_counter() - start)
+                logging.info(
+                    "%d/%d pairs (%d ties skipped), %.0f s", pairs, args.num_pairs, ties, time.perf_counter() - start
+                )
                 if pairs == args.num_pairs:
                     break
     tmp.replace(out)

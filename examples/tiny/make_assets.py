@@ -25,16 +25,26 @@ def main() -> None:
     vocab.update({word: i + 4 for i, word in enumerate(NEUTRAL + GOOD)})
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", unk_token="<unk>", bos_token="<bos>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<eos>", unk_token="<unk>", bos_token="<bos>"
+    )
     # As in SmolLM2: the pad token is the EOS token.
     tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model_dir = HERE / "model"
     tokenizer.save_pretrained(model_dir)
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
     )
     config.save_pretrained(model_dir)
 

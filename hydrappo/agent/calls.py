@@ -79,8 +79,10 @@ def user_parser(fn: Callable, where: str) -> Callable[[str], list[Call]]:
     def parse(text: str) -> list[Call]:
         result = call_user(fn, where, text=text) if _takes_text(fn) else call_user(lambda: fn(text), where)
         if not isinstance(result, (list, tuple)):
-            raise ToolError(f"{where} returned {type(result).__name__}; a tool-call parser returns a list of "
-                            '{"name": ..., "arguments": {...}} dicts (empty: the turn calls nothing).')  # fmt: skip
+            raise ToolError(
+                f"{where} returned {type(result).__name__}; a tool-call parser returns a list of "
+                '{"name": ..., "arguments": {...}} dicts (empty: the turn calls nothing).'
+            )
         return [Call(None, item) if isinstance(item, str) else Call(dict(item)) for item in result]
 
     return parse
@@ -98,7 +100,10 @@ def _takes_text(fn) -> bool:
 def renders_tools(tokenizer) -> bool:
     """Whether the chat template writes the tools it is given (else their description goes in the system turn)."""
     probe = [{"role": "user", "content": "hi"}]
-    schema = {"type": "function", "function": {"name": "probe_tool", "description": "d", "parameters": {"type": "object", "properties": {}}}}
+    schema = {
+        "type": "function",
+        "function": {"name": "probe_tool", "description": "d", "parameters": {"type": "object", "properties": {}}},
+    }
     try:
         with_tools = tokenizer.apply_chat_template(probe, tools=[schema], tokenize=False, add_generation_prompt=True)
     except Exception:
@@ -112,8 +117,13 @@ def tools_system_text(schemas: list[dict]) -> str:
     return TOOLS_PREAMBLE.format(tools="\n".join(json.dumps(f, ensure_ascii=False) for f in functions))
 
 
-def episode_messages(messages: list[dict], schemas: list[dict], system_prompt: str | None, observation: str | None,
-                     template_renders_tools: bool) -> list[dict]:  # fmt: skip
+def episode_messages(
+    messages: list[dict],
+    schemas: list[dict],
+    system_prompt: str | None,
+    observation: str | None,
+    template_renders_tools: bool,
+) -> list[dict]:
     """The episode's first messages: the row's messages, the environment's reset text appended to
     the last user message (TRL's rule), the tools described in the system turn when the template
     does not render them."""
@@ -154,4 +164,4 @@ def tool_suffix_ids(tokenizer, results: list[tuple[str, str]]) -> list[int]:
             "render differently), so a tool turn cannot be appended to what the policy generated; use a template that "
             "renders each turn independently (model.tokenizer_name_or_path, or a tokenizer whose chat_template you set)."
         )
-    return tokenizer(full[len(prefix):], add_special_tokens=False)["input_ids"]
+    return tokenizer(full[len(prefix) :], add_special_tokens=False)["input_ids"]

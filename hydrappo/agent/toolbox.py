@@ -65,9 +65,13 @@ def tool_of(fn: Callable, what: str = "tool") -> Tool:
 
     name = getattr(fn, "__name__", None)
     if not callable(fn) or name is None:
-        raise AgentSetupError(f"{what} {fn!r} is not a function; tools are plain Python functions (or methods of an environment).")
+        raise AgentSetupError(
+            f"{what} {fn!r} is not a function; tools are plain Python functions (or methods of an environment)."
+        )
     if inspect.iscoroutinefunction(fn):
-        raise AgentSetupError(f"{what} {name!r} is async; hydrappo calls tools synchronously: make it a plain function.")
+        raise AgentSetupError(
+            f"{what} {name!r} is async; hydrappo calls tools synchronously: make it a plain function."
+        )
     try:
         schema = get_json_schema(fn)
     except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
@@ -81,8 +85,11 @@ def tool_of(fn: Callable, what: str = "tool") -> Tool:
 
 def environment_tools(instance, name: str) -> list[Tool]:
     """The public methods of an environment instance (not reset / get_reward) as tools."""
-    methods = [m for n, m in inspect.getmembers(instance, predicate=inspect.ismethod)
-               if not n.startswith("_") and n not in RESERVED]  # fmt: skip
+    methods = [
+        m
+        for n, m in inspect.getmembers(instance, predicate=inspect.ismethod)
+        if not n.startswith("_") and n not in RESERVED
+    ]
     return [tool_of(method, f"environment {name} method") for method in methods]
 
 
@@ -91,7 +98,9 @@ def toolset(tools: list[Tool]) -> dict[str, Tool]:
     named: dict[str, Tool] = {}
     for tool in tools:
         if tool.name in named:
-            raise AgentSetupError(f"two tools are named {tool.name!r}; tool names must differ, as the model calls them by name.")
+            raise AgentSetupError(
+                f"two tools are named {tool.name!r}; tool names must differ, as the model calls them by name."
+            )
         named[tool.name] = tool
     return named
 
@@ -109,11 +118,15 @@ class Environments:
         for name, make in self.factories.items():
             label = self.label(name, make)
             if not callable(make):
-                raise AgentSetupError(f"{label} is {make!r}, which is not callable; pass a class or a function that returns an environment.")
+                raise AgentSetupError(
+                    f"{label} is {make!r}, which is not callable; pass a class or a function that returns an environment."
+                )
             instance = call_user(make, f"{label} (building an instance)", timeout_s=timeout_s)
             if not callable(getattr(instance, "reset", None)):
-                raise AgentSetupError(f"{label} built a {type(instance).__name__} without a callable reset(); an environment "
-                                      "defines reset(**row), which starts an episode (it may return text for the prompt).")  # fmt: skip
+                raise AgentSetupError(
+                    f"{label} built a {type(instance).__name__} without a callable reset(); an environment "
+                    "defines reset(**row), which starts an episode (it may return text for the prompt)."
+                )
             toolset(standalone + environment_tools(instance, label))  # schemas and names checked before training
             self.has_reward[name] = callable(getattr(instance, "get_reward", None))
             self.pool[name] = [instance]
@@ -143,8 +156,13 @@ class Environments:
         for name in names:
             pool, index = self.pool[name], handed.get(name, 0)
             if index == len(pool):
-                pool.append(call_user(self.factories[name], f"{self.label(name, self.factories[name])} (building an instance)",
-                                      timeout_s=self.timeout_s))  # fmt: skip
+                pool.append(
+                    call_user(
+                        self.factories[name],
+                        f"{self.label(name, self.factories[name])} (building an instance)",
+                        timeout_s=self.timeout_s,
+                    )
+                )
             handed[name] = index + 1
             out.append(pool[index])
         return out
@@ -155,10 +173,14 @@ class Environments:
         accepts_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(instance.reset).parameters.values())
         if not accepts_any:
             kwargs = {k: v for k, v in kwargs.items() if k in inspect.signature(instance.reset).parameters}
-        observation = call_user(instance.reset, f"{type(instance).__name__}.reset{_at(step)}", timeout_s=self.timeout_s, **kwargs)
+        observation = call_user(
+            instance.reset, f"{type(instance).__name__}.reset{_at(step)}", timeout_s=self.timeout_s, **kwargs
+        )
         if observation is not None and not isinstance(observation, str):
-            raise ToolError(f"{type(instance).__name__}.reset{_at(step)} returned {type(observation).__name__} {_short(observation)}; "
-                            "reset returns None or text, which is appended to the row's last user message.")  # fmt: skip
+            raise ToolError(
+                f"{type(instance).__name__}.reset{_at(step)} returned {type(observation).__name__} {_short(observation)}; "
+                "reset returns None or text, which is appended to the row's last user message."
+            )
         return observation
 
     def tools_of(self, instance) -> dict[str, Tool]:
@@ -170,9 +192,16 @@ class Environments:
             return None
         where = f"{type(instance).__name__}.get_reward{_at(step)}"
         value = call_user(instance.get_reward, where, timeout_s=self.timeout_s)
-        if not isinstance(value, numbers.Real) or isinstance(value, bool) or value != value or abs(value) == float("inf"):
-            raise ToolError(f"{where} returned {type(value).__name__} {_short(value)}; get_reward returns one finite number, "
-                            "the episode's score.")  # fmt: skip
+        if (
+            not isinstance(value, numbers.Real)
+            or isinstance(value, bool)
+            or value != value
+            or abs(value) == float("inf")
+        ):
+            raise ToolError(
+                f"{where} returned {type(value).__name__} {_short(value)}; get_reward returns one finite number, "
+                "the episode's score."
+            )
         return float(value)
 
 
@@ -188,8 +217,15 @@ class Outcome:
     failed: bool = False  # the tool itself failed (on_error="result")
 
 
-def run_call(call: dict | None, tools: dict[str, Tool], *, timeout_s: float | None, on_error: str, step: int | None,
-             problem: str | None = None) -> Outcome:  # fmt: skip
+def run_call(
+    call: dict | None,
+    tools: dict[str, Tool],
+    *,
+    timeout_s: float | None,
+    on_error: str,
+    step: int | None,
+    problem: str | None = None,
+) -> Outcome:
     """Execute one parsed call {"name", "arguments"} (None: the model's call did not parse, `problem` says why)."""
     mistake = call_problem(call, tools, problem)
     if mistake:
@@ -228,8 +264,11 @@ def tool_text(result, where: str) -> str:
         return result
     if isinstance(result, numbers.Number):
         return str(result)
-    raise ToolError(f"{where} returned {type(result).__name__} {_short(result)}; a tool returns text (a str, or a number), "
-                    "which becomes the tool turn the model reads.", reason=f"the tool returned {type(result).__name__}, not text")  # fmt: skip
+    raise ToolError(
+        f"{where} returned {type(result).__name__} {_short(result)}; a tool returns text (a str, or a number), "
+        "which becomes the tool turn the model reads.",
+        reason=f"the tool returned {type(result).__name__}, not text",
+    )
 
 
 def call_user(fn: Callable, where: str, *, timeout_s: float | None = None, **kwargs):
@@ -237,14 +276,18 @@ def call_user(fn: Callable, where: str, *, timeout_s: float | None = None, **kwa
     try:
         return usercode.call_with_timeout(lambda **kw: usercode.call(fn, where, **kw), kwargs, timeout_s)
     except usercode.TimedOut:
-        raise ToolError(f"{where} did not return within {timeout_s} s (agent.tool_timeout_s); make it faster or raise the limit.",
-                        reason=f"the call did not return within {timeout_s} s") from None  # fmt: skip
+        raise ToolError(
+            f"{where} did not return within {timeout_s} s (agent.tool_timeout_s); make it faster or raise the limit.",
+            reason=f"the call did not return within {timeout_s} s",
+        ) from None
     except usercode.UserCodeError as error:
         raise ToolError(str(error), reason="the tool tried to end the process") from None
     except Exception as error:
-        raise ToolError(f"{where} raised {type(error).__name__}: {error}{usercode.user_frame(error)}. Fix it, set "
-                        "agent.on_tool_error: result to show the model the error instead, or rerun with --debug for the traceback.",
-                        reason=f"{type(error).__name__}: {error}") from error  # fmt: skip
+        raise ToolError(
+            f"{where} raised {type(error).__name__}: {error}{usercode.user_frame(error)}. Fix it, set "
+            "agent.on_tool_error: result to show the model the error instead, or rerun with --debug for the traceback.",
+            reason=f"{type(error).__name__}: {error}",
+        ) from error
 
 
 def _at(step: int | None) -> str:
@@ -267,7 +310,9 @@ def load_object(spec: str, base_dir: str | Path | None, what: str):
             if not path.is_absolute() and base_dir is not None and (Path(base_dir) / path).is_file():
                 path = Path(base_dir) / path
             if not path.is_file():
-                raise AgentSetupError(f"{what} {spec!r}: the file {target} does not exist (looked beside the config and in the current directory).")
+                raise AgentSetupError(
+                    f"{what} {spec!r}: the file {target} does not exist (looked beside the config and in the current directory)."
+                )
             path = path.resolve()
             module_name = f"_hydrappo_agent_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
             module = sys.modules.get(module_name)
@@ -287,7 +332,9 @@ def load_object(spec: str, base_dir: str | Path | None, what: str):
     except (HydrappoError, KeyboardInterrupt):
         raise
     except Exception as error:
-        raise AgentSetupError(f"{what} {spec!r} failed to import: {type(error).__name__}: {error}{usercode.user_frame(error)}.") from error
+        raise AgentSetupError(
+            f"{what} {spec!r} failed to import: {type(error).__name__}: {error}{usercode.user_frame(error)}."
+        ) from error
     if not hasattr(module, name):
         raise AgentSetupError(f"{what} {spec!r}: {target} defines no {name!r}.")
     return getattr(module, name)

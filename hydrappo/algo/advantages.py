@@ -53,8 +53,12 @@ def group_size_problem(estimator: str, group_size: int) -> Problem | None:
     config checks report this, the group baselines raise it."""
     if group_size >= 2 or not ESTIMATORS[estimator].needs_groups:
         return None
-    return Problem("ppo.advantage_estimator", estimator, "compares the responses to one prompt with each other, but "
-                   f"generation.samples_per_prompt is {group_size}", "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)")  # fmt: skip
+    return Problem(
+        "ppo.advantage_estimator",
+        estimator,
+        f"compares the responses to one prompt with each other, but generation.samples_per_prompt is {group_size}",
+        "set generation.samples_per_prompt >= 2 (e.g. 4 or 8)",
+    )
 
 
 def _groups(scores: torch.Tensor, group_size: int, estimator: str) -> torch.Tensor:
@@ -157,14 +161,17 @@ class Estimator:
     baseline_on_scores: bool = False  # the group mean is subtracted from the scores before shaping
 
 
-ESTIMATORS = {e.name: e for e in (
-    Estimator("gae", _gae_estimate, needs_critic=True),
-    Estimator("grpo", _per_sequence(grpo_advantages), needs_groups=True),
-    Estimator("dr_grpo", _per_sequence(dr_grpo_advantages), needs_groups=True),
-    Estimator("rloo", _per_sequence(rloo_advantages), needs_groups=True),
-    Estimator("reinforce_pp", _reinforce_pp_estimate),
-    Estimator("reinforce_pp_baseline", _reinforce_pp_estimate, needs_groups=True, baseline_on_scores=True),
-)}  # fmt: skip
+ESTIMATORS = {
+    e.name: e
+    for e in (
+        Estimator("gae", _gae_estimate, needs_critic=True),
+        Estimator("grpo", _per_sequence(grpo_advantages), needs_groups=True),
+        Estimator("dr_grpo", _per_sequence(dr_grpo_advantages), needs_groups=True),
+        Estimator("rloo", _per_sequence(rloo_advantages), needs_groups=True),
+        Estimator("reinforce_pp", _reinforce_pp_estimate),
+        Estimator("reinforce_pp_baseline", _reinforce_pp_estimate, needs_groups=True, baseline_on_scores=True),
+    )
+}
 ADVANTAGE_ESTIMATORS = tuple(ESTIMATORS)
 
 

@@ -17,7 +17,9 @@ DEGENERATE_WINDOW = 8
 DEGENERATE_MAX_PERIOD = 4  # one emoji is up to 4 byte-level tokens
 
 
-def repeated_tail(token_ids: Sequence[int], window: int = DEGENERATE_WINDOW, max_period: int = DEGENERATE_MAX_PERIOD) -> bool:
+def repeated_tail(
+    token_ids: Sequence[int], window: int = DEGENERATE_WINDOW, max_period: int = DEGENERATE_MAX_PERIOD
+) -> bool:
     """Whether the last `window` tokens are one unit of 1..max_period tokens repeated (the last
     repetition may be cut short). Shorter sequences are not counted."""
     if window < 2 or max_period < 1:
@@ -26,14 +28,21 @@ def repeated_tail(token_ids: Sequence[int], window: int = DEGENERATE_WINDOW, max
         return False
     tail = list(token_ids[-window:])
     return any(
-        all(tail[i] == tail[i + period] for i in range(window - period)) for period in range(1, min(max_period, window - 1) + 1)
+        all(tail[i] == tail[i + period] for i in range(window - period))
+        for period in range(1, min(max_period, window - 1) + 1)
     )
 
 
-def degeneration_flags(response_ids: Sequence[Sequence[int]], ended: Sequence[bool], window: int = DEGENERATE_WINDOW,
-                       max_period: int = DEGENERATE_MAX_PERIOD) -> list[bool]:  # fmt: skip
+def degeneration_flags(
+    response_ids: Sequence[Sequence[int]],
+    ended: Sequence[bool],
+    window: int = DEGENERATE_WINDOW,
+    max_period: int = DEGENERATE_MAX_PERIOD,
+) -> list[bool]:
     """Per response, `repeated_tail` of its tokens without the stop token that ended it
     (a response that `ended` carries its stop token last, as rollout.Responses do)."""
     if len(response_ids) != len(ended):
         raise ValueError(f"{len(response_ids)} responses but {len(ended)} ended flags")
-    return [repeated_tail(ids[:-1] if stop and ids else ids, window, max_period) for ids, stop in zip(response_ids, ended)]
+    return [
+        repeated_tail(ids[:-1] if stop and ids else ids, window, max_period) for ids, stop in zip(response_ids, ended)
+    ]

@@ -176,8 +176,15 @@ class PIKLController(_KLController):
 
     kind = "pi"
 
-    def __init__(self, init_kl_coef: float, target: float, kp: float = 2.0, ki: float = 0.2, clip_low: float = 0.5,
-                 clip_high: float = 1.0):  # fmt: skip
+    def __init__(
+        self,
+        init_kl_coef: float,
+        target: float,
+        kp: float = 2.0,
+        ki: float = 0.2,
+        clip_low: float = 0.5,
+        clip_high: float = 1.0,
+    ):
         self.init = _finite_float("init_kl_coef", init_kl_coef)
         self.target = _finite_float("kl target", target)
         self.kp = _finite_float("kl_pi_kp", kp)
@@ -220,9 +227,17 @@ class PIKLController(_KLController):
         self.value = self.init * math.exp(self.kp * error + self.ki * self.integral)
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "value": self.value, "init": self.init, "integral": self.integral,
-                "target": self.target, "kp": self.kp, "ki": self.ki, "clip_low": self.clip_low,
-                "clip_high": self.clip_high}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "value": self.value,
+            "init": self.init,
+            "integral": self.integral,
+            "target": self.target,
+            "kp": self.kp,
+            "ki": self.ki,
+            "clip_low": self.clip_low,
+            "clip_high": self.clip_high,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
@@ -230,8 +245,10 @@ class PIKLController(_KLController):
             setattr(self, key, float(state[key]))
 
     def __repr__(self) -> str:
-        return (f"PIKLController(value={self.value}, target={self.target}, kp={self.kp}, ki={self.ki}, "
-                f"integral={self.integral})")  # fmt: skip
+        return (
+            f"PIKLController(value={self.value}, target={self.target}, kp={self.kp}, ki={self.ki}, "
+            f"integral={self.integral})"
+        )
 
 
 class FixedKLController(_KLController):

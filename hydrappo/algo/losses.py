@@ -207,13 +207,15 @@ def ppo_loss(
         value_unclipped, value_clipped = (values - returns).square(), (values_clipped - returns).square()
         value_loss = agg(0.5 * torch.maximum(value_unclipped, value_clipped))
         loss = loss + settings.vf_coef * value_loss
-        stats.update({
-            "loss/value": value_loss,
-            "val/clipfrac": masked_mean((value_clipped > value_unclipped).float(), mask),
-            "val/var_explained": explained_variance(values.detach(), returns, mask),
-            "val/mean": masked_mean(values.detach(), mask),
-            "returns/mean": masked_mean(returns, mask),
-        })  # fmt: skip
+        stats.update(
+            {
+                "loss/value": value_loss,
+                "val/clipfrac": masked_mean((value_clipped > value_unclipped).float(), mask),
+                "val/var_explained": explained_variance(values.detach(), returns, mask),
+                "val/mean": masked_mean(values.detach(), mask),
+                "returns/mean": masked_mean(returns, mask),
+            }
+        )
     if dual_clip is not None:
         stats["policy/dual_clipfrac"] = masked_mean(dual_clipped.float(), mask)
     if new.entropy is not None:

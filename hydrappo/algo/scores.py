@@ -95,7 +95,9 @@ def normalize_scores(
         return (scores - moments.mean) / (moments.std + eps)
     if mode == "ref":
         if ref_mean is None or ref_std is None:
-            raise ValueError("score normalization 'ref' needs both ref_mean and ref_std (reward.score_ref_mean/score_ref_std)")
+            raise ValueError(
+                "score normalization 'ref' needs both ref_mean and ref_std (reward.score_ref_mean/score_ref_std)"
+            )
         if not ref_std > 0:
             raise ValueError(f"score normalization 'ref' needs ref_std > 0, got {ref_std}")
         return (scores - ref_mean) / ref_std

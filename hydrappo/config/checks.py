@@ -33,7 +33,15 @@ logger = logging.getLogger("hydrappo")
 
 
 # Options naming a column or a split: an empty name can only be a mistake.
-NAMES = ("prompt_column", "chosen_column", "rejected_column", "response_column", "stats_response_column", "split", "eval_split")
+NAMES = (
+    "prompt_column",
+    "chosen_column",
+    "rejected_column",
+    "response_column",
+    "stats_response_column",
+    "split",
+    "eval_split",
+)
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 _warned: set[str] = set()
@@ -103,16 +111,24 @@ def _check_values(config, problems: Problems) -> None:
                 elif not rule.holds(value):
                     problems.add(label, value, rule.describe(), rule.fix or f"use e.g. {default!r} (the default)")
             elif choices is not None and value not in choices:
-                problems.add(label, value, f"is not one of: {', '.join(choices)}", f"use e.g. {default!r} (the default)")
-            elif name in NAMES and (not isinstance(value, str) or not value.strip()) and not (
-                value is None and _optional(type(part), name)  # an optional column (null: there is none)
+                problems.add(
+                    label, value, f"is not one of: {', '.join(choices)}", f"use e.g. {default!r} (the default)"
+                )
+            elif (
+                name in NAMES
+                and (not isinstance(value, str) or not value.strip())
+                and not (
+                    value is None and _optional(type(part), name)  # an optional column (null: there is none)
+                )
             ):
                 problems.add(label, value, "must name a column or split", f"use e.g. {default!r} (the default)")
     model = config.model
     try:
         canonical_dtype(model.dtype)
     except ConfigError:
-        problems.add("model.dtype", model.dtype, DTYPE_RULE, "use auto (float32 on CPU, bfloat16 on GPUs that support it)")
+        problems.add(
+            "model.dtype", model.dtype, DTYPE_RULE, "use auto (float32 on CPU, bfloat16 on GPUs that support it)"
+        )
     device = config.train.device
     if not is_device_name(device):
         problems.add("train.device", device, "must be auto, cpu, cuda, cuda:N or mps", "use auto")
@@ -127,12 +143,20 @@ def _check_values(config, problems: Problems) -> None:
     if generation is not None:
         for token_id in generation.stop_token_ids:
             if not isinstance(token_id, int) or token_id < 0:
-                problems.add("generation.stop_token_ids", generation.stop_token_ids, "must be token ids (integers >= 0)",
-                             "list the ids of the tokens that end a response, e.g. [13]")  # fmt: skip
+                problems.add(
+                    "generation.stop_token_ids",
+                    generation.stop_token_ids,
+                    "must be token ids (integers >= 0)",
+                    "list the ids of the tokens that end a response, e.g. [13]",
+                )
                 break
         if any(not isinstance(text, str) or not text for text in generation.stop_strings):
-            problems.add("generation.stop_strings", generation.stop_strings, "must be non-empty strings",
-                         "remove the empty entry")  # fmt: skip
+            problems.add(
+                "generation.stop_strings",
+                generation.stop_strings,
+                "must be non-empty strings",
+                "remove the empty entry",
+            )
 
 
 def _check_common(config, problems: Problems) -> None:
@@ -141,16 +165,32 @@ def _check_common(config, problems: Problems) -> None:
     _check_trunk(config, problems)
     data = config.data
     if data.system_prompt and not data.apply_chat_template:
-        problems.add("data.system_prompt", data.system_prompt, "is only used with data.apply_chat_template: true",
-                     "set apply_chat_template: true, or remove system_prompt")  # fmt: skip
+        problems.add(
+            "data.system_prompt",
+            data.system_prompt,
+            "is only used with data.apply_chat_template: true",
+            "set apply_chat_template: true, or remove system_prompt",
+        )
     lora = getattr(config, "lora", None)
     if lora is not None:
         model = config.model
-        problems.report(*lora_problems(lora.lora_r > 0, model.num_layers_unfrozen, lora.lora_layers,
-                                       lora.lora_init_adapter, model.train_lm_head, model.train_final_norm))  # fmt: skip
+        problems.report(
+            *lora_problems(
+                lora.lora_r > 0,
+                model.num_layers_unfrozen,
+                lora.lora_layers,
+                lora.lora_init_adapter,
+                model.train_lm_head,
+                model.train_final_norm,
+            )
+        )
     if lora is not None and lora.lora_r == 0 and lora.lora_layers != "top":
-        problems.add("lora.lora_layers", lora.lora_layers, "has no effect while lora.lora_r is 0 (LoRA off)",
-                     "set lora_r > 0 (e.g. 16), or remove lora_layers")  # fmt: skip
+        problems.add(
+            "lora.lora_layers",
+            lora.lora_layers,
+            "has no effect while lora.lora_r is 0 (LoRA off)",
+            "set lora_r > 0 (e.g. 16), or remove lora_layers",
+        )
 
 
 def _check_band(config, problems: Problems) -> None:
@@ -169,11 +209,19 @@ def _check_band(config, problems: Problems) -> None:
     if shape is not None:
         problems.add(option, value, *shape)
     if model.num_layers_unfrozen != _default(type(model), "num_layers_unfrozen"):
-        problems.add(option, value, f"and model.num_layers_unfrozen={model.num_layers_unfrozen} both say which layers "
-                     "train", "keep one: the band, or num_layers_unfrozen for the top N layers (-1: every layer)")  # fmt: skip
+        problems.add(
+            option,
+            value,
+            f"and model.num_layers_unfrozen={model.num_layers_unfrozen} both say which layers train",
+            "keep one: the band, or num_layers_unfrozen for the top N layers (-1: every layer)",
+        )
     if lora is not None and lora.lora_r > 0 and lora.lora_layers == "all":
-        problems.add(option, value, "cannot be combined with LoRA in every layer (lora.lora_layers: all)",
-                     "use lora_layers: top for adapters in the band's layers only, or remove trainable_layers")  # fmt: skip
+        problems.add(
+            option,
+            value,
+            "cannot be combined with LoRA in every layer (lora.lora_layers: all)",
+            "use lora_layers: top for adapters in the band's layers only, or remove trainable_layers",
+        )
 
 
 def _check_trunk(config, problems: Problems) -> None:
@@ -183,30 +231,53 @@ def _check_trunk(config, problems: Problems) -> None:
     quantized = model.trunk_quantization in TRUNK_QUANTIZATIONS[1:]
     fsdp = bool(getattr(train, "fsdp_trunk", False))
     adapters_everywhere = lora is not None and lora.lora_r > 0 and lora.lora_layers == "all"
-    for option, value, on in (("model.trunk_quantization", model.trunk_quantization, quantized),
-                              ("train.fsdp_trunk", True, fsdp)):  # fmt: skip
+    for option, value, on in (
+        ("model.trunk_quantization", model.trunk_quantization, quantized),
+        ("train.fsdp_trunk", True, fsdp),
+    ):
         if not on:
             continue
         if model.num_layers_unfrozen == -1:
-            problems.add(option, value, "acts on the frozen bottom of the trunk, but model.num_layers_unfrozen=-1 trains "
-                         "every layer", f"set num_layers_unfrozen to a number of top layers (e.g. 2), or remove {option}")  # fmt: skip
+            problems.add(
+                option,
+                value,
+                "acts on the frozen bottom of the trunk, but model.num_layers_unfrozen=-1 trains every layer",
+                f"set num_layers_unfrozen to a number of top layers (e.g. 2), or remove {option}",
+            )
         if adapters_everywhere:
-            problems.add(option, value, "acts on the frozen bottom of the trunk, but lora.lora_layers='all' puts "
-                         "adapters in every layer", f"use lora_layers: top, or remove {option}")  # fmt: skip
+            problems.add(
+                option,
+                value,
+                "acts on the frozen bottom of the trunk, but lora.lora_layers='all' puts adapters in every layer",
+                f"use lora_layers: top, or remove {option}",
+            )
     if quantized and fsdp:
-        problems.add("train.fsdp_trunk", True, f"shards the frozen trunk and model.trunk_quantization="
-                     f"{model.trunk_quantization!r} quantizes it: choose one",
-                     "set fsdp_trunk: false (each process can hold a whole quantized trunk), or trunk_quantization: none")  # fmt: skip
+        problems.add(
+            "train.fsdp_trunk",
+            True,
+            f"shards the frozen trunk and model.trunk_quantization="
+            f"{model.trunk_quantization!r} quantizes it: choose one",
+            "set fsdp_trunk: false (each process can hold a whole quantized trunk), or trunk_quantization: none",
+        )
     optimizer_option, optimizer = f"{config.OPTIMIZER}.optimizer", getattr(config, config.OPTIMIZER).optimizer
-    wanted = [f"{name}={value!r}" for name, value, on in (
-        ("model.trunk_quantization", model.trunk_quantization, quantized),
-        (optimizer_option, optimizer, optimizer == "adamw8bit")) if on]  # fmt: skip
+    wanted = [
+        f"{name}={value!r}"
+        for name, value, on in (
+            ("model.trunk_quantization", model.trunk_quantization, quantized),
+            (optimizer_option, optimizer, optimizer == "adamw8bit"),
+        )
+        if on
+    ]
     if wanted and importlib.util.find_spec("bitsandbytes") is None:
-        problems.note(f"{' and '.join(wanted)}: needs bitsandbytes, which is not installed. Run "
-                      "`pip install 'hydrappo[quant]'`, or use trunk_quantization: none and optimizer: adamw.")  # fmt: skip
+        problems.note(
+            f"{' and '.join(wanted)}: needs bitsandbytes, which is not installed. Run "
+            "`pip install 'hydrappo[quant]'`, or use trunk_quantization: none and optimizer: adamw."
+        )
     if fsdp and _launched_processes() <= 1:
-        _warn_once("train.fsdp_trunk=true shards the frozen trunk over the processes of a torchrun / accelerate launch "
-                   "run; this run has one process, so the trunk stays whole.")  # fmt: skip
+        _warn_once(
+            "train.fsdp_trunk=true shards the frozen trunk over the processes of a torchrun / accelerate launch "
+            "run; this run has one process, so the trunk stays whole."
+        )
 
 
 def _launched_processes() -> int:
@@ -232,77 +303,143 @@ def validate(config) -> None:
 def _check_ppo(config: Config, problems: Problems) -> None:
     ppo, gen, reward = config.ppo, config.generation, config.reward
     if ppo.batch_size >= 1 and ppo.mini_batch_size >= 1 and ppo.batch_size % ppo.mini_batch_size:
-        problems.add("ppo.mini_batch_size", ppo.mini_batch_size, f"must divide ppo.batch_size ({ppo.batch_size}): "
-                     f"ppo.batch_size ({ppo.batch_size}) must be a multiple of mini_batch_size ({ppo.mini_batch_size})",
-                     f"use a divisor of {ppo.batch_size}, e.g. {_divisor(ppo.batch_size, ppo.mini_batch_size)}")  # fmt: skip
-    if ppo.mini_batch_size >= 1 and ppo.gradient_accumulation_steps >= 1 and ppo.mini_batch_size % ppo.gradient_accumulation_steps:
-        problems.add("ppo.gradient_accumulation_steps", ppo.gradient_accumulation_steps,
-                     f"must divide ppo.mini_batch_size ({ppo.mini_batch_size}): ppo.mini_batch_size ({ppo.mini_batch_size}) "
-                     f"must be a multiple of gradient_accumulation_steps ({ppo.gradient_accumulation_steps})",
-                     f"use a divisor of {ppo.mini_batch_size}, e.g. 1")  # fmt: skip
+        problems.add(
+            "ppo.mini_batch_size",
+            ppo.mini_batch_size,
+            f"must divide ppo.batch_size ({ppo.batch_size}): "
+            f"ppo.batch_size ({ppo.batch_size}) must be a multiple of mini_batch_size ({ppo.mini_batch_size})",
+            f"use a divisor of {ppo.batch_size}, e.g. {_divisor(ppo.batch_size, ppo.mini_batch_size)}",
+        )
+    if (
+        ppo.mini_batch_size >= 1
+        and ppo.gradient_accumulation_steps >= 1
+        and ppo.mini_batch_size % ppo.gradient_accumulation_steps
+    ):
+        problems.add(
+            "ppo.gradient_accumulation_steps",
+            ppo.gradient_accumulation_steps,
+            f"must divide ppo.mini_batch_size ({ppo.mini_batch_size}): ppo.mini_batch_size ({ppo.mini_batch_size}) "
+            f"must be a multiple of gradient_accumulation_steps ({ppo.gradient_accumulation_steps})",
+            f"use a divisor of {ppo.mini_batch_size}, e.g. 1",
+        )
     group = gen.samples_per_prompt
     if group >= 1 and ppo.batch_size >= 1 and ppo.batch_size % group:
-        problems.add("ppo.batch_size", ppo.batch_size, f"counts responses and must be divisible by "
-                     f"generation.samples_per_prompt ({group})", f"set batch_size to a multiple of {group}")  # fmt: skip
+        problems.add(
+            "ppo.batch_size",
+            ppo.batch_size,
+            f"counts responses and must be divisible by generation.samples_per_prompt ({group})",
+            f"set batch_size to a multiple of {group}",
+        )
     processes = _launched_processes()
     check_process_shares(ppo, group, processes, problems, f"the {processes} processes of this launch (WORLD_SIZE)")
     if ppo.advantage_estimator in ESTIMATORS:
         problems.report(group_size_problem(ppo.advantage_estimator, group))
     if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.uses_critic):
-        problems.add("model.value_head_init", "reward_head", "copies the reward head into the value head, so it needs "
-                     "model.reward_branch_path and ppo.advantage_estimator: gae",
-                     "set model.reward_branch_path, or use value_head_init: random")  # fmt: skip
+        problems.add(
+            "model.value_head_init",
+            "reward_head",
+            "copies the reward head into the value head, so it needs "
+            "model.reward_branch_path and ppo.advantage_estimator: gae",
+            "set model.reward_branch_path, or use value_head_init: random",
+        )
     if ppo.critic_warmup_steps > 0 and not ppo.uses_critic:
-        problems.add("ppo.critic_warmup_steps", ppo.critic_warmup_steps, f"warms up a value head, and "
-                     f"ppo.advantage_estimator={ppo.advantage_estimator} has none",
-                     "use critic_warmup_steps: 0, or advantage_estimator: gae")  # fmt: skip
+        problems.add(
+            "ppo.critic_warmup_steps",
+            ppo.critic_warmup_steps,
+            f"warms up a value head, and ppo.advantage_estimator={ppo.advantage_estimator} has none",
+            "use critic_warmup_steps: 0, or advantage_estimator: gae",
+        )
     if gen.min_new_tokens > gen.max_new_tokens >= 1:
-        problems.add("generation.min_new_tokens", gen.min_new_tokens, f"must be <= generation.max_new_tokens "
-                     f"({gen.max_new_tokens})", f"use at most {gen.max_new_tokens}")  # fmt: skip
+        problems.add(
+            "generation.min_new_tokens",
+            gen.min_new_tokens,
+            f"must be <= generation.max_new_tokens ({gen.max_new_tokens})",
+            f"use at most {gen.max_new_tokens}",
+        )
     if gen.sampler == "continuous_batching" and gen.min_new_tokens > 0:
-        problems.add("generation.min_new_tokens", gen.min_new_tokens, "has no continuous-batching version in "
-                     "transformers (generation.sampler: continuous_batching would drop it)",
-                     "set min_new_tokens: 0, or sampler: decode or generate")  # fmt: skip
+        problems.add(
+            "generation.min_new_tokens",
+            gen.min_new_tokens,
+            "has no continuous-batching version in "
+            "transformers (generation.sampler: continuous_batching would drop it)",
+            "set min_new_tokens: 0, or sampler: decode or generate",
+        )
     if gen.sampler in ("continuous_batching", "decode", "graph") and config.train.fsdp_trunk:
-        problems.add("generation.sampler", gen.sampler, "cannot run a trunk sharded over processes "
-                     "(train.fsdp_trunk: every process must run every token step in lockstep)",
-                     "use sampler: generate (or auto), or fsdp_trunk: false")  # fmt: skip
+        problems.add(
+            "generation.sampler",
+            gen.sampler,
+            "cannot run a trunk sharded over processes "
+            "(train.fsdp_trunk: every process must run every token step in lockstep)",
+            "use sampler: generate (or auto), or fsdp_trunk: false",
+        )
     if gen.sampler == "vllm":
         _check_serving_engine(config, problems)
     elif gen.engine_gpu_memory != _default(GenerationArgs, "engine_gpu_memory"):
-        problems.add("generation.engine_gpu_memory", gen.engine_gpu_memory, "only sizes the engine of sampler: vllm, and "
-                     f"generation.sampler is {gen.sampler!r}", "set sampler: vllm, or remove engine_gpu_memory")  # fmt: skip
+        problems.add(
+            "generation.engine_gpu_memory",
+            gen.engine_gpu_memory,
+            f"only sizes the engine of sampler: vllm, and generation.sampler is {gen.sampler!r}",
+            "set sampler: vllm, or remove engine_gpu_memory",
+        )
     if ppo.kl_controller == "fixed":
         for name in ("kl_target", "kl_horizon"):
             value = getattr(ppo, name)
             if value != _default(PPOArgs, name):
-                problems.add(f"ppo.{name}", value, "only steers the adaptive KL controller, and ppo.kl_controller is "
-                             "'fixed' (the coefficient stays init_kl_coef)",
-                             f"set kl_controller: adaptive, or remove {name}")  # fmt: skip
+                problems.add(
+                    f"ppo.{name}",
+                    value,
+                    "only steers the adaptive KL controller, and ppo.kl_controller is "
+                    "'fixed' (the coefficient stays init_kl_coef)",
+                    f"set kl_controller: adaptive, or remove {name}",
+                )
     for name, user in {"kl_horizon": "adaptive", "kl_pi_kp": "pi", "kl_pi_ki": "pi"}.items():
         value = getattr(ppo, name)
         reported = name == "kl_horizon" and ppo.kl_controller == "fixed"  # above
         if ppo.kl_controller != user and value != _default(PPOArgs, name) and not reported:
-            problems.add(f"ppo.{name}", value, f"only steers the {user} KL controller, and ppo.kl_controller is "
-                         f"{ppo.kl_controller!r}", f"set kl_controller: {user}, or remove {name}")  # fmt: skip
+            problems.add(
+                f"ppo.{name}",
+                value,
+                f"only steers the {user} KL controller, and ppo.kl_controller is {ppo.kl_controller!r}",
+                f"set kl_controller: {user}, or remove {name}",
+            )
     if reward.overlong_buffer > gen.max_new_tokens >= 1:
-        problems.add("reward.overlong_buffer", reward.overlong_buffer, f"must be <= generation.max_new_tokens "
-                     f"({gen.max_new_tokens}): the penalty starts that many tokens before the limit",
-                     f"use e.g. {max(1, gen.max_new_tokens // 4)}")  # fmt: skip
+        problems.add(
+            "reward.overlong_buffer",
+            reward.overlong_buffer,
+            f"must be <= generation.max_new_tokens "
+            f"({gen.max_new_tokens}): the penalty starts that many tokens before the limit",
+            f"use e.g. {max(1, gen.max_new_tokens // 4)}",
+        )
     if ppo.kl_controller == "pi" and ppo.init_kl_coef == 0:
-        problems.add("ppo.init_kl_coef", 0, "cannot start the pi KL controller, which scales beta by factors (0 stays 0)",
-                     "use e.g. 0.05, or kl_controller: fixed for no KL term")  # fmt: skip
+        problems.add(
+            "ppo.init_kl_coef",
+            0,
+            "cannot start the pi KL controller, which scales beta by factors (0 stays 0)",
+            "use e.g. 0.05, or kl_controller: fixed for no KL term",
+        )
     check_reward_sources(config, problems)
     if config.train.eval_every > 0 and not config.data.eval_prompts:
-        problems.add("train.eval_every", config.train.eval_every, "has nothing to evaluate without data.eval_prompts",
-                     "set data.eval_prompts to a held-out prompts file or datasets name, or remove eval_every")  # fmt: skip
+        problems.add(
+            "train.eval_every",
+            config.train.eval_every,
+            "has nothing to evaluate without data.eval_prompts",
+            "set data.eval_prompts to a held-out prompts file or datasets name, or remove eval_every",
+        )
     if config.data.eval_prompts and config.train.fsdp_trunk:
-        problems.add("data.eval_prompts", config.data.eval_prompts, "is not supported with train.fsdp_trunk yet (a "
-                     "sharded trunk generates in lockstep, and the processes hold different numbers of held-out batches)",
-                     "evaluate the checkpoints afterwards with `hydrappo generate`, or train without fsdp_trunk")  # fmt: skip
+        problems.add(
+            "data.eval_prompts",
+            config.data.eval_prompts,
+            "is not supported with train.fsdp_trunk yet (a "
+            "sharded trunk generates in lockstep, and the processes hold different numbers of held-out batches)",
+            "evaluate the checkpoints afterwards with `hydrappo generate`, or train without fsdp_trunk",
+        )
     if config.data.prompts is None:
-        problems.add("data.prompts", None, "is required", "name a jsonl/json/csv/parquet/txt file, a directory of them or a "
-                     "datasets name")  # fmt: skip
+        problems.add(
+            "data.prompts",
+            None,
+            "is required",
+            "name a jsonl/json/csv/parquet/txt file, a directory of them or a datasets name",
+        )
 
 
 def _check_serving_engine(config: Config, problems: Problems) -> None:
@@ -310,22 +447,36 @@ def _check_serving_engine(config: Config, problems: Problems) -> None:
     (generation/serving.py): not where the trunk is sharded or quantized to save that memory, nor without CUDA or vLLM."""
     model, train = config.model, config.train
     if train.fsdp_trunk:
-        problems.add("generation.sampler", "vllm", "cannot serve a trunk sharded over processes (train.fsdp_trunk): the "
-                     "engine holds a whole copy of the model in every process, the memory sharding is there to save",
-                     "use sampler: auto (generate), or fsdp_trunk: false")  # fmt: skip
+        problems.add(
+            "generation.sampler",
+            "vllm",
+            "cannot serve a trunk sharded over processes (train.fsdp_trunk): the "
+            "engine holds a whole copy of the model in every process, the memory sharding is there to save",
+            "use sampler: auto (generate), or fsdp_trunk: false",
+        )
     if model.trunk_quantization in TRUNK_QUANTIZATIONS[1:]:
-        problems.add("generation.sampler", "vllm", f"cannot sample from model.trunk_quantization={model.trunk_quantization!r}'s "
-                     "trunk: bitsandbytes' quantized bottom has no vLLM counterpart with the same numbers, and a "
-                     "full-precision copy in the engine would take back the memory the quantization saves",
-                     "use sampler: auto (generate), or trunk_quantization: none")  # fmt: skip
+        problems.add(
+            "generation.sampler",
+            "vllm",
+            f"cannot sample from model.trunk_quantization={model.trunk_quantization!r}'s "
+            "trunk: bitsandbytes' quantized bottom has no vLLM counterpart with the same numbers, and a "
+            "full-precision copy in the engine would take back the memory the quantization saves",
+            "use sampler: auto (generate), or trunk_quantization: none",
+        )
     device = train.device
     if device in ("cpu", "mps") or (device in ("auto", "cuda") and not _cuda_available()):
         where = f"train.device={device}" + ("" if device in ("cpu", "mps") else ", and no CUDA device is visible")
-        problems.add("generation.sampler", "vllm", f"runs vLLM's engine on a CUDA GPU, and this run has none ({where})",
-                     "use sampler: auto (generate) here")  # fmt: skip
+        problems.add(
+            "generation.sampler",
+            "vllm",
+            f"runs vLLM's engine on a CUDA GPU, and this run has none ({where})",
+            "use sampler: auto (generate) here",
+        )
     if not _vllm_installed():
-        problems.note("generation.sampler='vllm': needs vLLM, which is not installed. Run `pip install 'hydrappo[vllm]'` "
-                      "(vLLM 0.29 to 0.32, the releases built for torch 2.13), or use sampler: auto.")  # fmt: skip
+        problems.note(
+            "generation.sampler='vllm': needs vLLM, which is not installed. Run `pip install 'hydrappo[vllm]'` "
+            "(vLLM 0.29 to 0.32, the releases built for torch 2.13), or use sampler: auto."
+        )
 
 
 def _vllm_installed() -> bool:
@@ -340,16 +491,34 @@ def check_process_shares(ppo, group: int, processes: int, problems: Problems, wh
     """The rule of a batch that `processes` processes share (`who` names them): whole prompts each,
     and whole micro-batches of every minibatch. Checked before anything loads from the launcher's
     WORLD_SIZE, and by the PPO trainer with the process group it joined."""
-    if processes > 1 and group >= 1 and ppo.batch_size >= 1 and not ppo.batch_size % group and (ppo.batch_size // group) % processes:
-        problems.add("ppo.batch_size", ppo.batch_size, f"is {ppo.batch_size // group} prompts x {group} samples, which "
-                     f"{who} cannot share in whole prompts",
-                     f"make the number of prompts per batch a multiple of {processes}, e.g. batch_size "
-                     f"{group * processes * max(1, round(ppo.batch_size / (group * processes)))}")  # fmt: skip
-    if processes > 1 and ppo.mini_batch_size >= 1 and ppo.gradient_accumulation_steps >= 1 and ppo.mini_batch_size % (processes * ppo.gradient_accumulation_steps):
-        problems.add("ppo.mini_batch_size", ppo.mini_batch_size, f"must be a multiple of {who} x "
-                     f"gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each process takes its share of "
-                     "every minibatch and splits it into micro-batches",
-                     f"use a multiple of {processes * ppo.gradient_accumulation_steps}")  # fmt: skip
+    if (
+        processes > 1
+        and group >= 1
+        and ppo.batch_size >= 1
+        and not ppo.batch_size % group
+        and (ppo.batch_size // group) % processes
+    ):
+        problems.add(
+            "ppo.batch_size",
+            ppo.batch_size,
+            f"is {ppo.batch_size // group} prompts x {group} samples, which {who} cannot share in whole prompts",
+            f"make the number of prompts per batch a multiple of {processes}, e.g. batch_size "
+            f"{group * processes * max(1, round(ppo.batch_size / (group * processes)))}",
+        )
+    if (
+        processes > 1
+        and ppo.mini_batch_size >= 1
+        and ppo.gradient_accumulation_steps >= 1
+        and ppo.mini_batch_size % (processes * ppo.gradient_accumulation_steps)
+    ):
+        problems.add(
+            "ppo.mini_batch_size",
+            ppo.mini_batch_size,
+            f"must be a multiple of {who} x "
+            f"gradient_accumulation_steps ({ppo.gradient_accumulation_steps}): each process takes its share of "
+            "every minibatch and splits it into micro-batches",
+            f"use a multiple of {processes * ppo.gradient_accumulation_steps}",
+        )
 
 
 def _divisor(total: int, near: int) -> int:
@@ -378,22 +547,35 @@ def _check_stage(config, problems: Problems) -> None:
     """What the supervised stages share."""
     data, train = config.data, config.train
     if not data.train_file:
-        problems.add("data.train_file", data.train_file, "is required",
-                     "name a jsonl/json/csv/parquet file, a directory of them or a datasets name")  # fmt: skip
+        problems.add(
+            "data.train_file",
+            data.train_file,
+            "is required",
+            "name a jsonl/json/csv/parquet file, a directory of them or a datasets name",
+        )
     if train.epochs < 1 and train.max_steps < 1 and train.epochs >= 0 and train.max_steps >= 0:
-        problems.add("train.epochs", train.epochs, "and train.max_steps are both 0: nothing would train",
-                     "set epochs or max_steps to at least 1")  # fmt: skip
+        problems.add(
+            "train.epochs",
+            train.epochs,
+            "and train.max_steps are both 0: nothing would train",
+            "set epochs or max_steps to at least 1",
+        )
 
 
 def _check_reward_stage(config: RewardConfig, problems: Problems) -> None:
     _check_stage(config, problems)
     model = config.model
     if model.train_lm_head:
-        problems.add("model.train_lm_head", True, "has no use in the reward stage (only the reward branch trains)",
-                     "remove it")  # fmt: skip
+        problems.add(
+            "model.train_lm_head", True, "has no use in the reward stage (only the reward branch trains)", "remove it"
+        )
     if model.num_layers_unfrozen == -1:
-        problems.add("model.num_layers_unfrozen", -1, "leaves no frozen trunk for a reward branch to sit on",
-                     "use the N of the PPO run that will use the branch, e.g. 2")  # fmt: skip
+        problems.add(
+            "model.num_layers_unfrozen",
+            -1,
+            "leaves no frozen trunk for a reward branch to sit on",
+            "use the N of the PPO run that will use the branch, e.g. 2",
+        )
 
 
 def _check_sft_stage(config: SFTConfig, problems: Problems) -> None:
@@ -402,8 +584,12 @@ def _check_sft_stage(config: SFTConfig, problems: Problems) -> None:
     if model.reward_branch_path:
         problems.add("model.reward_branch_path", model.reward_branch_path, "has no use in sft", "remove it")
     if model.num_layers_unfrozen == 0 and not (model.train_lm_head or model.train_final_norm):
-        problems.add("model.num_layers_unfrozen", 0, "with a frozen lm_head and final norm leaves nothing to train",
-                     "set num_layers_unfrozen >= 1 (or train_lm_head: true)")  # fmt: skip
+        problems.add(
+            "model.num_layers_unfrozen",
+            0,
+            "with a frozen lm_head and final norm leaves nothing to train",
+            "set num_layers_unfrozen >= 1 (or train_lm_head: true)",
+        )
 
 
 # Each command's own rules, by its config class (a new stage adds a row); validate runs the

@@ -99,7 +99,9 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
             trl = translate_yaml(key, value, every, source) if key not in valid else None
             if trl is not None:  # TRL's GRPOConfig name of an option (config/trl_names.py)
                 if trl[0] in flat or trl[0] in values:
-                    raise ConfigError(f"{source}: {key} (TRL's name) and {trl[0]} are the same option; give one of them.")
+                    raise ConfigError(
+                        f"{source}: {key} (TRL's name) and {trl[0]} are the same option; give one of them."
+                    )
                 flat[trl[0]] = trl[1]
                 continue
             if key not in valid:
@@ -257,8 +259,13 @@ def config_parser(config_cls=Config, **kwargs):
     return _parser_class()(tuple(sections_of(config_cls).values()), **kwargs)
 
 
-def parse_config(config_path: str | Path | None = None, overrides: list[str] | None = None, config_cls=Config,
-                 data: dict | None = None, check: bool = True):  # fmt: skip
+def parse_config(
+    config_path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    config_cls=Config,
+    data: dict | None = None,
+    check: bool = True,
+):
     """Read a YAML config (or `data`, a mapping of the same shape) and apply command-line
     overrides (`--key value`).
 
@@ -306,8 +313,13 @@ def parse_config(config_path: str | Path | None = None, overrides: list[str] | N
     if remaining:
         # (a bool option's --no_X action shares its dest: each option once)
         valid = sorted({action.dest for action in parser.options if action.dest != "help"})
-        guesses = [f"--{match}" for word in remaining if word.startswith("-")
-                   for match in [close_match(word.lstrip("-").replace("-", "_"), valid)] if match]  # fmt: skip
+        guesses = [
+            f"--{match}"
+            for word in remaining
+            if word.startswith("-")
+            for match in [close_match(word.lstrip("-").replace("-", "_"), valid)]
+            if match
+        ]
         hint = f" Did you mean {', '.join(guesses)}?" if guesses else ""
         raise ConfigError(
             f"unknown command-line option(s) {' '.join(remaining)}.{hint} The valid options: --{', --'.join(valid)}."

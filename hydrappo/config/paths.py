@@ -37,8 +37,10 @@ def hub_id_problem(value: str) -> str | None:
     try:
         validate_repo_id(value)
     except HFValidationError:
-        return ("is no local folder and no Hub model id (ORG/NAME: one '/', letters, digits, '-', '_' and '.', "
-                "no '--' or '..', at most 96 characters)")  # fmt: skip
+        return (
+            "is no local folder and no Hub model id (ORG/NAME: one '/', letters, digits, '-', '_' and '.', "
+            "no '--' or '..', at most 96 characters)"
+        )
     return None
 
 
@@ -81,16 +83,28 @@ def check_paths(config, problems) -> None:
     model = config.model
     name = model.name_or_path
     if not name:
-        problems.add("model.name_or_path", name, "is required",
-                     "name a model directory, a .gguf file, a bundled model or a Hub id (ORG/NAME)")  # fmt: skip
+        problems.add(
+            "model.name_or_path",
+            name,
+            "is required",
+            "name a model directory, a .gguf file, a bundled model or a Hub id (ORG/NAME)",
+        )
     elif not check_model_location(problems, "model.name_or_path", name, "model directory or .gguf file"):
         folder = Path(name).expanduser()
         if model.gguf_file and folder.is_dir() and not (folder / model.gguf_file).is_file():
-            problems.add("model.gguf_file", model.gguf_file, f"is not a file in model.name_or_path ({name})",
-                         "name the .gguf file inside that folder")  # fmt: skip
+            problems.add(
+                "model.gguf_file",
+                model.gguf_file,
+                f"is not a file in model.name_or_path ({name})",
+                "name the .gguf file inside that folder",
+            )
         if getattr(model, "revision", None) and folder.exists():
-            problems.add("model.revision", model.revision, f"applies only to a Hub id, and model.name_or_path={name} "
-                         "is a local path", "remove model.revision")  # fmt: skip
+            problems.add(
+                "model.revision",
+                model.revision,
+                f"applies only to a Hub id, and model.name_or_path={name} is a local path",
+                "remove model.revision",
+            )
     lora = getattr(config, "lora", None)
     reward = getattr(config, "reward", None)
     if model.tokenizer_name_or_path:
@@ -113,8 +127,12 @@ def check_paths(config, problems) -> None:
             _missing(problems, f"data.{name}", value, "file or folder")
     problem = writable_folder_problem(config.train.output_dir)
     if problem:
-        problems.add("train.output_dir", config.train.output_dir, f"cannot hold the run's files: {problem}",
-                     "choose another output_dir (a new or empty folder)")  # fmt: skip
+        problems.add(
+            "train.output_dir",
+            config.train.output_dir,
+            f"cannot hold the run's files: {problem}",
+            "choose another output_dir (a new or empty folder)",
+        )
 
 
 def check_reward_fn(spec, problems, label: str = "reward.reward_fn") -> None:
@@ -124,8 +142,12 @@ def check_reward_fn(spec, problems, label: str = "reward.reward_fn") -> None:
         return
     target, _, function = str(spec).rpartition(":")
     if not target or not function.isidentifier():
-        problems.add(label, spec, "must be 'module:function' or 'path/to/file.py:function'",
-                     "name the function after a colon, e.g. reward.py:reward_fn")  # fmt: skip
+        problems.add(
+            label,
+            spec,
+            "must be 'module:function' or 'path/to/file.py:function'",
+            "name the function after a colon, e.g. reward.py:reward_fn",
+        )
         return
     is_file = target.endswith(".py") or "/" in target or "\\" in target
     if is_file and not Path(target).expanduser().is_file():

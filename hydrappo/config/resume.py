@@ -60,8 +60,12 @@ SILENT = {"train.output_dir", "train.overwrite_output_dir", "train.progress_bar"
 
 
 def _flat(config: dict) -> dict:
-    return {f"{section}.{name}": value for section, options in config.items() if isinstance(options, dict)
-            for name, value in options.items()}  # fmt: skip
+    return {
+        f"{section}.{name}": value
+        for section, options in config.items()
+        if isinstance(options, dict)
+        for name, value in options.items()
+    }
 
 
 def _same_model(old, new) -> bool | None:
@@ -91,17 +95,24 @@ def resume_differences(saved: dict, now: dict, seeded_data: bool = False) -> tup
         before = old[key]
         change = f"{key}: {before!r} in the checkpoint, {value!r} now"
         if key in REFUSED or (key == "train.seed" and (random_model or seeded_data)):
-            why = REFUSED.get(key) or ("the random model was built from it" if random_model
-                                        else "the held-out split and the batches were drawn from it")  # fmt: skip
+            why = REFUSED.get(key) or (
+                "the random model was built from it"
+                if random_model
+                else "the held-out split and the batches were drawn from it"
+            )
             refusals.append(f"{change}; {why}; resume with {before!r} or start a new run")
         elif key == "model.name_or_path":
             same = _same_model(before, value)
             if same is False:
-                refusals.append(f"{change}; the checkpoint's weights were trained on that model; resume with "
-                                f"{before!r} or start a new run")  # fmt: skip
+                refusals.append(
+                    f"{change}; the checkpoint's weights were trained on that model; resume with "
+                    f"{before!r} or start a new run"
+                )
             else:
-                warnings.append(f"{change} ({'the same config.json' if same else 'the checkpoint’s folder is gone'}: "
-                                "it must be the same model)")  # fmt: skip
+                warnings.append(
+                    f"{change} ({'the same config.json' if same else 'the checkpoint’s folder is gone'}: "
+                    "it must be the same model)"
+                )
         elif key in AT_START_ONLY:
             warnings.append(f"{change} (changes nothing on resume: {AT_START_ONLY[key]})")
         else:

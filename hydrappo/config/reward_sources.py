@@ -22,13 +22,25 @@ class SourceKind:
 
 
 SOURCE_KINDS = (  # in the order of reward.reward_weights
-    SourceKind("function", lambda reward: list(reward.function_specs),
-               "reward_fn ('module:function' or 'file.py:function', or a list of them)", "each reward_fn"),
-    SourceKind("model", lambda reward: [reward.reward_model] if reward.reward_model else [],
-               "reward_model (a sequence-classification model directory)", "reward_model"),
-    SourceKind("branch", lambda reward: ["reward branch"] if reward.use_reward_branch else [],
-               "use_reward_branch: true", "the reward branch"),
-)  # fmt: skip
+    SourceKind(
+        "function",
+        lambda reward: list(reward.function_specs),
+        "reward_fn ('module:function' or 'file.py:function', or a list of them)",
+        "each reward_fn",
+    ),
+    SourceKind(
+        "model",
+        lambda reward: [reward.reward_model] if reward.reward_model else [],
+        "reward_model (a sequence-classification model directory)",
+        "reward_model",
+    ),
+    SourceKind(
+        "branch",
+        lambda reward: ["reward branch"] if reward.use_reward_branch else [],
+        "use_reward_branch: true",
+        "the reward branch",
+    ),
+)
 
 
 def reward_source_names(reward) -> list[tuple[str, str]]:
@@ -51,9 +63,12 @@ def weights_problem(weights, sources: int) -> Problem | None:
     rewards.build_reward_source."""
     if weights is None or len(weights) == sources:
         return None
-    return Problem("reward.reward_weights", list(weights), f"has {len(weights)} weight(s) for {sources} reward "
-                   f"source(s) ({SOURCE_ORDER})", f"give {sources} weight(s), one per source in that order, or remove "
-                   "reward_weights (1 each)")  # fmt: skip
+    return Problem(
+        "reward.reward_weights",
+        list(weights),
+        f"has {len(weights)} weight(s) for {sources} reward source(s) ({SOURCE_ORDER})",
+        f"give {sources} weight(s), one per source in that order, or remove reward_weights (1 each)",
+    )
 
 
 def check_reward_sources(config, problems) -> None:
@@ -67,26 +82,46 @@ def check_reward_sources(config, problems) -> None:
         if (problem := weights_problem(reward.reward_weights, sources)) is not None:
             problems.report(problem)
         elif not all(math.isfinite(w) for w in reward.reward_weights):
-            problems.add("reward.reward_weights", list(reward.reward_weights), "must be finite numbers",
-                         "use finite weights")  # fmt: skip
+            problems.add(
+                "reward.reward_weights", list(reward.reward_weights), "must be finite numbers", "use finite weights"
+            )
     if reward.use_reward_branch and not config.model.reward_branch_path:
-        problems.add("reward.use_reward_branch", True, "needs model.reward_branch_path (a `hydrappo reward` checkpoint)",
-                     "set model.reward_branch_path to the reward run's output_dir or one of its checkpoints")  # fmt: skip
+        problems.add(
+            "reward.use_reward_branch",
+            True,
+            "needs model.reward_branch_path (a `hydrappo reward` checkpoint)",
+            "set model.reward_branch_path to the reward run's output_dir or one of its checkpoints",
+        )
     if reward.timeout_s is not None and not reward.reward_fn:
-        problems.add("reward.timeout_s", reward.timeout_s, "limits calls of reward.reward_fn, which is not set",
-                     "remove timeout_s")  # fmt: skip
+        problems.add(
+            "reward.timeout_s",
+            reward.timeout_s,
+            "limits calls of reward.reward_fn, which is not set",
+            "remove timeout_s",
+        )
     if reward.score_normalization == "ref":
         explicit = reward.score_ref_mean is not None and reward.score_ref_std is not None
         if not explicit and reward.use_reward_branch and sources > 1:
-            problems.add("reward.score_normalization", "ref", "without score_ref_mean/score_ref_std takes the reward "
-                         "branch's own statistics, which do not describe a weighted sum of several reward sources",
-                         "set score_ref_mean and score_ref_std for the sum, or use score_normalization: running")  # fmt: skip
+            problems.add(
+                "reward.score_normalization",
+                "ref",
+                "without score_ref_mean/score_ref_std takes the reward "
+                "branch's own statistics, which do not describe a weighted sum of several reward sources",
+                "set score_ref_mean and score_ref_std for the sum, or use score_normalization: running",
+            )
         if not explicit and not reward.use_reward_branch:
-            problems.add("reward.score_normalization", "ref", "needs reward.score_ref_mean and reward.score_ref_std (or a "
-                         "reward branch whose checkpoint holds them)",
-                         "set both, or use score_normalization: running")  # fmt: skip
+            problems.add(
+                "reward.score_normalization",
+                "ref",
+                "needs reward.score_ref_mean and reward.score_ref_std (or a reward branch whose checkpoint holds them)",
+                "set both, or use score_normalization: running",
+            )
     else:
         for name in ("score_ref_mean", "score_ref_std"):
             if getattr(reward, name) is not None:
-                problems.add(f"reward.{name}", getattr(reward, name), "is only used with reward.score_normalization: ref "
-                             f"(it is {reward.score_normalization!r})", f"set score_normalization: ref, or remove {name}")  # fmt: skip
+                problems.add(
+                    f"reward.{name}",
+                    getattr(reward, name),
+                    f"is only used with reward.score_normalization: ref (it is {reward.score_normalization!r})",
+                    f"set score_normalization: ref, or remove {name}",
+                )

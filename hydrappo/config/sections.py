@@ -18,7 +18,15 @@ from typing import Literal
 
 from .agent import AgentArgs
 from .options import (
-    DataArgs, GenerationArgs, LoraArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs, _plain, resolve_path,
+    DataArgs,
+    GenerationArgs,
+    LoraArgs,
+    ModelConfig,
+    PPOArgs,
+    RewardArgs,
+    TrainArgs,
+    _plain,
+    resolve_path,
 )
 from .stage_options import PreferenceDataArgs, RewardTrainArgs, SFTDataArgs, SFTTrainArgs
 
@@ -38,10 +46,12 @@ class _Sections:
         """The options as plain data, what a run's config.yaml records: a function object given
         through the Python API as 'module:qualname', an in-memory table as a note of its size."""
         return {
-            part.name: {option.name: _plain(getattr(getattr(self, part.name), option.name))
-                        for option in dataclasses.fields(getattr(self, part.name))}
+            part.name: {
+                option.name: _plain(getattr(getattr(self, part.name), option.name))
+                for option in dataclasses.fields(getattr(self, part.name))
+            }
             for part in dataclasses.fields(self)
-        }  # fmt: skip
+        }
 
     def resolve_paths(self, base_dir: str | Path | None) -> None:
         """Anchor every relative input path at `base_dir` (a config file's folder), in
@@ -64,7 +74,12 @@ class _Sections:
             reward.reward_fn = specs if isinstance(reward.reward_fn, (list, tuple)) else ",".join(specs)
 
 
-_MODEL_PATHS = ("model.name_or_path", "model.tokenizer_name_or_path", "model.reward_branch_path", "lora.lora_init_adapter")
+_MODEL_PATHS = (
+    "model.name_or_path",
+    "model.tokenizer_name_or_path",
+    "model.reward_branch_path",
+    "lora.lora_init_adapter",
+)
 
 
 @dataclass
@@ -112,8 +127,11 @@ def choices_of(section_cls) -> dict[str, tuple]:
     """{option: its words} of a section's `Literal[...]` options (read from the annotations:
     argument parsers rewrite `dataclasses.fields(...).type` in place)."""
     hints = typing.get_type_hints(section_cls)
-    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(section_cls)
-            if typing.get_origin(hints[f.name]) is Literal}  # fmt: skip
+    return {
+        f.name: typing.get_args(hints[f.name])
+        for f in dataclasses.fields(section_cls)
+        if typing.get_origin(hints[f.name]) is Literal
+    }
 
 
 def sections_of(config_cls) -> dict:

@@ -14,74 +14,190 @@ from .values import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, LrScheduler, Range, Rewa
 class StageTrainArgs(OptimizerArgs, RunArgs):
     """Options of the supervised stages (reward model, SFT) that are not about data."""
 
-    output_dir: str = field(default="outputs/stage", metadata={"help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."})
+    output_dir: str = field(
+        default="outputs/stage",
+        metadata={
+            "help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."
+        },
+    )
     epochs: int = field(default=1, metadata={"help": "Passes over the training data.", "range": NOT_NEGATIVE})
-    max_steps: int = field(default=0, metadata={"help": "Stop after this many optimizer steps (0: after `epochs`).", "range": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes")})
-    batch_size: int = field(default=16, metadata={"help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.", "range": AT_LEAST_1})
-    eval_batch_size: int = field(default=32, metadata={"help": "Examples per evaluation forward pass.", "range": AT_LEAST_1})
+    max_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Stop after this many optimizer steps (0: after `epochs`).",
+            "range": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
+        },
+    )
+    batch_size: int = field(
+        default=16,
+        metadata={
+            "help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.",
+            "range": AT_LEAST_1,
+        },
+    )
+    eval_batch_size: int = field(
+        default=32, metadata={"help": "Examples per evaluation forward pass.", "range": AT_LEAST_1}
+    )
     adam_beta2: float = _with_default(OptimizerArgs, "adam_beta2", 0.999)
     lr_scheduler: LrScheduler = _with_default(OptimizerArgs, "lr_scheduler", "linear")
-    eval_every: int = field(default=0, metadata={"help": "Evaluate every N steps (0: at the end of each epoch only).", "range": Range(0, fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)")})
+    eval_every: int = field(
+        default=0,
+        metadata={
+            "help": "Evaluate every N steps (0: at the end of each epoch only).",
+            "range": Range(
+                0,
+                fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)",
+            ),
+        },
+    )
     cache_split_hidden: bool = field(
         default=False,
-        metadata={"help": "Keep the frozen bottom layers' output of every example in memory after the first epoch "
-                          "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers."},
+        metadata={
+            "help": "Keep the frozen bottom layers' output of every example in memory after the first epoch "
+            "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers."
+        },
     )
-    save_every: int = field(default=100, metadata={"help": "Checkpoint every N steps and at the end (0: only at the end).", "range": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only")})
+    save_every: int = field(
+        default=100,
+        metadata={
+            "help": "Checkpoint every N steps and at the end (0: only at the end).",
+            "range": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
+        },
+    )
 
 
 @dataclass
 class RewardTrainArgs(StageTrainArgs):
-    output_dir: str = field(default="outputs/reward", metadata={"help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs (relative to the current directory)."})
+    output_dir: str = field(
+        default="outputs/reward",
+        metadata={
+            "help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs (relative to the current directory)."
+        },
+    )
     learning_rate: float = _with_default(OptimizerArgs, "learning_rate", 5e-5)
-    pooling: RewardPooling = field(default="last", metadata={"help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."})
+    pooling: RewardPooling = field(
+        default="last",
+        metadata={
+            "help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."
+        },
+    )
 
 
 @dataclass
 class SFTTrainArgs(StageTrainArgs):
-    output_dir: str = field(default="outputs/sft", metadata={"help": "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs), relative to the current directory."})
+    output_dir: str = field(
+        default="outputs/sft",
+        metadata={
+            "help": "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs), relative to the current directory."
+        },
+    )
 
 
 @dataclass
 class PreferenceDataArgs:
-    train_file: str | None = field(default=None, metadata={"help": "Preference pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."})
-    eval_file: str | None = field(default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."})
-    eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file.", "range": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out")})
-    split: str = field(default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."})
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Preference pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."
+        },
+    )
+    eval_file: str | None = field(
+        default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."}
+    )
+    eval_fraction: float = field(
+        default=0.1,
+        metadata={
+            "help": "Fraction of the prompts held out for evaluation when there is no eval_file.",
+            "range": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out"),
+        },
+    )
+    split: str = field(
+        default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."}
+    )
     eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
-    subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
-    prompt_column: str | None = field(default="prompt", metadata={"help": "Column of the prompt (null: chosen/rejected hold whole texts)."})
+    subset: str | None = field(
+        default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."}
+    )
+    prompt_column: str | None = field(
+        default="prompt", metadata={"help": "Column of the prompt (null: chosen/rejected hold whole texts)."}
+    )
     chosen_column: str = field(default="chosen", metadata={"help": "Column of the preferred response."})
     rejected_column: str = field(default="rejected", metadata={"help": "Column of the other response."})
-    margin_column: str | None = field(default=None, metadata={"help": "Optional column of margins m: loss -log sigmoid(r_c - r_r - m)."})
-    apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template (as PPO's data.apply_chat_template)."})
+    margin_column: str | None = field(
+        default=None, metadata={"help": "Optional column of margins m: loss -log sigmoid(r_c - r_r - m)."}
+    )
+    apply_chat_template: bool = field(
+        default=False,
+        metadata={
+            "help": "Wrap each prompt as a user turn with the tokenizer's chat template (as PPO's data.apply_chat_template)."
+        },
+    )
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
-    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": AT_LEAST_1})
-    max_response_length: int = field(default=64, metadata={"help": "Longer responses keep their first tokens.", "range": AT_LEAST_1})
-    append_eos: bool = field(default=True, metadata={"help": "End each response with EOS, as a finished PPO response does."})
+    max_prompt_length: int = field(
+        default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": AT_LEAST_1}
+    )
+    max_response_length: int = field(
+        default=64, metadata={"help": "Longer responses keep their first tokens.", "range": AT_LEAST_1}
+    )
+    append_eos: bool = field(
+        default=True, metadata={"help": "End each response with EOS, as a finished PPO response does."}
+    )
     stats_file: str | None = field(
         default=None,
-        metadata={"help": "Reference set for the score mean/std stored with the checkpoint: prompts (responses are sampled "
-                          "from the base model) or prompt/response rows. Default: chosen and rejected of the training pairs."},
+        metadata={
+            "help": "Reference set for the score mean/std stored with the checkpoint: prompts (responses are sampled "
+            "from the base model) or prompt/response rows. Default: chosen and rejected of the training pairs."
+        },
     )
-    stats_response_column: str = field(default="response", metadata={"help": "Response column of stats_file, if it has one."})
-    stats_max_samples: int = field(default=1024, metadata={"help": "At most this many texts for the score statistics.", "range": AT_LEAST_1})
-    stats_max_new_tokens: int = field(default=32, metadata={"help": "Response length when sampling for stats_file prompts.", "range": AT_LEAST_1})
-    stats_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for stats_file prompts (use PPO's).", "range": POSITIVE})
+    stats_response_column: str = field(
+        default="response", metadata={"help": "Response column of stats_file, if it has one."}
+    )
+    stats_max_samples: int = field(
+        default=1024, metadata={"help": "At most this many texts for the score statistics.", "range": AT_LEAST_1}
+    )
+    stats_max_new_tokens: int = field(
+        default=32, metadata={"help": "Response length when sampling for stats_file prompts.", "range": AT_LEAST_1}
+    )
+    stats_temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature for stats_file prompts (use PPO's).", "range": POSITIVE}
+    )
 
 
 @dataclass
 class SFTDataArgs:
-    train_file: str | None = field(default=None, metadata={"help": "Prompt/response pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."})
-    eval_file: str | None = field(default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."})
-    eval_fraction: float = field(default=0.1, metadata={"help": "Fraction of the prompts held out for evaluation when there is no eval_file.", "range": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out")})
-    split: str = field(default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."})
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Prompt/response pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."
+        },
+    )
+    eval_file: str | None = field(
+        default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."}
+    )
+    eval_fraction: float = field(
+        default=0.1,
+        metadata={
+            "help": "Fraction of the prompts held out for evaluation when there is no eval_file.",
+            "range": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out"),
+        },
+    )
+    split: str = field(
+        default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."}
+    )
     eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
-    subset: str | None = field(default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."})
+    subset: str | None = field(
+        default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."}
+    )
     prompt_column: str = field(default="prompt", metadata={"help": "Column of the prompt (no loss on its tokens)."})
     response_column: str = field(default="response", metadata={"help": "Column of the response the model learns."})
-    apply_chat_template: bool = field(default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template."})
+    apply_chat_template: bool = field(
+        default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template."}
+    )
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
-    max_prompt_length: int = field(default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": AT_LEAST_1})
-    max_response_length: int = field(default=64, metadata={"help": "Longer responses keep their first tokens.", "range": AT_LEAST_1})
+    max_prompt_length: int = field(
+        default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": AT_LEAST_1}
+    )
+    max_response_length: int = field(
+        default=64, metadata={"help": "Longer responses keep their first tokens.", "range": AT_LEAST_1}
+    )
     append_eos: bool = field(default=True, metadata={"help": "Teach the model to end its response with EOS."})

@@ -22,10 +22,14 @@ class TrlName:
     instead: str = ""  # what to write in hydrappo, for a refused name or value
 
 
-_KL = ("--init_kl_coef {value} --kl_penalty loss --kl_estimator k3 --kl_controller fixed (TRL's beta is the coefficient "
-       "of the k3 KL estimate added to the loss; beta 0 is --init_kl_coef 0, which skips the reference pass)")
-_BATCH = ("hydrappo counts rollouts over all processes: ppo.batch_size rollouts (prompts x samples_per_prompt) per "
-          "step, ppo.mini_batch_size rollouts per optimizer step, ppo.ppo_epochs passes over each batch")
+_KL = (
+    "--init_kl_coef {value} --kl_penalty loss --kl_estimator k3 --kl_controller fixed (TRL's beta is the coefficient "
+    "of the k3 KL estimate added to the loss; beta 0 is --init_kl_coef 0, which skips the reference pass)"
+)
+_BATCH = (
+    "hydrappo counts rollouts over all processes: ppo.batch_size rollouts (prompts x samples_per_prompt) per "
+    "step, ppo.mini_batch_size rollouts per optimizer step, ppo.ppo_epochs passes over each batch"
+)
 TRL_NAMES = {
     "num_generations": TrlName("samples_per_prompt"),
     "max_completion_length": TrlName("max_new_tokens"),
@@ -34,19 +38,28 @@ TRL_NAMES = {
     "epsilon_high": TrlName("cliprange_high"),
     "mask_truncated_completions": TrlName("mask_truncated"),
     "beta": TrlName("init_kl_coef", {"0": 0.0, "0.0": 0.0}, _KL),
-    "loss_type": TrlName("loss_agg_mode", {"grpo": "seq-mean-token-mean", "dapo": "token-mean", "bnpo": "token-mean"},
-                         "dr_grpo (a token sum per sequence over a constant): --loss_agg_mode seq-mean-token-sum, the "
-                         "same up to the constant 1/max_completion_length of the learning rate; cispo, sapo, luspo "
-                         "and vespo have no hydrappo counterpart"),
-    "scale_rewards": TrlName("advantage_estimator", {"group": "grpo", "true": "grpo", "none": "dr_grpo", "false": "dr_grpo"},
-                             "batch (scaling by the batch's std) has no hydrappo counterpart: --advantage_estimator grpo "
-                             "scales by the group's std, dr_grpo not at all"),
+    "loss_type": TrlName(
+        "loss_agg_mode",
+        {"grpo": "seq-mean-token-mean", "dapo": "token-mean", "bnpo": "token-mean"},
+        "dr_grpo (a token sum per sequence over a constant): --loss_agg_mode seq-mean-token-sum, the "
+        "same up to the constant 1/max_completion_length of the learning rate; cispo, sapo, luspo "
+        "and vespo have no hydrappo counterpart",
+    ),
+    "scale_rewards": TrlName(
+        "advantage_estimator",
+        {"group": "grpo", "true": "grpo", "none": "dr_grpo", "false": "dr_grpo"},
+        "batch (scaling by the batch's std) has no hydrappo counterpart: --advantage_estimator grpo "
+        "scales by the group's std, dr_grpo not at all",
+    ),
     "per_device_train_batch_size": TrlName(None, instead=_BATCH),
     "steps_per_generation": TrlName(None, instead=_BATCH),
-    "max_steps": TrlName(None, instead="TRL counts optimizer steps; a hydrappo step is one batch of rollouts and its "
-                         "ppo_epochs x batch_size / mini_batch_size optimizer steps: set train.total_steps"),
+    "max_steps": TrlName(
+        None,
+        instead="TRL counts optimizer steps; a hydrappo step is one batch of rollouts and its "
+        "ppo_epochs x batch_size / mini_batch_size optimizer steps: set train.total_steps",
+    ),
     "num_train_epochs": TrlName(None, instead="hydrappo draws prompts in epochs without end: set train.total_steps"),
-}  # fmt: skip
+}
 
 
 def translate(name: str, value, where: str) -> tuple[str, object]:
@@ -54,7 +67,9 @@ def translate(name: str, value, where: str) -> tuple[str, object]:
     meaning differs, saying what to write instead. `where` names the file or the command line."""
     entry = TRL_NAMES[name]
     if entry.option is None:
-        raise ConfigError(f"{where}: {name} is TRL's GRPOConfig option, which hydrappo does not take as it is: {entry.instead}.")
+        raise ConfigError(
+            f"{where}: {name} is TRL's GRPOConfig option, which hydrappo does not take as it is: {entry.instead}."
+        )
     if not entry.values:
         return entry.option, value
     key = str(value).strip().lower()

@@ -66,11 +66,14 @@ class Episode:
     failed_calls: int = 0
 
 
-def start_episodes(agent: Agent, tokenizer, rows: list[dict], messages: list[list[dict]], system_prompt: str | None,
-                   step: int | None) -> list[Episode]:  # fmt: skip
+def start_episodes(
+    agent: Agent, tokenizer, rows: list[dict], messages: list[list[dict]], system_prompt: str | None, step: int | None
+) -> list[Episode]:
     """One episode per row: its environment (drawn from the pool and reset with the row's columns),
     its tools and its first prompt."""
-    instances = agent.environments.instances(agent.environments.names_of(rows)) if agent.environments else [None] * len(rows)
+    instances = (
+        agent.environments.instances(agent.environments.names_of(rows)) if agent.environments else [None] * len(rows)
+    )
     episodes = []
     for row, conversation, instance in zip(rows, messages, instances):
         observation = agent.environments.reset(instance, row, step) if instance is not None else None
@@ -82,8 +85,17 @@ def start_episodes(agent: Agent, tokenizer, rows: list[dict], messages: list[lis
     return episodes
 
 
-def run_episodes(agent: Agent, episodes: list[Episode], sample: Callable, tokenizer, args: GenerationArgs, *,
-                 step: int | None = None, greedy: bool = False, record_split: bool = False) -> Responses:  # fmt: skip
+def run_episodes(
+    agent: Agent,
+    episodes: list[Episode],
+    sample: Callable,
+    tokenizer,
+    args: GenerationArgs,
+    *,
+    step: int | None = None,
+    greedy: bool = False,
+    record_split: bool = False,
+) -> Responses:
     """Play `episodes` to their end, turn by turn; `sample(prompt_ids, args, greedy=, record_split=)`
     -> Responses is the trainer's sampler. Returns the episodes as Responses (one row each, with
     policy_mask, final_texts and episode_stats)."""
@@ -100,11 +112,15 @@ def run_episodes(agent: Agent, episodes: list[Episode], sample: Callable, tokeni
             episode.final_text = tokenizer.decode(reply, skip_special_tokens=True)
             episode.running = episode.ended and _continue(agent, episode, tokenizer, args, step)
     return Responses(
-        prompt_ids=[e.prompt_ids for e in episodes], response_ids=[e.tokens for e in episodes],
-        ended=[e.ended for e in episodes], split_hidden=[e.split_hidden for e in episodes] if record_split else None,
-        policy_mask=[e.policy for e in episodes], final_texts=[e.final_text for e in episodes],
-        environments=[e.environment for e in episodes], episode_stats=[episode_statistics(e) for e in episodes],
-    )  # fmt: skip
+        prompt_ids=[e.prompt_ids for e in episodes],
+        response_ids=[e.tokens for e in episodes],
+        ended=[e.ended for e in episodes],
+        split_hidden=[e.split_hidden for e in episodes] if record_split else None,
+        policy_mask=[e.policy for e in episodes],
+        final_texts=[e.final_text for e in episodes],
+        environments=[e.environment for e in episodes],
+        episode_stats=[episode_statistics(e) for e in episodes],
+    )
 
 
 def _continue(agent: Agent, episode: Episode, tokenizer, args: GenerationArgs, step: int | None) -> bool:
@@ -119,8 +135,14 @@ def _continue(agent: Agent, episode: Episode, tokenizer, args: GenerationArgs, s
         return False
     results = []
     for call in found:
-        outcome = run_call(call.call, episode.tools, timeout_s=agent.timeout_s, on_error=agent.on_error, step=step,
-                           problem=call.problem)  # fmt: skip
+        outcome = run_call(
+            call.call,
+            episode.tools,
+            timeout_s=agent.timeout_s,
+            on_error=agent.on_error,
+            step=step,
+            problem=call.problem,
+        )
         episode.valid_calls += outcome.valid
         episode.failed_calls += outcome.failed
         results.append((call.call["name"] if call.call else "unknown", outcome.text))
@@ -138,10 +160,13 @@ def _continue(agent: Agent, episode: Episode, tokenizer, args: GenerationArgs, s
 def episode_statistics(episode: Episode) -> dict:
     """Per episode: calls written, of them valid (a known tool, arguments that fit), tool turns, failures."""
     return {
-        "tool_calls": float(episode.calls), "valid_calls": float(episode.valid_calls),
-        "called_validly": float(episode.valid_calls > 0), "tool_rounds": float(episode.rounds),
-        "failed_calls": float(episode.failed_calls), "tokens": float(len(episode.tokens)),
-    }  # fmt: skip
+        "tool_calls": float(episode.calls),
+        "valid_calls": float(episode.valid_calls),
+        "called_validly": float(episode.valid_calls > 0),
+        "tool_rounds": float(episode.rounds),
+        "failed_calls": float(episode.failed_calls),
+        "tokens": float(len(episode.tokens)),
+    }
 
 
 def summarize(stats: list[dict], prefix: str) -> dict:

@@ -89,8 +89,17 @@ def _layer_count(model) -> int:
 class StaticDecoder:
     """The buffers of one bucket (rows x capacity, one sampling rule) and its token step."""
 
-    def __init__(self, hydra, rows: int, capacity: int, max_new_tokens: int, rule: SamplingRule,
-                 stop_ids: list[int], min_new_tokens: int, pad_id: int):  # fmt: skip
+    def __init__(
+        self,
+        hydra,
+        rows: int,
+        capacity: int,
+        max_new_tokens: int,
+        rule: SamplingRule,
+        stop_ids: list[int],
+        min_new_tokens: int,
+        pad_id: int,
+    ):
         self.hydra = hydra
         self.model = hydra.model if isinstance(hydra, HydraModel) else hydra
         self.rows, self.capacity, self.max_new_tokens, self.rule = rows, capacity, max_new_tokens, rule
@@ -140,8 +149,14 @@ class StaticDecoder:
         self.mask[:, :width] = attention_mask
         positions = position_ids_from_mask(attention_mask)
         with self.hydra.recording_split() if record_split else nullcontext() as recorded:
-            out = self.model(input_ids=input_ids[:, start:], attention_mask=self.mask, position_ids=positions[:, start:],
-                             use_cache=True, **self.last_logits, **cache_argument(self.model, self.cache))  # fmt: skip
+            out = self.model(
+                input_ids=input_ids[:, start:],
+                attention_mask=self.mask,
+                position_ids=positions[:, start:],
+                use_cache=True,
+                **self.last_logits,
+                **cache_argument(self.model, self.cache),
+            )
         if record_split:
             if self.states is None:
                 self.states = recorded[0].new_zeros(self.rows, self.capacity, recorded[0].shape[-1])
@@ -162,10 +177,18 @@ class StaticDecoder:
         """Feed each row's last token at `column`, then sample the next one. Only tensor work on
         the buffers: no Python branch reads a device value."""
         self.mask.index_fill_(1, self.column, 1)
-        with without_autocast_cache(self.mask.device.type), \
-                self.hydra.recording_split() if record_split else nullcontext() as recorded:  # fmt: skip
-            out = self.model(input_ids=self.current, attention_mask=self.mask, position_ids=self.positions,
-                             use_cache=True, **self.last_logits, **cache_argument(self.model, self.cache))  # fmt: skip
+        with (
+            without_autocast_cache(self.mask.device.type),
+            self.hydra.recording_split() if record_split else nullcontext() as recorded,
+        ):
+            out = self.model(
+                input_ids=self.current,
+                attention_mask=self.mask,
+                position_ids=self.positions,
+                use_cache=True,
+                **self.last_logits,
+                **cache_argument(self.model, self.cache),
+            )
         if record_split:
             self.states.index_copy_(1, self.column, recorded[0])
         self.positions.add_(1)
@@ -211,7 +234,9 @@ class StaticDecoder:
             with torch.cuda.graph(graph):
                 self.step(record_split)
         except Exception as error:  # a module that syncs with the host (some quantized kernels) cannot be captured
-            warnings.warn(f"the decode step could not be captured as a CUDA graph ({error}); it runs eagerly", stacklevel=2)
+            warnings.warn(
+                f"the decode step could not be captured as a CUDA graph ({error}); it runs eagerly", stacklevel=2
+            )
             self.graph = False
             return
         self.graph = graph
@@ -274,8 +299,16 @@ class GraphDecoding:
             rows, length = max(rows, live.rows), max(length, live.capacity)
         rows, capacity = bucket_of(rows, length)
         self.live = None  # free the old buffers and graph before the new ones are allocated
-        self.live = StaticDecoder(self.hydra, rows, capacity, kind.max_new_tokens, kind.rule, list(kind.stop_ids),
-                                  kind.min_new_tokens, kind.pad_id)  # fmt: skip
+        self.live = StaticDecoder(
+            self.hydra,
+            rows,
+            capacity,
+            kind.max_new_tokens,
+            kind.rule,
+            list(kind.stop_ids),
+            kind.min_new_tokens,
+            kind.pad_id,
+        )
         if not self.capture:
             self.live.graph = False
         self.kind = kind
@@ -333,8 +366,15 @@ class GraphSampler:
 
     def sample(self, prompt_ids, args, *, greedy=False, record_split=False) -> Responses:
         self.decoding.check_weights()
-        return generate_responses(self.hydra, self.tokenizer, prompt_ids, args, record_split=record_split,
-                                  greedy=greedy, loop=self.decoding.chunk)  # fmt: skip
+        return generate_responses(
+            self.hydra,
+            self.tokenizer,
+            prompt_ids,
+            args,
+            record_split=record_split,
+            greedy=greedy,
+            loop=self.decoding.chunk,
+        )
 
     def weights_changed(self) -> None:
         pass  # the graphs read the hydra's own weights, updated in place; sample() checks their storage

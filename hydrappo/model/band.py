@@ -18,7 +18,11 @@ BAND_SYNTAX = "START:END (0-based layer indices, END exclusive, e.g. '12:16'; 'S
 def parse_band(text) -> tuple[int, int | None]:
     """`"12:16"` -> (12, 16); `"12:"` -> (12, None), the band running to the top layer.
     Raises ValueError with the accepted syntax for anything else."""
-    if isinstance(text, (tuple, list)) and len(text) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in text):
+    if (
+        isinstance(text, (tuple, list))
+        and len(text) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in text)
+    ):
         return int(text[0]), int(text[1])
     match = _BAND.match(text) if isinstance(text, str) else None
     if match is None:
@@ -37,15 +41,19 @@ def band_problem(band: tuple[int, int | None], num_layers: int | None = None) ->
     yet, only the band's own shape is checked), as (the rule, what would work); None if it fits."""
     start, end = band
     if start < 1:
-        return ("leaves no frozen layer below the band, and the hydra shares the frozen layers below it",
-                "start at layer 1 or above, or train every layer with num_layers_unfrozen: -1")  # fmt: skip
+        return (
+            "leaves no frozen layer below the band, and the hydra shares the frozen layers below it",
+            "start at layer 1 or above, or train every layer with num_layers_unfrozen: -1",
+        )
     if end is not None and end <= start:
         return "is empty (END must be above START)", f"e.g. '{start}:{start + 2}' for two layers"
     if num_layers is None:
         return None
     if start >= num_layers or (end is not None and end > num_layers):
-        return (f"runs past the top of the model, which has {num_layers} decoder layers (0..{num_layers - 1})",
-                f"end at {num_layers} or below, e.g. '{max(1, num_layers - 2)}:{num_layers}' for the top layers")  # fmt: skip
+        return (
+            f"runs past the top of the model, which has {num_layers} decoder layers (0..{num_layers - 1})",
+            f"end at {num_layers} or below, e.g. '{max(1, num_layers - 2)}:{num_layers}' for the top layers",
+        )
     return None
 
 
@@ -55,7 +63,9 @@ def resolve_band(band: tuple[int, int | None], num_layers: int) -> tuple[int, in
     return start, num_layers if end is None else end
 
 
-def trainable_range(num_layers_unfrozen, trainable_layers, num_layers: int, adapters_everywhere: bool = False) -> tuple[int, int]:
+def trainable_range(
+    num_layers_unfrozen, trainable_layers, num_layers: int, adapters_everywhere: bool = False
+) -> tuple[int, int]:
     """(start, end) of the layers that train: the band `trainable_layers` if given, else the top
     `num_layers_unfrozen` (-1 or >= num_layers: all); every layer with adapters everywhere.
     Raises ValueError (TypeError for a non-int N) saying what would work."""
@@ -65,8 +75,10 @@ def trainable_range(num_layers_unfrozen, trainable_layers, num_layers: int, adap
     band = parse_band(trainable_layers)
     problem = band_problem(band, num_layers)
     if problem is None and adapters_everywhere:
-        problem = ("cannot be combined with adapters in every layer (lora_layers='all')",
-                   "use lora_layers='top' for adapters in the band's layers only")  # fmt: skip
+        problem = (
+            "cannot be combined with adapters in every layer (lora_layers='all')",
+            "use lora_layers='top' for adapters in the band's layers only",
+        )
     if problem is not None:
         raise ValueError(f"trainable_layers={format_band(band)} {problem[0]}; {problem[1]}.")
     return resolve_band(band, num_layers)

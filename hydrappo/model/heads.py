@@ -49,7 +49,9 @@ class ValueHead(nn.Module):
         first, last = self.mlp[0], self.mlp[2]
         h = self.hidden_size
         if first.out_features != 2 * h or head.score.in_features != h:
-            raise ValueError("value_head_init=reward_head needs a value head of expansion 2 on the reward head's hidden size.")
+            raise ValueError(
+                "value_head_init=reward_head needs a value head of expansion 2 on the reward head's hidden size."
+            )
         eye = torch.eye(h, dtype=first.weight.dtype, device=first.weight.device)
         first.weight.copy_(torch.cat([eye, -eye]))
         first.bias.zero_()

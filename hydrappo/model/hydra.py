@@ -143,8 +143,9 @@ class HydraModel(nn.Module):
     ):
         super().__init__()
         _check_model_usable(model)
-        broken = lora_problems(lora is not None, num_layers_unfrozen, lora_layers, lora_init_adapter, train_lm_head,
-                               train_final_norm)  # fmt: skip
+        broken = lora_problems(
+            lora is not None, num_layers_unfrozen, lora_layers, lora_init_adapter, train_lm_head, train_final_norm
+        )
         if broken:
             raise ValueError(" ".join(map(str, broken)))
         if lora_init_adapter is not None:
@@ -159,8 +160,12 @@ class HydraModel(nn.Module):
             raise ValueError(f"lora_layers={lora_layers!r}: use 'top' (the trainable layers) or 'all'.")
         # The trainable layers are layer_list[split_index:band_end]; those above band_end stay
         # frozen and are shared by the policy and reference paths (none for top N).
-        self.split_index, self.band_end = trainable_range(num_layers_unfrozen, trainable_layers, num_layers,
-                                                          adapters_everywhere=self.uses_lora and lora_layers == "all")  # fmt: skip
+        self.split_index, self.band_end = trainable_range(
+            num_layers_unfrozen,
+            trainable_layers,
+            num_layers,
+            adapters_everywhere=self.uses_lora and lora_layers == "all",
+        )
         self.num_layers_unfrozen = self.band_end - self.split_index
         self.full_model = self.num_layers_unfrozen == num_layers and not self.uses_lora
         self.train_lm_head = train_lm_head or self.full_model
@@ -306,7 +311,9 @@ class HydraModel(nn.Module):
             layers = nn.ModuleList(copy.deepcopy(layer) for layer in [*self.ref_layers, *above])
         original_norm = self.ref_norm if self.ref_norm is not None else (self.arch.final_norm if own_norm else None)
         norm = copy.deepcopy(original_norm) if original_norm is not None else None
-        head = RewardHead(self.arch.hidden_size).to(torch.promote_types(next(self.model.parameters()).dtype, torch.float32))
+        head = RewardHead(self.arch.hidden_size).to(
+            torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        )
         branch = RewardBranch(layers, head, norm).to(self.device)
         branch.requires_grad_(trainable)
         return branch
@@ -359,7 +366,9 @@ class HydraModel(nn.Module):
                     if return_logits:
                         out.ref_logits = self._logits_transform(ref_head(ref_hidden))
         if self.reward_branch is not None:
-            out.scores = self.score_from_split(split_hidden, input_ids, attention_mask, response_start=logprobs_from + 1)
+            out.scores = self.score_from_split(
+                split_hidden, input_ids, attention_mask, response_start=logprobs_from + 1
+            )
         return out
 
     def forward_top(
@@ -389,7 +398,9 @@ class HydraModel(nn.Module):
         )
 
     @torch.no_grad()
-    def score_from_split(self, split_hidden, input_ids, attention_mask, response_start: int | None = None) -> torch.Tensor:
+    def score_from_split(
+        self, split_hidden, input_ids, attention_mask, response_start: int | None = None
+    ) -> torch.Tensor:
         """The reward branch's score of each sequence, pooled as the branch says (see reward_scores)."""
         if self.reward_branch is None:
             raise ValueError("no reward branch is attached (see attach_reward_branch).")
@@ -452,8 +463,13 @@ class HydraModel(nn.Module):
         position_ids = attention_mask.long().sum(-1, keepdim=True) - 1
         handle = split_hook(self.arch.layers, self.split_index, receive)
         try:
-            self.model(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=True, **cache_argument(self.model, past_key_values))  # fmt: skip
+            self.model(
+                input_ids=tokens,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **cache_argument(self.model, past_key_values),
+            )
         except StopTrunk:
             pass
         finally:
@@ -535,10 +551,14 @@ class HydraModel(nn.Module):
 
     def _reference_of_model_copy(self, split_hidden, input_ids, attention_mask, position_ids):
         ref = self.reference_model
-        return self._decoder_hidden(locate(ref).decoder, input_ids, attention_mask, position_ids), output_embeddings(ref)
+        return self._decoder_hidden(locate(ref).decoder, input_ids, attention_mask, position_ids), output_embeddings(
+            ref
+        )
 
     def _reference_of_top_copy(self, split_hidden, input_ids, attention_mask, position_ids):
-        hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, self.ref_layers, self.ref_norm)
+        hidden = self._branch_hidden(
+            split_hidden, input_ids, attention_mask, position_ids, self.ref_layers, self.ref_norm
+        )
         return hidden, self.ref_lm_head if self.ref_lm_head is not None else output_embeddings(self.model)
 
     def _branch_hidden(self, split_hidden, input_ids, attention_mask, position_ids, layers, norm):

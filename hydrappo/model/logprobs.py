@@ -257,8 +257,14 @@ class _FusedLogprobs(torch.autograd.Function):
             ctx.save_for_backward(*(g if g is not None else chosen.new_zeros(0) for g in grads))
         else:
             empty = chosen.new_zeros(0)
-            ctx.save_for_backward(hidden, weight, bias if bias is not None else empty, labels, log_normaliser,
-                                  mean_logit if mean_logit is not None else empty)  # fmt: skip
+            ctx.save_for_backward(
+                hidden,
+                weight,
+                bias if bias is not None else empty,
+                labels,
+                log_normaliser,
+                mean_logit if mean_logit is not None else empty,
+            )
             ctx.has_bias = bias is not None
         return chosen, entropy if entropy is not None else chosen.new_zeros(0)
 
@@ -283,8 +289,9 @@ class _FusedLogprobs(torch.autograd.Function):
         bias = bias if ctx.has_bias else None
         needs = ctx.needs_input_grad[:3]
         with _without_autocast(hidden.device):
-            grads = _backward(hidden, weight, bias, labels, log_normaliser, mean_logit, grad_chosen, grad_entropy,
-                              settings, needs)  # fmt: skip
+            grads = _backward(
+                hidden, weight, bias, labels, log_normaliser, mean_logit, grad_chosen, grad_entropy, settings, needs
+            )
         grad_hidden, grad_weight, grad_bias = (
             g.to(t.dtype) if g is not None else None for g, t in zip(grads, (hidden, weight, bias))
         )
@@ -345,12 +352,26 @@ def token_logprobs(
         rows, row_labels = flat_hidden[start : start + chunk_tokens], flat_labels[start : start + chunk_tokens]
         if plain:
             width = block_columns or vocab_block(rows.shape[0], vocab, rows.device)
-            settings = _Settings(transform, float(temperature), with_entropy, width, _matmul_dtype(lm_head.weight),
-                                 row_grads=needs_graph and not head_trains)  # fmt: skip
+            settings = _Settings(
+                transform,
+                float(temperature),
+                with_entropy,
+                width,
+                _matmul_dtype(lm_head.weight),
+                row_grads=needs_graph and not head_trains,
+            )
             chosen, entropy = _apply(rows, lm_head.weight, lm_head.bias, row_labels, settings, needs_graph)
         elif needs_graph:
-            chosen, entropy = checkpoint(_chunk_stats, rows, row_labels, lm_head, transform or raw_logits, temperature,
-                                         with_entropy, use_reentrant=False)  # fmt: skip
+            chosen, entropy = checkpoint(
+                _chunk_stats,
+                rows,
+                row_labels,
+                lm_head,
+                transform or raw_logits,
+                temperature,
+                with_entropy,
+                use_reentrant=False,
+            )
         else:
             chosen, entropy = _chunk_stats(
                 rows, row_labels, lm_head, transform or raw_logits, temperature, with_entropy

@@ -20,21 +20,40 @@ from torch import nn
 from ..errors import Problem, UsageError
 
 
-def lora_problems(lora_on: bool, num_layers_unfrozen, lora_layers: str, lora_init_adapter, train_lm_head: bool,
-                  train_final_norm: bool) -> list[Problem]:  # fmt: skip
+def lora_problems(
+    lora_on: bool, num_layers_unfrozen, lora_layers: str, lora_init_adapter, train_lm_head: bool, train_final_norm: bool
+) -> list[Problem]:
     """The rules LoRA sets for the other options (`lora_on`: lora.lora_r > 0): config/checks.py
     reports them, HydraModel raises them."""
     found = []
     if lora_init_adapter and not lora_on:
-        found.append(Problem("lora.lora_init_adapter", lora_init_adapter, "needs LoRA (lora.lora_r > 0), which is off",
-                             "set lora_r to the adapter's rank (e.g. 16), or remove lora_init_adapter"))  # fmt: skip
+        found.append(
+            Problem(
+                "lora.lora_init_adapter",
+                lora_init_adapter,
+                "needs LoRA (lora.lora_r > 0), which is off",
+                "set lora_r to the adapter's rank (e.g. 16), or remove lora_init_adapter",
+            )
+        )
     if lora_on and lora_layers == "top" and num_layers_unfrozen == 0:
-        found.append(Problem("model.num_layers_unfrozen", 0, "leaves LoRA on the top layers (lora.lora_layers: top) "
-                             "nothing to adapt", "set num_layers_unfrozen >= 1, or lora_layers: all"))  # fmt: skip
+        found.append(
+            Problem(
+                "model.num_layers_unfrozen",
+                0,
+                "leaves LoRA on the top layers (lora.lora_layers: top) nothing to adapt",
+                "set num_layers_unfrozen >= 1, or lora_layers: all",
+            )
+        )
     for name, on in (("train_lm_head", train_lm_head), ("train_final_norm", train_final_norm)):
         if lora_on and on:
-            found.append(Problem(f"model.{name}", True, "cannot be combined with LoRA (lora.lora_r > 0): only adapters "
-                                 "(and the value head) train", f"set {name}: false, or lora_r: 0"))  # fmt: skip
+            found.append(
+                Problem(
+                    f"model.{name}",
+                    True,
+                    "cannot be combined with LoRA (lora.lora_r > 0): only adapters (and the value head) train",
+                    f"set {name}: false, or lora_r: 0",
+                )
+            )
     return found
 
 
@@ -53,7 +72,9 @@ def linear_module_names(layers: nn.ModuleList) -> list[str]:
     return sorted(names)
 
 
-def attach_lora(model: nn.Module, lora_config, layers: nn.ModuleList, layer_indices: list[int] | None, layers_pattern: str):
+def attach_lora(
+    model: nn.Module, lora_config, layers: nn.ModuleList, layer_indices: list[int] | None, layers_pattern: str
+):
     """Wrap `model` with peft; adapters go into `layer_indices` only (None: every layer).
 
     peft edits the model's modules in place, so the transformers model object stays the

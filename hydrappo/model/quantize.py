@@ -89,14 +89,28 @@ def _quantized_linear(linear: nn.Linear, mode: str, device: torch.device) -> nn.
     weight = linear.weight.detach().to("cpu")  # bitsandbytes quantizes while moving off the CPU
     bias = linear.bias is not None
     if mode == "int8":
-        new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias, has_fp16_weights=False,
-                                  threshold=INT8_THRESHOLD, device="meta")  # fmt: skip
+        new = bnb.nn.Linear8bitLt(
+            linear.in_features,
+            linear.out_features,
+            bias=bias,
+            has_fp16_weights=False,
+            threshold=INT8_THRESHOLD,
+            device="meta",
+        )
         new.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
     else:
-        new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias, compute_dtype=weight.dtype,
-                                quant_type="nf4", compress_statistics=True, device="meta")  # fmt: skip
-        new.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", blocksize=NF4_BLOCKSIZE,
-                                       compress_statistics=True, module=new)  # fmt: skip
+        new = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=bias,
+            compute_dtype=weight.dtype,
+            quant_type="nf4",
+            compress_statistics=True,
+            device="meta",
+        )
+        new.weight = bnb.nn.Params4bit(
+            weight, requires_grad=False, quant_type="nf4", blocksize=NF4_BLOCKSIZE, compress_statistics=True, module=new
+        )
     if bias:
         new.bias = nn.Parameter(linear.bias.detach().to("cpu"), requires_grad=False)
     return new.to(device)
@@ -105,12 +119,15 @@ def _quantized_linear(linear: nn.Linear, mode: str, device: torch.device) -> nn.
 def _quantized_embedding(embedding: nn.Embedding, mode: str, device: torch.device) -> nn.Module:
     bnb = bitsandbytes()
     weight = embedding.weight.detach().to("cpu")
-    new = _embedding_classes()[mode](embedding.num_embeddings, embedding.embedding_dim, device="meta", dtype=weight.dtype)
+    new = _embedding_classes()[mode](
+        embedding.num_embeddings, embedding.embedding_dim, device="meta", dtype=weight.dtype
+    )
     if mode == "int8":
         new.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
     else:
-        new.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", blocksize=NF4_BLOCKSIZE,
-                                       compress_statistics=True, module=new)  # fmt: skip
+        new.weight = bnb.nn.Params4bit(
+            weight, requires_grad=False, quant_type="nf4", blocksize=NF4_BLOCKSIZE, compress_statistics=True, module=new
+        )
     return new.to(device)
 
 
@@ -124,8 +141,11 @@ def stored_bytes(module: nn.Module) -> int:
                 total += extra.numel() * extra.element_size()
         state = getattr(tensor, "quant_state", None)
         while state is not None:
-            total += sum(t.numel() * t.element_size() for t in (state.absmax, state.code, state.offset)
-                         if isinstance(t, torch.Tensor))  # fmt: skip
+            total += sum(
+                t.numel() * t.element_size()
+                for t in (state.absmax, state.code, state.offset)
+                if isinstance(t, torch.Tensor)
+            )
             state = state.state2
     return total
 
@@ -157,7 +177,10 @@ def quantize_frozen_trunk(hydra, mode: str, device: str | torch.device | None = 
     decoder = hydra.arch.decoder
     names = {id(module): name for name, module in decoder.named_modules()}
     targets = [
-        module for layer in hydra.arch.layers[: hydra.split_index] for module in layer.modules() if type(module) is nn.Linear
+        module
+        for layer in hydra.arch.layers[: hydra.split_index]
+        for module in layer.modules()
+        if type(module) is nn.Linear
     ]
     if not targets:
         raise UnsupportedModelError(
@@ -166,17 +189,21 @@ def quantize_frozen_trunk(hydra, mode: str, device: str | torch.device | None = 
         )
     embedding = hydra.model.get_input_embeddings()
     quantize_embedding = (
-        type(embedding) is nn.Embedding and embedding.max_norm is None and not embedding.weight.requires_grad
+        type(embedding) is nn.Embedding
+        and embedding.max_norm is None
+        and not embedding.weight.requires_grad
         and not heads_are_tied(hydra.model)
-    )  # fmt: skip
+    )
     if quantize_embedding:
         targets.append(embedding)
     # What a reward branch compares to recognise its trunk (storage/reward_branch.py): the
     # original weights, not their quantized storage.
     hydra.unquantized_abs_sums = {
         f"{names[id(module)]}.{name}": param.detach().abs().sum(dtype=torch.float64).item()
-        for module in targets if id(module) in names for name, param in module.named_parameters(recurse=False)
-    }  # fmt: skip
+        for module in targets
+        if id(module) in names
+        for name, param in module.named_parameters(recurse=False)
+    }
     before = after = 0
     for module in targets:
         before += stored_bytes(module)
@@ -191,11 +218,21 @@ def quantize_frozen_trunk(hydra, mode: str, device: str | torch.device | None = 
     hydra.to(device)
     hydra.trunk_quantization = mode
     check_quantized_hydra(hydra)
-    report = {"mode": mode, "linears": len(targets) - quantize_embedding, "embeddings": quantize_embedding,
-              "bytes_before": before, "bytes_after": after}  # fmt: skip
+    report = {
+        "mode": mode,
+        "linears": len(targets) - quantize_embedding,
+        "embeddings": quantize_embedding,
+        "bytes_before": before,
+        "bytes_after": after,
+    }
     logger.info(
-        "%s trunk: %d linear maps of %d bottom layers%s, %.1f MiB -> %.1f MiB", mode, report["linears"],
-        hydra.split_index, " and the input embeddings" if quantize_embedding else "", before / 2**20, after / 2**20,
+        "%s trunk: %d linear maps of %d bottom layers%s, %.1f MiB -> %.1f MiB",
+        mode,
+        report["linears"],
+        hydra.split_index,
+        " and the input embeddings" if quantize_embedding else "",
+        before / 2**20,
+        after / 2**20,
     )
     return report
 

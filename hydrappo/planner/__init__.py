@@ -16,6 +16,15 @@ from .plan import MemoryPlan, format_plan, largest_models, plan_memory, plan_to_
 from .settings import GIB, TrainingSettings
 
 __all__ = [
-    "GIB", "MemoryPlan", "TrainingSettings", "count_parameters", "format_plan", "largest_models", "load_model_config",
-    "plan_memory", "plan_to_dict", "preset_plans", "unique_bytes",
+    "GIB",
+    "MemoryPlan",
+    "TrainingSettings",
+    "count_parameters",
+    "format_plan",
+    "largest_models",
+    "load_model_config",
+    "plan_memory",
+    "plan_to_dict",
+    "preset_plans",
+    "unique_bytes",
 ]

@@ -109,8 +109,9 @@ class ActivationTrace:
     tail: int  # final norm + value head + the hidden states the checkpointed log-prob chunks keep
 
 
-def trace_activations(config, batch: int, seq_len: int, dtype: torch.dtype, lora_rank: int = 0,
-                      train_final_norm: bool = False) -> ActivationTrace:  # fmt: skip
+def trace_activations(
+    config, batch: int, seq_len: int, dtype: torch.dtype, lora_rank: int = 0, train_final_norm: bool = False
+) -> ActivationTrace:
     """Bytes autograd keeps during hydrappo's update for one micro-batch of `batch` x `seq_len`.
 
     The top layer's call arguments (masks, rotary embeddings, ...) come from the model's own

@@ -27,16 +27,26 @@ def variants(settings: TrainingSettings) -> list[tuple[str, TrainingSettings]]:
     """(the options that select it, settings), from the settings given to ever lower plans."""
     s, r = settings, settings.lora_rank or LORA_RANK
     light = replace(s, reward_model=False)
-    rows = [("(as given)", s), ("--no-reward-model", light),
-            ("--no-reward-model --optimizer adamw8bit", replace(light, optimizer="adamw8bit")),
-            ("--no-reward-model --optimizer adamw8bit --trunk-quantization int8",
-             replace(light, optimizer="adamw8bit", trunk_quantization="int8")),
-            ("--no-reward-model --optimizer adamw8bit --trunk-quantization 4bit",
-             replace(light, optimizer="adamw8bit", trunk_quantization="4bit")),
-            (f"--no-reward-model --lora-rank {r}", replace(light, lora_rank=r)),
-            (f"--no-reward-model --lora-rank {r} --trunk-quantization 4bit", replace(light, lora_rank=r, trunk_quantization="4bit")),
-            ("--no-reward-model -N 1", replace(light, num_layers_unfrozen=1)),
-            ("--no-reward-model --gradient-checkpointing", replace(light, gradient_checkpointing=True))]  # fmt: skip
+    rows = [
+        ("(as given)", s),
+        ("--no-reward-model", light),
+        ("--no-reward-model --optimizer adamw8bit", replace(light, optimizer="adamw8bit")),
+        (
+            "--no-reward-model --optimizer adamw8bit --trunk-quantization int8",
+            replace(light, optimizer="adamw8bit", trunk_quantization="int8"),
+        ),
+        (
+            "--no-reward-model --optimizer adamw8bit --trunk-quantization 4bit",
+            replace(light, optimizer="adamw8bit", trunk_quantization="4bit"),
+        ),
+        (f"--no-reward-model --lora-rank {r}", replace(light, lora_rank=r)),
+        (
+            f"--no-reward-model --lora-rank {r} --trunk-quantization 4bit",
+            replace(light, lora_rank=r, trunk_quantization="4bit"),
+        ),
+        ("--no-reward-model -N 1", replace(light, num_layers_unfrozen=1)),
+        ("--no-reward-model --gradient-checkpointing", replace(light, gradient_checkpointing=True)),
+    ]
     seen, unique = [], []
     for label, variant in rows:
         if variant not in seen and (variant.num_layers_unfrozen != -1 or variant.trunk_quantization == "none"):
@@ -69,8 +79,12 @@ def fitting_plans(config, settings: TrainingSettings, model_name: str) -> list[t
     plans = [(label, plan(variant).hydra) for label, variant in variants(settings)]
     base = plan(settings)
     rank = settings.lora_rank or LORA_RANK
-    lora = plan(replace(settings, lora_rank=rank, reward_model=False, trunk_quantization="none", gradient_checkpointing=True))
-    plans.append((f"TRL GRPOTrainer + LoRA r={rank} (beta 0: no reference; gradient checkpointing)", trl_grpo_lora(lora.classic)))
+    lora = plan(
+        replace(settings, lora_rank=rank, reward_model=False, trunk_quantization="none", gradient_checkpointing=True)
+    )
+    plans.append(
+        (f"TRL GRPOTrainer + LoRA r={rank} (beta 0: no reference; gradient checkpointing)", trl_grpo_lora(lora.classic))
+    )
     plans.append(("classic: policy + reference + critic + reward model", base.classic))
     return plans
 
@@ -79,14 +93,22 @@ def format_fits(config, settings: TrainingSettings, model_name: str, gpu_gib: fl
     """The table of `hydrappo memory MODEL --gpu GIB`."""
     plans = fitting_plans(config, settings, model_name)
     width = max(len(label) for label, _ in plans)
-    lines = [f"{model_name} on a {gpu_gib:g} GB GPU (fits: peak x {FRAGMENTATION} + {CUDA_CONTEXT_GIB} GiB <= "
-             f"{gpu_gib:g} GiB):", f"  {'hydrappo memory ' + model_name + ' ...':<{width}}  peak GiB  fits"]  # fmt: skip
+    lines = [
+        f"{model_name} on a {gpu_gib:g} GB GPU (fits: peak x {FRAGMENTATION} + {CUDA_CONTEXT_GIB} GiB <= "
+        f"{gpu_gib:g} GiB):",
+        f"  {'hydrappo memory ' + model_name + ' ...':<{width}}  peak GiB  fits",
+    ]
     for index, (label, plan) in enumerate(plans):
         if index == len(plans) - 2:
             lines.append("  baselines:")
         lines.append(f"  {label:<{width}}  {plan.peak / GIB:8.2f}  {'yes' if plan.fits(gpu_gib) else 'no'}")
     fitting = [label for label, plan in plans[:-2] if plan.fits(gpu_gib)]
-    lines.append(f"\nhydrappo settings that fit: {len(fitting)} of {len(plans) - 2}"
-                 + (f"; the first: hydrappo memory {model_name} {fitting[0]}" if fitting else
-                    "; none: a smaller model, fewer tokens (--response-length) or a smaller --batch-size"))  # fmt: skip
+    lines.append(
+        f"\nhydrappo settings that fit: {len(fitting)} of {len(plans) - 2}"
+        + (
+            f"; the first: hydrappo memory {model_name} {fitting[0]}"
+            if fitting
+            else "; none: a smaller model, fewer tokens (--response-length) or a smaller --batch-size"
+        )
+    )
     return "\n".join(lines)

@@ -55,10 +55,23 @@ from ..model.logprobs import CHUNK_ELEMENTS
 from ..generation.graph_decode import bucket_of
 from .activations import ActivationTrace, trace_activations
 from .counts import (
-    ParameterCounts, count_parameters, load_model_config, lora_parameters, reward_head_parameters, value_head_parameters,
+    ParameterCounts,
+    count_parameters,
+    load_model_config,
+    lora_parameters,
+    reward_head_parameters,
+    value_head_parameters,
 )
 from .presets import PRESETS
-from .settings import CHUNK_COPIES_EVAL, CHUNK_COPIES_UPDATE, CUDA_CONTEXT_GIB, FRAGMENTATION, GIB, GPU_SIZES_GIB, TrainingSettings
+from .settings import (
+    CHUNK_COPIES_EVAL,
+    CHUNK_COPIES_UPDATE,
+    CUDA_CONTEXT_GIB,
+    FRAGMENTATION,
+    GIB,
+    GPU_SIZES_GIB,
+    TrainingSettings,
+)
 
 
 @dataclass
@@ -139,8 +152,12 @@ def quantized_trunk(counts: ParameterCounts, split: int, mode: str, embeddings: 
         return 0, 0
     weights = sum(counts.layer_linear_weights[:split])
     if not weights:
-        raise ValueError("the bottom layers hold no torch.nn.Linear (e.g. GPT-2's Conv1D): bitsandbytes cannot quantize them.")
-    stored = quantized_bytes(weights, sum(counts.layer_linear_rows[:split]), sum(counts.layer_linear_modules[:split]), mode)
+        raise ValueError(
+            "the bottom layers hold no torch.nn.Linear (e.g. GPT-2's Conv1D): bitsandbytes cannot quantize them."
+        )
+    stored = quantized_bytes(
+        weights, sum(counts.layer_linear_rows[:split]), sum(counts.layer_linear_modules[:split]), mode
+    )
     if embeddings and counts.embedding_weights:
         weights += counts.embedding_weights
         stored += quantized_bytes(counts.embedding_weights, counts.embedding_rows, 1, mode)
@@ -167,8 +184,13 @@ def _trainable_layers(s: TrainingSettings, num_layers: int) -> tuple[int, int]:
     return num_layers - n, n
 
 
-def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
-                counts: ParameterCounts | None = None, trace: ActivationTrace | None = None) -> MemoryPlan:  # fmt: skip
+def plan_memory(
+    config,
+    settings: TrainingSettings,
+    model_name: str = "model",
+    counts: ParameterCounts | None = None,
+    trace: ActivationTrace | None = None,
+) -> MemoryPlan:
     """Per-component memory of PPO with hydrappo and with the classic four-model layout. `counts`
     and `trace` reuse another plan's of the same model, shapes, dtype, LoRA rank and final norm."""
     counts = counts or count_parameters(config)
@@ -195,7 +217,9 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     state_bytes = 4 if s.uses_master_weights else w
     q = s.trunk_quantization
     if q != "none" and full:
-        raise ValueError("trunk quantization needs a frozen trunk: num_layers_unfrozen must be below the number of layers.")
+        raise ValueError(
+            "trunk quantization needs a frozen trunk: num_layers_unfrozen must be below the number of layers."
+        )
     # Frozen input embeddings are quantized when nothing ties them to the lm_head (a trained head is untied).
     replaced, quantized = quantized_trunk(counts, split, q, embeddings=counts.lm_head > 0 or train_head)
     dequantized = 2 * counts.largest_linear * w if q != "none" else 0  # a weight dequantized for its matmul
@@ -210,7 +234,9 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     held_kv = kv_cache(bucket_rows, bucket_length) + (bucket_rows * bucket_length * h * w if not full else 0)
 
     logits_eval = _chunk_elements(gen * R, v) * 4 * CHUNK_COPIES_EVAL
-    logits_update = _chunk_elements(micro * R, v) * 4 * (CHUNK_COPIES_EVAL if s.entropy_in_update else CHUNK_COPIES_UPDATE)
+    logits_update = (
+        _chunk_elements(micro * R, v) * 4 * (CHUNK_COPIES_EVAL if s.entropy_in_update else CHUNK_COPIES_UPDATE)
+    )
     generate_workspace = _layer_workspace(counts, gen, s.prompt_length, w) + gen * v * 4 + dequantized
     split_cache = s.batch_size * T * h * w
     # generation.reuse_trunk_pass: sampling keeps every rollout's split hidden state; the
@@ -240,35 +266,81 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
     layers_act = (run * trace.layer_input + trace.layer) if s.gradient_checkpointing else run * trace.layer
     grads = trainable_low * w + trainable_fp32 * 4
     hydra = [
-        Component("weights", (counts.total + untied_head - replaced) * w + quantized, "static",
-                  "the base model" + (" + its untied trainable lm_head" if untied_head else "")
-                  + (f"; bottom {split} layers' linear maps{' and input embeddings' if replaced > sum(counts.layer_linear_weights[:split]) else ''} "
-                     f"in {q} ({quantized / GIB:.2f} GiB)" if q != "none" else "")),
+        Component(
+            "weights",
+            (counts.total + untied_head - replaced) * w + quantized,
+            "static",
+            "the base model"
+            + (" + its untied trainable lm_head" if untied_head else "")
+            + (
+                f"; bottom {split} layers' linear maps{' and input embeddings' if replaced > sum(counts.layer_linear_weights[:split]) else ''} "
+                f"in {q} ({quantized / GIB:.2f} GiB)"
+                if q != "none"
+                else ""
+            ),
+        ),
         Component("reference copy", reference * w, "static", reference_note),
         Component("reward branch", reward, "static", f"top {L - split} layers + scalar head" if reward else "none"),
         Component("value head", vh * 4, "static", "MLP h-2h-1, float32"),
-        Component("LoRA adapters", (adapters if lora else 0) * 4, "static",
-                  f"rank {s.lora_rank} on the {where}' linear maps, float32" if lora else "none"),
-        Component("fp32 master weights", trainable_low * 4 if s.uses_master_weights else 0, "static",
-                  "of the trainable weights" if s.uses_master_weights and trainable_low else "none"),
-        Component("optimizer state", _optimizer_bytes(trainable_low, s.optimizer, state_bytes)
-                  + _optimizer_bytes(trainable_fp32, s.optimizer, 4), "static", s.optimizer),
-        Component("KV cache", held_kv if graph else kv_cache(gen), "static" if graph else "generate",
-                  f"the graph sampler's bucket, {bucket_rows} rows x {bucket_length} positions, all {L} layers, "
-                  "and its split-state buffer, held between samples" if graph else
-                  f"{gen} sequences x {T} tokens, all {L} layers"),  # fmt: skip
-        Component("generation workspace", generate_workspace, "generate", "prefill MLP intermediates, next-token logits"),
-        Component("recorded split states", recorded, "generate",
-                  f"{s.batch_size} rollouts, kept for the experience pass" if recorded else "none (no frozen split)"),
-        Component("split-hidden cache", split_cache + cat_copy, "evaluate",
-                  f"{s.batch_size} rollouts" + (" (x2 while packed)" if cat_copy else "")),
-        Component("evaluation workspace", _layer_workspace(counts, gen, T, w) + 3 * gen * T * h * w + logits_eval + dequantized,
-                  "evaluate", "one hydra pass, log-prob chunks with entropy"),
+        Component(
+            "LoRA adapters",
+            (adapters if lora else 0) * 4,
+            "static",
+            f"rank {s.lora_rank} on the {where}' linear maps, float32" if lora else "none",
+        ),
+        Component(
+            "fp32 master weights",
+            trainable_low * 4 if s.uses_master_weights else 0,
+            "static",
+            "of the trainable weights" if s.uses_master_weights and trainable_low else "none",
+        ),
+        Component(
+            "optimizer state",
+            _optimizer_bytes(trainable_low, s.optimizer, state_bytes)
+            + _optimizer_bytes(trainable_fp32, s.optimizer, 4),
+            "static",
+            s.optimizer,
+        ),
+        Component(
+            "KV cache",
+            held_kv if graph else kv_cache(gen),
+            "static" if graph else "generate",
+            f"the graph sampler's bucket, {bucket_rows} rows x {bucket_length} positions, all {L} layers, "
+            "and its split-state buffer, held between samples"
+            if graph
+            else f"{gen} sequences x {T} tokens, all {L} layers",
+        ),
+        Component(
+            "generation workspace", generate_workspace, "generate", "prefill MLP intermediates, next-token logits"
+        ),
+        Component(
+            "recorded split states",
+            recorded,
+            "generate",
+            f"{s.batch_size} rollouts, kept for the experience pass" if recorded else "none (no frozen split)",
+        ),
+        Component(
+            "split-hidden cache",
+            split_cache + cat_copy,
+            "evaluate",
+            f"{s.batch_size} rollouts" + (" (x2 while packed)" if cat_copy else ""),
+        ),
+        Component(
+            "evaluation workspace",
+            _layer_workspace(counts, gen, T, w) + 3 * gen * T * h * w + logits_eval + dequantized,
+            "evaluate",
+            "one hydra pass, log-prob chunks with entropy",
+        ),
         Component("split-hidden cache", split_cache, "update", "kept for the PPO epochs"),
         Component("gradients", grads, "update", "trainable parameters"),
-        Component("activations", layers_act + trace.tail, "update",
-                  (f"{where} + the {above} frozen above" if above else where) + f", micro-batch {micro} x {T}"
-                  + (", checkpointed" if s.gradient_checkpointing else "")),
+        Component(
+            "activations",
+            layers_act + trace.tail,
+            "update",
+            (f"{where} + the {above} frozen above" if above else where)
+            + f", micro-batch {micro} x {T}"
+            + (", checkpointed" if s.gradient_checkpointing else ""),
+        ),
         Component("log-prob chunks", logits_update, "update", "chunked lm_head, fused with its gradient"),
         Component("backward workspace", trace.layer // 2, "update", "gradients of one layer's activations"),
     ]
@@ -291,17 +363,33 @@ def plan_memory(config, settings: TrainingSettings, model_name: str = "model",
         Component("policy weights", counts.total * w, "static", "full model"),
         Component("reference model", ref_classic * w, "static", "full copy" if ref_classic else "LoRA off: no copy"),
         Component("value model", critic * w + reward_head_parameters(h) * 4, "static", "full trunk + scalar head"),
-        Component("reward model", (critic * w + reward_head_parameters(h) * 4) if s.reward_model else 0, "static",
-                  "full trunk + scalar head" if s.reward_model else "none"),
-        Component("LoRA adapters", (adapters_classic if lora else 0) * 4, "static",
-                  f"rank {s.lora_rank} on all {L} layers of policy and critic" if lora else "none"),
+        Component(
+            "reward model",
+            (critic * w + reward_head_parameters(h) * 4) if s.reward_model else 0,
+            "static",
+            "full trunk + scalar head" if s.reward_model else "none",
+        ),
+        Component(
+            "LoRA adapters",
+            (adapters_classic if lora else 0) * 4,
+            "static",
+            f"rank {s.lora_rank} on all {L} layers of policy and critic" if lora else "none",
+        ),
         Component("fp32 master weights", low_classic * 4 if s.uses_master_weights else 0, "static", "policy + critic"),
-        Component("optimizer state", _optimizer_bytes(low_classic, s.optimizer, state_bytes)
-                  + _optimizer_bytes(fp32_classic, s.optimizer, 4), "static", f"{s.optimizer}, policy + critic"),
+        Component(
+            "optimizer state",
+            _optimizer_bytes(low_classic, s.optimizer, state_bytes) + _optimizer_bytes(fp32_classic, s.optimizer, 4),
+            "static",
+            f"{s.optimizer}, policy + critic",
+        ),
         Component("KV cache", kv_cache(gen), "generate", f"{gen} sequences x {T} tokens, all {L} layers"),
         Component("generation workspace", generate_workspace, "generate", ""),
-        Component("evaluation workspace", _layer_workspace(counts, gen, T, w) + gen * T * v * logits_bytes, "evaluate",
-                  "full-vocabulary logits of the reference / policy"),
+        Component(
+            "evaluation workspace",
+            _layer_workspace(counts, gen, T, w) + gen * T * v * logits_bytes,
+            "evaluate",
+            "full-vocabulary logits of the reference / policy",
+        ),
         Component("gradients", low_classic * w + fp32_classic * 4, "update", "policy + critic"),
         Component("activations", act_classic, "update", f"all {L} layers of policy and critic"),
         Component("full-vocab logits", micro * T * v * logits_bytes, "update", "logits, float32 copy, log-softmax"),
@@ -341,7 +429,9 @@ def format_plan(plan: MemoryPlan) -> str:
         "",
     ]
     for layout in (plan.hydra, plan.classic):
-        title = "hydrappo (one trunk)" if layout.layout == "hydrappo" else "classic (policy + reference + critic + reward)"
+        title = (
+            "hydrappo (one trunk)" if layout.layout == "hydrappo" else "classic (policy + reference + critic + reward)"
+        )
         lines.append(f"{title}: {layout.trainable_parameters / 1e6:,.1f}M trainable parameters")
         lines.append(f"  {'component':<24} {'phase':<9} {'GiB':>7}  note")
         for comp in layout.components:
@@ -372,12 +462,18 @@ def plan_to_dict(plan: MemoryPlan) -> dict:
 
     counts = asdict(plan.counts)
     counts.pop("layer_linears")
-    return {"model": plan.model, "parameters": counts, "settings": asdict(plan.settings),
-            "hydrappo": layout(plan.hydra), "classic": layout(plan.classic)}  # fmt: skip
+    return {
+        "model": plan.model,
+        "parameters": counts,
+        "settings": asdict(plan.settings),
+        "hydrappo": layout(plan.hydra),
+        "classic": layout(plan.classic),
+    }
 
 
-def preset_plans(settings: TrainingSettings, presets: list[str] | None = None,
-                 like: list[MemoryPlan] | None = None) -> list[MemoryPlan]:  # fmt: skip
+def preset_plans(
+    settings: TrainingSettings, presets: list[str] | None = None, like: list[MemoryPlan] | None = None
+) -> list[MemoryPlan]:
     """Plans of the presets (default: all), smallest model first. `like`: plans of the same presets
     under settings that differ only in optimizer or trunk quantization, whose counts and traces are reused."""
     if like is not None:
@@ -386,8 +482,9 @@ def preset_plans(settings: TrainingSettings, presets: list[str] | None = None,
     return sorted(plans, key=lambda p: p.counts.total)
 
 
-def largest_models(settings: TrainingSettings, presets: list[str] | None = None,
-                   plans: list[MemoryPlan] | None = None) -> list[dict]:  # fmt: skip
+def largest_models(
+    settings: TrainingSettings, presets: list[str] | None = None, plans: list[MemoryPlan] | None = None
+) -> list[dict]:
     """For each GPU size, the largest preset (by parameters) that fits, for hydrappo and classic."""
     plans = plans if plans is not None else preset_plans(settings, presets)
     rows = []
@@ -405,8 +502,11 @@ def largest_variants(settings: TrainingSettings, lora_rank: int = 16) -> dict[st
     say, then with 8-bit AdamW, with an int8 and a 4-bit trunk (each with 8-bit AdamW), and LoRA."""
     full = preset_plans(replace(settings, lora_rank=0))
     variants = {"full top-N": full}
-    for label, optimizer, quantization in (("adamw8bit", "adamw8bit", "none"), ("int8 trunk", "adamw8bit", "int8"),
-                                           ("4bit trunk", "adamw8bit", "4bit")):  # fmt: skip
+    for label, optimizer, quantization in (
+        ("adamw8bit", "adamw8bit", "none"),
+        ("int8 trunk", "adamw8bit", "int8"),
+        ("4bit trunk", "adamw8bit", "4bit"),
+    ):
         variant = replace(settings, lora_rank=0, optimizer=optimizer, trunk_quantization=quantization)
         variants[label] = preset_plans(variant, like=full)
     variants[f"LoRA r={lora_rank}"] = preset_plans(replace(settings, lora_rank=lora_rank))
@@ -417,14 +517,16 @@ def format_largest(settings: TrainingSettings, lora_rank: int = 16) -> str:
     """Every preset's peak (hydrappo: full top-N, with 8-bit AdamW, with an int8 / 4-bit trunk, LoRA;
     classic: full, LoRA) and the largest preset that fits each GPU size."""
     s = settings
-    lines = [f"N={s.num_layers_unfrozen}, {s.dtype} weights{' + fp32 master weights and optimizer state' if s.uses_master_weights else ''}, "
-             f"{s.optimizer}{'' if s.trunk_quantization == 'none' else ', ' + s.trunk_quantization + ' trunk'}, batch "
-             f"{s.batch_size}, mini-batch {s.mini_batch_size}, generation batch {s.generation_batch_size}, prompt "
-             f"{s.prompt_length} + response {s.response_length} tokens, "
-             f"{'reward branch / reward model' if s.reward_model else 'reward function'}; "
-             f"fits = peak x {FRAGMENTATION} + {CUDA_CONTEXT_GIB} GiB <= card",
-             "hydrappo columns: full top-N as set; with adamw8bit; an int8 / 4bit trunk (frozen bottom layers "
-             "quantized) with adamw8bit; LoRA. The classic layout is planned without quantization."]  # fmt: skip
+    lines = [
+        f"N={s.num_layers_unfrozen}, {s.dtype} weights{' + fp32 master weights and optimizer state' if s.uses_master_weights else ''}, "
+        f"{s.optimizer}{'' if s.trunk_quantization == 'none' else ', ' + s.trunk_quantization + ' trunk'}, batch "
+        f"{s.batch_size}, mini-batch {s.mini_batch_size}, generation batch {s.generation_batch_size}, prompt "
+        f"{s.prompt_length} + response {s.response_length} tokens, "
+        f"{'reward branch / reward model' if s.reward_model else 'reward function'}; "
+        f"fits = peak x {FRAGMENTATION} + {CUDA_CONTEXT_GIB} GiB <= card",
+        "hydrappo columns: full top-N as set; with adamw8bit; an int8 / 4bit trunk (frozen bottom layers "
+        "quantized) with adamw8bit; LoRA. The classic layout is planned without quantization.",
+    ]
     variants = largest_variants(s, lora_rank)
     full, lora = variants["full top-N"], variants[f"LoRA r={lora_rank}"]
     columns = [(label, plans, "hydra") for label, plans in variants.items()]
@@ -433,13 +535,17 @@ def format_largest(settings: TrainingSettings, lora_rank: int = 16) -> str:
     header = "  ".join(f"{label:>{width}}" for (label, _, _), width in zip(columns, widths))
     lines.append(f"\npeak GiB per preset:\n  {'model':<14} {'params':>7}  {header}")
     for index, plan in enumerate(full):
-        cells = "  ".join(f"{getattr(plans[index], key).peak / GIB:>{width}.1f}"
-                          for (_, plans, key), width in zip(columns, widths))  # fmt: skip
+        cells = "  ".join(
+            f"{getattr(plans[index], key).peak / GIB:>{width}.1f}" for (_, plans, key), width in zip(columns, widths)
+        )
         lines.append(f"  {plan.model:<14} {plan.counts.total / 1e9:6.2f}B  {cells}")
     fits = [largest_models(s, plans=plans) for _, plans, _ in columns]
     widths = [max(len(label), 12) for label, _, _ in columns]
-    lines.append("\nlargest preset that fits:\n  " + f"{'GPU':>5}  " + "  ".join(
-        f"{label:<{width}}" for (label, _, _), width in zip(columns, widths)))  # fmt: skip
+    lines.append(
+        "\nlargest preset that fits:\n  "
+        + f"{'GPU':>5}  "
+        + "  ".join(f"{label:<{width}}" for (label, _, _), width in zip(columns, widths))
+    )
     for row_index, size in enumerate(GPU_SIZES_GIB):
         cells = []
         for (_, _, key), rows, width in zip(columns, fits, widths):

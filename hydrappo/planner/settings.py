@@ -40,7 +40,9 @@ class TrainingSettings:
     dtype: str = "bfloat16"  # weights
     master_weights: bool | None = None  # fp32 master copy of the trainable weights (None: when dtype is not fp32)
     optimizer: str = "adamw"
-    trunk_quantization: str = "none"  # the frozen bottom layers (and frozen untied input embeddings): none | int8 | 4bit
+    trunk_quantization: str = (
+        "none"  # the frozen bottom layers (and frozen untied input embeddings): none | int8 | 4bit
+    )
     batch_size: int = 16  # rollouts per PPO step (the split-hidden cache holds them all)
     mini_batch_size: int = 4
     gradient_accumulation_steps: int = 1
@@ -62,13 +64,23 @@ class TrainingSettings:
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler {self.sampler!r} is not one of: {', '.join(SAMPLERS)}.")
         if self.trunk_quantization not in TRUNK_QUANTIZATIONS:
-            raise ValueError(f"trunk_quantization {self.trunk_quantization!r} is not one of: {', '.join(TRUNK_QUANTIZATIONS)}.")
-        for name in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "generation_batch_size",
-                     "prompt_length", "response_length"):  # fmt: skip
+            raise ValueError(
+                f"trunk_quantization {self.trunk_quantization!r} is not one of: {', '.join(TRUNK_QUANTIZATIONS)}."
+            )
+        for name in (
+            "batch_size",
+            "mini_batch_size",
+            "gradient_accumulation_steps",
+            "generation_batch_size",
+            "prompt_length",
+            "response_length",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.num_layers_unfrozen < -1:
-            raise ValueError(f"num_layers_unfrozen must be >= -1 (-1: the whole model), got {self.num_layers_unfrozen}.")
+            raise ValueError(
+                f"num_layers_unfrozen must be >= -1 (-1: the whole model), got {self.num_layers_unfrozen}."
+            )
         if self.trainable_layers is not None:
             problem = band_problem(parse_band(self.trainable_layers))
             if problem is not None:

@@ -125,8 +125,12 @@ def write_directory(target: str | os.PathLike, fill: Callable[[Path], None], *, 
     return target
 
 
-def write_files_into(directory: str | os.PathLike, fill: Callable[[Path], None], last: str = "config.json",
-                     stale: Callable[[Path], bool] = lambda path: False) -> Path:  # fmt: skip
+def write_files_into(
+    directory: str | os.PathLike,
+    fill: Callable[[Path], None],
+    last: str = "config.json",
+    stale: Callable[[Path], bool] = lambda path: False,
+) -> Path:
     """Write the files `fill(tmp)` makes into an existing `directory` that holds other things
     too: `last` is removed first and moved in last; files for which `stale(path)` is true and
     that the new set does not replace are removed (e.g. weights of an older model)."""

@@ -111,8 +111,9 @@ def write_manifest(folder: str | Path) -> None:
     folder = Path(folder)
     files = {
         path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
-        for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MANIFEST_NAME
-    }  # fmt: skip
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
     (folder / MANIFEST_NAME).write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1) + "\n")
 
 
@@ -193,8 +194,11 @@ def checkpoint_problems(folder: str | Path, for_resume: bool = True) -> list[str
 
 def _damaged(folder: Path, problems: list[str], what: str = "checkpoint") -> CheckpointError:
     newest = latest_complete_checkpoint(folder.parent)  # never `folder`: its problems stand for resume too
-    hint = (f"The newest complete checkpoint of that run is {newest}: use it." if newest
-            else f"No complete checkpoint is left in {folder.parent}.")  # fmt: skip
+    hint = (
+        f"The newest complete checkpoint of that run is {newest}: use it."
+        if newest
+        else f"No complete checkpoint is left in {folder.parent}."
+    )
     return CheckpointError(f"{what} {folder} is damaged: {'; '.join(problems)}. {hint}")
 
 
@@ -250,17 +254,25 @@ def resolve_resume(resume: str | Path | bool, output_dir: str | Path, set_aside:
             if not set_aside:
                 continue
             aside = set_aside_damaged(folder)
-            logger.warning("--resume: skipping the damaged checkpoint %s (%s); it was moved to %s",
-                           folder, "; ".join(problems), aside.name)  # fmt: skip
+            logger.warning(
+                "--resume: skipping the damaged checkpoint %s (%s); it was moved to %s",
+                folder,
+                "; ".join(problems),
+                aside.name,
+            )
         raise CheckpointError(
             f"--resume: every checkpoint in {output_dir} is damaged (moved aside as checkpoint-<step>.damaged-*); "
             "start a new run with --overwrite_output_dir, or resume from a copy with --resume PATH."
         )
     path = Path(resume).expanduser()
     if not path.is_dir():
-        raise CheckpointError(f"--resume {path}: no such checkpoint folder; give a checkpoint-<step> folder, or --resume alone for the latest.")
+        raise CheckpointError(
+            f"--resume {path}: no such checkpoint folder; give a checkpoint-<step> folder, or --resume alone for the latest."
+        )
     if not is_checkpoint_folder(path):
-        raise CheckpointError(f"--resume {path}: not a checkpoint folder (no {WEIGHTS_NAME}, {TRAINER_STATE_NAME}); give a checkpoint-<step> folder.")
+        raise CheckpointError(
+            f"--resume {path}: not a checkpoint folder (no {WEIGHTS_NAME}, {TRAINER_STATE_NAME}); give a checkpoint-<step> folder."
+        )
     problems = checkpoint_problems(path)
     if problems:
         raise _damaged(path, problems, "--resume: checkpoint")
@@ -349,10 +361,15 @@ def run_write_errors(what: str, where: Path):
     saying which checkpoints survive and how to continue."""
     newest = latest_checkpoint(where if where.is_dir() else where.parent)
     if newest is None:
-        return plain_write_errors(what, where, "no checkpoint of this run was written yet; metrics.jsonl is intact",
-                                  "and run again")  # fmt: skip
-    return plain_write_errors(what, where, f"the run's checkpoints are intact (the newest: {newest.name}), and so is "
-                              "metrics.jsonl", "and continue with --resume")  # fmt: skip
+        return plain_write_errors(
+            what, where, "no checkpoint of this run was written yet; metrics.jsonl is intact", "and run again"
+        )
+    return plain_write_errors(
+        what,
+        where,
+        f"the run's checkpoints are intact (the newest: {newest.name}), and so is metrics.jsonl",
+        "and continue with --resume",
+    )
 
 
 def load_trainable_weights(model: torch.nn.Module, path: str | Path, names: set[str] | None = None) -> None:
@@ -363,7 +380,9 @@ def load_trainable_weights(model: torch.nn.Module, path: str | Path, names: set[
     try:
         state = load_file(str(weights_file), device=str(next(model.parameters()).device))
     except (OSError, SafetensorError) as error:
-        raise CheckpointError(f"{weights_file} cannot be read ({type(error).__name__}: {error}); the checkpoint is damaged.") from None
+        raise CheckpointError(
+            f"{weights_file} cannot be read ({type(error).__name__}: {error}); the checkpoint is damaged."
+        ) from None
     params = dict(model.named_parameters())
     expected = names if names is not None else {name for name, p in params.items() if p.requires_grad}
     missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
@@ -376,7 +395,9 @@ def load_trainable_weights(model: torch.nn.Module, path: str | Path, names: set[
     with torch.no_grad():
         for name, tensor in state.items():
             if params[name].shape != tensor.shape:
-                raise CheckpointError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(params[name].shape)}.")
+                raise CheckpointError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(params[name].shape)}."
+                )
             params[name].copy_(tensor)
 
 
@@ -391,7 +412,9 @@ def load_training_state(path: str | Path) -> tuple[dict, dict]:
             f"(a checkpoint is data, not code): {str(error).splitlines()[0]}"
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as error:
-        raise CheckpointError(f"{path / STATE_NAME} cannot be read ({type(error).__name__}); the checkpoint is damaged.") from None
+        raise CheckpointError(
+            f"{path / STATE_NAME} cannot be read ({type(error).__name__}); the checkpoint is damaged."
+        ) from None
     return training_state, read_trainer_state(path)
 
 
@@ -400,7 +423,9 @@ def read_trainer_state(path: str | Path) -> dict:
     try:
         state = json.loads(file.read_text())
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{file} cannot be read ({type(error).__name__}: {error}); the checkpoint is damaged.") from None
+        raise CheckpointError(
+            f"{file} cannot be read ({type(error).__name__}: {error}); the checkpoint is damaged."
+        ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{file} is not a JSON object; the checkpoint is damaged.")
     return state
@@ -411,7 +436,9 @@ def load_checkpoint_config(checkpoint: str | Path, config_cls):
     keys this version does not know are dropped, missing ones take their defaults."""
     path = Path(checkpoint) / CONFIG_NAME
     if not path.is_file():
-        raise CheckpointError(f"{checkpoint} has no {CONFIG_NAME}: is it a hydrappo checkpoint folder (checkpoint-<step>)?")
+        raise CheckpointError(
+            f"{checkpoint} has no {CONFIG_NAME}: is it a hydrappo checkpoint folder (checkpoint-<step>)?"
+        )
     try:
         data = yaml.safe_load(path.read_text()) or {}
         sections = {}
@@ -420,5 +447,7 @@ def load_checkpoint_config(checkpoint: str | Path, config_cls):
             valid = {f.name for f in dataclasses.fields(cls)}
             sections[section.name] = cls(**{k: v for k, v in (data.get(section.name) or {}).items() if k in valid})
     except (OSError, ValueError, yaml.YAMLError, AttributeError, TypeError) as error:
-        raise CheckpointError(f"{path} cannot be read as a run's config ({type(error).__name__}); the checkpoint is damaged.") from None
+        raise CheckpointError(
+            f"{path} cannot be read as a run's config ({type(error).__name__}); the checkpoint is damaged."
+        ) from None
     return config_cls(**sections)

@@ -63,7 +63,9 @@ def parse_shard_size(size: str | int) -> int:
     except (ValueError, TypeError):
         value = None
     if not isinstance(value, int) or value <= 0:
-        raise ExportError(f"--max-shard-size={size!r}: not a size. Write a positive whole number and a unit, e.g. 5GB, 500MB or 2GiB.")
+        raise ExportError(
+            f"--max-shard-size={size!r}: not a size. Write a positive whole number and a unit, e.g. 5GB, 500MB or 2GiB."
+        )
     return value
 
 
@@ -96,7 +98,11 @@ def save_pretrained_dir(model, tokenizer, tmp: Path, max_shard_size: str | int) 
 
 
 def _is_old_weights(path: Path) -> bool:
-    return path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json") or path.name == "adapter_config.json"
+    return (
+        path.suffix in (".safetensors", ".bin")
+        or path.name.endswith(".index.json")
+        or path.name == "adapter_config.json"
+    )
 
 
 def save_model_dir(model, tokenizer, output_dir: str | Path, extra_files: dict[str, str] | None = None) -> Path:
@@ -210,7 +216,11 @@ def save_value_head(hydra, path: Path) -> None:
 
     state = {k: v.detach().cpu().contiguous() for k, v in hydra.value_head.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(path), metadata={"format": "pt", "hydrappo": "value_head", "hidden_size": str(hydra.arch.hidden_size)})
+    save_file(
+        state,
+        str(path),
+        metadata={"format": "pt", "hydrappo": "value_head", "hidden_size": str(hydra.arch.hidden_size)},
+    )
 
 
 def save_reward_branch(hydra, config, checkpoint: Path, path: Path) -> None:
@@ -250,11 +260,14 @@ def export_checkpoint(
     reward_branch = check_output_file(reward_branch, overwrite)
     checkpoint = find_checkpoint(checkpoint)
     # A quantized trunk is rebuilt from the original weights: the policy is written in full precision.
-    hydra, tok, config = load_checkpoint_hydra(checkpoint, base_model=base_model, tokenizer=tokenizer, device=device,
-                                               trunk_quantization="none")  # fmt: skip
+    hydra, tok, config = load_checkpoint_hydra(
+        checkpoint, base_model=base_model, tokenizer=tokenizer, device=device, trunk_quantization="none"
+    )
     if value_head is not None and hydra.value_head is None:
-        raise ExportError(f"--value-head: {checkpoint} was trained with ppo.advantage_estimator="
-                          f"{config.ppo.advantage_estimator!r}, which has no value head; leave out --value-head.")
+        raise ExportError(
+            f"--value-head: {checkpoint} was trained with ppo.advantage_estimator="
+            f"{config.ppo.advantage_estimator!r}, which has no value head; leave out --value-head."
+        )
     model = policy_model(hydra)
     out_dtype = dtype or checkpoint_dtype(checkpoint)
     if out_dtype is not None and next(model.parameters()).dtype != out_dtype:
@@ -276,8 +289,9 @@ def export_checkpoint(
         save_pretrained_dir(model, tok, tmp, max_shard_size)
         (tmp / EXPORT_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
 
-    with plain_write_errors("the exported model", out, f"nothing was replaced and the checkpoint {checkpoint} is intact",
-                            "and export again"):  # fmt: skip
+    with plain_write_errors(
+        "the exported model", out, f"nothing was replaced and the checkpoint {checkpoint} is intact", "and export again"
+    ):
         write_directory(out, fill, replace=overwrite)
     if value_head is not None:
         save_value_head(hydra, value_head)

@@ -42,7 +42,9 @@ def hub_offline() -> bool:
     return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | None = None, option: str | None = None) -> Path:
+def hub_snapshot(
+    repo_id: str, revision: str | None = None, gguf_file: str | None = None, option: str | None = None
+) -> Path:
     """The snapshot folder of a Hub id at `revision` (default main) in the Hugging Face cache,
     downloaded first when it is not cached and the Hub may be used. Never waits on the
     network when the id is cached or `HF_HUB_OFFLINE` is set. `option` (`model.name_or_path`,
@@ -54,7 +56,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None, gguf_file: str | Non
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
-    )  # fmt: skip
+    )
 
     cache, named = hub_cache_dir(), f"{option}={repo_id}" if option else f"the Hub model {repo_id}"
     patterns = [*_HUB_FILES, gguf_file] if gguf_file else list(_HUB_FILES)

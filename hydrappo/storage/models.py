@@ -71,18 +71,22 @@ def is_hub_id(text: str) -> bool:
     """Whether a model location names a Hub id: no existing path, no path-like spelling, no
     bundled name, and a valid repository id by huggingface_hub's rule."""
     return (
-        not Path(text).expanduser().exists() and not looks_like_a_model_path(text)
-        and text.lower() not in BUNDLED_MODELS and hub_id_problem(text) is None
-    )  # fmt: skip
+        not Path(text).expanduser().exists()
+        and not looks_like_a_model_path(text)
+        and text.lower() not in BUNDLED_MODELS
+        and hub_id_problem(text) is None
+    )
 
 
 def fetch_hub_models(config) -> None:
     """Resolve every Hub id a config names (the model at model.revision, the tokenizer, the
     reward model) before any weights load, so a missing one fails at once."""
     model, reward = config.model, getattr(config, "reward", None)
-    named = [("model.name_or_path", model.name_or_path, model.revision, model.gguf_file),
-             ("model.tokenizer_name_or_path", model.tokenizer_name_or_path, None, None),
-             ("reward.reward_model", getattr(reward, "reward_model", None), None, None)]  # fmt: skip
+    named = [
+        ("model.name_or_path", model.name_or_path, model.revision, model.gguf_file),
+        ("model.tokenizer_name_or_path", model.tokenizer_name_or_path, None, None),
+        ("reward.reward_model", getattr(reward, "reward_model", None), None, None),
+    ]
     for option, name, revision, gguf_file in named:
         if name and is_hub_id(str(name)):
             _hub_snapshot(str(name), revision, gguf_file, option=option)
@@ -104,8 +108,12 @@ def _hub_snapshot(name: str, revision, gguf_file, option) -> Path:
         ) from None
 
 
-def local_source(name_or_path: str | os.PathLike, revision: str | None = None, gguf_file: str | None = None,
-                 option: str | None = None) -> Path:  # fmt: skip
+def local_source(
+    name_or_path: str | os.PathLike,
+    revision: str | None = None,
+    gguf_file: str | None = None,
+    option: str | None = None,
+) -> Path:
     """A model or tokenizer location as a local path: itself, or a Hub id's cached snapshot
     (`option`: what named it, for the messages)."""
     text = str(name_or_path)
@@ -148,7 +156,9 @@ def bundled_gguf(name: str) -> Path:
 
 
 def resolve_model_source(
-    name_or_path: str | os.PathLike, gguf_file: str | None = None, revision: str | None = None,
+    name_or_path: str | os.PathLike,
+    gguf_file: str | None = None,
+    revision: str | None = None,
     option: str | None = "model.name_or_path",
 ) -> tuple[Path, str | None]:
     """Return `(directory, gguf_file or None)` for a bundled name, a .gguf path, a
@@ -241,7 +251,9 @@ def gguf_to_safetensors(
     if out.exists() and not out.is_dir():
         raise ModelLoadError(f"output {str(out)!r} exists and is not a directory.")
     if is_nonempty_dir(out) and not overwrite:
-        raise ModelLoadError(f"output directory {str(out)!r} is not empty; choose another or pass overwrite=True (--overwrite).")
+        raise ModelLoadError(
+            f"output directory {str(out)!r} is not empty; choose another or pass overwrite=True (--overwrite)."
+        )
 
     model, tokenizer = load_gguf(directory, gguf_file, torch.float32)
     ensure_pad_token(tokenizer)
@@ -377,8 +389,10 @@ def load_model_and_tokenizer(
                 f"model.name_or_path={str(directory)!r}: cannot build a causal LM from its config.json "
                 f"({type(error).__name__}: {error}). Check the file (model.random_init builds from it)."
             ) from error
-        tokenizer_source = (model_config.tokenizer_name_or_path, None) if model_config.tokenizer_name_or_path else (
-            directory / gguf if gguf else directory, None
+        tokenizer_source = (
+            (model_config.tokenizer_name_or_path, None)
+            if model_config.tokenizer_name_or_path
+            else (directory / gguf if gguf else directory, None)
         )
     else:
         if gguf is not None:
@@ -410,6 +424,7 @@ def ready_for_training(model, tokenizer, device: str | torch.device = "cpu", dty
 def check_band_fits(model_config: ModelConfig) -> None:
     """A band past the model's top, refused from config.json before any weight loads (GGUF: by the hydra)."""
     from transformers import AutoConfig
+
     directory, _ = resolve_model_source(model_config.name_or_path, model_config.gguf_file, model_config.revision)
     try:
         config = AutoConfig.from_pretrained(str(directory)).get_text_config()
@@ -420,8 +435,9 @@ def check_band_fits(model_config: ModelConfig) -> None:
         raise ModelLoadError(f"model.trainable_layers={model_config.trainable_layers!r} {problem[0]}; {problem[1]}.")
 
 
-def build_hydra(model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True, dtype_device=None,
-                loaded=None):  # fmt: skip
+def build_hydra(
+    model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True, dtype_device=None, loaded=None
+):
     """Load the model a config names and wrap it as the HydraModel that config trains
     (with LoRA when `lora_args.lora_r > 0`; without a value head for critic-free RL and the
     supervised stages). Returns (hydra, tokenizer). `dtype_device`: the device whose

@@ -90,8 +90,10 @@ def save_reward_folder(output_dir: str | Path, branch: RewardBranch, info: dict,
 
     out = Path(output_dir)
     if is_nonempty_dir(out) and not (out / TRAINER_STATE_NAME).is_file():
-        raise UsageError(f"save_model: {out} holds other files; give a new or empty folder (an earlier reward checkpoint "
-                         "saved there is replaced).")  # fmt: skip
+        raise UsageError(
+            f"save_model: {out} holds other files; give a new or empty folder (an earlier reward checkpoint "
+            "saved there is replaced)."
+        )
 
     def fill(folder: Path) -> None:
         save_file(branch_weights(branch), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -126,8 +128,12 @@ def check_base_model(hydra: HydraModel, base: dict, source: str) -> None:
             "a reward branch needs a frozen trunk: with num_layers_unfrozen=-1 (the whole model trains) there is none."
         )
     here = base_model_identity(hydra)
-    for key, what in (("hidden_size", "hidden size"), ("num_layers", "number of decoder layers"),
-                      ("vocab_size", "vocabulary size"), ("model_type", "model type")):
+    for key, what in (
+        ("hidden_size", "hidden size"),
+        ("num_layers", "number of decoder layers"),
+        ("vocab_size", "vocabulary size"),
+        ("model_type", "model type"),
+    ):
         if base.get(key) is not None and base[key] != here[key]:
             raise CheckpointError(
                 f"{source} was trained on another base model: its {what} is {base[key]}, this model's is {here[key]} "
@@ -142,7 +148,8 @@ def check_base_model(hydra: HydraModel, base: dict, source: str) -> None:
         )
     theirs, ours = base.get("trunk_fingerprint") or {}, here["trunk_fingerprint"]
     differing = [
-        name for name in ours
+        name
+        for name in ours
         if name not in theirs or abs(theirs[name] - ours[name]) > FINGERPRINT_RTOL * max(abs(ours[name]), 1e-12)
     ]
     if theirs and (differing or set(theirs) != set(ours)):
@@ -155,7 +162,9 @@ def check_base_model(hydra: HydraModel, base: dict, source: str) -> None:
     if base.get("model_name_or_path") and base["model_name_or_path"] != here["model_name_or_path"]:
         logger.warning(
             "reward branch %s was trained on %r, PPO uses %r: the frozen bottom layers are identical, so it fits.",
-            source, base.get("name_or_path") or base["model_name_or_path"], here["model_name_or_path"],
+            source,
+            base.get("name_or_path") or base["model_name_or_path"],
+            here["model_name_or_path"],
         )
 
 
@@ -200,5 +209,6 @@ def apply_reference_stats(reward_args, branch: RewardBranch) -> None:
         reward_args.score_ref_std = float(std)
     logger.info(
         "reward scores normalised with the reward checkpoint's reference statistics: mean %.4f, std %.4f",
-        reward_args.score_ref_mean, reward_args.score_ref_std,
+        reward_args.score_ref_mean,
+        reward_args.score_ref_std,
     )

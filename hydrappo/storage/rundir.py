@@ -154,8 +154,9 @@ def refuse_moving_live_runs(path: Path, option: str) -> None:
         )
 
 
-def refuse_own_inputs(out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False,
-                      contains: bool = True) -> None:  # fmt: skip
+def refuse_own_inputs(
+    out: str | os.PathLike | None, inputs: dict, option: str, file: bool = False, contains: bool = True
+) -> None:
     """OutputDirError if the path a command writes (`out`, given as `option`) is, contains or
     lies inside one of its `inputs` ({option name: path}; names that are no local path, such as
     a Hub id, are skipped): checked before anything is moved aside or written. A new `file`
@@ -228,9 +229,16 @@ def resumes_in(resume, output_dir: str | os.PathLike) -> bool:
     return Path(resume).expanduser().resolve().parent == Path(output_dir).expanduser().resolve()
 
 
-def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: bool = False,
-                     option: str = "train.output_dir", move: bool = True, inputs: dict | None = None,
-                     read_once: dict | None = None) -> Path | None:  # fmt: skip
+def claim_output_dir(
+    output_dir: str | os.PathLike,
+    *,
+    resume=None,
+    overwrite: bool = False,
+    option: str = "train.output_dir",
+    move: bool = True,
+    inputs: dict | None = None,
+    read_once: dict | None = None,
+) -> Path | None:
     """Check, before a run writes anything, that `output_dir` is its own. Returns the folder
     the earlier run was moved to (with `overwrite`), else None. Resuming the run in
     `output_dir` is what it is for; resuming from a checkpoint elsewhere is a new run here.
@@ -241,7 +249,9 @@ def claim_output_dir(output_dir: str | os.PathLike, *, resume=None, overwrite: b
     output_dir must not be or lie inside one, nor be moved aside while it holds one."""
     problem = writable_folder_problem(output_dir)
     if problem:
-        raise OutputDirError(f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder.")
+        raise OutputDirError(
+            f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder."
+        )
     inputs, read_once = dict(inputs or {}), dict(read_once or {})
     if resume and not resumes_in(resume, output_dir):
         read_once["the checkpoint to resume from"] = str(resume)
@@ -272,17 +282,24 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, 
         if resume in (True, "latest", "") and not checkpoint_dirs(output_dir):  # (the same test as resolve_resume's)
             raise CheckpointError(
                 f"--resume: no checkpoint found in {option}={str(output_dir)!r}, so there is nothing to continue; "
-                + (f"it holds the files of a run that ended before its first checkpoint ({shown}): start without "
-                   f"--resume (they are moved to {previous_folder(output_dir)}, not deleted), or choose another "
-                   "output_dir." if found else "start without --resume.")
-            )  # fmt: skip
+                + (
+                    f"it holds the files of a run that ended before its first checkpoint ({shown}): start without "
+                    f"--resume (they are moved to {previous_folder(output_dir)}, not deleted), or choose another "
+                    "output_dir."
+                    if found
+                    else "start without --resume."
+                )
+            )
         return None
     if not found:
         return None
     failed = not holds_weights(output_dir)  # the logs of a run that failed before its first checkpoint
     if not overwrite and not failed:
-        how = ("Continue it with --resume, start a new run over it with --overwrite_output_dir" if checkpoint_dirs(output_dir)
-               else "Start a new run over it with --overwrite_output_dir")  # fmt: skip
+        how = (
+            "Continue it with --resume, start a new run over it with --overwrite_output_dir"
+            if checkpoint_dirs(output_dir)
+            else "Start a new run over it with --overwrite_output_dir"
+        )
         raise OutputDirError(
             f"{option}={str(output_dir)!r} already holds a run ({shown}). {how} (the earlier run is moved to "
             f"{previous_folder(output_dir)}, not deleted), or choose another output_dir."
@@ -295,8 +312,15 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, 
     moved, replaced = move_to_previous(root, option)
     lock_output_dir(output_dir, option)  # the lock file went with the earlier run: lock the new folder
     what = "the logs of a run that wrote no checkpoint" if failed else "the earlier run"
-    logger.warning("%s: %s in %s (%s) moved to %s%s", option, what, output_dir, shown, moved,
-                   " (replacing the logs of a failed run kept there before)" if replaced else "")  # fmt: skip
+    logger.warning(
+        "%s: %s in %s (%s) moved to %s%s",
+        option,
+        what,
+        output_dir,
+        shown,
+        moved,
+        " (replacing the logs of a failed run kept there before)" if replaced else "",
+    )
     return moved
 
 
@@ -319,8 +343,12 @@ def move_to_previous(root: Path, option: str) -> tuple[Path, bool]:
     target = previous_folder(root)
     replaced = False
     if target.exists() or target.is_symlink():
-        keeps = target.is_symlink() or not target.is_dir() or holds_weights(target) or any(
-            not (_LOG_FILES.match(child.name) or child.name == LOCK_NAME) for child in target.iterdir())  # fmt: skip
+        keeps = (
+            target.is_symlink()
+            or not target.is_dir()
+            or holds_weights(target)
+            or any(not (_LOG_FILES.match(child.name) or child.name == LOCK_NAME) for child in target.iterdir())
+        )
         if keeps:
             raise OutputDirError(
                 f"{option}={str(root)!r}: the earlier run would move to {target}, which already holds another one "
@@ -341,8 +369,14 @@ def start_run(config, resume_arg, *, writer: bool = True):
     may not change on resume. Returns the checkpoint to resume from, or None. Under a launcher
     every process checks the same, and only process 0 (`writer`) renames anything."""
     output_dir = config.train.output_dir
-    claim_output_dir(output_dir, resume=resume_arg, overwrite=config.train.overwrite_output_dir, move=writer,
-                     inputs=input_paths(config), read_once=startup_inputs(config))  # fmt: skip
+    claim_output_dir(
+        output_dir,
+        resume=resume_arg,
+        overwrite=config.train.overwrite_output_dir,
+        move=writer,
+        inputs=input_paths(config),
+        read_once=startup_inputs(config),
+    )
     if not resume_arg:
         return None
     checkpoint = resolve_resume(resume_arg, output_dir, set_aside=writer)
@@ -350,8 +384,9 @@ def start_run(config, resume_arg, *, writer: bool = True):
     return checkpoint
 
 
-def claim_output_path(path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True,
-                      inputs: dict | None = None) -> Path | None:  # fmt: skip
+def claim_output_path(
+    path: str | os.PathLike | None, *, overwrite: bool, option: str, folder: bool = True, inputs: dict | None = None
+) -> Path | None:
     """The same rule for a path a conversion writes (`export --out`, `--value-head FILE`): a
     non-empty folder or an existing file is refused without `overwrite`, moved aside with it;
     one that is, contains or lies inside one of its `inputs` is refused either way."""

@@ -69,8 +69,10 @@ def load_state_dict_files(source: str | os.PathLike) -> dict[str, torch.Tensor]:
     except Exception as error:
         raise ExportError(f"cannot read {path} as a weights-only torch file: {error}") from error
     for wrapper in ("module", "state_dict", "model"):
-        if isinstance(state, dict) and isinstance(state.get(wrapper), dict) and not any(
-            isinstance(v, torch.Tensor) for v in state.values()
+        if (
+            isinstance(state, dict)
+            and isinstance(state.get(wrapper), dict)
+            and not any(isinstance(v, torch.Tensor) for v in state.values())
         ):
             state = state[wrapper]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -137,7 +139,9 @@ def _load_exact(model, state: dict, what: str) -> None:
         )
     for key, value in state.items():
         if tuple(value.shape) != tuple(expected[key].shape):
-            raise ExportError(f"{what}: {key} has shape {tuple(value.shape)}, the model expects {tuple(expected[key].shape)}.")
+            raise ExportError(
+                f"{what}: {key} has shape {tuple(value.shape)}, the model expects {tuple(expected[key].shape)}."
+            )
     model.load_state_dict(state, strict=False)
 
 
@@ -173,7 +177,6 @@ def convert_trlx(
     changed them) become trainable.safetensors.
     """
     from safetensors.torch import save_file
-
 
     source = Path(source).expanduser()
     out = check_output_dir(out, overwrite)
@@ -250,9 +253,13 @@ def convert_trlx(
                 raise ExportError(f"{source}: unexpected frozen_head key {key!r}.")
         found = max(blocks) + 1 if blocks else 0
         if sorted(blocks) != list(range(found)):
-            raise ExportError(f"{source}: frozen_head.decoder_blocks has indices {sorted(blocks)}, expected 0..{found - 1}.")
+            raise ExportError(
+                f"{source}: frozen_head.decoder_blocks has indices {sorted(blocks)}, expected 0..{found - 1}."
+            )
         if num_layers_unfrozen is not None and num_layers_unfrozen != found:
-            raise ExportError(f"--num-layers-unfrozen {num_layers_unfrozen} contradicts the checkpoint's frozen head ({found} layers).")
+            raise ExportError(
+                f"--num-layers-unfrozen {num_layers_unfrozen} contradicts the checkpoint's frozen head ({found} layers)."
+            )
         n = found
         # The reference: the trained trunk with the original top from the frozen head.
         reference = dict(policy)
@@ -281,10 +288,13 @@ def convert_trlx(
             )
         reference = {k: v for k, v in original.items() if not _ignorable(k)}
         first_changed = next(
-            (i for i, name in enumerate(layer_names)
-             if any(not _same(v, reference.get(k)) for k, v in under(policy, name).items())),
+            (
+                i
+                for i, name in enumerate(layer_names)
+                if any(not _same(v, reference.get(k)) for k, v in under(policy, name).items())
+            ),
             num_layers,
-        )  # fmt: skip
+        )
         trunk_changed = any(
             not _same(v, reference.get(k))
             for k, v in policy.items()
@@ -298,7 +308,11 @@ def convert_trlx(
                 f"--num-layers-unfrozen {num_layers_unfrozen}: the checkpoint changed {inferred} top layers (or the "
                 "embeddings) relative to --base-model."
             )
-        n = inferred if num_layers_unfrozen is None else (num_layers if num_layers_unfrozen == -1 else num_layers_unfrozen)
+        n = (
+            inferred
+            if num_layers_unfrozen is None
+            else (num_layers if num_layers_unfrozen == -1 else num_layers_unfrozen)
+        )
 
     full = n >= num_layers
     train_final_norm = full or any(not _same(v, reference.get(k)) for k, v in under(policy, norm_name).items())
@@ -345,15 +359,21 @@ def convert_trlx(
 
     trainer_state = {
         "step": 0,
-        "hydra": {"num_layers_unfrozen": hydra.num_layers_unfrozen, "train_lm_head": hydra.train_lm_head,
-                  "train_final_norm": hydra.train_final_norm, "lora": False},
+        "hydra": {
+            "num_layers_unfrozen": hydra.num_layers_unfrozen,
+            "train_lm_head": hydra.train_lm_head,
+            "train_final_norm": hydra.train_final_norm,
+            "lora": False,
+        },
         "converted_from": {"format": "trlx", "source": str(source.absolute()), "frozen_head": bool(frozen)},
-    }  # fmt: skip
+    }
 
     if write_base is not None:  # the model as built: the reference, before any policy weight goes in
         write_directory(write_base, lambda tmp: save_pretrained_dir(model, tok, tmp, max_shard_size), replace=overwrite)
         if tok is None:
-            logger.warning("no tokenizer found at %s: the base model directory has none; pass --tokenizer", tokenizer_source)
+            logger.warning(
+                "no tokenizer found at %s: the base model directory has none; pass --tokenizer", tokenizer_source
+            )
 
     def fill(tmp: Path) -> None:
         save_file(weights, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -364,14 +384,18 @@ def convert_trlx(
     write_directory(out, fill, replace=overwrite)
     # The written checkpoint must load into a hydra built on the written base.
     load_trainable_weights(hydra, out)
-    return TrlxConversion(out, base_location, hydra.num_layers_unfrozen, hydra.train_lm_head, hydra.train_final_norm, bool(frozen))
+    return TrlxConversion(
+        out, base_location, hydra.num_layers_unfrozen, hydra.train_lm_head, hydra.train_final_norm, bool(frozen)
+    )
 
 
 def _try_tokenizer(location):
     from transformers import AutoTokenizer
 
     path = Path(location).expanduser()
-    if not path.is_dir() or not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+    if not path.is_dir() or not any(
+        (path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+    ):
         return None
     try:
         return AutoTokenizer.from_pretrained(str(path))

@@ -36,8 +36,10 @@ def load_agent_code(config) -> dict | None:
     if isinstance(factory, str):
         factory = load_object(factory, base, "agent.environment_factory")
     elif isinstance(factory, dict):
-        factory = {name: load_object(spec, base, f"agent.environment_factory[{name!r}]") if isinstance(spec, str) else spec
-                   for name, spec in factory.items()}  # fmt: skip
+        factory = {
+            name: load_object(spec, base, f"agent.environment_factory[{name!r}]") if isinstance(spec, str) else spec
+            for name, spec in factory.items()
+        }
     environments = Environments(factory, standalone, options.tool_timeout_s) if factory is not None else None
     parser = options.tool_call_parser
     if parser in calls.PARSERS:
@@ -45,8 +47,10 @@ def load_agent_code(config) -> dict | None:
     elif ":" in parser:
         parse = calls.user_parser(load_object(parser, base, "agent.tool_call_parser"), f"tool-call parser {parser!r}")
     else:
-        raise AgentSetupError(f"agent.tool_call_parser={parser!r} is neither {' nor '.join(calls.PARSERS)} nor "
-                              "'file.py:function' (a function from a turn's text to its calls).")  # fmt: skip
+        raise AgentSetupError(
+            f"agent.tool_call_parser={parser!r} is neither {' nor '.join(calls.PARSERS)} nor "
+            "'file.py:function' (a function from a turn's text to its calls)."
+        )
     return {"tools": standalone, "environments": environments, "parse": parse}
 
 
@@ -56,14 +60,21 @@ def build_agent(config, tokenizer, code: dict | None) -> Agent | None:
         return None
     options = config.agent
     if not getattr(tokenizer, "chat_template", None):
-        raise AgentSetupError("multi-turn episodes need the tokenizer's chat template (its tool turn and assistant turns), and "
-                              "it has none; use a tokenizer with a chat_template (model.tokenizer_name_or_path).")  # fmt: skip
+        raise AgentSetupError(
+            "multi-turn episodes need the tokenizer's chat template (its tool turn and assistant turns), and "
+            "it has none; use a tokenizer with a chat_template (model.tokenizer_name_or_path)."
+        )
     calls.tool_suffix_ids(tokenizer, [("probe", "x")])  # the template can append a tool turn: checked before training
     return Agent(
-        tools=code["tools"], environments=code["environments"], parse=code["parse"], max_iterations=options.max_tool_calling_iterations,
-        max_episode_tokens=options.max_episode_tokens, timeout_s=options.tool_timeout_s, on_error=options.on_tool_error,
+        tools=code["tools"],
+        environments=code["environments"],
+        parse=code["parse"],
+        max_iterations=options.max_tool_calling_iterations,
+        max_episode_tokens=options.max_episode_tokens,
+        timeout_s=options.tool_timeout_s,
+        on_error=options.on_tool_error,
         renders_tools=calls.renders_tools(tokenizer),
-    )  # fmt: skip
+    )
 
 
 def messages_of(prompt) -> list[dict]:
@@ -71,25 +82,43 @@ def messages_of(prompt) -> list[dict]:
     return [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
 
 
-def play(agent: Agent, sample, tokenizer, prompts: list, columns: dict, indices: list[int], generation, *,
-         system_prompt, step, greedy=False, record_split=False) -> Responses:  # fmt: skip
+def play(
+    agent: Agent,
+    sample,
+    tokenizer,
+    prompts: list,
+    columns: dict,
+    indices: list[int],
+    generation,
+    *,
+    system_prompt,
+    step,
+    greedy=False,
+    record_split=False,
+) -> Responses:
     """The rows `indices` of a prompt table ({column: values}) played as episodes."""
     rows = [{"prompt": prompts[i], **{name: values[i] for name, values in columns.items()}} for i in indices]
     episodes = start_episodes(agent, tokenizer, rows, [messages_of(prompts[i]) for i in indices], system_prompt, step)
-    return run_episodes(agent, episodes, sample, tokenizer, generation, step=step, greedy=greedy, record_split=record_split)
+    return run_episodes(
+        agent, episodes, sample, tokenizer, generation, step=step, greedy=greedy, record_split=record_split
+    )
 
 
 def episode_columns(responses: Responses, tokenizer) -> dict:
     """The keyword arguments rewards may take of an episode (EPISODE_COLUMNS)."""
-    return {"transcripts": tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True),
-            "environments": list(responses.environments)}  # fmt: skip
+    return {
+        "transcripts": tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True),
+        "environments": list(responses.environments),
+    }
 
 
 def gathered_statistics(responses: Responses, gather) -> dict:
     """agent/* of the whole batch: every process's episodes' statistics, gathered (`gather`: the
     process group's gather_rows), so the numbers do not depend on the number of processes."""
     keys = list(responses.episode_stats[0])
-    table = gather(torch.tensor([[stats[key] for key in keys] for stats in responses.episode_stats], dtype=torch.float64))
+    table = gather(
+        torch.tensor([[stats[key] for key in keys] for stats in responses.episode_stats], dtype=torch.float64)
+    )
     return summarize([dict(zip(keys, row.tolist())) for row in table], "agent/")
 
 

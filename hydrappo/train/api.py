@@ -36,8 +36,17 @@ def config_of(config_cls, args) -> object:
     )
 
 
-def apply_objects(config, *, model=None, reward_funcs=None, reward_weights=None, train_dataset=None,
-                  eval_dataset=None, tools=None, environment_factory=None):  # fmt: skip
+def apply_objects(
+    config,
+    *,
+    model=None,
+    reward_funcs=None,
+    reward_weights=None,
+    train_dataset=None,
+    eval_dataset=None,
+    tools=None,
+    environment_factory=None,
+):
     """Put the objects into `config` (in place). Returns the loaded model to wrap (a
     `PreTrainedModel` given as `model`) or None."""
     loaded = None
@@ -46,20 +55,28 @@ def apply_objects(config, *, model=None, reward_funcs=None, reward_weights=None,
             config.model.name_or_path = str(model)
         elif hasattr(model, "config") and hasattr(model, "generate"):  # a transformers PreTrainedModel
             loaded = model
-            config.model.name_or_path = getattr(model, "name_or_path", "") or config.model.name_or_path or "(given model)"
+            config.model.name_or_path = (
+                getattr(model, "name_or_path", "") or config.model.name_or_path or "(given model)"
+            )
         else:
-            raise ConfigError(f"model: a {type(model).__name__} is not a model; give a model id, a path or a transformers "
-                              "PreTrainedModel.")  # fmt: skip
+            raise ConfigError(
+                f"model: a {type(model).__name__} is not a model; give a model id, a path or a transformers "
+                "PreTrainedModel."
+            )
     if reward_funcs is not None:
         if not hasattr(config, "reward"):
-            raise ConfigError(f"reward_funcs: {type(config).__name__} has no reward section; reward functions are for RL.")
+            raise ConfigError(
+                f"reward_funcs: {type(config).__name__} has no reward section; reward functions are for RL."
+            )
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         config.reward.reward_fn = funcs
     if reward_weights is not None:
         config.reward.reward_weights = [float(w) for w in reward_weights]
     if tools is not None or environment_factory is not None:  # TRL's agent objects: multi-turn episodes
         if not hasattr(config, "agent"):
-            raise ConfigError(f"tools / environment_factory: {type(config).__name__} has no agent section; they are for RL.")
+            raise ConfigError(
+                f"tools / environment_factory: {type(config).__name__} has no agent section; they are for RL."
+            )
         if tools is not None:
             config.agent.tools = list(tools) if isinstance(tools, (list, tuple)) else [tools]
         if environment_factory is not None:
@@ -85,8 +102,17 @@ def save_model(hydra, tokenizer, output_dir) -> Path:
         model.config.name_or_path = saved_name
 
 
-OBJECTS = ("model", "reward_funcs", "reward_weights", "train_dataset", "eval_dataset", "tools", "environment_factory", "args",
-           "processing_class")
+OBJECTS = (
+    "model",
+    "reward_funcs",
+    "reward_weights",
+    "train_dataset",
+    "eval_dataset",
+    "tools",
+    "environment_factory",
+    "args",
+    "processing_class",
+)
 
 
 def trainer_inputs(config_cls, config, objects: dict, tokenizer=None) -> tuple[object, object, object]:
@@ -95,7 +121,9 @@ def trainer_inputs(config_cls, config, objects: dict, tokenizer=None) -> tuple[o
     train_dataset=..., args=...)`; a model given first in TRL's order is taken as `model`)."""
     unknown = sorted(set(objects) - set(OBJECTS))
     if unknown:
-        raise ConfigError(f"unknown argument(s) {', '.join(unknown)}; the trainers take {', '.join(OBJECTS)} (or a config).")
+        raise ConfigError(
+            f"unknown argument(s) {', '.join(unknown)}; the trainers take {', '.join(OBJECTS)} (or a config)."
+        )
     if config is not None and not isinstance(config, config_cls):
         if "model" in objects:
             raise ConfigError(f"a {type(config).__name__} was given first and as model=: give the model once.")

@@ -261,7 +261,9 @@ class ProcessGroup:
         device = params[0].device if params else torch.device("cpu")
         # float32 buckets, float64 ones when the weights are float64 (exact comparisons).
         dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
-        flags = torch.tensor([0.0 if finite else 1.0] + [float(p.grad is not None) for p in params], device=device, dtype=dtype)
+        flags = torch.tensor(
+            [0.0 if finite else 1.0] + [float(p.grad is not None) for p in params], device=device, dtype=dtype
+        )
         buckets, bucket, size = [], [], 0
         for param in params:
             if bucket and size + param.numel() > BUCKET_ELEMENTS:
@@ -271,8 +273,12 @@ class ProcessGroup:
             size += param.numel()
         buckets.append(bucket)
         for index, bucket in enumerate(buckets):
-            parts = [p.grad.detach().reshape(-1).to(dtype) if p.grad is not None else torch.zeros(p.numel(), device=device, dtype=dtype)
-                     for p in bucket]  # fmt: skip
+            parts = [
+                p.grad.detach().reshape(-1).to(dtype)
+                if p.grad is not None
+                else torch.zeros(p.numel(), device=device, dtype=dtype)
+                for p in bucket
+            ]
             if index == 0:
                 parts.insert(0, flags)
             flat = torch.cat(parts)
@@ -332,8 +338,11 @@ def shard_frozen_trunk(hydra, group: ProcessGroup, device: torch.device) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    if hydra.full_model or hydra.split_index == 0 or any(p.requires_grad for layer in hydra.arch.layers[: hydra.split_index]
-                                                           for p in layer.parameters()):  # fmt: skip
+    if (
+        hydra.full_model
+        or hydra.split_index == 0
+        or any(p.requires_grad for layer in hydra.arch.layers[: hydra.split_index] for p in layer.parameters())
+    ):
         raise UsageError(
             "train.fsdp_trunk shards the frozen bottom of the trunk, and this model has none: set "
             "model.num_layers_unfrozen to a number of top layers (not -1 or all of them) and lora.lora_layers to top."

@@ -118,7 +118,9 @@ class Harness:
 
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
-            raise TrainingError("nothing to train: no trainable parameters (check model.num_layers_unfrozen / train_lm_head).")
+            raise TrainingError(
+                "nothing to train: no trainable parameters (check model.num_layers_unfrozen / train_lm_head)."
+            )
         keep_float32_master_weights(self.params, self.precision.mode)
         if self.dist.enabled:
             # Every process starts from process 0's weights, then draws its own random numbers
@@ -129,7 +131,9 @@ class Harness:
         self.optimizer_args = args
         self.optimizer = make_optimizer(self.params, args)  # args.optimizer: adamw | adamw8bit
         self.scheduler = get_scheduler(
-            SCHEDULERS[args.lr_scheduler], self.optimizer, num_warmup_steps=args.warmup_steps,
+            SCHEDULERS[args.lr_scheduler],
+            self.optimizer,
+            num_warmup_steps=args.warmup_steps,
             num_training_steps=max(1, total_updates),
         )
 
@@ -143,7 +147,11 @@ class Harness:
         if only is not None:
             self._drop_gradients_except(only)
         loss_is_finite = self.dist.reduce_gradients(self.params, loss_is_finite)
-        grad_norm = self.precision.clip_grad_norm_(self.optimizer, self.params, self.max_grad_norm) if loss_is_finite else math.nan
+        grad_norm = (
+            self.precision.clip_grad_norm_(self.optimizer, self.params, self.max_grad_norm)
+            if loss_is_finite
+            else math.nan
+        )
         try:
             if loss_is_finite and math.isfinite(grad_norm):
                 self.precision.step(self.optimizer)
@@ -172,7 +180,9 @@ class Harness:
         self.nonfinite_total += 1
         logger.warning(
             "non-finite loss or gradient at step %d: update skipped (%d in a row, %d in total)",
-            self.step + 1, self.nonfinite_in_a_row, self.nonfinite_total,
+            self.step + 1,
+            self.nonfinite_in_a_row,
+            self.nonfinite_total,
         )
         if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
             latest = latest_checkpoint(self.output_dir)
@@ -201,8 +211,13 @@ class Harness:
             if resume or self.step == 0:  # (a second call of run() continues in memory)
                 with dist.phase("claiming the output folder"):
                     if dist.is_main:  # process 0 writes (and moves an earlier run aside)
-                        claim_output_dir(self.output_dir, resume=resume, overwrite=getattr(run, "overwrite_output_dir", False),
-                                         inputs=input_paths(self.config), read_once=startup_inputs(self.config))  # fmt: skip
+                        claim_output_dir(
+                            self.output_dir,
+                            resume=resume,
+                            overwrite=getattr(run, "overwrite_output_dir", False),
+                            inputs=input_paths(self.config),
+                            read_once=startup_inputs(self.config),
+                        )
             if resume:
                 with dist.phase("loading the checkpoint to resume from"):
                     self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
@@ -310,7 +325,12 @@ class Harness:
                 "%s was written by a run of %d process%s and this run has %d: it continues from the same weights, "
                 "optimizer state, data position and statistics, but each process samples with other random numbers "
                 "than the original run would have, so it is not an exact continuation of it (resume with %d processes "
-                "for that).", path, written_by, "" if written_by == 1 else "es", dist.world_size, written_by,
+                "for that).",
+                path,
+                written_by,
+                "" if written_by == 1 else "es",
+                dist.world_size,
+                written_by,
             )
         if dist.rank < len(states):
             set_rng_state(states[dist.rank])
@@ -371,8 +391,9 @@ class TrainingLoop:
         return f"done: step {self.step}."
 
 
-def prepare(loop: TrainingLoop, config_cls, config, objects: dict, *, hydra=None, tokenizer=None, config_dir=None,
-            inputs=None):  # fmt: skip
+def prepare(
+    loop: TrainingLoop, config_cls, config, objects: dict, *, hydra=None, tokenizer=None, config_dir=None, inputs=None
+):
     """What every trainer's __init__ does first, in this order (a random-init model depends on the seed):
     take its config (a `config_cls`, or the objects TRL's trainers take: train/api.py), anchor the
     config's relative paths at `config_dir` and check it, read the stage's inputs (train/inputs.py:
@@ -394,14 +415,19 @@ def prepare(loop: TrainingLoop, config_cls, config, objects: dict, *, hydra=None
     loaded = (model, tokenizer) if model is not None else None
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
         # Whole in CPU memory first; each process then keeps its shards of the frozen layers.
-        hydra, tokenizer = build_hydra(config.model, lora, device="cpu", value_head=value_head, dtype_device=harness.device,
-                                       loaded=loaded)  # fmt: skip
+        hydra, tokenizer = build_hydra(
+            config.model, lora, device="cpu", value_head=value_head, dtype_device=harness.device, loaded=loaded
+        )
         sharded, kept = shard_frozen_trunk(hydra, harness.dist, harness.device)
         hydra.to(harness.device)
         harness.trunk_sharded = True
         if harness.dist.is_main:
-            logger.info("FSDP: %d frozen parameters sharded over %d processes, %d of them on this one", sharded,
-                        harness.dist.world_size, kept)  # fmt: skip
+            logger.info(
+                "FSDP: %d frozen parameters sharded over %d processes, %d of them on this one",
+                sharded,
+                harness.dist.world_size,
+                kept,
+            )
     elif hydra is None:
         hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head, loaded=loaded)
     if tokenizer is None:

@@ -31,8 +31,13 @@ def evaluation_due(step: int, every: int, total_steps: int) -> bool:
     return step == 0 or step == total_steps or (every > 0 and step % every == 0)
 
 
-def held_out_statistics(scores: list[float], lengths: list[int], ended: list[bool], degenerate: list[bool],
-                        parts: dict[str, list[float]] | None = None) -> dict:  # fmt: skip
+def held_out_statistics(
+    scores: list[float],
+    lengths: list[int],
+    ended: list[bool],
+    degenerate: list[bool],
+    parts: dict[str, list[float]] | None = None,
+) -> dict:
     """The eval/* scalars of one evaluation. `eval/solve_rate` appears where every score is 0
     or 1 (a verifiable reward): the share of prompts solved. `parts`: each reward's own scores,
     logged as its mean under eval/reward/<name>."""
@@ -56,7 +61,7 @@ def held_out_statistics(scores: list[float], lengths: list[int], ended: list[boo
 
 
 def held_out_summary(history: list[dict]) -> str:
-    """", held-out reward 0.750 (step 0: 0.250), solved 0.750 (0.250)" from a run's records: its
+    """ ", held-out reward 0.750 (step 0: 0.250), solved 0.750 (0.250)" from a run's records: its
     last evaluation beside the first (the baseline); "" when the run evaluated nothing."""
     evaluated = [record for record in history if "eval/reward_mean" in record]
     if not evaluated:
@@ -90,15 +95,20 @@ class HeldOutEvaluation:
         saved = rng_state()
         try:
             parts = dist.map_in_order(
-                lambda rows: self._answer(step, rows, generate, score), batches, f"evaluating on the held-out prompts (step {step})"
+                lambda rows: self._answer(step, rows, generate, score),
+                batches,
+                f"evaluating on the held-out prompts (step {step})",
             )
         finally:
             set_rng_state(saved)
         rows = [row for part in parts for row in part]
         names = rows[0]["parts"].keys() if rows and rows[0]["parts"] else ()
         stats = held_out_statistics(
-            [row["score"] for row in rows], [row["length"] for row in rows], [row["ended"] for row in rows],
-            [row["degenerate"] for row in rows], {name: [row["parts"][name] for row in rows] for name in names},
+            [row["score"] for row in rows],
+            [row["length"] for row in rows],
+            [row["ended"] for row in rows],
+            [row["degenerate"] for row in rows],
+            {name: [row["parts"][name] for row in rows] for name in names},
         )
         if rows and rows[0]["agent"] is not None:  # multi-turn episodes: their tool calls (generation/episodes.py)
             stats |= summarize([row["agent"] for row in rows], "eval/agent/")
@@ -118,10 +128,14 @@ class HeldOutEvaluation:
         degenerate = degeneration_flags(responses.response_ids, responses.ended)
         return [
             {
-                "prompt": prompt_texts[k], "response": texts[k], "score": float(scores[k]),
-                "length": len(responses.response_ids[k]), "ended": bool(responses.ended[k]), "degenerate": degenerate[k],
+                "prompt": prompt_texts[k],
+                "response": texts[k],
+                "score": float(scores[k]),
+                "length": len(responses.response_ids[k]),
+                "ended": bool(responses.ended[k]),
+                "degenerate": degenerate[k],
                 "parts": {name: float(values[k]) for name, values in parts.items()} if parts else None,
                 "agent": episodes[k] if episodes else None,
             }
             for k in range(len(rows))
-        ]  # fmt: skip
+        ]

@@ -94,7 +94,9 @@ def _held_out(config, train: dict, prompts: list, read) -> StageInputs:
     """The held-out part of a stage's data: data.eval_file, or a seeded share of the prompts."""
     data = config.data
     if data.eval_file:
-        return StageInputs(train, list(range(len(prompts))), eval=read(data.eval_file, data, "data.eval_file", data.eval_split))
+        return StageInputs(
+            train, list(range(len(prompts))), eval=read(data.eval_file, data, "data.eval_file", data.eval_split)
+        )
     train_rows, eval_rows = split_by_prompt(prompts, data.eval_fraction, config.train.seed)
     if not train_rows:
         raise DataError(f"data.eval_fraction={data.eval_fraction} holds out every prompt of data.train_file; lower it.")
@@ -105,12 +107,19 @@ def read_reward_inputs(config) -> StageInputs:
     data = config.data
     train = read_preference_table(data.train_file, data)
     # Without a prompt column every row is its own group.
-    groups = train[data.prompt_column] if data.prompt_column else [str(i) for i in range(len(train[data.chosen_column]))]
+    groups = (
+        train[data.prompt_column] if data.prompt_column else [str(i) for i in range(len(train[data.chosen_column]))]
+    )
     inputs = _held_out(config, train, groups, read_preference_table)
     if data.stats_file is not None:
         prompt_column = data.prompt_column or "prompt"
-        inputs.stats = read_table(data.stats_file, [prompt_column], [data.stats_response_column], setting="data.stats_file",
-                                  options={prompt_column: "data.prompt_column"})  # fmt: skip
+        inputs.stats = read_table(
+            data.stats_file,
+            [prompt_column],
+            [data.stats_response_column],
+            setting="data.stats_file",
+            options={prompt_column: "data.prompt_column"},
+        )
     return inputs
 
 

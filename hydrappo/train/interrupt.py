@@ -89,7 +89,9 @@ class StopOnSignal:
             self.requested = signum
             logger.warning(
                 "%s received: finishing %s, then writing a checkpoint and stopping (send it again to stop at once, "
-                "without saving that step)", signal_name(signum), self.describe_step(),
+                "without saving that step)",
+                signal_name(signum),
+                self.describe_step(),
             )
             return
         raise StopNow(signum)

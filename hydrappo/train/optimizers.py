@@ -27,8 +27,12 @@ def make_optimizer(params, args) -> torch.optim.Optimizer:
     """The optimizer `args.optimizer` names (default adamw) over `params`, from an options object
     with learning_rate, weight_decay, adam_beta1/2 and adam_eps."""
     name = getattr(args, "optimizer", "adamw")
-    hyper = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
-                 weight_decay=args.weight_decay)  # fmt: skip
+    hyper = dict(
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+        weight_decay=args.weight_decay,
+    )
     if name == "adamw":
         params = list(params)
         return torch.optim.AdamW(params, **hyper, fused=fused_adamw_runs(params) or None)  # None: torch's default
@@ -80,6 +84,11 @@ def apply_optimizer_options(optimizer: torch.optim.Optimizer, scheduler, args) -
     scheduler.base_lrs = [args.learning_rate for _ in optimizer.param_groups]
     factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
     for group, factor in zip(optimizer.param_groups, factors):
-        group.update(initial_lr=args.learning_rate, lr=args.learning_rate * factor, weight_decay=args.weight_decay,
-                     betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)  # fmt: skip
+        group.update(
+            initial_lr=args.learning_rate,
+            lr=args.learning_rate * factor,
+            weight_decay=args.weight_decay,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_eps,
+        )
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

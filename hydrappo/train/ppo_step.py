@@ -137,7 +137,11 @@ class PPOStep:
         if self.agent is not None:  # the whole batch's episodes: tool calls, their validity, turns
             stats |= gathered_statistics(rollout.responses, self.harness.dist.gather_rows) | self.agent_stats
         texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
-        return experience, stats, [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts]  # (NaN: unscored)
+        return (
+            experience,
+            stats,
+            [{"prompt": p, "response": r, "score": float(s)} for p, r, s in texts],
+        )  # (NaN: unscored)
 
     # ------------------------------------------------------------------ 1. sample
     def rollout(self, plan: StepPlan) -> Rollout:
@@ -344,7 +348,8 @@ class PPOStep:
             advantages=advantages,
             returns=returns,
             # DAPO's overlong filtering: truncated responses add nothing to the loss; nor does a sample no reward scored.
-            loss_mask=(overlong_filter(mask, ended) if plan.mask_truncated else mask) * (~batch.unscored).to(mask)[:, None],
+            loss_mask=(overlong_filter(mask, ended) if plan.mask_truncated else mask)
+            * (~batch.unscored).to(mask)[:, None],
         )
 
     def experience_rows(self, rollout: Rollout, shaped: Shaped) -> Experience:

@@ -53,7 +53,9 @@ def samples_markdown(samples: list[dict]) -> str:
         text = f"{value:.3f}" if isinstance(value, float) else str(value)
         return text.replace("|", "\\|").replace("\n", " ")
 
-    columns = ["prompt", "response", "score"] + [key for key in samples[0] if key not in ("prompt", "response", "score")]
+    columns = ["prompt", "response", "score"] + [
+        key for key in samples[0] if key not in ("prompt", "response", "score")
+    ]
     rows = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     rows += ["| " + " | ".join(cell(sample.get(key, "")) for key in columns) + " |" for sample in samples]
     return "\n".join(rows)

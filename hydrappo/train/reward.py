@@ -59,10 +59,19 @@ class RewardTrainer(SupervisedStage):
     name = "reward"
     progress = {"loss": "train/loss", "acc": "train/accuracy"}
 
-    def __init__(self, config: RewardConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
-                 inputs: StageInputs | None = None, **objects):  # fmt: skip
-        inputs = prepare(self, RewardConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
-                         inputs=inputs)  # fmt: skip
+    def __init__(
+        self,
+        config: RewardConfig | None = None,
+        *,
+        hydra: HydraModel | None = None,
+        tokenizer=None,
+        config_dir=None,
+        inputs: StageInputs | None = None,
+        **objects,
+    ):
+        inputs = prepare(
+            self, RewardConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir, inputs=inputs
+        )
         config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         data, train = config.data, config.train
         if hydra.full_model:
@@ -90,7 +99,9 @@ class RewardTrainer(SupervisedStage):
         else:
             self.eval_pairs = pairs.subset(inputs.eval_rows)
         self.stats_table = inputs.stats
-        logger.info("reward training: %d training pairs, %d held-out pairs", len(self.train_pairs), len(self.eval_pairs))
+        logger.info(
+            "reward training: %d training pairs, %d held-out pairs", len(self.train_pairs), len(self.eval_pairs)
+        )
 
         self.split_cache = SplitCache(hydra, train.cache_split_hidden)
         self.total_steps = total_steps_of(train, len(self.train_pairs))
@@ -120,7 +131,9 @@ class RewardTrainer(SupervisedStage):
         return save_reward_folder(output_dir, self.branch, {**info, "step": self.step}, config_yaml)
 
     def summary(self, history: list[dict]) -> str:
-        evaluation = ", ".join(f"{k} {v:.3f}" for k, v in self.final_eval.items() if k in ("eval/accuracy", "eval/loss"))
+        evaluation = ", ".join(
+            f"{k} {v:.3f}" for k, v in self.final_eval.items() if k in ("eval/accuracy", "eval/loss")
+        )
         stats = self.score_stats or {}
         return (
             f"done: step {self.step}{', ' + evaluation if evaluation else ''}; reference scores mean "
@@ -162,7 +175,9 @@ class RewardTrainer(SupervisedStage):
         return scores[: len(index)], scores[len(index) :]
 
     @torch.no_grad()
-    def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]], batch_size: int | None = None) -> torch.Tensor:
+    def score(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]], batch_size: int | None = None
+    ) -> torch.Tensor:
         """Scores of (prompt, response) token sequences by the branch as it is now (B,), on the CPU."""
         batch_size = batch_size or self.config.train.eval_batch_size
         out = []
@@ -206,12 +221,17 @@ class RewardTrainer(SupervisedStage):
                 responses = [(pairs.chosen_ids if side == 0 else pairs.rejected_ids)[i] for i, side in part]
                 return self._scores(keys, [pairs.prompt_ids[i] for i, _ in part], responses).cpu()
 
-            parts = [chosen_set[start : start + train.eval_batch_size] for start in range(0, len(chosen_set), train.eval_batch_size)]
+            parts = [
+                chosen_set[start : start + train.eval_batch_size]
+                for start in range(0, len(chosen_set), train.eval_batch_size)
+            ]
             scores = self.harness.dist.map_in_order(part_scores, parts, what)
             source = f"chosen and rejected responses of {len(chosen_set)} training texts"
         else:
             prompt_column, table = data.prompt_column or "prompt", self.stats_table
-            index = sorted(rng.sample(range(len(table[prompt_column])), min(data.stats_max_samples, len(table[prompt_column]))))
+            index = sorted(
+                rng.sample(range(len(table[prompt_column])), min(data.stats_max_samples, len(table[prompt_column])))
+            )
             prompt_ids = encode_prompts([table[prompt_column][i] for i in index], self.tokenizer, data)
             response_ids = None
             if table[data.stats_response_column] is not None:
@@ -221,7 +241,8 @@ class RewardTrainer(SupervisedStage):
             else:
                 # Responses of the base policy, sampled and stopped as PPO's first rollouts are.
                 generation = GenerationArgs(
-                    max_new_tokens=data.stats_max_new_tokens, temperature=data.stats_temperature,
+                    max_new_tokens=data.stats_max_new_tokens,
+                    temperature=data.stats_temperature,
                     generation_batch_size=train.eval_batch_size,
                 )
                 source = f"base-policy responses to {len(index)} prompts of {data.stats_file}"
@@ -249,7 +270,11 @@ class RewardTrainer(SupervisedStage):
         with dist.phase("training the reward branch"):
             if index:  # a process's share of a small last batch may be empty
                 chosen, rejected = self._pair_scores(pairs, index, "train")
-                margins = torch.tensor([pairs.margins[i] for i in index], device=chosen.device) if pairs.margins is not None else None
+                margins = (
+                    torch.tensor([pairs.margins[i] for i in index], device=chosen.device)
+                    if pairs.margins is not None
+                    else None
+                )
                 loss, stats = preference_loss(chosen, rejected, margins)
                 finite = bool(torch.isfinite(loss))
                 if finite:
@@ -257,7 +282,12 @@ class RewardTrainer(SupervisedStage):
                     self.harness.backward(loss * (len(index) / len(batch)))
         grad_norm = self.harness.optimizer_step(finite)
         stats = {f"train/{key}": value for key, value in weighted_means(dist, stats, len(index)).items()}
-        stats.update({"train/grad_norm": grad_norm if grad_norm is not None else float("nan"), **self.harness.optimizer_stats("train/")})
+        stats.update(
+            {
+                "train/grad_norm": grad_norm if grad_norm is not None else float("nan"),
+                **self.harness.optimizer_stats("train/"),
+            }
+        )
         step = self.harness.step + 1
         if (train.eval_every and step % train.eval_every == 0) or end_of_epoch or step == self.total_steps:
             stats.update(self.evaluate())
@@ -270,9 +300,14 @@ class RewardTrainer(SupervisedStage):
         self.score_stats = self.reference_statistics()
         logger.info(
             "reward scores on the reference set (%s): mean %.4f, std %.4f",
-            self.score_stats["source"], self.score_stats["score_mean"], self.score_stats["score_std"],
+            self.score_stats["source"],
+            self.score_stats["score_mean"],
+            self.score_stats["score_std"],
         )
-        return {"reference/score_mean": self.score_stats["score_mean"], "reference/score_std": self.score_stats["score_std"]}
+        return {
+            "reference/score_mean": self.score_stats["score_mean"],
+            "reference/score_std": self.score_stats["score_std"],
+        }
 
     def state_dict(self) -> dict:
         """The reward-branch metadata (storage/reward_branch.py) and the data position."""
@@ -288,15 +323,22 @@ class RewardTrainer(SupervisedStage):
             "score_std": stats.get("score_std"),
             "score_stats": {k: stats[k] for k in ("count", "source") if k in stats},
             "eval": self.final_eval if self.score_stats else {},
-            "data": {"apply_chat_template": data.apply_chat_template, "system_prompt": data.system_prompt,
-                     "append_eos": data.append_eos},
+            "data": {
+                "apply_chat_template": data.apply_chat_template,
+                "system_prompt": data.system_prompt,
+                "append_eos": data.append_eos,
+            },
             "batches": self.batches.state_dict(),
-        }  # fmt: skip
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if "batches" not in state:
             raise TrainingError("this reward checkpoint was written before reward runs could resume; start a new run.")
         self.batches.load_state_dict(state["batches"])
         if state.get("score_mean") is not None:
-            self.score_stats = {"score_mean": state["score_mean"], "score_std": state["score_std"], **state.get("score_stats", {})}
+            self.score_stats = {
+                "score_mean": state["score_mean"],
+                "score_std": state["score_std"],
+                **state.get("score_stats", {}),
+            }
             self.final_eval = state.get("eval", {})

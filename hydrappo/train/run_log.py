@@ -70,7 +70,6 @@ class RunLog:
             self.writer.close()
 
 
-
 def keep_metrics_up_to(path: Path, step: int) -> None:
     """Move the lines of metrics.jsonl logged after `step` to a side file, so that
     metrics.jsonl reads as one run and nothing written is lost."""

@@ -51,8 +51,12 @@ def pack_split_hidden(responses: Responses, prompt_width: int, width: int) -> to
     return packed
 
 
-def pack_sequences(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_token_id: int,
-                   policy_mask: list[list[int]] | None = None):  # fmt: skip
+def pack_sequences(
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_token_id: int,
+    policy_mask: list[list[int]] | None = None,
+):
     """Prompt left-padded to the widest prompt, response right-padded to the longest
     response. Returns input_ids, attention_mask, action_mask (float) and the prompt width.
     `policy_mask` (multi-turn episodes, Responses.policy_mask): the action mask is 0 on the tool

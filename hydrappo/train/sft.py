@@ -54,10 +54,19 @@ class SFTTrainer(SupervisedStage):
     # train(): evaluates at step 0, per epoch (or eval_every) and at the end; the model (or
     # adapter) is written into output_dir before the final checkpoint.
 
-    def __init__(self, config: SFTConfig | None = None, *, hydra: HydraModel | None = None, tokenizer=None, config_dir=None,
-                 inputs: StageInputs | None = None, **objects):  # fmt: skip
-        inputs = prepare(self, SFTConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir,
-                         inputs=inputs)  # fmt: skip
+    def __init__(
+        self,
+        config: SFTConfig | None = None,
+        *,
+        hydra: HydraModel | None = None,
+        tokenizer=None,
+        config_dir=None,
+        inputs: StageInputs | None = None,
+        **objects,
+    ):
+        inputs = prepare(
+            self, SFTConfig, config, objects, hydra=hydra, tokenizer=tokenizer, config_dir=config_dir, inputs=inputs
+        )
         config, hydra, tokenizer = self.config, self.hydra, self.tokenizer
         data, train = config.data, config.train
         # Only the policy learns here: the value head is PPO's business.
@@ -106,7 +115,9 @@ class SFTTrainer(SupervisedStage):
 
     def response_logprobs(self, keys, prompt_ids, response_ids):
         """Log-probs (B, R) of the response tokens under the policy, and their mask."""
-        input_ids, attention_mask, action_mask, width = pack_sequences(prompt_ids, response_ids, self.tokenizer.pad_token_id)
+        input_ids, attention_mask, action_mask, width = pack_sequences(
+            prompt_ids, response_ids, self.tokenizer.pad_token_id
+        )
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         # The first response token is predicted at the last prompt column: skip the
         # prompt's positions in the lm_head (hydra's logprobs_from).
@@ -136,7 +147,9 @@ class SFTTrainer(SupervisedStage):
             nll, count = response_nll(logprobs, mask)
             return nll.item() * count.item(), count.item()
 
-        parts = self.harness.dist.map_in_order(nll_of, batches(len(prompt_ids), self.config.train.eval_batch_size), f"evaluating on the {tag} set")
+        parts = self.harness.dist.map_in_order(
+            nll_of, batches(len(prompt_ids), self.config.train.eval_batch_size), f"evaluating on the {tag} set"
+        )
         total, tokens = 0.0, 0.0
         for part_total, part_tokens in parts:
             total += part_total
@@ -169,8 +182,13 @@ class SFTTrainer(SupervisedStage):
         grad_norm = self.harness.optimizer_step(finite)
         self.hydra.eval()
         stats = weighted_means(dist, stats, tokens.item() if index else 0)
-        stats.update({"train/tokens": batch_tokens, "train/grad_norm": grad_norm if grad_norm is not None else float("nan"),
-                      **self.harness.optimizer_stats("train/")})  # fmt: skip
+        stats.update(
+            {
+                "train/tokens": batch_tokens,
+                "train/grad_norm": grad_norm if grad_norm is not None else float("nan"),
+                **self.harness.optimizer_stats("train/"),
+            }
+        )
         step = self.harness.step + 1
         if (train.eval_every and step % train.eval_every == 0) or end_of_epoch or step == self.total_steps:
             stats.update(self.evaluate())

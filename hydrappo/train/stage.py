@@ -21,7 +21,11 @@ def total_steps_of(train, num_examples: int) -> int:
 
 def batches(num_examples: int, batch_size: int, generator: torch.Generator | None = None) -> list[list[int]]:
     """Index batches of one pass (shuffled when a generator is given; the last may be smaller)."""
-    order = torch.randperm(num_examples, generator=generator).tolist() if generator is not None else list(range(num_examples))
+    order = (
+        torch.randperm(num_examples, generator=generator).tolist()
+        if generator is not None
+        else list(range(num_examples))
+    )
     return [order[i : i + batch_size] for i in range(0, num_examples, batch_size)]
 
 
@@ -32,7 +36,9 @@ def weighted_means(dist, stats: dict, weight: float) -> dict:
     if not dist.enabled:
         return stats
     totals, weights = {}, {}
-    for part, part_weight in dist.gather_objects(({key: as_float(value) for key, value in stats.items()}, float(weight))):
+    for part, part_weight in dist.gather_objects(
+        ({key: as_float(value) for key, value in stats.items()}, float(weight))
+    ):
         for key, value in part.items():
             totals[key] = totals.get(key, 0.0) + value * part_weight
             weights[key] = weights.get(key, 0.0) + part_weight

@@ -46,8 +46,9 @@ class UpdateMeter:
                 maxima[key] = max(maxima.get(key, value), value)
         out = {
             f"{prefix}{key}": total / (minibatches if key.startswith("loss/") else weights[key])
-            for key, total in sums.items() if key.startswith("loss/") or weights[key] > 0
-        }  # fmt: skip
+            for key, total in sums.items()
+            if key.startswith("loss/") or weights[key] > 0
+        }
         out.update({f"{prefix}{key}": value for key, value in maxima.items()})
         if all(f"{prefix}{key}" in out for key in EXPLAINED_VARIANCE_PARTS):
             parts = [out.pop(f"{prefix}{key}") for key in EXPLAINED_VARIANCE_PARTS]

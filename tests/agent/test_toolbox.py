@@ -74,8 +74,9 @@ def test_environment_methods_are_its_tools_and_reset_starts_an_episode():
     assert first is not second and envs.instances(names) == [first, second]  # pooled, reused next batch
     assert sorted(envs.tools_of(first)) == ["add", "increment"]  # not reset, get_reward or _private
     assert envs.reset(first, {"prompt": "p", "target": 3}, step=1) == " (start at 0, reach 3)"
-    outcome = run_call({"name": "increment", "arguments": {"by": 3}}, envs.tools_of(first), timeout_s=None,
-                       on_error="stop", step=1)  # fmt: skip
+    outcome = run_call(
+        {"name": "increment", "arguments": {"by": 3}}, envs.tools_of(first), timeout_s=None, on_error="stop", step=1
+    )
     assert outcome.text == "3" and outcome.valid and toolbox.ended(first) and envs.reward(first, step=1) == 0.0
     assert envs.reward(second, step=1) == 0.0 and second.value == 0  # each episode its own instance
 
@@ -108,7 +109,9 @@ def test_an_environment_without_reset_or_with_a_bad_reward_is_refused_clearly():
             return None
 
     envs = Environments(BadReward, [])
-    with pytest.raises(ToolError, match=r"BadReward.get_reward at step 4 returned NoneType None; get_reward returns one finite number"):
+    with pytest.raises(
+        ToolError, match=r"BadReward.get_reward at step 4 returned NoneType None; get_reward returns one finite number"
+    ):
         envs.reward(envs.instances([None])[0], step=4)
 
 
@@ -161,16 +164,31 @@ def exits(a: int) -> str:
     sys.exit(3)
 
 
-@pytest.mark.parametrize("fn, message, reason", [
-    (raises, r"tool 'raises' at step 2, called with \{'a': 1\} raised RuntimeError: the service is down \(test_toolbox.py, line \d+\)",
-     "RuntimeError: the service is down"),
-    (hangs, r"tool 'hangs' at step 2, called with \{'a': 1\} did not return within 0.2 s \(agent.tool_timeout_s\)",
-     "the call did not return within 0.2 s"),
-    (returns_none, r"tool 'returns_none' at step 2, called with \{'a': 1\} returned NoneType None; a tool returns text",
-     "the tool returned NoneType, not text"),
-    (exits, r"tool 'exits' at step 2, called with \{'a': 1\} called sys.exit\(3\) \(SystemExit\); code the trainer runs must not end",
-     "the tool tried to end the process"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "fn, message, reason",
+    [
+        (
+            raises,
+            r"tool 'raises' at step 2, called with \{'a': 1\} raised RuntimeError: the service is down \(test_toolbox.py, line \d+\)",
+            "RuntimeError: the service is down",
+        ),
+        (
+            hangs,
+            r"tool 'hangs' at step 2, called with \{'a': 1\} did not return within 0.2 s \(agent.tool_timeout_s\)",
+            "the call did not return within 0.2 s",
+        ),
+        (
+            returns_none,
+            r"tool 'returns_none' at step 2, called with \{'a': 1\} returned NoneType None; a tool returns text",
+            "the tool returned NoneType, not text",
+        ),
+        (
+            exits,
+            r"tool 'exits' at step 2, called with \{'a': 1\} called sys.exit\(3\) \(SystemExit\); code the trainer runs must not end",
+            "the tool tried to end the process",
+        ),
+    ],
+)
 def test_failing_user_code_is_its_own_error_or_a_failed_turn(fn, message, reason):
     tools = toolset([tool_of(fn)])
     call = {"name": fn.__name__, "arguments": {"a": 1}}
@@ -185,21 +203,29 @@ def test_qwen_tool_calls_are_parsed_and_broken_ones_say_why():
     assert [c.call for c in calls.parse_tool_calls(text)] == [{"name": "add", "arguments": {"a": 1, "b": 2}}]
     assert calls.parse_tool_calls("The answer is 3.") == []
     broken = calls.parse_tool_calls('<tool_call>{"name": add}</tool_call><tool_call>[1]</tool_call><tool_call>{"name"')
-    assert [c.problem for c in broken] == ["its body is not JSON (Expecting value)",
-                                           'its body is not {"name": ..., "arguments": {...}}',
-                                           "<tool_call> is not closed by </tool_call>"]  # fmt: skip
+    assert [c.problem for c in broken] == [
+        "its body is not JSON (Expecting value)",
+        'its body is not {"name": ..., "arguments": {...}}',
+        "<tool_call> is not closed by </tool_call>",
+    ]
 
 
 def test_a_user_parser_and_its_failures():
-    parse = calls.user_parser(lambda text: [{"name": "add", "arguments": {"a": 1, "b": 2}}] if "n5" in text else [],
-                              "tool-call parser 'p.py:parse' at step 1")  # fmt: skip
+    parse = calls.user_parser(
+        lambda text: [{"name": "add", "arguments": {"a": 1, "b": 2}}] if "n5" in text else [],
+        "tool-call parser 'p.py:parse' at step 1",
+    )
     assert [c.call["name"] for c in parse("n4 n5")] == ["add"] and parse("n4") == []
-    with pytest.raises(ToolError, match="tool-call parser 'p.py:parse' at step 1 returned str; a tool-call parser returns a list"):
+    with pytest.raises(
+        ToolError, match="tool-call parser 'p.py:parse' at step 1 returned str; a tool-call parser returns a list"
+    ):
         calls.user_parser(lambda text: "add", "tool-call parser 'p.py:parse' at step 1")("n5")
 
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def test_the_tool_turn_is_the_templates_suffix_after_the_policys_end_of_turn():
@@ -207,8 +233,9 @@ def test_the_tool_turn_is_the_templates_suffix_after_the_policys_end_of_turn():
     tokenizer.chat_template = CHATML
     tokenizer.eos_token = "<|im_end|>"
     suffix = calls.tool_suffix_ids(tokenizer, [("add", "n7")])
-    assert tokenizer.decode(suffix) == tokenizer.decode(tokenizer("\n<|im_start|>tool\nn7<|im_end|>\n<|im_start|>assistant\n",
-                                                                  add_special_tokens=False)["input_ids"])  # fmt: skip
+    assert tokenizer.decode(suffix) == tokenizer.decode(
+        tokenizer("\n<|im_start|>tool\nn7<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    )
     assert not calls.renders_tools(tokenizer)
     messages = calls.episode_messages([{"role": "user", "content": "n4"}], [tool_of(add).schema], "n9", " n5", False)
     assert messages[0]["role"] == "system" and messages[0]["content"].startswith("n9\n\nYou can call these functions")

@@ -14,16 +14,38 @@ def compare_main(argv):
 
 @pytest.mark.slow
 def test_checkpoint_and_its_export_answer_alike_side_by_side(tmp_path, capsys):
-    config = parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "run"), "--total_steps", "2",
-                                                  "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"])
+    config = parse_config(
+        TINY / "config.yaml",
+        [
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--total_steps",
+            "2",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "8",
+            "--no_progress_bar",
+        ],
+    )
     PPOTrainer(config, config_dir=TINY).train()
     checkpoint = tmp_path / "run" / "checkpoint-2"
     exported = export_checkpoint(checkpoint, tmp_path / "exported")
     capsys.readouterr()
 
     html = tmp_path / "cmp.html"
-    code = compare_main([f"ppo={checkpoint}", f"exported={exported}", "--prompts", str(TINY / "prompts.jsonl"),
-                         "--limit", "6", "--output", str(html)])
+    code = compare_main(
+        [
+            f"ppo={checkpoint}",
+            f"exported={exported}",
+            "--prompts",
+            str(TINY / "prompts.jsonl"),
+            "--limit",
+            "6",
+            "--output",
+            str(html),
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     means = [line for line in out.splitlines() if line.startswith("mean score")]

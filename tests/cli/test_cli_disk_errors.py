@@ -29,13 +29,16 @@ CONFIG = str(TINY / "config.yaml")
 DISK_FULL = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
 
-@pytest.mark.parametrize("error, words", [
-    (OSError(errno.ENOSPC, "No space left on device"), ("no space left on device", "free space")),
-    (DISK_FULL, ("no space left on device", "free space")),
-    (PermissionError(errno.EACCES, "Permission denied"), ("permission denied", "writable")),
-    (OSError(errno.EROFS, "Read-only file system"), ("read-only", "writable file system")),
-    (NotADirectoryError(errno.ENOTDIR, "Not a directory"), ("not a folder", "move that file")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "error, words",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), ("no space left on device", "free space")),
+        (DISK_FULL, ("no space left on device", "free space")),
+        (PermissionError(errno.EACCES, "Permission denied"), ("permission denied", "writable")),
+        (OSError(errno.EROFS, "Read-only file system"), ("read-only", "writable file system")),
+        (NotADirectoryError(errno.ENOTDIR, "Not a directory"), ("not a folder", "move that file")),
+    ],
+)
 def test_os_errors_are_described_in_plain_words(error, words):
     reason, fix = describe_os_error(error)
     assert words[0] in reason and words[1] in fix
@@ -44,8 +47,15 @@ def test_os_errors_are_described_in_plain_words(error, words):
 
 
 def _save(root: Path, step: int, state_size: int = 4) -> Path:
-    return save_checkpoint(root, step, weights={"w": torch.zeros(4)}, training_state={"x": torch.zeros(state_size)},
-                           trainer_state={}, config_yaml="{}\n", keep_last=5)  # fmt: skip
+    return save_checkpoint(
+        root,
+        step,
+        weights={"w": torch.zeros(4)},
+        training_state={"x": torch.zeros(state_size)},
+        trainer_state={},
+        config_yaml="{}\n",
+        keep_last=5,
+    )
 
 
 def test_a_full_disk_during_a_checkpoint_names_the_step_the_folder_and_what_survives(tmp_path, monkeypatch):
@@ -63,7 +73,9 @@ def test_a_full_disk_during_a_checkpoint_names_the_step_the_folder_and_what_surv
         "--resume."
     )
     assert failed.value.exit_code == 1
-    assert [p.name for p in checkpoint_dirs(tmp_path)] == ["checkpoint-2"] and checkpoint_problems(tmp_path / "checkpoint-2") == []
+    assert [p.name for p in checkpoint_dirs(tmp_path)] == ["checkpoint-2"] and checkpoint_problems(
+        tmp_path / "checkpoint-2"
+    ) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]  # no half-written folder left
 
 
@@ -72,9 +84,12 @@ def test_a_refused_first_checkpoint_says_no_checkpoint_was_written(tmp_path, mon
         raise OSError(errno.EROFS, "Read-only file system", str(tmp_path))
 
     monkeypatch.setattr(checkpoint_module, "save_file", read_only)
-    with pytest.raises(WriteError, match="step 1 could not be written .*: the file system is read-only; no checkpoint "
-                       "of this run was written yet; metrics.jsonl is intact; choose a folder on a writable file system "
-                       "and run again."):  # fmt: skip
+    with pytest.raises(
+        WriteError,
+        match="step 1 could not be written .*: the file system is read-only; no checkpoint "
+        "of this run was written yet; metrics.jsonl is intact; choose a folder on a writable file system "
+        "and run again.",
+    ):
         _save(tmp_path, 1)
 
 
@@ -84,13 +99,21 @@ def small_tmpfs(tmp_path):
     folder = tmp_path / "small"
     folder.mkdir()
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(folder)],
-                                 capture_output=True, text=True, timeout=30)  # fmt: skip
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
-        pytest.skip(f"cannot mount a tmpfs here ({error}): the full-disk behaviour is tested with a writer that raises ENOSPC")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({error}): the full-disk behaviour is tested with a writer that raises ENOSPC"
+        )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (mount: {mounted.stderr.strip() or mounted.returncode}; it needs root with "
-                    "CAP_SYS_ADMIN): the full-disk behaviour is tested with a writer that raises ENOSPC")
+        pytest.skip(
+            f"cannot mount a tmpfs here (mount: {mounted.stderr.strip() or mounted.returncode}; it needs root with "
+            "CAP_SYS_ADMIN): the full-disk behaviour is tested with a writer that raises ENOSPC"
+        )
     try:
         yield folder
     finally:
@@ -105,13 +128,18 @@ def test_a_real_full_disk_during_a_checkpoint(small_tmpfs, full_in):
     big = 1 << 18  # 1 MiB of float32: more than the file system holds
     with pytest.raises(WriteError) as failed:
         if full_in.startswith("weights"):
-            save_checkpoint(small_tmpfs, 2, weights={"w": torch.zeros(big)}, training_state={}, trainer_state={},
-                            config_yaml="{}\n")  # fmt: skip
+            save_checkpoint(
+                small_tmpfs, 2, weights={"w": torch.zeros(big)}, training_state={}, trainer_state={}, config_yaml="{}\n"
+            )
         else:
             _save(small_tmpfs, 2, state_size=big)
-    assert str(failed.value).startswith(f"the checkpoint at step 2 could not be written to {small_tmpfs}: no space left "
-                                        "on device; the run's checkpoints are intact (the newest: checkpoint-1)")
-    assert [p.name for p in small_tmpfs.iterdir()] == ["checkpoint-1"] and checkpoint_problems(small_tmpfs / "checkpoint-1") == []
+    assert str(failed.value).startswith(
+        f"the checkpoint at step 2 could not be written to {small_tmpfs}: no space left "
+        "on device; the run's checkpoints are intact (the newest: checkpoint-1)"
+    )
+    assert [p.name for p in small_tmpfs.iterdir()] == ["checkpoint-1"] and checkpoint_problems(
+        small_tmpfs / "checkpoint-1"
+    ) == []
 
 
 def _run(argv, capsys) -> tuple[int, str]:
@@ -122,8 +150,9 @@ def _run(argv, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-def test_the_cli_reports_a_full_disk_at_a_checkpoint_and_the_run_resumes_once_there_is_space(tmp_path, capsys,
-                                                                                              monkeypatch):  # fmt: skip
+def test_the_cli_reports_a_full_disk_at_a_checkpoint_and_the_run_resumes_once_there_is_space(
+    tmp_path, capsys, monkeypatch
+):
     run = tmp_path / "run"
     real_save_file = checkpoint_module.save_file
     calls = []
@@ -137,8 +166,10 @@ def test_the_cli_reports_a_full_disk_at_a_checkpoint_and_the_run_resumes_once_th
     monkeypatch.setattr(checkpoint_module, "save_file", full_at_the_second)
     code, err = _run(["train", CONFIG, "--output_dir", run, "--total_steps", "2", *FAST], capsys)
     assert code == 1
-    assert (f"the checkpoint at step 2 could not be written to {run}: no space left on device; the run's "
-            "checkpoints are intact (the newest: checkpoint-1)") in err and "continue with --resume" in err
+    assert (
+        f"the checkpoint at step 2 could not be written to {run}: no space left on device; the run's "
+        "checkpoints are intact (the newest: checkpoint-1)"
+    ) in err and "continue with --resume" in err
     assert [p.name for p in checkpoint_dirs(run)] == ["checkpoint-1"]
     code, err = _run(["train", CONFIG, "--output_dir", run, "--total_steps", "2", "--resume", *FAST], capsys)
     assert code == 0 and [p.name for p in checkpoint_dirs(run)] == ["checkpoint-1", "checkpoint-2"]
@@ -156,8 +187,10 @@ def test_the_cli_reports_a_full_disk_at_a_checkpoint_and_the_run_resumes_once_th
     monkeypatch.setattr(Path, "open", refusing_open)
     code, err = _run(["train", CONFIG, "--output_dir", run, "--total_steps", "3", "--resume", *FAST], capsys)
     assert code == 1
-    assert (f"the metrics of step 3 could not be written to {run / 'metrics.jsonl'}: permission denied; the run's "
-            "checkpoints are intact (the newest: checkpoint-2), and so is metrics.jsonl; make the folder writable") in err
+    assert (
+        f"the metrics of step 3 could not be written to {run / 'metrics.jsonl'}: permission denied; the run's "
+        "checkpoints are intact (the newest: checkpoint-2), and so is metrics.jsonl; make the folder writable"
+    ) in err
     monkeypatch.setattr(Path, "open", real_open)
 
     # An export onto a read-only file system: the checkpoint is intact, nothing replaced.
@@ -169,8 +202,10 @@ def test_the_cli_reports_a_full_disk_at_a_checkpoint_and_the_run_resumes_once_th
     monkeypatch.setattr(export_module, "save_pretrained_dir", read_only)
     code, err = _run(["export", run / "checkpoint-2", "--out", tmp_path / "exported"], capsys)
     assert code == 1
-    assert (f"the exported model could not be written to {tmp_path / 'exported'}: the file system is read-only; "
-            f"nothing was replaced and the checkpoint {run / 'checkpoint-2'} is intact") in err
+    assert (
+        f"the exported model could not be written to {tmp_path / 'exported'}: the file system is read-only; "
+        f"nothing was replaced and the checkpoint {run / 'checkpoint-2'} is intact"
+    ) in err
     assert not (tmp_path / "exported").exists() or not any((tmp_path / "exported").iterdir())
 
 
@@ -185,11 +220,19 @@ def test_an_os_error_outside_the_wrapped_writers_is_plain_too(tmp_path, capsys, 
     assert code == 1 and "no space left on device; free space" in err
 
 
-@pytest.mark.parametrize(("error", "said"), [
-    (PermissionError(errno.EACCES, "Permission denied", b"/runs/out/tensorboard/events.out"),
-     "at /runs/out/tensorboard/events.out: permission denied"),
-    (OSError(errno.EXDEV, "Invalid cross-device link", "/runs/a", None, "/mnt/b"), "at /runs/a -> /mnt/b: invalid cross-device link"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (
+            PermissionError(errno.EACCES, "Permission denied", b"/runs/out/tensorboard/events.out"),
+            "at /runs/out/tensorboard/events.out: permission denied",
+        ),
+        (
+            OSError(errno.EXDEV, "Invalid cross-device link", "/runs/a", None, "/mnt/b"),
+            "at /runs/a -> /mnt/b: invalid cross-device link",
+        ),
+    ],
+)
 def test_an_os_errors_paths_are_printed_as_text(capsys, monkeypatch, error, said):
     import hydrappo.cli as cli_module
 

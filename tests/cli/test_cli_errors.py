@@ -95,8 +95,22 @@ def ws(tmp_path_factory):
     shutil.copytree(TINY / "model", bad_model)
     (bad_model / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
     run = root / "run"
-    assert main(["train", CONFIG, "--output_dir", str(run), "--total_steps", "2", "--reward_fn",
-                 f"{root / 'rewards.py'}:good", *FAST]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                CONFIG,
+                "--output_dir",
+                str(run),
+                "--total_steps",
+                "2",
+                "--reward_fn",
+                f"{root / 'rewards.py'}:good",
+                *FAST,
+            ]
+        )
+        == 0
+    )
     assert [p.name for p in checkpoint_dirs(run)] == ["checkpoint-1", "checkpoint-2"]
     (root / "imported.log").unlink()
     return root
@@ -172,7 +186,10 @@ TRAIN_OPTION_CASES = [
     (["--dtype", "float8"], ["model.dtype='float8'"]),
     (["--device", "gpu"], ["train.device='gpu'"]),
     (["--advantage_estimator", "ppo2"], ["ppo.advantage_estimator='ppo2'", "gae, grpo"]),
-    (["--batch_size", "10", "--mini_batch_size", "4"], ["ppo.mini_batch_size=4", "multiple of mini_batch_size", "e.g. 5"]),
+    (
+        ["--batch_size", "10", "--mini_batch_size", "4"],
+        ["ppo.mini_batch_size=4", "multiple of mini_batch_size", "e.g. 5"],
+    ),
     (["--mini_batch_size", "8", "--gradient_accumulation_steps", "3"], ["ppo.gradient_accumulation_steps=3"]),
     (["--samples_per_prompt", "3"], ["ppo.batch_size=32", "samples_per_prompt (3)"]),
     (["--advantage_estimator", "grpo"], ["ppo.advantage_estimator='grpo'", "samples_per_prompt >= 2"]),
@@ -199,47 +216,85 @@ TRAIN_OPTION_CASES = [
     (["--batch_size", "abc"], ["--batch_size", "invalid int value: 'abc'"]),
     (["--batch_size"], ["--batch_size", "expected one argument"]),
     (["--learning-rat", "1e-4"], ["--learning-rat", "Did you mean --learning_rate?"]),
-    (["--temperature", "0", "--top_p", "0", "--seed", "-3"], ["3 problems in the config", "generation.temperature",
-                                                               "generation.top_p", "train.seed"]),
+    (
+        ["--temperature", "0", "--top_p", "0", "--seed", "-3"],
+        ["3 problems in the config", "generation.temperature", "generation.top_p", "train.seed"],
+    ),
     # a quantized or sharded trunk, the optimizer, the process group
     (["--trunk_quantization", "int4"], ["model.trunk_quantization='int4'", "none, int8, 4bit"]),
     (["--optimizer", "sgd"], ["ppo.optimizer='sgd'", "adamw, adamw8bit"]),
-    (["--trunk_quantization", "int8", "--num_layers_unfrozen", "-1"],
-     ["model.trunk_quantization='int8'", "num_layers_unfrozen=-1 trains every layer"]),
-    (["--trunk_quantization", "4bit", "--lora_r", "4", "--lora_layers", "all", "--train_lm_head", "false"],
-     ["model.trunk_quantization='4bit'", "lora.lora_layers='all'", "lora_layers: top"]),
+    (
+        ["--trunk_quantization", "int8", "--num_layers_unfrozen", "-1"],
+        ["model.trunk_quantization='int8'", "num_layers_unfrozen=-1 trains every layer"],
+    ),
+    (
+        ["--trunk_quantization", "4bit", "--lora_r", "4", "--lora_layers", "all", "--train_lm_head", "false"],
+        ["model.trunk_quantization='4bit'", "lora.lora_layers='all'", "lora_layers: top"],
+    ),
     (["--fsdp_trunk", "--num_layers_unfrozen", "-1"], ["train.fsdp_trunk=True", "num_layers_unfrozen=-1"]),
     (["--fsdp_trunk", "--trunk_quantization", "int8"], ["train.fsdp_trunk=True", "choose one"]),
     (["--dist_timeout_s", "0"], ["train.dist_timeout_s=0.0", "> 0"]),
     (["--samples_per_prompt", "0"], ["generation.samples_per_prompt=0", ">= 1"]),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize("overrides, words", TRAIN_OPTION_CASES, ids=[" ".join(c[0]) or "empty" for c in TRAIN_OPTION_CASES])
+@pytest.mark.parametrize(
+    "overrides, words", TRAIN_OPTION_CASES, ids=[" ".join(c[0]) or "empty" for c in TRAIN_OPTION_CASES]
+)
 def test_train_option_errors_name_the_option_before_anything_loads(ws, overrides, words, capsys, caplog, tmp_path):
     overrides = [_ws(ws, value) for value in overrides]
-    cli(["train", CONFIG, "--output_dir", tmp_path / "out", *overrides], 2, *[_ws(ws, w) for w in words],
-        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", tmp_path / "out", *overrides],
+        2,
+        *[_ws(ws, w) for w in words],
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
     assert not (tmp_path / "out").exists()
 
 
-def test_a_batch_the_launched_processes_cannot_share_is_refused_before_anything_loads(ws, capsys, caplog, tmp_path,
-                                                                                       monkeypatch):  # fmt: skip
+def test_a_batch_the_launched_processes_cannot_share_is_refused_before_anything_loads(
+    ws, capsys, caplog, tmp_path, monkeypatch
+):
     monkeypatch.setenv("WORLD_SIZE", "3")  # as torchrun sets it; process 0 of 3
-    cli(["train", CONFIG, "--output_dir", tmp_path / "out", "--batch_size", "8", "--mini_batch_size", "4"], 2,
-          "hydrappo train (process 0 of 3)", "2 problems in the config", "ppo.batch_size=8",
-          "3 processes of this launch (WORLD_SIZE) cannot share", "ppo.mini_batch_size=4", "multiple of 3",
-          capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", tmp_path / "out", "--batch_size", "8", "--mini_batch_size", "4"],
+        2,
+        "hydrappo train (process 0 of 3)",
+        "2 problems in the config",
+        "ppo.batch_size=8",
+        "3 processes of this launch (WORLD_SIZE) cannot share",
+        "ppo.mini_batch_size=4",
+        "multiple of 3",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("overrides, option", [(["--trunk_quantization", "int8"], "model.trunk_quantization='int8'"),
-                                               (["--optimizer", "adamw8bit"], "ppo.optimizer='adamw8bit'")])
-def test_quantization_without_bitsandbytes_says_how_to_install_it(ws, overrides, option, capsys, caplog, tmp_path,
-                                                                  monkeypatch):  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (["--trunk_quantization", "int8"], "model.trunk_quantization='int8'"),
+        (["--optimizer", "adamw8bit"], "ppo.optimizer='adamw8bit'"),
+    ],
+)
+def test_quantization_without_bitsandbytes_says_how_to_install_it(
+    ws, overrides, option, capsys, caplog, tmp_path, monkeypatch
+):
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # importlib.util.find_spec then finds nothing
-    cli(["train", CONFIG, "--output_dir", tmp_path / "out", *overrides], 2, option, "needs bitsandbytes",
-        "pip install 'hydrappo[quant]'", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", tmp_path / "out", *overrides],
+        2,
+        option,
+        "needs bitsandbytes",
+        "pip install 'hydrappo[quant]'",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
 
 
 YAML_CASES = [
@@ -251,13 +306,17 @@ YAML_CASES = [
     ("list.yaml", "- ppo\n- train\n", ["top level must be a mapping"]),
     ("section.yaml", "ppo: [1, 2]\n", ["section 'ppo' must be a mapping"]),
     ("unknown_section.yaml", "trainer:\n  steps: 3\n", ["unknown section 'trainer'", "valid sections: model"]),
-    ("unknown_key.yaml", "ppo:\n  learning_rat: 1.0\n", ["unknown key 'learning_rat'", "Did you mean 'learning_rate'?"]),
+    (
+        "unknown_key.yaml",
+        "ppo:\n  learning_rat: 1.0\n",
+        ["unknown key 'learning_rat'", "Did you mean 'learning_rate'?"],
+    ),
     ("word.yaml", "ppo:\n  batch_size: eight\n", ["batch_size='eight'", "whole number"]),
     ("bool.yaml", "ppo:\n  batch_size: true\n", ["batch_size=True", "whole number"]),
     ("float.yaml", "ppo:\n  batch_size: 8.5\n", ["batch_size=8.5", "whole number"]),
     ("not_list.yaml", "generation:\n  stop_strings: '###'\n", ["stop_strings='###'", "must be a list"]),
     ("bad_bool.yaml", "train:\n  progress_bar: maybe\n", ["progress_bar='maybe'", "true/false"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("name, content, words", YAML_CASES, ids=[c[0] for c in YAML_CASES])
@@ -269,13 +328,18 @@ def test_config_file_errors(ws, name, content, words, capsys, caplog, tmp_path):
         path.write_bytes(content)
     elif content is not None:
         path.write_text(content)
-    cli(["train", path, "--output_dir", tmp_path / "out"], 2, *words, capsys=capsys, caplog=caplog, watch=[ws, tmp_path])
+    cli(
+        ["train", path, "--output_dir", tmp_path / "out"], 2, *words, capsys=capsys, caplog=caplog, watch=[ws, tmp_path]
+    )
 
 
 def stage_config(tmp_path: Path, ws: Path, kind: str, **sections) -> Path:
     data = {"train_file": str(ws / ("pairs.jsonl" if kind == "reward" else "sft.jsonl"))}
-    config = {"model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2},
-              "data": data, "train": {"output_dir": str(tmp_path / kind), "progress_bar": False, "max_steps": 1}}  # fmt: skip
+    config = {
+        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2},
+        "data": data,
+        "train": {"output_dir": str(tmp_path / kind), "progress_bar": False, "max_steps": 1},
+    }
     for section, values in sections.items():
         config.setdefault(section, {}).update(values)
     path = tmp_path / f"{kind}.yaml"
@@ -295,14 +359,20 @@ STAGE_CASES = [
     ("sft", {"train": {"learning_rate": 0}}, ["train.learning_rate=0.0"]),
     ("sft", {"data": {"max_response_length": 0}}, ["data.max_response_length=0"]),
     ("sft", {"model": {"num_layers_unfrozen": 0}}, ["model.num_layers_unfrozen=0", "nothing to train"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("kind, sections, words", STAGE_CASES, ids=[f"{c[0]}-{json.dumps(c[1])}" for c in STAGE_CASES])
 def test_reward_and_sft_option_errors(ws, kind, sections, words, capsys, caplog, tmp_path):
     sections = json.loads(_ws(ws, json.dumps(sections)))
-    cli([kind, stage_config(tmp_path, ws, kind, **sections)], 2, *[_ws(ws, w) for w in words],
-        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        [kind, stage_config(tmp_path, ws, kind, **sections)],
+        2,
+        *[_ws(ws, w) for w in words],
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
 
 
 # --------------------------------------------------------------------------- an output folder of an earlier run
@@ -317,8 +387,16 @@ def test_a_folder_with_an_earlier_run_is_refused(ws, kind, earlier, capsys, capl
         argv = [kind, stage_config(tmp_path, ws, kind)]
     # --resume is offered where there is a checkpoint to resume, not in a folder that holds a model without one.
     resume = "Start a new run over it" if kind == "sft" else "Continue it with --resume"
-    err = cli(argv, 2, "already holds a run", resume, "--overwrite_output_dir", capsys=capsys, caplog=caplog,
-              watch=[ws, tmp_path])  # fmt: skip
+    err = cli(
+        argv,
+        2,
+        "already holds a run",
+        resume,
+        "--overwrite_output_dir",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
     assert str(out) in err
 
 
@@ -327,8 +405,25 @@ def test_overwrite_output_dir_moves_the_earlier_run_aside(ws, capsys, caplog, tm
     out = tmp_path / "run"
     shutil.copytree(ws / "run", out)
     before = snapshot(out)
-    cli(["train", CONFIG, "--output_dir", out, "--total_steps", "1", "--reward_fn", f"{ws / 'rewards.py'}:good",
-         "--overwrite_output_dir", *FAST], 0, capsys=capsys, caplog=caplog, watch=[ws], new_files=True)  # fmt: skip
+    cli(
+        [
+            "train",
+            CONFIG,
+            "--output_dir",
+            out,
+            "--total_steps",
+            "1",
+            "--reward_fn",
+            f"{ws / 'rewards.py'}:good",
+            "--overwrite_output_dir",
+            *FAST,
+        ],
+        0,
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws],
+        new_files=True,
+    )
     moved = list(tmp_path.glob("run.previous*"))
     assert [p.name for p in moved] == ["run.previous"]
     assert {p.replace(str(out), str(moved[0]), 1): d for p, d in before.items()} == snapshot(moved[0])
@@ -340,39 +435,126 @@ def test_overwrite_output_dir_moves_the_earlier_run_aside(ws, capsys, caplog, tm
 def test_deeper_data_and_model_errors(ws, capsys, caplog, tmp_path):
     base = ["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'rewards.py'}:good"]
     watch = [ws]
-    cli([*base, "--prompts", ws / "latin1.jsonl"], 2, "data.prompts", "latin1.jsonl", "not UTF-8", "line 1",
-        capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli([*base, "--prompts", ws / "no_column.jsonl"], 2, "no_column.jsonl", "no column 'prompt'", "columns present: text",
-        capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli([*base, "--prompts", ws / "empty.jsonl"], 2, "data.prompts", "empty.jsonl", "is empty: it holds no rows",
-        capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli([*base, "--prompts", ws / "broken.jsonl"], 2, "data.prompts", "broken.jsonl", "line 2 is not one JSON object",
-        capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli([*base, "--name_or_path", ws / "bad_model"], 2, "model.name_or_path", "bad_model", "config.json",
-        capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
-    cli(["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'syntax.py'}:good"], 2,
-        "syntax.py", "failed to import: SyntaxError", "line 1", capsys=capsys, caplog=caplog, watch=watch,
-        new_files=True)  # fmt: skip
-    cli(["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'rewards.py'}:missing"], 2,
-        "rewards.py:missing", "has no 'missing'", "good", capsys=capsys, caplog=caplog, watch=watch, new_files=True)  # fmt: skip
+    cli(
+        [*base, "--prompts", ws / "latin1.jsonl"],
+        2,
+        "data.prompts",
+        "latin1.jsonl",
+        "not UTF-8",
+        "line 1",
+        capsys=capsys,
+        caplog=caplog,
+        watch=watch,
+        new_files=True,
+    )
+    cli(
+        [*base, "--prompts", ws / "no_column.jsonl"],
+        2,
+        "no_column.jsonl",
+        "no column 'prompt'",
+        "columns present: text",
+        capsys=capsys,
+        caplog=caplog,
+        watch=watch,
+        new_files=True,
+    )
+    cli(
+        [*base, "--prompts", ws / "empty.jsonl"],
+        2,
+        "data.prompts",
+        "empty.jsonl",
+        "is empty: it holds no rows",
+        capsys=capsys,
+        caplog=caplog,
+        watch=watch,
+        new_files=True,
+    )
+    cli(
+        [*base, "--prompts", ws / "broken.jsonl"],
+        2,
+        "data.prompts",
+        "broken.jsonl",
+        "line 2 is not one JSON object",
+        capsys=capsys,
+        caplog=caplog,
+        watch=watch,
+        new_files=True,
+    )
+    cli(
+        [*base, "--name_or_path", ws / "bad_model"],
+        2,
+        "model.name_or_path",
+        "bad_model",
+        "config.json",
+        capsys=capsys,
+        caplog=caplog,
+        watch=watch,
+        new_files=True,
+    )
+    cli(
+        ["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'syntax.py'}:good"],
+        2,
+        "syntax.py",
+        "failed to import: SyntaxError",
+        "line 1",
+        capsys=capsys,
+        caplog=caplog,
+        watch=watch,
+        new_files=True,
+    )
+    cli(
+        ["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'rewards.py'}:missing"],
+        2,
+        "rewards.py:missing",
+        "has no 'missing'",
+        "good",
+        capsys=capsys,
+        caplog=caplog,
+        watch=watch,
+        new_files=True,
+    )
 
 
-@pytest.mark.parametrize("function, words", [
-    ("raises", ["ZeroDivisionError", "rewards.py, line"]),
-    ("short", ["shape (1,) for 8 samples"]),
-    ("nan", ["non-finite scores for 1 sample(s)", "Sample 7: prompt"]),
-    ("words", ["item 0 is str 'high'"]),
-    ("hangs", ["did not return within reward.timeout_s=0.3 s"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "function, words",
+    [
+        ("raises", ["ZeroDivisionError", "rewards.py, line"]),
+        ("short", ["shape (1,) for 8 samples"]),
+        ("nan", ["non-finite scores for 1 sample(s)", "Sample 7: prompt"]),
+        ("words", ["item 0 is str 'high'"]),
+        ("hangs", ["did not return within reward.timeout_s=0.3 s"]),
+    ],
+)
 def test_a_failing_reward_function_names_itself_the_step_and_a_sample_and_keeps_the_checkpoint(
     ws, function, words, capsys, caplog, tmp_path
 ):
     run = tmp_path / "run"
     shutil.copytree(ws / "run", run)
     timeout = ["--timeout_s", "0.3"] if function == "hangs" else []
-    err = cli(["train", CONFIG, "--output_dir", run, "--resume", "--total_steps", "3", "--reward_fn",
-               f"{ws / 'rewards.py'}:{function}", *timeout, *FAST], 1, f"rewards.py:{function}'", "at step 3",
-              "Sample", *words, capsys=capsys, caplog=caplog, watch=[ws, run], new_files=True)  # fmt: skip
+    err = cli(
+        [
+            "train",
+            CONFIG,
+            "--output_dir",
+            run,
+            "--resume",
+            "--total_steps",
+            "3",
+            "--reward_fn",
+            f"{ws / 'rewards.py'}:{function}",
+            *timeout,
+            *FAST,
+        ],
+        1,
+        f"rewards.py:{function}'",
+        "at step 3",
+        "Sample",
+        *words,
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, run],
+        new_files=True,
+    )
     assert "prompt '" in err and "response '" in err
     assert [p.name for p in checkpoint_dirs(run)] == ["checkpoint-1", "checkpoint-2"]
 
@@ -393,23 +575,49 @@ def damage(run: Path, how: str) -> None:
         (folder / WEIGHTS_NAME).write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("how, words", [
-    ("truncated weights", ["trainable.safetensors has 1000 bytes"]),
-    ("deleted optimizer state", ["training_state.pt is missing"]),
-    ("empty trainer state", ["trainer_state.json has 0 bytes"]),
-    ("flipped byte", ["trainable.safetensors differs from what was written"]),
-])  # fmt: skip
-def test_resume_path_to_a_damaged_checkpoint_is_an_error_and_export_refuses_it(ws, how, words, capsys, caplog, tmp_path):
+@pytest.mark.parametrize(
+    "how, words",
+    [
+        ("truncated weights", ["trainable.safetensors has 1000 bytes"]),
+        ("deleted optimizer state", ["training_state.pt is missing"]),
+        ("empty trainer state", ["trainer_state.json has 0 bytes"]),
+        ("flipped byte", ["trainable.safetensors differs from what was written"]),
+    ],
+)
+def test_resume_path_to_a_damaged_checkpoint_is_an_error_and_export_refuses_it(
+    ws, how, words, capsys, caplog, tmp_path
+):
     run = tmp_path / "run"
     shutil.copytree(ws / "run", run)
     damage(run, how)
-    cli(["train", CONFIG, "--output_dir", run, "--resume", run / "checkpoint-2", "--total_steps", "3", *FAST], 2,
-        "checkpoint-2 is damaged", *words, "newest complete checkpoint of that run is", "checkpoint-1",
-        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
-    cli(["export", run, "--out", tmp_path / "exported"], 2, "checkpoint-2 is damaged", *words,
-        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
-    cli(["generate", run / "checkpoint-2", "--prompts", TINY / "prompts.jsonl"], 2, "checkpoint-2 is damaged",
-        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", run, "--resume", run / "checkpoint-2", "--total_steps", "3", *FAST],
+        2,
+        "checkpoint-2 is damaged",
+        *words,
+        "newest complete checkpoint of that run is",
+        "checkpoint-1",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
+    cli(
+        ["export", run, "--out", tmp_path / "exported"],
+        2,
+        "checkpoint-2 is damaged",
+        *words,
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
+    cli(
+        ["generate", run / "checkpoint-2", "--prompts", TINY / "prompts.jsonl"],
+        2,
+        "checkpoint-2 is damaged",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
 
 
 def test_resume_skips_a_damaged_latest_checkpoint_a_torn_metrics_line_and_an_orphan(ws, capsys, caplog, tmp_path):
@@ -421,8 +629,25 @@ def test_resume_skips_a_damaged_latest_checkpoint_a_torn_metrics_line_and_an_orp
     orphan = run / f".checkpoint-3.tmp-999999999@{host_name()}-abcd"  # the temporary folder of a killed writer
     orphan.mkdir()
     (orphan / WEIGHTS_NAME).write_bytes(b"half")
-    said = cli(["train", CONFIG, "--output_dir", run, "--resume", "--total_steps", "3", "--reward_fn",
-                f"{ws / 'rewards.py'}:good", *FAST], 0, capsys=capsys, caplog=caplog, watch=[ws], new_files=True)  # fmt: skip
+    said = cli(
+        [
+            "train",
+            CONFIG,
+            "--output_dir",
+            run,
+            "--resume",
+            "--total_steps",
+            "3",
+            "--reward_fn",
+            f"{ws / 'rewards.py'}:good",
+            *FAST,
+        ],
+        0,
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws],
+        new_files=True,
+    )
     assert f"skipping the damaged checkpoint {run / 'checkpoint-2'}" in said and "1000 bytes" in said
     damaged = list(run.glob("checkpoint-2.damaged-*"))
     assert len(damaged) == 1 and (damaged[0] / WEIGHTS_NAME).stat().st_size == 1000
@@ -443,22 +668,51 @@ def test_legacy_checkpoints_without_a_manifest_are_checked_by_what_they_hold(ws,
     run = tmp_path / "old_run"
     shutil.copytree(legacy / "ppo-checkpoint-2", run / "checkpoint-2")
     (run / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2, "kl_')
-    cli(["export", run, "--out", tmp_path / "exported"], 2, "checkpoint-2 is damaged",
-        "trainer_state.json does not parse", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["export", run, "--out", tmp_path / "exported"],
+        2,
+        "checkpoint-2 is damaged",
+        "trainer_state.json does not parse",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
     with open(run / "checkpoint-2" / "training_state.pt", "r+b") as handle:
         handle.truncate(5000)
     (run / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2}')
-    cli(["train", CONFIG, "--output_dir", run, "--resume", run / "checkpoint-2"], 2, "checkpoint-2 is damaged",
-        "training_state.pt does not parse", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", run, "--resume", run / "checkpoint-2"],
+        2,
+        "checkpoint-2 is damaged",
+        "training_state.pt does not parse",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
 
 
 def test_resume_combined_with_overwrite_or_into_another_run(ws, capsys, caplog, tmp_path):
-    cli(["train", CONFIG, "--output_dir", ws / "run", "--resume", "--overwrite_output_dir"], 2, "--resume",
-        "--overwrite_output_dir", "give one of them", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", ws / "run", "--resume", "--overwrite_output_dir"],
+        2,
+        "--resume",
+        "--overwrite_output_dir",
+        "give one of them",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
     other = tmp_path / "other"
     (other / "checkpoint-3").mkdir(parents=True)  # a run of its own (a folder of a failed run's logs blocks nothing)
-    cli(["train", CONFIG, "--output_dir", other, "--resume", ws / "run" / "checkpoint-1"], 2, "already holds a run",
-        str(other), capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", other, "--resume", ws / "run" / "checkpoint-1"],
+        2,
+        "already holds a run",
+        str(other),
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
 
 
 def test_truncated_sampling_is_said_once(caplog):
@@ -476,14 +730,21 @@ def test_a_run_that_ended_before_its_first_checkpoint_is_not_offered_resume(ws, 
     (out / "tensorboard").mkdir(parents=True)
     (out / "tensorboard" / "events.out.tfevents.1").write_bytes(b"events")
     good = ["--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
-    cli(["train", CONFIG, "--output_dir", out, "--resume", *good], 2, f"--resume: no checkpoint found in "
+    cli(
+        ["train", CONFIG, "--output_dir", out, "--resume", *good],
+        2,
+        f"--resume: no checkpoint found in "
         f"train.output_dir={str(out)!r}, so there is nothing to continue; it holds the files of a run that ended before "
         f"its first checkpoint (tensorboard): start without --resume (they are moved to {tmp_path / 'failed.previous'}",
-        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
 
 
-def test_an_option_that_may_not_change_on_resume_is_refused_before_the_model_loads(ws, capsys, caplog, tmp_path,
-                                                                                  monkeypatch):  # fmt: skip
+def test_an_option_that_may_not_change_on_resume_is_refused_before_the_model_loads(
+    ws, capsys, caplog, tmp_path, monkeypatch
+):
     import hydrappo.train.harness as harness
 
     def no_model(*args, **kwargs):
@@ -492,24 +753,63 @@ def test_an_option_that_may_not_change_on_resume_is_refused_before_the_model_loa
     monkeypatch.setattr(harness, "build_hydra", no_model)
     run = tmp_path / "run"
     shutil.copytree(ws / "run", run)
-    cli(["train", CONFIG, "--output_dir", run, "--resume", "--reward_fn", f"{ws / 'rewards.py'}:good", *FAST,
-         "--num_layers_unfrozen", "1"], 2, f"--resume {run / 'checkpoint-2'}: model.num_layers_unfrozen: 2 in the "
+    cli(
+        [
+            "train",
+            CONFIG,
+            "--output_dir",
+            run,
+            "--resume",
+            "--reward_fn",
+            f"{ws / 'rewards.py'}:good",
+            *FAST,
+            "--num_layers_unfrozen",
+            "1",
+        ],
+        2,
+        f"--resume {run / 'checkpoint-2'}: model.num_layers_unfrozen: 2 in the "
         "checkpoint, 1 now; it decides which weights the checkpoint holds; resume with 2 or start a new run",
-        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
 
 
 def test_resume_without_a_complete_checkpoint_and_resume_past_the_end(ws, capsys, caplog, tmp_path):
     good = ["--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
-    cli(["train", CONFIG, "--output_dir", tmp_path / "empty", "--resume", *good], 2, "no checkpoint found", "empty",
-        capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
-    cli(["train", CONFIG, "--output_dir", tmp_path, "--resume", tmp_path / "nowhere", *good], 2, "--resume",
-        "nowhere", "no such checkpoint folder", capsys=capsys, caplog=caplog, watch=[ws, tmp_path])  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", tmp_path / "empty", "--resume", *good],
+        2,
+        "no checkpoint found",
+        "empty",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
+    cli(
+        ["train", CONFIG, "--output_dir", tmp_path, "--resume", tmp_path / "nowhere", *good],
+        2,
+        "--resume",
+        "nowhere",
+        "no such checkpoint folder",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws, tmp_path],
+    )
     run = tmp_path / "run"
     shutil.copytree(ws / "run", run)
     for folder in checkpoint_dirs(run):
         (folder / "training_state.pt").unlink()
-    cli(["train", CONFIG, "--output_dir", run, "--resume", *good], 2, "every checkpoint in", "is damaged",
-        capsys=capsys, caplog=caplog, watch=[ws], new_files=True)  # fmt: skip
+    cli(
+        ["train", CONFIG, "--output_dir", run, "--resume", *good],
+        2,
+        "every checkpoint in",
+        "is damaged",
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws],
+        new_files=True,
+    )
     shutil.rmtree(run)
     shutil.copytree(ws / "run", run)
     out = capsys.readouterr()
@@ -519,19 +819,42 @@ def test_resume_without_a_complete_checkpoint_and_resume_past_the_end(ws, capsys
 
 
 # --------------------------------------------------------------------------- signals
-@pytest.mark.parametrize("function, code, words", [
-    ("sigint", 130, ["stopped by SIGINT after step 3", "checkpoint-3 holds it", "--resume"]),
-    ("sigterm", 143, ["stopped by SIGTERM after step 3", "checkpoint-3 holds it"]),
-    ("sigint_twice", 130, ["stopped by a second SIGINT during step 3", "abandoned", "last checkpoint is",
-                           "checkpoint-2"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "function, code, words",
+    [
+        ("sigint", 130, ["stopped by SIGINT after step 3", "checkpoint-3 holds it", "--resume"]),
+        ("sigterm", 143, ["stopped by SIGTERM after step 3", "checkpoint-3 holds it"]),
+        (
+            "sigint_twice",
+            130,
+            ["stopped by a second SIGINT during step 3", "abandoned", "last checkpoint is", "checkpoint-2"],
+        ),
+    ],
+)
 def test_sigint_and_sigterm_stop_cleanly_and_name_the_checkpoint(ws, function, code, words, capsys, caplog, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(ws / "run", run)
     previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    cli(["train", CONFIG, "--output_dir", run, "--resume", "--total_steps", "5", "--reward_fn",
-         f"{ws / 'rewards.py'}:{function}", *FAST], code, *words, capsys=capsys, caplog=caplog, watch=[ws],
-        new_files=True)  # fmt: skip
+    cli(
+        [
+            "train",
+            CONFIG,
+            "--output_dir",
+            run,
+            "--resume",
+            "--total_steps",
+            "5",
+            "--reward_fn",
+            f"{ws / 'rewards.py'}:{function}",
+            *FAST,
+        ],
+        code,
+        *words,
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws],
+        new_files=True,
+    )
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous  # handlers restored
     expected = ["checkpoint-1", "checkpoint-2"] if function == "sigint_twice" else ["checkpoint-2", "checkpoint-3"]
     assert [p.name for p in checkpoint_dirs(run)] == expected
@@ -550,8 +873,14 @@ def test_generate_and_compare_run_no_code_a_checkpoint_names_unless_told(ws, cap
     assert not (ws / "imported.log").exists()  # the checkpoint's reward file never ran
     cli(["compare", checkpoint, *prompts], 0, capsys=capsys, caplog=caplog, watch=[ws])
     assert not (ws / "imported.log").exists()
-    cli(["generate", checkpoint, *prompts, "--no_base", "--trust_checkpoint_code"], 0, capsys=capsys, caplog=caplog,
-        watch=[ws], new_files=True)  # fmt: skip
+    cli(
+        ["generate", checkpoint, *prompts, "--no_base", "--trust_checkpoint_code"],
+        0,
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws],
+        new_files=True,
+    )
     assert (ws / "imported.log").exists()
     (ws / "imported.log").unlink()
 
@@ -569,7 +898,10 @@ GENERATE_CASES = [
     (["compare", "WS/run/checkpoint-2", "WS/no_model", "--prompts", "WS/run"], ["no_model", "no such checkpoint"]),
     (["compare", "WS/run/checkpoint-2"], ["--prompts"]),
     (["export", "WS/nothing", "--out", "WS/out"], ["WS/nothing", "does not exist"]),
-    (["export", "WS/run", "--out", "WS/bad_model"], ["--out", "already exists and is not empty", "--overwrite_output_dir"]),
+    (
+        ["export", "WS/run", "--out", "WS/bad_model"],
+        ["--out", "already exists and is not empty", "--overwrite_output_dir"],
+    ),
     (["export", "WS/run", "--out", "WS/run"], ["--out", "contains the checkpoint", "which this command reads"]),
     (["export", "WS/run", "--out", "WS/a_file.txt"], ["--out", "a_file.txt", "is a file"]),
     (["export", "WS/run", "--out", "WS/out", "--max-shard-size", "5XB"], ["--max-shard-size='5XB'"]),
@@ -580,7 +912,7 @@ GENERATE_CASES = [
     (["memory", "-N", "-5", "smollm2-135m"], ["num_layers_unfrozen must be >= -1"]),
     (["memory", "/no/such/model.json"], ["/no/such/model.json"]),
     (["bogus"], ["unknown command 'bogus'"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("argv, words", GENERATE_CASES, ids=[" ".join(c[0][:1] + c[0][2:]) for c in GENERATE_CASES])
@@ -592,8 +924,14 @@ def test_export_overwrite_moves_the_earlier_export_aside(ws, capsys, caplog, tmp
     out = tmp_path / "policy"
     out.mkdir()
     (out / "note.txt").write_text("an earlier export\n")
-    cli(["export", ws / "run", "--out", out, "--overwrite_output_dir"], 0, capsys=capsys, caplog=caplog,
-        watch=[ws], new_files=True)  # fmt: skip
+    cli(
+        ["export", ws / "run", "--out", out, "--overwrite_output_dir"],
+        0,
+        capsys=capsys,
+        caplog=caplog,
+        watch=[ws],
+        new_files=True,
+    )
     (moved,) = tmp_path.glob("policy.previous-*")
     assert (moved / "note.txt").read_text() == "an earlier export\n" and (out / "config.json").is_file()
 
@@ -637,10 +975,24 @@ sys.exit(main(sys.argv[2:]))
 @pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_then_resume_ends_with_the_same_weights(ws, capsys, caplog, tmp_path):
     run, marker = tmp_path / "run", tmp_path / "writing"
-    argv = ["train", CONFIG, "--output_dir", str(run), "--total_steps", "2", "--reward_fn", f"{ws / 'rewards.py'}:good", *FAST]
+    argv = [
+        "train",
+        CONFIG,
+        "--output_dir",
+        str(run),
+        "--total_steps",
+        "2",
+        "--reward_fn",
+        f"{ws / 'rewards.py'}:good",
+        *FAST,
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(marker), *argv], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(marker), *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 240
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:

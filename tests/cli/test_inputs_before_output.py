@@ -97,10 +97,17 @@ def no_model(monkeypatch):
     monkeypatch.setattr(harness, "build_hydra", refuse)
 
 
-@pytest.mark.parametrize("case", [
-    "column named like an argument", "signature of neither convention", "eval file without the prompt column",
-    "pairs without the chosen column", "stats file without the prompt column", "sft eval file without the response column",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [
+        "column named like an argument",
+        "signature of neither convention",
+        "eval file without the prompt column",
+        "pairs without the chosen column",
+        "stats file without the prompt column",
+        "sft eval file without the response column",
+    ],
+)
 def test_bad_input_leaves_an_earlier_run_untouched_even_with_overwrite(tmp_path, capsys, no_model, case):
     argv, message = cases(tmp_path)[case]
     out = tmp_path / "out"
@@ -120,12 +127,21 @@ def test_the_python_api_refuses_the_same_inputs_when_the_trainer_is_built(tmp_pa
     out = tmp_path / "out"
     before = earlier_run(out)
     train = {"output_dir": str(out), "overwrite_output_dir": True}
-    with pytest.raises(RewardError, match=r"data\.prompts \(the list given in Python\): column 'completions' has the name"):
-        PPOTrainer(model=str(TINY / "model"), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                   train_dataset=[{"prompt": "n1", "completions": "x"}], args={"train": train})  # fmt: skip
+    with pytest.raises(
+        RewardError, match=r"data\.prompts \(the list given in Python\): column 'completions' has the name"
+    ):
+        PPOTrainer(
+            model=str(TINY / "model"),
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            train_dataset=[{"prompt": "n1", "completions": "x"}],
+            args={"train": train},
+        )
     with pytest.raises(DataError, match="data.chosen_column to the column that holds it"):
-        RewardTrainer(model=str(TINY / "model"), train_dataset=[{"prompt": "n1", "good": "g1", "rejected": "n2"}],
-                      args={"train": train})  # fmt: skip
+        RewardTrainer(
+            model=str(TINY / "model"),
+            train_dataset=[{"prompt": "n1", "good": "g1", "rejected": "n2"}],
+            args={"train": train},
+        )
     with pytest.raises(DataError, match="data.response_column to the column that holds it"):
         SFTTrainer(model=str(TINY / "model"), train_dataset=[{"prompt": "n1", "answer": "g1"}], args={"train": train})
     assert snapshot(out) == before and not (out / LOCK_NAME).exists()

@@ -29,11 +29,32 @@ def test_ctrl_c_after_the_output_pipe_closed_saves_the_step_and_stops(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     child = subprocess.Popen(
-        [sys.executable, "-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out),
-         "--total_steps", "500", "--save_every", "1000", "--batch_size", "8", "--mini_batch_size", "8",
-         "--ppo_epochs", "1", "--max_new_tokens", "4"],  # the progress bar on: it writes at every step
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hydrappo",
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(out),
+            "--total_steps",
+            "500",
+            "--save_every",
+            "1000",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "8",
+            "--ppo_epochs",
+            "1",
+            "--max_new_tokens",
+            "4",
+        ],  # the progress bar on: it writes at every step
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 240
         while len(steps_logged(out)) < 2:  # training, and writing to the pipe

@@ -41,10 +41,30 @@ def test_wrong_words_and_numbers_are_reported_together_from_the_command_line():
 def test_negative_numbers_on_the_command_line_are_values():
     """argparse itself reads only -1 and -0.5 as numbers; -1e-3, -1. and -inf are values too."""
     data = {"data": {"prompts": "prompts.jsonl"}, "reward": {"reward_fn": ["os:getcwd", "os:getpid"]}}
-    config = parse_config(data=data, check=False, overrides=[
-        "--ent_coef", "-1e-3", "--missing_eos_penalty", "-1.", "--reward_weights", "1", "-2E+1",
-        "--stop_strings", "-1e5", "x", "--init_kl_coef=-1e-2", "--seed", "-1"])  # fmt: skip
-    assert (config.ppo.ent_coef, config.reward.missing_eos_penalty, config.reward.reward_weights) == (-1e-3, -1.0, [1.0, -20.0])
+    config = parse_config(
+        data=data,
+        check=False,
+        overrides=[
+            "--ent_coef",
+            "-1e-3",
+            "--missing_eos_penalty",
+            "-1.",
+            "--reward_weights",
+            "1",
+            "-2E+1",
+            "--stop_strings",
+            "-1e5",
+            "x",
+            "--init_kl_coef=-1e-2",
+            "--seed",
+            "-1",
+        ],
+    )
+    assert (config.ppo.ent_coef, config.reward.missing_eos_penalty, config.reward.reward_weights) == (
+        -1e-3,
+        -1.0,
+        [1.0, -20.0],
+    )
     assert (config.generation.stop_strings, config.ppo.init_kl_coef, config.train.seed) == (["-1e5", "x"], -1e-2, -1)
     with pytest.raises(ConfigError, match=r"--stop_token_ids: invalid int value: '-1e3'\."):
         parse_config(data=data, check=False, overrides=["--stop_token_ids", "-1e3"])

@@ -16,7 +16,7 @@ from runs import TINY
 def config_from(tmp_path, model: dict, *overrides):
     """examples/tiny's config with its model section replaced by `model` (plus the paths it needs)."""
     text = (TINY / "config.yaml").read_text()
-    body = text[text.index("generation:"):]
+    body = text[text.index("generation:") :]
     lines = "".join(f"  {key}: {value}\n" for key, value in model.items())
     path = tmp_path / "config.yaml"
     path.write_text(f"model:\n  name_or_path: {TINY / 'model'}\n  random_init: true\n{lines}{body}")
@@ -26,7 +26,13 @@ def config_from(tmp_path, model: dict, *overrides):
 
 
 def test_an_unquoted_band_in_yaml_is_text_not_a_base_60_number():
-    assert load_yaml("a: 12:16\nb: '12:16'\nc: 12\nd: 0x1f\ne: 1_000") == {"a": "12:16", "b": "12:16", "c": 12, "d": 31, "e": 1000}
+    assert load_yaml("a: 12:16\nb: '12:16'\nc: 12\nd: 0x1f\ne: 1_000") == {
+        "a": "12:16",
+        "b": "12:16",
+        "c": 12,
+        "d": 31,
+        "e": 1000,
+    }
 
 
 def test_the_command_line_band_replaces_the_files_top_n(tmp_path):
@@ -58,7 +64,11 @@ def test_both_at_one_level_are_refused(tmp_path):
         ("0:2", [], "leaves no frozen layer below the band.*start at layer 1 or above"),
         ("3:3", [], "is empty.*'3:5' for two layers"),
         ("1-3", [], "is not a band of layers; write START:END"),
-        ("1:3", ["--lora_r", "4", "--lora_layers", "all", "--train_lm_head", "false"], "LoRA in every layer.*lora_layers: top"),
+        (
+            "1:3",
+            ["--lora_r", "4", "--lora_layers", "all", "--train_lm_head", "false"],
+            "LoRA in every layer.*lora_layers: top",
+        ),
     ],
 )
 def test_bands_that_cannot_work_are_refused_before_loading(tmp_path, band, extra, message):
@@ -82,5 +92,11 @@ def test_resume_refuses_another_band():
     saved, now = Config().to_dict(), Config().to_dict()
     saved["model"]["trainable_layers"], now["model"]["trainable_layers"] = "1:3", "2:4"
     refusals, warnings = resume_differences(saved, now)
-    assert refusals == ["model.trainable_layers: '1:3' in the checkpoint, '2:4' now; it decides which weights the "
-                        "checkpoint holds; resume with '1:3' or start a new run"] and not warnings  # fmt: skip
+    assert (
+        refusals
+        == [
+            "model.trainable_layers: '1:3' in the checkpoint, '2:4' now; it decides which weights the "
+            "checkpoint holds; resume with '1:3' or start a new run"
+        ]
+        and not warnings
+    )

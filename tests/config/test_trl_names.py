@@ -18,9 +18,15 @@ SAME = [  # (TRL's words, hydrappo's words): the two must give the same config
     (["--beta", "0"], ["--init_kl_coef", "0"]),
     (["--loss_type", "grpo"], ["--loss_agg_mode", "seq-mean-token-mean"]),
     (["--loss_type", "dapo"], ["--loss_agg_mode", "token-mean"]),
-    (["--scale_rewards", "group", "--num_generations", "4"], ["--advantage_estimator", "grpo", "--samples_per_prompt", "4"]),
-    (["--scale_rewards", "none", "--num_generations", "4"], ["--advantage_estimator", "dr_grpo", "--samples_per_prompt", "4"]),
-]  # fmt: skip
+    (
+        ["--scale_rewards", "group", "--num_generations", "4"],
+        ["--advantage_estimator", "grpo", "--samples_per_prompt", "4"],
+    ),
+    (
+        ["--scale_rewards", "none", "--num_generations", "4"],
+        ["--advantage_estimator", "dr_grpo", "--samples_per_prompt", "4"],
+    ),
+]
 
 
 @pytest.mark.parametrize("trl, ours", SAME, ids=[" ".join(c[0]) for c in SAME])
@@ -31,13 +37,19 @@ def test_trl_names_on_the_command_line_mean_the_hydrappo_option(trl, ours):
 def test_trl_names_in_yaml_in_any_section(tmp_path):
     text = CONFIG.read_text().replace("ppo:\n", "ppo:\n  num_generations: 4\n  beta: 0.0\n  loss_type: dapo\n", 1)
     text = text.replace("generation:\n", "generation:\n  max_completion_length: 6\n  num_iterations: 2\n", 1)
-    text = text.replace("  ppo_epochs: 4\n", "").replace("  max_new_tokens: 8\n", "").replace("  init_kl_coef: 0.01\n", "")
+    text = (
+        text.replace("  ppo_epochs: 4\n", "").replace("  max_new_tokens: 8\n", "").replace("  init_kl_coef: 0.01\n", "")
+    )
     (tmp_path / "model").symlink_to(TINY / "model")
     for name in ("prompts.jsonl", "reward.py"):
         (tmp_path / name).symlink_to(TINY / name)
     (tmp_path / "trl.yaml").write_text(text)
     config = parse_config(tmp_path / "trl.yaml")
-    assert (config.generation.samples_per_prompt, config.ppo.init_kl_coef, config.ppo.loss_agg_mode) == (4, 0.0, "token-mean")
+    assert (config.generation.samples_per_prompt, config.ppo.init_kl_coef, config.ppo.loss_agg_mode) == (
+        4,
+        0.0,
+        "token-mean",
+    )
     assert (config.generation.max_new_tokens, config.ppo.ppo_epochs) == (6, 2)
     assert "num_generations" not in str(config.to_dict())  # the run's config.yaml speaks hydrappo
 
@@ -50,7 +62,7 @@ REFUSED = [
     (["--max_steps", "10"], "set train.total_steps"),
     (["--num_generations"], "--num_generations (TRL's name for --samples_per_prompt) needs a value"),
     (["--num_generations", "4", "--samples_per_prompt", "8"], None),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("words, fix", REFUSED, ids=[" ".join(c[0]) for c in REFUSED])

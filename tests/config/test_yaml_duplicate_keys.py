@@ -15,7 +15,9 @@ def test_a_key_given_twice_in_a_section_names_the_key_and_both_lines(tmp_path):
     path.write_text("model:\n  name_or_path: x\ntrain:\n  total_steps: 3\n  seed: 4\n  total_steps: 5\n")
     with pytest.raises(ConfigError) as error:
         parse_config(path, [])
-    assert str(error.value) == f"config file {path}: key 'total_steps' is given twice (lines 4 and 6); keep one of them."
+    assert (
+        str(error.value) == f"config file {path}: key 'total_steps' is given twice (lines 4 and 6); keep one of them."
+    )
 
 
 def test_a_section_given_twice_is_refused_too(tmp_path):
@@ -27,7 +29,10 @@ def test_a_section_given_twice_is_refused_too(tmp_path):
 
 def test_a_file_without_repeats_still_parses():
     assert load_yaml("model:\n  name_or_path: x\ntrain:\n  total_steps: 3\nppo: {total_steps: 1}\n") == {
-        "model": {"name_or_path": "x"}, "train": {"total_steps": 3}, "ppo": {"total_steps": 1}}
+        "model": {"name_or_path": "x"},
+        "train": {"total_steps": 3},
+        "ppo": {"total_steps": 1},
+    }
     assert parse_config(TINY / "config.yaml", []).train.total_steps > 0
 
 
@@ -52,22 +57,34 @@ def test_merge_keys_read_as_yaml_safe_load_reads_them():
     loaded = load_yaml(MERGES)
     assert loaded == yaml.safe_load(MERGES)
     assert loaded["ppo"] == {"batch_size": 16, "mini_batch_size": 4}  # the written key overrides the merged one
-    assert set(loaded["both"]) == {"batch_size", "mini_batch_size", "ppo_epochs", "learning_rate"}  # (order: as PyYAML's)
+    assert set(loaded["both"]) == {
+        "batch_size",
+        "mini_batch_size",
+        "ppo_epochs",
+        "learning_rate",
+    }  # (order: as PyYAML's)
     assert loaded["inline"] == {"a": 1, "b": 3}
 
 
 def test_a_config_with_merge_keys_parses(tmp_path):
     path = tmp_path / "config.yaml"
-    path.write_text((TINY / "config.yaml").read_text().replace("ppo:\n", "ppo:\n  <<: {ppo_epochs: 2, batch_size: 8}\n", 1)
-                    .replace("name_or_path: model", f"name_or_path: {TINY / 'model'}"))  # fmt: skip
+    path.write_text(
+        (TINY / "config.yaml")
+        .read_text()
+        .replace("ppo:\n", "ppo:\n  <<: {ppo_epochs: 2, batch_size: 8}\n", 1)
+        .replace("name_or_path: model", f"name_or_path: {TINY / 'model'}")
+    )
     config = parse_config(path, [], check=False)
     assert (config.ppo.ppo_epochs, config.ppo.batch_size) == (4, 32)  # the section's own keys win over the merged ones
 
 
-@pytest.mark.parametrize(("text", "key", "lines"), [
-    ("ppo:\n  <<: {a: 1}\n  b: 2\n  b: 3\n", "b", (3, 4)),  # beside a merge key
-    ("ppo:\n  <<: {a: 1,\n        a: 2}\n  b: 2\n", "a", (2, 3)),  # inside the merged mapping
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [
+        ("ppo:\n  <<: {a: 1}\n  b: 2\n  b: 3\n", "b", (3, 4)),  # beside a merge key
+        ("ppo:\n  <<: {a: 1,\n        a: 2}\n  b: 2\n", "a", (2, 3)),  # inside the merged mapping
+    ],
+)
 def test_real_repeats_next_to_merge_keys_are_still_refused(text, key, lines):
     with pytest.raises(yaml.YAMLError, match=rf"key '{key}' is given twice \(lines {lines[0]} and {lines[1]}\)"):
         load_yaml(text)

@@ -15,8 +15,10 @@ from runs import ROOT, TINY
 
 pytestmark = pytest.mark.slow
 
-TEMPLATE = ("{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2', 'tool': 'n4'}[m['role']] }} "
-            "{{ m['content'] }} <eos> {% endfor %}{% if add_generation_prompt %}n2{% endif %}")  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2', 'tool': 'n4'}[m['role']] }} "
+    "{{ m['content'] }} <eos> {% endfor %}{% if add_generation_prompt %}n2{% endif %}"
+)
 FIXTURE = ROOT / "tests" / "fixtures" / "agent_tools.py"
 
 
@@ -24,7 +26,9 @@ def write_run(tmp, tool: str, **agent):
     tokenizer = AutoTokenizer.from_pretrained(TINY / "model")
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(tmp / "tokenizer")
-    (tmp / "tools.py").write_text(FIXTURE.read_text() + f'''
+    (tmp / "tools.py").write_text(
+        FIXTURE.read_text()
+        + f'''
 
 def broken(word: str) -> str:
     """Fails once the run has written its first checkpoint (from step 2 on).
@@ -36,7 +40,8 @@ def broken(word: str) -> str:
     if os.path.isdir({str(tmp / "run" / "checkpoint-1")!r}):
         raise RuntimeError("the index is gone")
     return "g1"
-''')
+'''
+    )
     config = yaml.safe_load((TINY / "config.yaml").read_text())
     config["model"].update(name_or_path=str(TINY / "model"), tokenizer_name_or_path=str(tmp / "tokenizer"))
     config["generation"].update(stop_token_ids=list(range(20, 44)), samples_per_prompt=4, generation_batch_size=16)
@@ -46,22 +51,35 @@ def broken(word: str) -> str:
     config["train"].update(output_dir=str(tmp / "run"), total_steps=3, save_every=1)
     # The parser: a turn with a word of n5..n29 calls `tool` (the rename keeps the fixture's rule).
     (tmp / "tools.py").write_text((tmp / "tools.py").read_text().replace('{"name": "lookup"', f'{{"name": "{tool}"'))
-    config["agent"] = {"tools": [f"{tmp / 'tools.py'}:{tool}"], "tool_call_parser": f"{tmp / 'tools.py'}:parse",
-                       "max_tool_calling_iterations": 1, "max_episode_tokens": 40, **agent}  # fmt: skip
+    config["agent"] = {
+        "tools": [f"{tmp / 'tools.py'}:{tool}"],
+        "tool_call_parser": f"{tmp / 'tools.py'}:parse",
+        "max_tool_calling_iterations": 1,
+        "max_episode_tokens": 40,
+        **agent,
+    }
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
 def train(path):
-    return subprocess.run([sys.executable, "-m", "hydrappo", "train", str(path), "--progress_bar", "false"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hydrappo", "train", str(path), "--progress_bar", "false"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
 
 
 def test_a_failing_tool_ends_the_run_with_its_message_and_keeps_the_checkpoints(tmp_path):
     done = train(write_run(tmp_path, "broken"))
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "tool 'broken' at step 2, called with {'word': " in done.stderr and "raised RuntimeError: the index is gone" in done.stderr
+    assert (
+        "tool 'broken' at step 2, called with {'word': " in done.stderr
+        and "raised RuntimeError: the index is gone" in done.stderr
+    )
     assert "agent.on_tool_error: result" in done.stderr and "Traceback" not in done.stderr
     assert (tmp_path / "run" / "checkpoint-1").is_dir()
 
@@ -70,6 +88,9 @@ def test_with_on_tool_error_result_the_failure_is_a_tool_turn_and_training_goes_
     done = train(write_run(tmp_path, "broken", on_tool_error="result"))
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1]["step"] == 3 and sum(s["agent/failed_calls_mean"] for s in steps if "agent/failed_calls_mean" in s) > 0
+    assert (
+        steps[-1]["step"] == 3
+        and sum(s["agent/failed_calls_mean"] for s in steps if "agent/failed_calls_mean" in s) > 0
+    )
     rates = [s["agent/valid_call_rate"] for s in steps if "agent/valid_call_rate" in s]
     assert rates and all(rate == 1.0 for rate in rates)  # the failed calls were valid calls: the tool failed

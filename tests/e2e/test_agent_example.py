@@ -41,4 +41,8 @@ def test_the_transcripts_teach_the_call_the_tool_answers(tmp_path):
         assert f"<|im_start|>tool\n{a + b}<|im_end|>" in answer_row["prompt"]  # the result: context, never a target
         assert answer_row["response"] == f"{a} + {b} = {a + b}" and str(a + b) not in call_row["response"]
     accuracy = load_object(f"{EXAMPLE / 'reward.py'}:accuracy", None, "example")
-    assert accuracy(["12 + 30 = 42", "The sum is 1,042.", "42 is it? no: 41"], answer=["42", "1042", "42"]) == [1.0, 1.0, 0.0]
+    assert accuracy(["12 + 30 = 42", "The sum is 1,042.", "42 is it? no: 41"], answer=["42", "1042", "42"]) == [
+        1.0,
+        1.0,
+        0.0,
+    ]

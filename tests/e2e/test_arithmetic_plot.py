@@ -17,11 +17,23 @@ spec.loader.exec_module(plot_eval)
 
 def test_curves_and_png(tmp_path):
     rows = [
-        {"step": 0, "eval/reward/accuracy": 0.3, "eval/reward/format_reward": 0.4, "eval/missing_eos_frac": 0.6, "eval/degenerate_frac": 0.0},
+        {
+            "step": 0,
+            "eval/reward/accuracy": 0.3,
+            "eval/reward/format_reward": 0.4,
+            "eval/missing_eos_frac": 0.6,
+            "eval/degenerate_frac": 0.0,
+        },
         {"step": 1, "env/reward/accuracy": 0.25},
-        {"step": 2, "env/reward/accuracy": 0.5, "eval/reward/accuracy": 0.6, "eval/reward/format_reward": 0.9,
-         "eval/missing_eos_frac": 0.05, "eval/degenerate_frac": 0.01},
-    ]  # fmt: skip
+        {
+            "step": 2,
+            "env/reward/accuracy": 0.5,
+            "eval/reward/accuracy": 0.6,
+            "eval/reward/format_reward": 0.9,
+            "eval/missing_eos_frac": 0.05,
+            "eval/degenerate_frac": 0.01,
+        },
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     held_out, train = plot_eval.curves(tmp_path / "metrics.jsonl")
     assert held_out["held-out accuracy"] == [(0, 0.3), (2, 0.6)]

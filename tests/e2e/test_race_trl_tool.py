@@ -44,10 +44,13 @@ def trl_get_reward(model, query_responses, pad_token_id: int, context_length: in
     first pad)."""
     attention_mask = query_responses != pad_token_id
     output = getattr(model, model.base_model_prefix)(
-        input_ids=torch.masked_fill(query_responses, ~attention_mask, 0), attention_mask=attention_mask,
-        position_ids=attention_mask.cumsum(1) - attention_mask.long(), return_dict=True, output_hidden_states=True,
+        input_ids=torch.masked_fill(query_responses, ~attention_mask, 0),
+        attention_mask=attention_mask,
+        position_ids=attention_mask.cumsum(1) - attention_mask.long(),
+        return_dict=True,
+        output_hidden_states=True,
         use_cache=False,
-    )  # fmt: skip
+    )
     logits = model.score(output.hidden_states[-1])
     is_pad = query_responses[:, context_length:] == pad_token_id
     first_pad = torch.where(is_pad.any(1), is_pad.int().argmax(1), is_pad.shape[1])
@@ -63,10 +66,12 @@ def test_the_reward_adapter_gives_trl_the_reward_function_s_score_of_each_respon
         return [len(response.split()) + 0.5 * len(prompt.split()) for prompt, response in zip(prompts, outputs)]
 
     adapter = race_trl.vader_reward_model(tokenizer, reward_fn, response_length=4)
-    query_responses = torch.tensor([
-        [pad, 5, 6, 7, 8, 9, 10],  # a left-padded prompt 'n1 n2', the whole response 'n3 n4 n5 n6'
-        [4, 5, 6, 11, 12, pad, pad],  # prompt 'n0 n1 n2', the response cut after 'n7 n8' (TRL's truncation)
-    ])  # fmt: skip
+    query_responses = torch.tensor(
+        [
+            [pad, 5, 6, 7, 8, 9, 10],  # a left-padded prompt 'n1 n2', the whole response 'n3 n4 n5 n6'
+            [4, 5, 6, 11, 12, pad, pad],  # prompt 'n0 n1 n2', the response cut after 'n7 n8' (TRL's truncation)
+        ]
+    )
     scores = trl_get_reward(adapter, query_responses, pad, context_length=3)
     assert scores.tolist() == [4 + 0.5 * 2, 2 + 0.5 * 3]  # exact: small integers and halves in float32
     assert adapter.backbone.seconds > 0  # its time is counted, to be reported apart

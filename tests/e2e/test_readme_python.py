@@ -22,7 +22,9 @@ def test_the_readme_python_example_trains_saves_and_reloads(tmp_path):
     code = readme_python_block().replace('"examples/tiny/model"', repr(str(ROOT / "examples" / "tiny" / "model")))
     code += "\nprint('loaded', type(model).__name__)\n"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "loaded LlamaForCausalLM" in result.stdout
     run = tmp_path / "runs" / "python"

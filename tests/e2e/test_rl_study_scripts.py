@@ -17,8 +17,14 @@ import rl_study  # noqa: E402
 from reward import accuracy, format_ok, format_reward  # noqa: E402
 
 
-DEFAULTS = {"config": TINY / "config.yaml", "eval_prompts": TINY / "prompts.jsonl", "reward_fn": f"{TINY / 'reward.py'}:reward_fn",
-            "knob": "init_kl_coef", "values": [0.3], "output_dir": "unused"}  # fmt: skip
+DEFAULTS = {
+    "config": TINY / "config.yaml",
+    "eval_prompts": TINY / "prompts.jsonl",
+    "reward_fn": f"{TINY / 'reward.py'}:reward_fn",
+    "knob": "init_kl_coef",
+    "values": [0.3],
+    "output_dir": "unused",
+}
 
 
 @pytest.mark.slow
@@ -40,7 +46,10 @@ def test_frontier_and_study_run_measure_and_plot(tmp_path):
 
 
 def test_planner_column_follows_the_setting():
-    one, full, lora = (rl_study.planner_figure(rl_study.STUDY_VARIANTS[name]) for name in ("N=1", "full (N=-1)", "LoRA r=16, all layers"))
+    one, full, lora = (
+        rl_study.planner_figure(rl_study.STUDY_VARIANTS[name])
+        for name in ("N=1", "full (N=-1)", "LoRA r=16, all layers")
+    )
     assert one["planner_peak_gib"] < lora["planner_peak_gib"] < full["planner_peak_gib"]
     assert one["planner_fits"] and not full["planner_fits"]  # an 8B model on a 24 GB GPU
 
@@ -78,6 +87,12 @@ def test_frontier_measures_the_base_with_the_runs_extra_options(tmp_path, monkey
 
 
 def test_heldout_base_model_takes_options():
-    base = rl_study.heldout(None, TINY / "prompts.jsonl", f"{TINY / 'reward.py'}:reward_fn", base_config=TINY / "config.yaml",
-                            limit=4, base_options=["--max_new_tokens", "3"])  # fmt: skip
+    base = rl_study.heldout(
+        None,
+        TINY / "prompts.jsonl",
+        f"{TINY / 'reward.py'}:reward_fn",
+        base_config=TINY / "config.yaml",
+        limit=4,
+        base_options=["--max_new_tokens", "3"],
+    )
     assert base["kl"] == 0.0 and 0 < base["response_tokens_mean"] <= 3  # the option reached the generation

@@ -28,9 +28,25 @@ def test_two_ppo_steps_on_smollm2_with_vader(tmp_path):
 
     config = parse_config(
         SENTIMENT / "config.yaml",
-        ["--output_dir", str(tmp_path), "--total_steps", "2", "--batch_size", "4", "--mini_batch_size", "2",
-         "--generation_batch_size", "4", "--max_new_tokens", "6", "--ppo_epochs", "1", "--save_every", "2",
-         "--no_progress_bar"],
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--total_steps",
+            "2",
+            "--batch_size",
+            "4",
+            "--mini_batch_size",
+            "2",
+            "--generation_batch_size",
+            "4",
+            "--max_new_tokens",
+            "6",
+            "--ppo_epochs",
+            "1",
+            "--save_every",
+            "2",
+            "--no_progress_bar",
+        ],
     )
     trainer = PPOTrainer(config, config_dir=SENTIMENT)
     model, tokenizer = trainer.hydra.model, trainer.tokenizer

@@ -21,7 +21,9 @@ FIXTURE = ROOT / "tests" / "fixtures" / "trl_contract_rewards.py"
 
 
 def test_unscored_samples_leave_the_group_mean_by_hand():
-    scores = torch.tensor([1.0, float("nan"), 3.0, 2.0, float("nan"), float("nan"), float("nan"), 5.0], dtype=torch.float64)
+    scores = torch.tensor(
+        [1.0, float("nan"), 3.0, 2.0, float("nan"), float("nan"), float("nan"), 5.0], dtype=torch.float64
+    )
     filled, unscored = fill_unscored(scores, 4)
     assert filled.tolist() == [1.0, 2.0, 3.0, 2.0, 5.0, 5.0, 5.0, 5.0]  # each group's scored mean: 2 and 5
     assert unscored.tolist() == [False, True, False, False, True, True, True, False]
@@ -46,7 +48,9 @@ def test_async_functions_are_awaited_together_and_none_sums_as_nothing():
     context = RewardContext(max_steps=4)
     begin = time.perf_counter()
     scores = sources(["x"] * 3, ["p"] * 3, ["x"] * 3, context=context)
-    assert time.perf_counter() - begin < 0.75 and abs(started[0] - started[1]) < 0.2  # together, not one after the other
+    assert (
+        time.perf_counter() - begin < 0.75 and abs(started[0] - started[1]) < 0.2
+    )  # together, not one after the other
     assert scores[:2].tolist() == [2.0, 1.5] and torch.isnan(scores[2])  # None: 0 in the sum; None everywhere: unscored
 
 
@@ -55,17 +59,51 @@ def test_a_trl_reward_file_using_all_of_it_runs_unchanged(tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "out"
-    code = main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), "--total_steps", "3", "--batch_size", "16",
-                 "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4", "--no_progress_bar",
-                 "--num_generations", "4", "--advantage_estimator", "grpo", "--beta", "0", "--log_samples_every", "1",
-                 "--reward_fn", f"{FIXTURE}:good_words,{FIXTURE}:short_bonus", "--reward_weights", "1", "1"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(out),
+            "--total_steps",
+            "3",
+            "--batch_size",
+            "16",
+            "--mini_batch_size",
+            "8",
+            "--ppo_epochs",
+            "1",
+            "--max_new_tokens",
+            "4",
+            "--no_progress_bar",
+            "--num_generations",
+            "4",
+            "--advantage_estimator",
+            "grpo",
+            "--beta",
+            "0",
+            "--log_samples_every",
+            "1",
+            "--reward_fn",
+            f"{FIXTURE}:good_words,{FIXTURE}:short_bonus",
+            "--reward_weights",
+            "1",
+            "1",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [row["reward_metrics/progress"] for row in rows] == [0.0, 1 / 3, 2 / 3]  # trainer_state.global_step / max_steps
+    assert [row["reward_metrics/progress"] for row in rows] == [
+        0.0,
+        1 / 3,
+        2 / 3,
+    ]  # trainer_state.global_step / max_steps
     assert all(row["reward_metrics/async_calls"] == 1.0 for row in rows)
     assert any(row["env/unscored_frac"] > 0 for row in rows) and all(row["env/unscored_frac"] < 1 for row in rows)
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0}).Reload()
-    assert {"reward_metrics/progress", "reward_metrics/async_calls", "env/unscored_frac"} <= set(events.Tags()["scalars"])
+    assert {"reward_metrics/progress", "reward_metrics/async_calls", "env/unscored_frac"} <= set(
+        events.Tags()["scalars"]
+    )
     texts = [event.tensor_proto.string_val[0].decode() for event in events.Tensors("samples/text_summary")]
     assert texts and all("| good_words |" in text.splitlines()[0] for text in texts)
 
@@ -74,8 +112,21 @@ def test_a_trl_reward_file_using_all_of_it_runs_unchanged(tmp_path, capsys):
 def test_an_unscored_sample_leaves_the_loss(tmp_path):
     from runs import tiny_trainer
 
-    trainer = tiny_trainer(tmp_path / "out", "--advantage_estimator", "grpo", "--samples_per_prompt", "4",
-                           "--init_kl_coef", "0", "--batch_size", "8", "--mini_batch_size", "8", "--max_new_tokens", "4")  # fmt: skip
+    trainer = tiny_trainer(
+        tmp_path / "out",
+        "--advantage_estimator",
+        "grpo",
+        "--samples_per_prompt",
+        "4",
+        "--init_kl_coef",
+        "0",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "8",
+        "--max_new_tokens",
+        "4",
+    )
     nan = float("nan")
     trainer.score = lambda *args, **kwargs: torch.tensor([nan, 1.0, nan, 0.0, nan, nan, nan, nan])
     experience, stats, _ = trainer.make_experience(trainer.step_plan())

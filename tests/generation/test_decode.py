@@ -133,8 +133,9 @@ def test_draws_follow_the_policys_filtered_distribution(rule):
     hydra = HydraModel(tiny_model("llama", initializer_range=0.3).double(), num_layers_unfrozen=1)
     prompt = prompts_of([5])[0]
     draws = 20000
-    args = GenerationArgs(max_new_tokens=1, generation_batch_size=draws, temperature=rule.temperature,
-                          top_k=rule.top_k, top_p=rule.top_p)  # fmt: skip
+    args = GenerationArgs(
+        max_new_tokens=1, generation_batch_size=draws, temperature=rule.temperature, top_k=rule.top_k, top_p=rule.top_p
+    )
     torch.manual_seed(0)
     sampled = generate_responses(hydra, tokenizer, [prompt] * draws, args, loop="decode").response_ids
     counts = torch.bincount(torch.tensor([row[0] for row in sampled]), minlength=VOCAB).double()
@@ -155,7 +156,9 @@ def test_rows_that_ended_leave_the_batch():
     tokenizer = tiny_tokenizer()
     hydra = hydra64()
     seen = []
-    handle = hydra.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    handle = hydra.model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
     prompts = prompts_of([3, 7, 5, 9, 4, 6, 8, 2])
     args = GenerationArgs(max_new_tokens=10, generation_batch_size=8, stop_token_ids=[11, 12, 13])
     try:
@@ -205,7 +208,10 @@ def test_the_preallocated_cache_layer_holds_what_a_dynamic_layer_holds():
 
 def test_the_loop_runs_on_preallocated_layers():
     """Full-attention layers become PreallocatedLayers; sliding-window ones keep their kind."""
-    for family, expected in (("llama", {"PreallocatedLayer"}), ("qwen2", {"PreallocatedLayer", "DynamicSlidingWindowLayer"})):
+    for family, expected in (
+        ("llama", {"PreallocatedLayer"}),
+        ("qwen2", {"PreallocatedLayer", "DynamicSlidingWindowLayer"}),
+    ):
         model = tiny_model(family)
         cache = with_room(None, model, capacity=16)
         assert {type(layer).__name__ for layer in cache.layers} == expected, family

@@ -25,8 +25,10 @@ FIXTURE = ROOT / "tests" / "fixtures" / "agent_tools.py"
 Shelf, lookup = (load_object(f"{FIXTURE}:{name}", None, "fixture") for name in ("Shelf", "lookup"))
 
 # A chat template over the tiny vocabulary: a turn is its role's word, its content and <eos>.
-TEMPLATE = ("{% for m in messages %}{{ {'system': 'w0', 'user': 'w1', 'assistant': 'w2', 'tool': 'w3'}[m['role']] }} "
-            "{{ m['content'] }} <eos> {% endfor %}{% if add_generation_prompt %}w2{% endif %}")  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}{{ {'system': 'w0', 'user': 'w1', 'assistant': 'w2', 'tool': 'w3'}[m['role']] }} "
+    "{{ m['content'] }} <eos> {% endfor %}{% if add_generation_prompt %}w2{% endif %}"
+)
 
 
 def tokenizer():
@@ -41,9 +43,16 @@ def calls_when(word):
 
 
 def agent(tools=(lookup,), environments=None, parse=None, max_iterations=None, max_tokens=64, on_error="stop"):
-    return Agent(tools=[tool_of(t) for t in tools], environments=environments, parse=parse or calls_when("w5"),
-                 max_iterations=max_iterations, max_episode_tokens=max_tokens, timeout_s=None, on_error=on_error,
-                 renders_tools=False)  # fmt: skip
+    return Agent(
+        tools=[tool_of(t) for t in tools],
+        environments=environments,
+        parse=parse or calls_when("w5"),
+        max_iterations=max_iterations,
+        max_episode_tokens=max_tokens,
+        timeout_s=None,
+        on_error=on_error,
+        renders_tools=False,
+    )
 
 
 def scripted(tok, replies):
@@ -54,7 +63,9 @@ def scripted(tok, replies):
         turns.append(len(prompt_ids))
         words = replies[min(len(turns) - 1, len(replies) - 1)]
         reply = tok(words + " <eos>", add_special_tokens=False)["input_ids"]
-        return Responses(prompt_ids=prompt_ids, response_ids=[list(reply) for _ in prompt_ids], ended=[True] * len(prompt_ids))
+        return Responses(
+            prompt_ids=prompt_ids, response_ids=[list(reply) for _ in prompt_ids], ended=[True] * len(prompt_ids)
+        )
 
     return sample, turns
 
@@ -74,25 +85,41 @@ def test_an_episode_is_one_sequence_with_the_tool_turns_out_of_the_action_mask()
     assert out.response_ids[0] == ids("w5 w6 <eos>") + tool_turn + ids("w7 <eos>")
     assert out.policy_mask[0] == [1, 1, 1] + [0] * len(tool_turn) + [1, 1]
     assert out.final_texts == ["w7", "w7"] and out.ended == [True, True] and turns == [2, 2]
-    assert out.episode_stats[0] == {"tool_calls": 1.0, "valid_calls": 1.0, "called_validly": 1.0, "tool_rounds": 1.0,
-                                    "failed_calls": 0.0, "tokens": float(len(out.response_ids[0]))}  # fmt: skip
+    assert out.episode_stats[0] == {
+        "tool_calls": 1.0,
+        "valid_calls": 1.0,
+        "called_validly": 1.0,
+        "tool_rounds": 1.0,
+        "failed_calls": 0.0,
+        "tokens": float(len(out.response_ids[0])),
+    }
     assert summarize(out.episode_stats, "agent/")["agent/valid_call_rate"] == 1.0
     # The packed episode: the tool turn is attended to (context) but is no action.
-    input_ids, attention, action, width = pack_sequences(out.prompt_ids, out.response_ids, tok.pad_token_id, out.policy_mask)
-    assert action[0].tolist() == [float(m) for m in out.policy_mask[0]] and attention[0, width:].sum() == len(out.response_ids[0])
+    input_ids, attention, action, width = pack_sequences(
+        out.prompt_ids, out.response_ids, tok.pad_token_id, out.policy_mask
+    )
+    assert action[0].tolist() == [float(m) for m in out.policy_mask[0]] and attention[0, width:].sum() == len(
+        out.response_ids[0]
+    )
 
 
-@pytest.mark.parametrize("how, expected_turns, rounds", [
-    ("answer", 1, 0),            # no call: the reply is the answer
-    ("round_limit", 2, 1),       # max_tool_calling_iterations=1: the second call is not executed
-    ("environment_done", 2, 2),  # Shelf is done after two lookups: no tool turn after the second
-    ("token_budget", 1, 1),      # the next turn would not fit in max_episode_tokens
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "how, expected_turns, rounds",
+    [
+        ("answer", 1, 0),  # no call: the reply is the answer
+        ("round_limit", 2, 1),  # max_tool_calling_iterations=1: the second call is not executed
+        ("environment_done", 2, 2),  # Shelf is done after two lookups: no tool turn after the second
+        ("token_budget", 1, 1),  # the next turn would not fit in max_episode_tokens
+    ],
+)
 def test_episodes_end_for_each_reason(how, expected_turns, rounds):
     tok = tokenizer()
     sample, turns = scripted(tok, ["w7"] if how == "answer" else ["w5"])
-    options = {"round_limit": {"max_iterations": 1}, "token_budget": {"max_tokens": 8},
-               "environment_done": {"tools": (), "environments": Environments(Shelf, [])}}.get(how, {})  # fmt: skip
+    options = {
+        "round_limit": {"max_iterations": 1},
+        "token_budget": {"max_tokens": 8},
+        "environment_done": {"tools": (), "environments": Environments(Shelf, [])},
+    }.get(how, {})
     a = agent(**options)
     out = run_episodes(a, episodes_of(tok, a), sample, tok, GenerationArgs(max_new_tokens=4), step=1)
     assert len(turns) == expected_turns and out.episode_stats[0]["tool_rounds"] == rounds
@@ -118,16 +145,26 @@ def played_on_the_hydra(record_split):
     once (one round at most), so ended first turns get a tool turn and a second reply."""
     tok = tokenizer()
     hydra = float64_hydra(eos_boost=3.0)
-    a = agent(tools=(lookup_words(),), parse=lambda text: [Call({"name": "lookup", "arguments": {"word": "w1"}})],
-              max_iterations=1)  # fmt: skip
+    a = agent(
+        tools=(lookup_words(),),
+        parse=lambda text: [Call({"name": "lookup", "arguments": {"word": "w1"}})],
+        max_iterations=1,
+    )
 
     def sample(prompt_ids, args, greedy=False, record_split=False):
         return generate_responses(hydra, tok, prompt_ids, args, record_split=record_split, greedy=greedy, loop="decode")
 
     rows = [{"prompt": f"w{10 + i} w{20 + i}"} for i in range(6)]
     episodes = start_episodes(a, tok, rows, [[{"role": "user", "content": r["prompt"]}] for r in rows], None, step=1)
-    out = run_episodes(a, episodes, sample, tok, GenerationArgs(max_new_tokens=6, generation_batch_size=4, stop_token_ids=STOPS), greedy=True,
-                       record_split=record_split)  # fmt: skip
+    out = run_episodes(
+        a,
+        episodes,
+        sample,
+        tok,
+        GenerationArgs(max_new_tokens=6, generation_batch_size=4, stop_token_ids=STOPS),
+        greedy=True,
+        record_split=record_split,
+    )
     return hydra, tok, out
 
 
@@ -171,7 +208,7 @@ def test_tool_tokens_have_no_gradient_and_the_loss_is_the_hand_computed_one():
     terms, count = 0.0, 0
     for row in range(ids.shape[0]):
         for t in range(action.shape[1]):
-            if out.policy_mask[row][t:t + 1] == [1]:
+            if out.policy_mask[row][t : t + 1] == [1]:
                 ratio = torch.exp(token_logprobs[row, t] - old[row, t])
                 a = advantages[row, t]
                 terms += max(float(-a * ratio), float(-a * ratio.clamp(0.8, 1.2)))

@@ -265,5 +265,7 @@ def test_the_sampler_is_chosen_by_name_and_auto_keeps_it_off_until_measured():
     assert resolve_sampler("auto", "cpu") == "decode"  # the CPU keeps the decode loop
     assert resolve_sampler("auto", "cuda") == "generate"  # until the graph sampler is measured as it is now
     assert resolve_sampler("auto", "cuda", synced=True) == "generate"  # only generate runs in lockstep
-    assert resolve_sampler("auto", "cuda", quantized=True) == "generate"  # bitsandbytes' kernels: not measured in a graph
+    assert (
+        resolve_sampler("auto", "cuda", quantized=True) == "generate"
+    )  # bitsandbytes' kernels: not measured in a graph
     assert resolve_sampler("graph", "cuda", quantized=True) == "graph"  # named: as named

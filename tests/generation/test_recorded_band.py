@@ -31,7 +31,9 @@ def test_states_recorded_at_the_bands_bottom_give_the_whole_pass(family, loop):
         for p in hydra.arch.layers[2].parameters():
             p.mul_(1.1)
     prompts = prompts_of([3, 7, 5, 2, 6, 4, 8])
-    recorded, ids, mask, again, reused = both_passes(hydra, tiny_tokenizer(), prompts, loop, stop_token_ids=[5, 6, 7, 8, 9])
+    recorded, ids, mask, again, reused = both_passes(
+        hydra, tiny_tokenizer(), prompts, loop, stop_token_ids=[5, 6, 7, 8, 9]
+    )
     assert recorded.split_hidden[0].shape[-1] == hydra.arch.hidden_size
     assert (again.logprobs - again.ref_logprobs).abs().max() > 1e-3
     assert_same_experience(again, reused, mask)
@@ -40,8 +42,10 @@ def test_states_recorded_at_the_bands_bottom_give_the_whole_pass(family, loop):
 def test_the_experience_pass_on_recorded_states_never_runs_the_layers_below_the_band():
     hydra = band_hydra()
     calls = {"below": 0, "above": 0}
-    handles = [hydra.arch.layers[0].register_forward_pre_hook(lambda *a: calls.__setitem__("below", calls["below"] + 1)),
-               hydra.arch.layers[3].register_forward_pre_hook(lambda *a: calls.__setitem__("above", calls["above"] + 1))]
+    handles = [
+        hydra.arch.layers[0].register_forward_pre_hook(lambda *a: calls.__setitem__("below", calls["below"] + 1)),
+        hydra.arch.layers[3].register_forward_pre_hook(lambda *a: calls.__setitem__("above", calls["above"] + 1)),
+    ]
     tokenizer = tiny_tokenizer()
     recorded = sample(hydra, tokenizer, prompts_of([3, 5, 4]), True)
     ids, mask, _, width = pack_sequences(recorded.prompt_ids, recorded.response_ids, tokenizer.pad_token_id)
@@ -60,8 +64,12 @@ def test_groups_sharing_one_prefill_record_the_bands_states():
     hydra = band_hydra("qwen2")
     tokenizer = tiny_tokenizer()
     prompts = [p for p in prompts_of([3, 7, 1, 5]) for _ in range(3)]
-    per_row = sample(hydra, tokenizer, prompts, False, share_prompt_prefill=False, generation_batch_size=4, stop_token_ids=[5, 6])
-    shared = sample(hydra, tokenizer, prompts, False, share_prompt_prefill=True, generation_batch_size=4, stop_token_ids=[5, 6])
+    per_row = sample(
+        hydra, tokenizer, prompts, False, share_prompt_prefill=False, generation_batch_size=4, stop_token_ids=[5, 6]
+    )
+    shared = sample(
+        hydra, tokenizer, prompts, False, share_prompt_prefill=True, generation_batch_size=4, stop_token_ids=[5, 6]
+    )
     assert shared.response_ids == per_row.response_ids
     _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, generation_batch_size=4, stop_token_ids=[5, 6])
     assert_same_experience(again, reused, mask)

@@ -37,7 +37,11 @@ def assert_same_experience(again, reused, mask):
     strict = again.scores is not None
     width = again.logprobs.shape[1]
     lengths = (mask[:, -width:].sum(-1)).tolist() if not strict else None
-    used = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None] if not strict else torch.ones_like(again.logprobs, dtype=torch.bool)
+    used = (
+        torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+        if not strict
+        else torch.ones_like(again.logprobs, dtype=torch.bool)
+    )
     for name in ("logprobs", "ref_logprobs", "values", "entropy", "scores"):
         a, b = getattr(again, name), getattr(reused, name)
         assert (a is None) == (b is None), name
@@ -62,7 +66,9 @@ def test_recorded_split_gives_the_whole_pass_outputs(family, loop):
     # Prompts of different lengths in chunks of 3 (each chunk left-padded to its own width),
     # EOS allowed: rows stop at different lengths, some at the limit.
     prompts = prompts_of([3, 7, 5, 2, 6, 4, 8])
-    recorded, ids, mask, again, reused = both_passes(hydra, tokenizer, prompts, loop, stop_token_ids=[5, 6, 7, 8, 9, 10])
+    recorded, ids, mask, again, reused = both_passes(
+        hydra, tokenizer, prompts, loop, stop_token_ids=[5, 6, 7, 8, 9, 10]
+    )
     lengths = [len(r) for r in recorded.response_ids]
     assert min(lengths) < 9 and max(lengths) == 9, lengths  # both kinds of rows are covered
     assert_same_experience(again, reused, mask)
@@ -79,7 +85,9 @@ def test_split_positions_and_pooling(num_layers_unfrozen, pooling, loop):
         branch.pooling = pooling
         hydra.attach_reward_branch(branch)
     prompts = prompts_of([4, 9, 1, 6, 3], seed=2)
-    _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, loop, stop_token_ids=[11, 12, 13], max_new_tokens=7)
+    _, _, mask, again, reused = both_passes(
+        hydra, tokenizer, prompts, loop, stop_token_ids=[11, 12, 13], max_new_tokens=7
+    )
     assert_same_experience(again, reused, mask)
 
 
@@ -131,8 +139,19 @@ def test_one_ppo_step_is_the_same_with_and_without_reuse(tmp_path):
     state from the wrong position) moves weights by ~lr per step and scalars by percents."""
     results = []
     for reuse in ("true", "false"):
-        trainer = tiny_trainer(tmp_path / reuse, "--reuse_trunk_pass", reuse, "--total_steps", "1", "--save_every", "0",
-                               "--dtype", "float64", "--adam_eps", "1e-6")  # fmt: skip
+        trainer = tiny_trainer(
+            tmp_path / reuse,
+            "--reuse_trunk_pass",
+            reuse,
+            "--total_steps",
+            "1",
+            "--save_every",
+            "0",
+            "--dtype",
+            "float64",
+            "--adam_eps",
+            "1e-6",
+        )
         stats, samples = trainer.train_step()
         weights = [p.detach().clone() for p in trainer.hydra.trainable_parameters()]
         results.append((stats, samples, weights))
@@ -168,8 +187,12 @@ def test_groups_share_one_prefill(family):
     hydra = HydraModel(tiny64(family), 2)
     hydra.attach_reward_branch(hydra.new_reward_branch())
     prompts = [p for p in prompts_of([3, 7, 1, 5]) for _ in range(3)]
-    per_row = sample(hydra, tokenizer, prompts, False, share_prompt_prefill=False, generation_batch_size=4, stop_token_ids=[5, 6])
-    shared = sample(hydra, tokenizer, prompts, False, share_prompt_prefill=True, generation_batch_size=4, stop_token_ids=[5, 6])
+    per_row = sample(
+        hydra, tokenizer, prompts, False, share_prompt_prefill=False, generation_batch_size=4, stop_token_ids=[5, 6]
+    )
+    shared = sample(
+        hydra, tokenizer, prompts, False, share_prompt_prefill=True, generation_batch_size=4, stop_token_ids=[5, 6]
+    )
     assert shared.response_ids == per_row.response_ids
     _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, generation_batch_size=4, stop_token_ids=[5, 6])
     assert_same_experience(again, reused, mask)
@@ -206,6 +229,8 @@ def test_the_last_token_pass_runs_only_for_a_reward_branch(monkeypatch):
     both_passes(hydra, tokenizer, prompts, max_new_tokens=4, min_new_tokens=4, generation_batch_size=3)
     assert calls == []
     hydra.attach_reward_branch(hydra.new_reward_branch())
-    _, _, mask, again, reused = both_passes(hydra, tokenizer, prompts, max_new_tokens=4, min_new_tokens=4, generation_batch_size=3)
+    _, _, mask, again, reused = both_passes(
+        hydra, tokenizer, prompts, max_new_tokens=4, min_new_tokens=4, generation_batch_size=3
+    )
     assert calls == [1]
     assert_same_experience(again, reused, mask)

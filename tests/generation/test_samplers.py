@@ -90,7 +90,12 @@ def test_build_sampler_follows_the_option_and_auto_is_decode_on_cpu():
         name: build_sampler(GenerationArgs(sampler=name), hydra, tokenizer)
         for name in ("auto", "decode", "generate", "continuous_batching")
     }
-    assert [type(s) for s in built.values()] == [DecodeSampler, DecodeSampler, GenerateSampler, ContinuousBatchingSampler]
+    assert [type(s) for s in built.values()] == [
+        DecodeSampler,
+        DecodeSampler,
+        GenerateSampler,
+        ContinuousBatchingSampler,
+    ]
     assert all(isinstance(s, Sampler) for s in built.values())
     assert built["decode"].records_split and built["generate"].records_split
     assert not built["continuous_batching"].records_split
@@ -110,16 +115,30 @@ def test_the_trainer_runs_a_step_with_each_sampler(tmp_path, sampler):
 
 def test_config_refuses_what_continuous_batching_cannot_do():
     with pytest.raises(ConfigError) as error:
-        parse_config(TINY / "config.yaml", ["--sampler", "continuous_batching", "--min_new_tokens", "2",
-                                            "--fsdp_trunk", "true", "--output_dir", "/tmp/unused"])  # fmt: skip
+        parse_config(
+            TINY / "config.yaml",
+            [
+                "--sampler",
+                "continuous_batching",
+                "--min_new_tokens",
+                "2",
+                "--fsdp_trunk",
+                "true",
+                "--output_dir",
+                "/tmp/unused",
+            ],
+        )
     message = str(error.value)
     assert "generation.min_new_tokens=2 has no continuous-batching version" in message
     assert "generation.sampler='continuous_batching' cannot run a trunk sharded" in message
     for sampler in ("decode", "graph"):
         with pytest.raises(ConfigError) as error:
-            parse_config(TINY / "config.yaml", ["--sampler", sampler, "--fsdp_trunk", "true", "--output_dir", "/tmp/unused"])
+            parse_config(
+                TINY / "config.yaml", ["--sampler", sampler, "--fsdp_trunk", "true", "--output_dir", "/tmp/unused"]
+            )
         assert f"generation.sampler={sampler!r} cannot run a trunk sharded" in str(error.value)
     with pytest.raises(
-        ConfigError, match="generation.sampler='sglang' is not one of: auto, decode, graph, generate, continuous_batching, vllm"
+        ConfigError,
+        match="generation.sampler='sglang' is not one of: auto, decode, graph, generate, continuous_batching, vllm",
     ):
         parse_config(TINY / "config.yaml", ["--sampler", "sglang", "--output_dir", "/tmp/unused"])

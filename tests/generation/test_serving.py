@@ -57,9 +57,13 @@ class FakeEngine:
         for r in requests:
             sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k} if r.temperature > 0 else {}
             config = GenerationConfig(
-                do_sample=r.temperature > 0, **sampling, max_new_tokens=r.max_new_tokens,
-                min_new_tokens=r.min_new_tokens, eos_token_id=list(r.stop_token_ids), pad_token_id=0,
-            )  # fmt: skip
+                do_sample=r.temperature > 0,
+                **sampling,
+                max_new_tokens=r.max_new_tokens,
+                min_new_tokens=r.min_new_tokens,
+                eos_token_id=list(r.stop_token_ids),
+                pad_token_id=0,
+            )
             with torch.random.fork_rng():
                 if r.seed is not None:
                     torch.manual_seed(r.seed)
@@ -223,8 +227,21 @@ def test_build_sampler_builds_the_engine_once_or_says_what_is_missing(monkeypatc
 def test_the_config_refuses_what_the_engine_cannot_serve(monkeypatch):
     monkeypatch.setattr(checks, "_vllm_installed", lambda: False)
     with pytest.raises(ConfigError) as error:
-        parse_config(TINY / "config.yaml", ["--sampler", "vllm", "--fsdp_trunk", "true", "--trunk_quantization", "int8",
-                                            "--device", "cpu", "--output_dir", "/tmp/unused"])  # fmt: skip
+        parse_config(
+            TINY / "config.yaml",
+            [
+                "--sampler",
+                "vllm",
+                "--fsdp_trunk",
+                "true",
+                "--trunk_quantization",
+                "int8",
+                "--device",
+                "cpu",
+                "--output_dir",
+                "/tmp/unused",
+            ],
+        )
     message = str(error.value)
     assert "generation.sampler='vllm' cannot serve a trunk sharded over processes (train.fsdp_trunk)" in message
     assert "generation.sampler='vllm' cannot sample from model.trunk_quantization='int8''s trunk" in message
@@ -282,8 +299,9 @@ def test_ppo_steps_sample_with_the_engine_and_push_once_per_update(tmp_path, fak
 
 @pytest.mark.slow
 def test_a_critic_warmup_step_pushes_nothing(tmp_path, fake_vllm):
-    trainer = tiny_trainer(tmp_path, "--total_steps", "2", "--save_every", "0", "--sampler", "vllm",
-                           "--critic_warmup_steps", "1")  # fmt: skip
+    trainer = tiny_trainer(
+        tmp_path, "--total_steps", "2", "--save_every", "0", "--sampler", "vllm", "--critic_warmup_steps", "1"
+    )
     trainer.train()
     # Step 1 trained the value head alone, which the engine does not hold: step 2 sampled without a push.
     assert len(fake_vllm[0].pushes) == 1

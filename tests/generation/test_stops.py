@@ -30,9 +30,16 @@ def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    text = ["The answer is 42.\n###\nCafé déjà vu, naïve façade. 日本語のテキスト。 END", "x = 1 + 2; y = 3 * 4\n###"] * 20
-    backend.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"],
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    text = [
+        "The answer is 42.\n###\nCafé déjà vu, naïve façade. 日本語のテキスト。 END",
+        "x = 1 + 2; y = 3 * 4\n###",
+    ] * 20
+    backend.train_from_iterator(
+        text,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
 
 
@@ -73,7 +80,9 @@ def test_a_stop_string_on_the_stop_tokens_own_text_is_not_a_stop_string_stop():
     tokenizer = tiny_tokenizer()
     eos = tokenizer.eos_token_id
     row = [5, 6, eos, 7]
-    assert first_stop(row, {eos}, ["<eos>"], tokenizer) == (3, True) == linear_first_stop(row, {eos}, ["<eos>"], tokenizer)
+    assert (
+        first_stop(row, {eos}, ["<eos>"], tokenizer) == (3, True) == linear_first_stop(row, {eos}, ["<eos>"], tokenizer)
+    )
 
 
 @pytest.mark.parametrize("length", [1, 2, 64, 500])
@@ -85,5 +94,7 @@ def test_decodes_per_row_are_logarithmic(length):
         if position is not None:
             row[position] = stop
         tokenizer.decodes = 0
-        assert first_stop(row, set(), ["w50"], tokenizer) == ((position + 1, True) if position is not None else (length, False))
+        assert first_stop(row, set(), ["w50"], tokenizer) == (
+            (position + 1, True) if position is not None else (length, False)
+        )
         assert tokenizer.decodes <= math.ceil(math.log2(length)) + 1

@@ -29,4 +29,6 @@ def assert_close_weights(a: dict, b: dict, lr: float, steps: int) -> None:
     assert a.keys() == b.keys() and a
     for name in a:
         assert a[name].dtype == b[name].dtype == torch.float64, name
-        torch.testing.assert_close(a[name], b[name], atol=WEIGHT_NOISE * lr * steps, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            a[name], b[name], atol=WEIGHT_NOISE * lr * steps, rtol=0, msg=lambda m, name=name: f"{name}: {m}"
+        )

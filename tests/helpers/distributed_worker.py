@@ -1,9 +1,9 @@
 """What the processes of test_distributed.py run: `python tests/helpers/distributed_worker.py MODE ...`.
 
-    ppo OUT                    one PPO step of every VARIANT on fixed responses, each into OUT/<variant>
-    die-after-first-save ARGS  `hydrappo ARGS`, every process killed in the step after its first checkpoint
-    heldout OUT EVAL [die|resume]  HELDOUT's run with held-out evaluation of EVAL on fixed rollouts, into OUT
-                               (die: killed in the step after its first checkpoint; resume: continued)
+ppo OUT                    one PPO step of every VARIANT on fixed responses, each into OUT/<variant>
+die-after-first-save ARGS  `hydrappo ARGS`, every process killed in the step after its first checkpoint
+heldout OUT EVAL [die|resume]  HELDOUT's run with held-out evaluation of EVAL on fixed rollouts, into OUT
+                           (die: killed in the step after its first checkpoint; resume: continued)
 """
 
 from __future__ import annotations
@@ -26,15 +26,41 @@ from runs import TINY
 # In float64, AdamW's eps 1e-6: the comparison with one process tests the logic, not the order of
 # float sums (tests/helpers/bounds.py says why).
 COMMON = [
-    "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4", "--gradient_accumulation_steps", "2",
-    "--ppo_epochs", "2", "--learning_rate", "1e-4", "--score_normalization", "running", "--kl_controller", "adaptive",
-    "--no_progress_bar", "--dtype", "float64", "--adam_eps", "1e-6",
-]  # fmt: skip
+    "--total_steps",
+    "1",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--gradient_accumulation_steps",
+    "2",
+    "--ppo_epochs",
+    "2",
+    "--learning_rate",
+    "1e-4",
+    "--score_normalization",
+    "running",
+    "--kl_controller",
+    "adaptive",
+    "--no_progress_bar",
+    "--dtype",
+    "float64",
+    "--adam_eps",
+    "1e-6",
+]
 VARIANTS = {
     "gae": [],
     # Groups of 2 stay on one process; the KL goes into the loss (k3), token-sum aggregation.
-    "grpo": ["--advantage_estimator", "grpo", "--samples_per_prompt", "2", "--kl_penalty", "loss",
-             "--loss_agg_mode", "seq-mean-token-sum"],  # fmt: skip
+    "grpo": [
+        "--advantage_estimator",
+        "grpo",
+        "--samples_per_prompt",
+        "2",
+        "--kl_penalty",
+        "loss",
+        "--loss_agg_mode",
+        "seq-mean-token-sum",
+    ],
     # Token returns whitened over the whole batch.
     "reinforce_pp": ["--advantage_estimator", "reinforce_pp", "--loss_agg_mode", "seq-mean-token-mean"],
     # Only the value head trains; with weight decay, a policy weight given a zero gradient would move.
@@ -78,10 +104,30 @@ def ppo_variants(out: Path) -> None:
 # sampled held-out answers (the strict case: they draw random numbers) at steps 0, 2 and 3, in
 # batches of 4: 12 held-out prompts make 3 batches, which 2 processes share unevenly.
 HELDOUT = [
-    "--total_steps", "3", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
-    "--learning_rate", "1e-4", "--generation_batch_size", "4", "--eval_every", "2", "--eval_greedy", "false",
-    "--no_progress_bar", "--dtype", "float64", "--adam_eps", "1e-6",
-]  # fmt: skip
+    "--total_steps",
+    "3",
+    "--save_every",
+    "2",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--ppo_epochs",
+    "1",
+    "--learning_rate",
+    "1e-4",
+    "--generation_batch_size",
+    "4",
+    "--eval_every",
+    "2",
+    "--eval_greedy",
+    "false",
+    "--no_progress_bar",
+    "--dtype",
+    "float64",
+    "--adam_eps",
+    "1e-6",
+]
 
 
 def heldout_run(out: Path, eval_prompts: str, how: str = "") -> None:

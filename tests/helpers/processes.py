@@ -36,9 +36,15 @@ def launch(args: list[str], nprocs: int = 2, timeout: float = 90.0, cwd: Path | 
     running is killed and the test fails with what they printed."""
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "tests" / "helpers"), os.environ.get("PYTHONPATH")) if p)
     common = {
-        **os.environ, "PYTHONPATH": path, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-    }  # fmt: skip
+        **os.environ,
+        "PYTHONPATH": path,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     with tempfile.TemporaryDirectory() as logs:
         processes, files = [], []
         try:
@@ -46,7 +52,9 @@ def launch(args: list[str], nprocs: int = 2, timeout: float = 90.0, cwd: Path | 
                 out, err = open(Path(logs) / f"{rank}.out", "w+"), open(Path(logs) / f"{rank}.err", "w+")
                 files.append((out, err))
                 env = {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-                processes.append(subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=err, cwd=cwd or ROOT))
+                processes.append(
+                    subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=err, cwd=cwd or ROOT)
+                )
             deadline = time.monotonic() + timeout
             timed_out = False
             for process in processes:

@@ -35,6 +35,7 @@ def tiny_trainer(output_dir, *overrides):
     config = parse_config(TINY / "config.yaml", ["--output_dir", str(output_dir), "--no_progress_bar", *overrides])
     return PPOTrainer(config, config_dir=TINY)
 
+
 NEUTRAL = [f"n{i}" for i in range(48)]
 GOOD = [f"g{i}" for i in range(8)]
 
@@ -63,15 +64,35 @@ def write_pairs(path: Path, pairs_per_prompt: int = 3, seed: int = 0) -> None:
 def reward_config(tmp: Path, dtype: str | None = None, **train) -> RewardConfig:
     """A reward stage on synthetic pairs (write_pairs) over the tiny trunk; `dtype`: model.dtype."""
     write_pairs(tmp / "pairs.jsonl")
-    options = {"output_dir": str(tmp / "reward"), "epochs": 2, "batch_size": 16, "learning_rate": 1e-3,
-               "warmup_steps": 5, "cache_split_hidden": True, "progress_bar": False, "seed": 0, **train}
-    text = yaml.safe_dump({
-        # The same random trunk as examples/tiny/config.yaml (random_init from seed 0).
-        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2,
-                  **({"dtype": dtype} if dtype else {})},
-        "data": {"train_file": "pairs.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
-        "train": options,
-    })
+    options = {
+        "output_dir": str(tmp / "reward"),
+        "epochs": 2,
+        "batch_size": 16,
+        "learning_rate": 1e-3,
+        "warmup_steps": 5,
+        "cache_split_hidden": True,
+        "progress_bar": False,
+        "seed": 0,
+        **train,
+    }
+    text = yaml.safe_dump(
+        {
+            # The same random trunk as examples/tiny/config.yaml (random_init from seed 0).
+            "model": {
+                "name_or_path": str(TINY / "model"),
+                "random_init": True,
+                "num_layers_unfrozen": 2,
+                **({"dtype": dtype} if dtype else {}),
+            },
+            "data": {
+                "train_file": "pairs.jsonl",
+                "eval_fraction": 0.2,
+                "max_prompt_length": 16,
+                "max_response_length": 12,
+            },
+            "train": options,
+        }
+    )
     (tmp / "reward.yaml").write_text(text)
     return parse_config(tmp / "reward.yaml", [], config_cls=RewardConfig)
 
@@ -83,13 +104,34 @@ def write_sft_config(tmp: Path, **train) -> Path:
         for prompt in prompts:
             response = " ".join(f"g{int(word[1:]) % 8}" for word in prompt.split())
             handle.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
-    options = {"output_dir": str(tmp / "sft"), "epochs": 3, "batch_size": 16, "learning_rate": 3e-3,
-               "cache_split_hidden": True, "progress_bar": False, **train}
-    (tmp / "sft.yaml").write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 2, "train_lm_head": True},
-        "data": {"train_file": "sft.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
-        "train": options,
-    }))
+    options = {
+        "output_dir": str(tmp / "sft"),
+        "epochs": 3,
+        "batch_size": 16,
+        "learning_rate": 3e-3,
+        "cache_split_hidden": True,
+        "progress_bar": False,
+        **train,
+    }
+    (tmp / "sft.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "name_or_path": str(TINY / "model"),
+                    "random_init": True,
+                    "num_layers_unfrozen": 2,
+                    "train_lm_head": True,
+                },
+                "data": {
+                    "train_file": "sft.jsonl",
+                    "eval_fraction": 0.2,
+                    "max_prompt_length": 16,
+                    "max_response_length": 12,
+                },
+                "train": options,
+            }
+        )
+    )
     return tmp / "sft.yaml"
 
 

@@ -27,29 +27,58 @@ def tiny_config(family: str, num_layers: int = LAYERS, vocab_size: int = VOCAB, 
         config = GPT2Config(n_embd=HIDDEN, n_layer=num_layers, n_head=4, n_positions=128, **common)
     elif family == "gpt_neox":
         config = GPTNeoXConfig(
-            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=128, rotary_pct=0.5, **common,
+            hidden_size=HIDDEN,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            rotary_pct=0.5,
+            **common,
         )
     elif family == "opt":
         config = OPTConfig(
-            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, ffn_dim=64,
-            max_position_embeddings=128, word_embed_proj_dim=HIDDEN, **common,
+            hidden_size=HIDDEN,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            ffn_dim=64,
+            max_position_embeddings=128,
+            word_embed_proj_dim=HIDDEN,
+            **common,
         )
     elif family == "llama":
         config = LlamaConfig(
-            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=64, max_position_embeddings=128, tie_word_embeddings=True, **common,
+            hidden_size=HIDDEN,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+            **common,
         )
     elif family == "mistral":
         config = MistralConfig(
-            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=64, max_position_embeddings=128, sliding_window=8, **common,
+            hidden_size=HIDDEN,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            sliding_window=8,
+            **common,
         )
     elif family == "qwen2":
         config = Qwen2Config(
-            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=64, max_position_embeddings=128, use_sliding_window=True, sliding_window=8,
-            max_window_layers=2, **common,
+            hidden_size=HIDDEN,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=2,
+            **common,
         )
     else:
         raise ValueError(family)

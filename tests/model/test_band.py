@@ -17,8 +17,16 @@ BAND = "1:3"  # of the tiny models' 4 layers: one frozen below, two training, on
 
 def postprocessing_model(family):
     """The 3-layer models of test_hydra.py whose logits the model post-processes (softcap, scale)."""
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=64, head_dim=8, pad_token_id=0)  # fmt: skip
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        head_dim=8,
+        pad_token_id=0,
+    )
     if family == "gemma2":
         config = Gemma2Config(final_logit_softcapping=0.5, sliding_window=4, **common)
     else:
@@ -61,17 +69,24 @@ def test_band_policy_and_reference_equal_the_unwrapped_model(family):
         for i, row in enumerate(rows):
             expected = own_logits(model, row)  # each row alone, unpadded
             for name in ("logits", "ref_logits"):
-                torch.testing.assert_close(row_values(getattr(out, name), i, len(row)), expected, atol=FLOAT64_ATOL, rtol=0)
+                torch.testing.assert_close(
+                    row_values(getattr(out, name), i, len(row)), expected, atol=FLOAT64_ATOL, rtol=0
+                )
             targets = torch.tensor(row[1:])[:, None]
             expected_logprobs = expected[:-1].log_softmax(-1).gather(-1, targets)[:, 0]
             for name in ("logprobs", "ref_logprobs"):
-                torch.testing.assert_close(row_values(getattr(out, name), i, len(row) - 1), expected_logprobs,
-                                           atol=FLOAT64_ATOL, rtol=0)  # fmt: skip
+                torch.testing.assert_close(
+                    row_values(getattr(out, name), i, len(row) - 1), expected_logprobs, atol=FLOAT64_ATOL, rtol=0
+                )
         # The policy from the cached split (what the PPO epochs run) equals the whole pass.
         top = hydra.forward_top(out.split_hidden, ids, mask, return_entropy=True)
         for name in ("logprobs", "values", "entropy"):
             torch.testing.assert_close(getattr(top, name), getattr(out, name), atol=FLOAT64_ATOL, rtol=0)
-    assert all(torch.equal(p, original[name[len("model."):]]) for name, p in hydra.named_parameters() if name.startswith("model."))
+    assert all(
+        torch.equal(p, original[name[len("model.") :]])
+        for name, p in hydra.named_parameters()
+        if name.startswith("model.")
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -107,7 +122,9 @@ def test_only_the_band_is_copied_and_the_layers_above_are_shared():
     value_head = 32 * 64 + 64 + 64 + 1
     assert len(hydra.ref_layers) == 2
     assert sum(p.numel() for p in hydra.parameters()) == base + 2 * layer + value_head
-    assert len(hydra.state_dict()) == len(model.state_dict()) + len(hydra.ref_layers.state_dict()) + len(hydra.value_head.state_dict())
+    assert len(hydra.state_dict()) == len(model.state_dict()) + len(hydra.ref_layers.state_dict()) + len(
+        hydra.value_head.state_dict()
+    )
     assert hydra.arch.layers[3] is model.model.layers[3]
 
 
@@ -158,8 +175,12 @@ def test_a_band_with_adapters_in_every_layer_is_refused():
     from peft import LoraConfig
 
     with pytest.raises(ValueError, match="lora_layers='all'.*lora_layers='top'"):
-        HydraModel(tiny_model("llama"), trainable_layers=BAND, lora=LoraConfig(r=2, target_modules="all-linear"),
-                   lora_layers="all")  # fmt: skip
+        HydraModel(
+            tiny_model("llama"),
+            trainable_layers=BAND,
+            lora=LoraConfig(r=2, target_modules="all-linear"),
+            lora_layers="all",
+        )
 
 
 def test_lora_on_the_band_adapts_the_band_only_and_the_reference_is_the_base():
@@ -170,7 +191,9 @@ def test_lora_on_the_band_adapts_the_band_only_and_the_reference_is_the_base():
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
     hydra = HydraModel(tiny64("llama"), trainable_layers=BAND, lora=lora)
-    adapted = [i for i, layer in enumerate(hydra.arch.layers) if any(isinstance(m, BaseTunerLayer) for m in layer.modules())]
+    adapted = [
+        i for i, layer in enumerate(hydra.arch.layers) if any(isinstance(m, BaseTunerLayer) for m in layer.modules())
+    ]
     assert adapted == [1, 2] and len(hydra.ref_layers) == 0
     ids, mask = left_padded_batch(ROWS)
     with torch.no_grad():
@@ -179,8 +202,12 @@ def test_lora_on_the_band_adapts_the_band_only_and_the_reference_is_the_base():
         merged = merged_model(hydra)
         fresh = tiny64("llama")
         for i, row in enumerate(ROWS):
-            torch.testing.assert_close(row_values(out.ref_logits, i, len(row)), own_logits(fresh, row), atol=FLOAT64_ATOL, rtol=0)
-            torch.testing.assert_close(row_values(out.logits, i, len(row)), own_logits(merged, row), atol=FLOAT64_ATOL, rtol=0)
+            torch.testing.assert_close(
+                row_values(out.ref_logits, i, len(row)), own_logits(fresh, row), atol=FLOAT64_ATOL, rtol=0
+            )
+            torch.testing.assert_close(
+                row_values(out.logits, i, len(row)), own_logits(merged, row), atol=FLOAT64_ATOL, rtol=0
+            )
     assert (out.logits - out.ref_logits).abs().max() > 1e-3  # the adapters act (init_lora_weights=False)
     torch.testing.assert_close(top.logprobs, out.logprobs, atol=FLOAT64_ATOL, rtol=0)
     branch = hydra.new_reward_branch()

@@ -207,7 +207,9 @@ def test_entropy_and_logits_match_full_softmax():
     torch.testing.assert_close(out.logits, logits, atol=FLOAT64_ATOL, rtol=0)
     torch.testing.assert_close(out.ref_logits, logits, atol=FLOAT64_ATOL, rtol=0)
     logp = (logits[0, :-1] / 0.7).log_softmax(-1)
-    torch.testing.assert_close(out.logprobs[0], logp.gather(-1, torch.tensor(row[1:])[:, None])[:, 0], atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(
+        out.logprobs[0], logp.gather(-1, torch.tensor(row[1:])[:, None])[:, 0], atol=FLOAT64_ATOL, rtol=0
+    )
     torch.testing.assert_close(out.entropy[0], -(logp.exp() * logp).sum(-1), atol=FLOAT64_ATOL, rtol=0)
 
 
@@ -252,8 +254,16 @@ def test_dropout_is_off_even_in_train_mode():
 def test_logit_postprocessing_of_the_model_is_honoured(family):
     from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config
 
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=64, head_dim=8, pad_token_id=0)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        head_dim=8,
+        pad_token_id=0,
+    )
     if family == "gemma2":
         config = Gemma2Config(final_logit_softcapping=0.5, sliding_window=4, **common)
     else:

@@ -46,7 +46,9 @@ def test_lora_reference_is_the_base_model_and_only_adapters_train(family, layers
     value_head = sum(p.numel() for p in hydra.value_head.parameters())
     assert sum(p.numel() for p in hydra.parameters()) == base_params + lora_params + value_head
 
-    adapted_layers = {int(n.split(".")[3 if family == "llama" else 3]) for n, _ in hydra.named_parameters() if "lora_" in n}
+    adapted_layers = {
+        int(n.split(".")[3 if family == "llama" else 3]) for n, _ in hydra.named_parameters() if "lora_" in n
+    }
     assert adapted_layers == ({2, 3} if layers == "top" else {0, 1, 2, 3})
 
     ids, mask = left_padded_batch(ROWS)
@@ -98,7 +100,9 @@ def test_starting_adapter_is_the_reference_not_the_bare_base(tmp_path):
     sft_policy = PeftModel.from_pretrained(tiny64("llama"), tmp_path / "sft-adapter")
     bare = tiny64("llama")
 
-    hydra = HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), lora_init_adapter=str(tmp_path / "sft-adapter"))
+    hydra = HydraModel(
+        tiny64("llama"), num_layers_unfrozen=2, lora=lora(), lora_init_adapter=str(tmp_path / "sft-adapter")
+    )
     ids, mask = left_padded_batch(ROWS)
     train_steps(hydra, ids, mask)
     out = hydra.forward_hydra(ids, mask)
@@ -110,11 +114,15 @@ def test_starting_adapter_is_the_reference_not_the_bare_base(tmp_path):
 
 def test_lora_settings_errors():
     # The same words as the config check's (model/lora.py's lora_problems is the rule's one home).
-    with pytest.raises(ValueError, match=r"model.num_layers_unfrozen=0 leaves LoRA on the top layers .* nothing to adapt"):
+    with pytest.raises(
+        ValueError, match=r"model.num_layers_unfrozen=0 leaves LoRA on the top layers .* nothing to adapt"
+    ):
         HydraModel(tiny64("llama"), num_layers_unfrozen=0, lora=lora())
     with pytest.raises(ValueError, match=r"model.train_lm_head=True cannot be combined with LoRA .* only adapters"):
         HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), train_lm_head=True)
-    with pytest.raises(ValueError, match=r"lora.lora_init_adapter='adapter' needs LoRA \(lora.lora_r > 0\), which is off"):
+    with pytest.raises(
+        ValueError, match=r"lora.lora_init_adapter='adapter' needs LoRA \(lora.lora_r > 0\), which is off"
+    ):
         HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora_init_adapter="adapter")
     with pytest.raises(ValueError, match="lora_layers="):
         HydraModel(tiny64("llama"), num_layers_unfrozen=2, lora=lora(), lora_layers="some")
@@ -144,9 +152,25 @@ def test_lora_ppo_run_saves_a_peft_adapter_that_loads_and_merges(tmp_path):
     from hydrappo.train.ppo import PPOTrainer
 
     tiny = ROOT / "examples" / "tiny"
-    args = ["--output_dir", str(tmp_path / "run"), "--no_progress_bar", "--total_steps", "2", "--save_every", "1",
-            "--batch_size", "8", "--mini_batch_size", "4", "--lora_r", "4", "--train_lm_head", "false",
-            "--dtype", "float64"]  # compared with plain peft and a merged model within FLOAT64_ATOL
+    args = [
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--no_progress_bar",
+        "--total_steps",
+        "2",
+        "--save_every",
+        "1",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "4",
+        "--lora_r",
+        "4",
+        "--train_lm_head",
+        "false",
+        "--dtype",
+        "float64",
+    ]  # compared with plain peft and a merged model within FLOAT64_ATOL
     straight = PPOTrainer(parse_config(tiny / "config.yaml", args), config_dir=tiny)
     straight.train()
     checkpoint = tmp_path / "run" / "checkpoint-2"

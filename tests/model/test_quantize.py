@@ -58,10 +58,17 @@ def test_quantized_trunk_passes_the_probe_and_keeps_the_top_in_full_precision(mo
         kinds = {type(m) for m in linears}
         assert kinds == ({QUANTIZED[mode]} if index < 2 else {nn.Linear}), (index, kinds)
     assert type(hydra.model.model.embed_tokens) is not nn.Embedding  # frozen and untied: quantized
-    full_precision = [*layers[2:].parameters(), *hydra.ref_layers.parameters(), *hydra.value_head.parameters(),
-                      hydra.model.lm_head.weight, *hydra.model.model.norm.parameters()]  # fmt: skip
+    full_precision = [
+        *layers[2:].parameters(),
+        *hydra.ref_layers.parameters(),
+        *hydra.value_head.parameters(),
+        hydra.model.lm_head.weight,
+        *hydra.model.model.norm.parameters(),
+    ]
     assert all(p.dtype == torch.float32 for p in full_precision)
-    assert {id(p) for p in hydra.trainable_parameters()} == {id(p) for p in [*layers[2:].parameters(), *hydra.value_head.parameters()]}
+    assert {id(p) for p in hydra.trainable_parameters()} == {
+        id(p) for p in [*layers[2:].parameters(), *hydra.value_head.parameters()]
+    }
 
     ids, mask = _ids()
     real = mask[:, 1:].bool()
@@ -106,11 +113,15 @@ def test_what_stays_unquantized_and_what_is_refused():
     def config(*overrides):
         return parse_config(TINY / "config.yaml", ["--no_progress_bar", *overrides])
 
-    for overrides, message in ((["--trunk_quantization", "int4"], "trunk_quantization"),
-                               (["--optimizer", "sgd"], "ppo.optimizer"),
-                               (["--trunk_quantization", "int8", "--num_layers_unfrozen", "-1"], "every layer"),
-                               (["--trunk_quantization", "4bit", "--lora_r", "4", "--lora_layers", "all",
-                                 "--train_lm_head", "false"], "lora_layers: top")):  # fmt: skip
+    for overrides, message in (
+        (["--trunk_quantization", "int4"], "trunk_quantization"),
+        (["--optimizer", "sgd"], "ppo.optimizer"),
+        (["--trunk_quantization", "int8", "--num_layers_unfrozen", "-1"], "every layer"),
+        (
+            ["--trunk_quantization", "4bit", "--lora_r", "4", "--lora_layers", "all", "--train_lm_head", "false"],
+            "lora_layers: top",
+        ),
+    ):
         with pytest.raises(ConfigError, match=message):
             cfg = config(*overrides)
             cfg.resolve_paths(TINY)
@@ -122,8 +133,21 @@ def test_what_stays_unquantized_and_what_is_refused():
 def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mode, tmp_path, capfd):
     # lr 0.01: the top layers move (checked below) while the drift stays the quantization's. At 0.05 one
     # step's samples decided it: 0.008 with one sampler's draws, 0.014 with another's, against 0.01.
-    trainer = tiny_trainer(tmp_path / "run", "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4",
-                            "--ppo_epochs", "1", "--learning_rate", "0.01", "--trunk_quantization", mode)  # fmt: skip
+    trainer = tiny_trainer(
+        tmp_path / "run",
+        "--total_steps",
+        "1",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "4",
+        "--ppo_epochs",
+        "1",
+        "--learning_rate",
+        "0.01",
+        "--trunk_quantization",
+        mode,
+    )
     trainer.train()
     out = export_checkpoint(tmp_path / "run", tmp_path / "policy")
     assert json.loads((out / "hydrappo_export.json").read_text())["trained_trunk_quantization"] == mode
@@ -133,7 +157,11 @@ def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mod
     # The bottom is the original model's (the tiny example is random-init from train.seed) ...
     reference = tiny_trainer(tmp_path / "unquantized", "--total_steps", "1")
     original = dict(reference.hydra.model.named_parameters())
-    for name in ("model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"):
+    for name in (
+        "model.embed_tokens.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+    ):
         assert torch.equal(written[name], original[name]), name
     # ... the top layers and the lm_head are the trained ones.
     policy = dict(trainer.hydra.model.named_parameters())
@@ -154,8 +182,9 @@ def test_export_of_a_quantized_run_is_full_precision_and_close_to_the_policy(mod
 
 @pytest.mark.slow
 def test_sft_on_a_quantized_trunk_writes_a_full_precision_model(tmp_path):
-    config = parse_config(write_sft_config(tmp_path, epochs=1, optimizer="adamw8bit"), ["--trunk_quantization", "int8"],
-                          SFTConfig)  # fmt: skip
+    config = parse_config(
+        write_sft_config(tmp_path, epochs=1, optimizer="adamw8bit"), ["--trunk_quantization", "int8"], SFTConfig
+    )
     trainer = SFTTrainer(config, config_dir=tmp_path)
     trainer.train()
     saved = load_file(str(tmp_path / "sft" / "model.safetensors"))
@@ -166,21 +195,31 @@ def test_sft_on_a_quantized_trunk_writes_a_full_precision_model(tmp_path):
     ).state_dict()  # the random-init base of train.seed
     assert torch.equal(saved["model.layers.0.mlp.up_proj.weight"], original["model.layers.0.mlp.up_proj.weight"])
     trained = dict(trainer.hydra.model.named_parameters())
-    assert torch.equal(saved["model.layers.3.mlp.up_proj.weight"], trained["model.layers.3.mlp.up_proj.weight"].detach())
+    assert torch.equal(
+        saved["model.layers.3.mlp.up_proj.weight"], trained["model.layers.3.mlp.up_proj.weight"].detach()
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "4bit"])
 def test_planned_quantized_bytes_are_what_bitsandbytes_stores(mode):
-    hydra = HydraModel(tiny_model("llama", tie_word_embeddings=False, hidden_size=128, intermediate_size=256), 2,
-                       verify=False)  # fmt: skip
+    hydra = HydraModel(
+        tiny_model("llama", tie_word_embeddings=False, hidden_size=128, intermediate_size=256), 2, verify=False
+    )
     counts = count_parameters(hydra.config)
     report = quantize_frozen_trunk(hydra, mode)
     replaced, stored = quantized_trunk(counts, 2, mode, embeddings=True)
     assert replaced * 4 == report["bytes_before"]
     assert stored == pytest.approx(report["bytes_after"], rel=1e-3 if mode == "4bit" else 0)
-    settings = TrainingSettings(num_layers_unfrozen=2, dtype="float32", batch_size=2, mini_batch_size=2,
-                                generation_batch_size=2, prompt_length=4, response_length=4)  # fmt: skip
+    settings = TrainingSettings(
+        num_layers_unfrozen=2,
+        dtype="float32",
+        batch_size=2,
+        mini_batch_size=2,
+        generation_batch_size=2,
+        prompt_length=4,
+        response_length=4,
+    )
     plans = [plan_memory(hydra.config, replace(settings, trunk_quantization=q)) for q in ("none", mode)]
     weights = [next(c.bytes for c in plan.hydra.components if c.name == "weights") for plan in plans]
     assert weights[0] - weights[1] == replaced * 4 - stored
@@ -192,8 +231,14 @@ def test_largest_plans_meet_the_consumer_gpu_targets(capsys):
     """Full top-N (N=2) of Llama-3.1-8B within 16 GB with a 4-bit trunk and 8-bit AdamW (bf16, batch
     16, 256 + 256 tokens, reward branch), within 24 GB with an int8 trunk; a 3B model within 12 GB."""
     base = TrainingSettings()
-    assert (base.num_layers_unfrozen, base.dtype, base.batch_size, base.prompt_length, base.response_length,
-            base.reward_model) == (2, "bfloat16", 16, 256, 256, True)  # fmt: skip
+    assert (
+        base.num_layers_unfrozen,
+        base.dtype,
+        base.batch_size,
+        base.prompt_length,
+        base.response_length,
+        base.reward_model,
+    ) == (2, "bfloat16", 16, 256, 256, True)
     llama8b, llama3b = preset_config("llama-3.1-8b"), preset_config("llama-3.2-3b")
 
     def plan(config, quantization, optimizer="adamw8bit"):
@@ -274,7 +319,9 @@ def test_a_band_quantizes_only_the_layers_below_it(mode):
     layers = hydra.model.model.layers
     kinds = [{type(m) for m in layer.modules() if isinstance(m, nn.Linear)} for layer in layers]
     assert kinds == [{QUANTIZED[mode]}, {nn.Linear}, {nn.Linear}, {nn.Linear}]
-    assert {id(p) for p in hydra.trainable_parameters()} == {id(p) for p in [*layers[1:3].parameters(), *hydra.value_head.parameters()]}
+    assert {id(p) for p in hydra.trainable_parameters()} == {
+        id(p) for p in [*layers[1:3].parameters(), *hydra.value_head.parameters()]
+    }
     ids, mask = _ids()
     with torch.no_grad():
         out = hydra.forward_hydra(ids, mask, return_logits=True)
@@ -283,4 +330,6 @@ def test_a_band_quantizes_only_the_layers_below_it(mode):
     assert torch.equal(out.logits[mask.bool()], own[mask.bool()])
     assert torch.equal(out.ref_logprobs, out.logprobs) and torch.equal(top.logprobs, out.logprobs)
     hydra.forward_top(out.split_hidden, ids, mask).logprobs.sum().backward()
-    assert all(p.grad is not None for p in layers[1:3].parameters()) and all(p.grad is None for p in layers[3].parameters())
+    assert all(p.grad is not None for p in layers[1:3].parameters()) and all(
+        p.grad is None for p in layers[3].parameters()
+    )

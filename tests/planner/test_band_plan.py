@@ -24,8 +24,12 @@ def test_a_band_costs_its_width_in_weights_and_its_split_in_activations():
     band = parts(trainable_layers="12:14")
     top_2, top_20 = parts(num_layers_unfrozen=2), parts(num_layers_unfrozen=20)  # the same width; the same split
     trace = first.activation
-    same_width = [("reference copy", "static"), ("gradients", "update"), ("optimizer state", "static"),
-                  ("fp32 master weights", "static")]  # fmt: skip
+    same_width = [
+        ("reference copy", "static"),
+        ("gradients", "update"),
+        ("optimizer state", "static"),
+        ("fp32 master weights", "static"),
+    ]
     assert all(band[key] == top_2[key] for key in same_width)
     # The reward branch copies split-to-top; int8 covers the 12 layers below the band.
     assert band[("reward branch", "static")] == top_20[("reward branch", "static")]
@@ -34,7 +38,9 @@ def test_a_band_costs_its_width_in_weights_and_its_split_in_activations():
     assert band[("activations", "update")] == top_2[("activations", "update")] + 18 * trace.layer
 
 
-@pytest.mark.parametrize("band, message", [("0:4", "no frozen layer below"), ("30:40", "32 decoder layers"), ("4:4", "empty")])
+@pytest.mark.parametrize(
+    "band, message", [("0:4", "no frozen layer below"), ("30:40", "32 decoder layers"), ("4:4", "empty")]
+)
 def test_hydrappo_memory_refuses_a_band_that_cannot_work(band, message, capsys):
     assert cli_main(["memory", "llama-3.1-8b", "--trainable-layers", band]) == 2
     assert message in capsys.readouterr().err

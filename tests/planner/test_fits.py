@@ -28,7 +28,10 @@ def test_the_settings_that_fit_a_gpu_are_listed_with_their_options(capsys):
         peak = plan_memory(config, variant, "qwen2.5-1.5b").hydra.peak
         assert table[label][0] == round(peak / GIB, 2), label
     light = table["--no-reward-model"][0]
-    assert light < table["(as given)"][0] and table["--no-reward-model --lora-rank 16 --trunk-quantization 4bit"][0] < light
+    assert (
+        light < table["(as given)"][0]
+        and table["--no-reward-model --lora-rank 16 --trunk-quantization 4bit"][0] < light
+    )
     (trl,) = [label for label in table if label.startswith("TRL GRPOTrainer + LoRA r=16 (beta 0: no reference")]
     (classic,) = [label for label in table if label.startswith("classic")]
     assert table["(as given)"][0] < table[trl][0] < table[classic][0]
@@ -36,10 +39,14 @@ def test_the_settings_that_fit_a_gpu_are_listed_with_their_options(capsys):
 
 def test_trl_grpo_with_lora_is_the_policy_alone():
     config = load_model_config("smollm2-360m")
-    lora = plan_memory(config, replace(TrainingSettings(), lora_rank=16, reward_model=False, gradient_checkpointing=True))
+    lora = plan_memory(
+        config, replace(TrainingSettings(), lora_rank=16, reward_model=False, gradient_checkpointing=True)
+    )
     trl = {c.name: c.bytes for c in trl_grpo_lora(lora.classic).components}
     classic = {c.name: c.bytes for c in lora.classic.components}
     assert trl["reference model"] == trl["value model"] == trl["reward model"] == 0
     for name in ("LoRA adapters", "gradients", "activations"):  # policy + critic -> the policy
         assert trl[name] == classic[name] // 2 > 0
-    assert trl["policy weights"] == classic["policy weights"] and trl["full-vocab logits"] == classic["full-vocab logits"]
+    assert (
+        trl["policy weights"] == classic["policy weights"] and trl["full-vocab logits"] == classic["full-vocab logits"]
+    )

@@ -19,7 +19,9 @@ def memory_main(argv):
     return cli_main(["memory", *argv])
 
 
-@pytest.mark.parametrize("family,tie", [("llama", True), ("gpt2", True), ("opt", True), ("qwen2", False), ("gpt_neox", False)])
+@pytest.mark.parametrize(
+    "family,tie", [("llama", True), ("gpt2", True), ("opt", True), ("qwen2", False), ("gpt_neox", False)]
+)
 def test_parameter_counts_are_exact(family, tie):
     config = tiny_config(family, tie_word_embeddings=tie)
     counts = count_parameters(config)
@@ -41,9 +43,16 @@ def test_presets_match_the_published_parameter_counts():
 def test_resident_hydra_components_equal_a_real_hydras_parameter_bytes(train_lm_head):
     """weights + reference copy + reward branch + value head, planned, = the bytes of a real hydra."""
     config = tiny_config("llama", num_layers=4)
-    settings = TrainingSettings(num_layers_unfrozen=2, dtype="float32", train_lm_head=train_lm_head,
-                                batch_size=2, mini_batch_size=2, generation_batch_size=2, prompt_length=4,
-                                response_length=4)  # fmt: skip
+    settings = TrainingSettings(
+        num_layers_unfrozen=2,
+        dtype="float32",
+        train_lm_head=train_lm_head,
+        batch_size=2,
+        mini_batch_size=2,
+        generation_batch_size=2,
+        prompt_length=4,
+        response_length=4,
+    )
     plan = plan_memory(config, settings)
     hydra = HydraModel(tiny_model("llama", num_layers=4), 2, train_lm_head=train_lm_head)
     hydra.attach_reward_branch(hydra.new_reward_branch())
@@ -90,8 +99,13 @@ def test_planner_is_monotonic_and_hydra_beats_the_classic_layout():
     base = TrainingSettings()
     plan = plan_memory(config, base, counts=counts)
     assert plan.hydra.peak < plan.classic.peak
-    for change in (dict(batch_size=64), dict(response_length=1024), dict(num_layers_unfrozen=8),
-                   dict(mini_batch_size=16, batch_size=32), dict(dtype="float32", master_weights=False)):  # fmt: skip
+    for change in (
+        dict(batch_size=64),
+        dict(response_length=1024),
+        dict(num_layers_unfrozen=8),
+        dict(mini_batch_size=16, batch_size=32),
+        dict(dtype="float32", master_weights=False),
+    ):
         bigger = plan_memory(config, replace(base, **change), counts=counts)
         assert bigger.hydra.peak > plan.hydra.peak, change
         assert bigger.hydra.peak < bigger.classic.peak, change
@@ -123,7 +137,9 @@ def test_the_graph_sampler_holds_its_buckets_kv_cache_through_the_step():
 
 
 def test_fits_follow_the_peak():
-    plan = plan_memory(preset_config("llama-3.1-8b"), TrainingSettings(), counts=count_parameters(preset_config("llama-3.1-8b")))
+    plan = plan_memory(
+        preset_config("llama-3.1-8b"), TrainingSettings(), counts=count_parameters(preset_config("llama-3.1-8b"))
+    )
     assert plan.hydra.peak > 8 * GIB  # 16 GB of bf16 weights alone
     assert not plan.hydra.fits(8) and plan.hydra.fits(80)
     sizes = [plan.hydra.fits(size) for size in (8, 12, 16, 24, 48, 80)]

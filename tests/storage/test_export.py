@@ -13,7 +13,11 @@ from transformers import AutoModelForCausalLM
 
 from hydrappo import HydraModel
 from hydrappo.storage.checkpoint import (
-    WEIGHTS_NAME, load_trainable_weights, save_checkpoint, trainable_state_dict, write_manifest,
+    WEIGHTS_NAME,
+    load_trainable_weights,
+    save_checkpoint,
+    trainable_state_dict,
+    write_manifest,
 )
 from hydrappo.config import Config, parse_config
 from hydrappo.storage.export import ExportError, export_checkpoint
@@ -60,9 +64,26 @@ def test_the_load_check_catches_a_missing_key(tmp_path, capfd):
 def ppo_run(tmp_path_factory):
     """One step of the tiny example (random-init Llama, trained lm_head untied from the embeddings)."""
     out = tmp_path_factory.mktemp("ppo")
-    config = parse_config(TINY / "config.yaml", ["--output_dir", str(out), "--no_progress_bar", "--total_steps", "1",
-                                                  "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
-                                                  "--learning_rate", "0.05", "--dtype", "float64"])  # fmt: skip
+    config = parse_config(
+        TINY / "config.yaml",
+        [
+            "--output_dir",
+            str(out),
+            "--no_progress_bar",
+            "--total_steps",
+            "1",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "4",
+            "--ppo_epochs",
+            "1",
+            "--learning_rate",
+            "0.05",
+            "--dtype",
+            "float64",
+        ],
+    )
     trainer = PPOTrainer(config, config_dir=TINY)
     trainer.train()
     return trainer, out / "checkpoint-1"
@@ -133,8 +154,14 @@ def _hydra_checkpoint(tmp_path, family, name_or_path, **hydra_kwargs):
     config.model.num_layers_unfrozen = 2
     for key, value in hydra_kwargs.items():
         setattr(config.model, key, value)
-    checkpoint = save_checkpoint(tmp_path / "run", 7, weights=trainable_state_dict(hydra), training_state={}, trainer_state={},
-                                 config_yaml=yaml.safe_dump(config.to_dict()))  # fmt: skip
+    checkpoint = save_checkpoint(
+        tmp_path / "run",
+        7,
+        weights=trainable_state_dict(hydra),
+        training_state={},
+        trainer_state={},
+        config_yaml=yaml.safe_dump(config.to_dict()),
+    )
     return hydra, checkpoint, base_dir
 
 
@@ -143,14 +170,19 @@ def test_gpt2_export_sharded_with_a_moved_base_model(tmp_path, capfd):
     out = tmp_path / "policy"
     with pytest.raises(ExportError, match="--base-model"):
         export_checkpoint(checkpoint, out)
-    assert export_main([str(checkpoint), "--out", str(out), "--base-model", str(base_dir), "--max-shard-size", "40KB"]) == 0
+    assert (
+        export_main([str(checkpoint), "--out", str(out), "--base-model", str(base_dir), "--max-shard-size", "40KB"])
+        == 0
+    )
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()
     model = _load_plain(out, capfd)
     assert model.config.tie_word_embeddings is True  # the head did not train: still tied
     ids = torch.randint(4, 96, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.allclose(model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=FLOAT64_ATOL, rtol=0)
+        assert torch.allclose(
+            model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=FLOAT64_ATOL, rtol=0
+        )
 
 
 def test_weights_that_do_not_fit_are_a_clear_error(tmp_path, capsys):
@@ -188,7 +220,9 @@ def _trlx_checkpoint(tmp_path, family, n=2, train_embeddings=False):
             embeddings = policy.get_input_embeddings().weight
             embeddings.add_(torch.randn_like(embeddings) * 0.1)
     hidden = original.config.hidden_size
-    v_head = torch.nn.Sequential(torch.nn.Linear(hidden, 2 * hidden), torch.nn.ReLU(), torch.nn.Linear(2 * hidden, 1)).double()
+    v_head = torch.nn.Sequential(
+        torch.nn.Linear(hidden, 2 * hidden), torch.nn.ReLU(), torch.nn.Linear(2 * hidden, 1)
+    ).double()
     o_decoder = _top(original, family)[0]
     branch = torch.nn.Module()  # trlX's ModelBranch: deep copies of the original top
     branch.decoder_blocks = copy.deepcopy(getattr(o_decoder, layers)[-n:])
@@ -233,8 +267,12 @@ def test_trlx_hydra_checkpoint_converts_exactly(tmp_path, family, train_embeddin
 
     saved = yaml.safe_load((out / "config.yaml").read_text())["model"]
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float64).eval()
-    hydra = HydraModel(model, saved["num_layers_unfrozen"], train_lm_head=saved["train_lm_head"],
-                       train_final_norm=saved["train_final_norm"])  # fmt: skip
+    hydra = HydraModel(
+        model,
+        saved["num_layers_unfrozen"],
+        train_lm_head=saved["train_lm_head"],
+        train_final_norm=saved["train_final_norm"],
+    )
     load_trainable_weights(hydra, out)
 
     weights = load_file(str(out / WEIGHTS_NAME))
@@ -264,11 +302,15 @@ def test_trlx_without_frozen_head_infers_n_from_the_original(tmp_path):
         convert_trlx(source, tmp_path / "a", write_base=tmp_path / "b")
     result = convert_trlx(source, tmp_path / "converted", base_model=original_dir)
     assert (result.num_layers_unfrozen, result.train_final_norm, result.train_lm_head) == (1, True, False)
-    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(original_dir, dtype=torch.float64).eval(), 1, train_final_norm=True)
+    hydra = HydraModel(
+        AutoModelForCausalLM.from_pretrained(original_dir, dtype=torch.float64).eval(), 1, train_final_norm=True
+    )
     load_trainable_weights(hydra, tmp_path / "converted")
     ids = torch.randint(4, 96, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.allclose(hydra.forward_hydra(ids).logprobs, _logprobs(policy(ids).logits, ids), atol=FLOAT64_ATOL, rtol=0)
+        assert torch.allclose(
+            hydra.forward_hydra(ids).logprobs, _logprobs(policy(ids).logits, ids), atol=FLOAT64_ATOL, rtol=0
+        )
 
 
 def test_not_a_trlx_checkpoint_is_exit_code_2(tmp_path, capsys):
@@ -298,18 +340,30 @@ def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, c
     base_dir = tmp_path / "base"
     base.save_pretrained(base_dir)
     tiny_tokenizer().save_pretrained(base_dir)
-    hydra = HydraModel(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64).eval(), 2,
-                       lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))  # fmt: skip
+    hydra = HydraModel(
+        AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64).eval(),
+        2,
+        lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+    )
     with torch.no_grad():
         for param in hydra.trainable_parameters():
             param.add_(torch.randn_like(param) * 0.1)
     config = Config()
-    config.model.name_or_path, config.model.dtype = str(base_dir), "float64"  # (a LoRA checkpoint holds no trunk weights)
+    config.model.name_or_path, config.model.dtype = (
+        str(base_dir),
+        "float64",
+    )  # (a LoRA checkpoint holds no trunk weights)
     config.lora.lora_r, config.lora.lora_alpha = 4, 8
     config.lora.lora_target_modules = ["q_proj", "v_proj", "down_proj"]
     config.model.reward_branch_path = str(base_dir)  # any existing folder: loading is stubbed below
-    checkpoint = save_checkpoint(tmp_path / "run", 3, weights=trainable_state_dict(hydra), training_state={}, trainer_state={},
-                                 config_yaml=yaml.safe_dump(config.to_dict()))  # fmt: skip
+    checkpoint = save_checkpoint(
+        tmp_path / "run",
+        3,
+        weights=trainable_state_dict(hydra),
+        training_state={},
+        trainer_state={},
+        config_yaml=yaml.safe_dump(config.to_dict()),
+    )
     branch = hydra.new_reward_branch()
     monkeypatch.setattr("hydrappo.storage.export.load_reward_branch", lambda h, path: branch)
 
@@ -319,7 +373,9 @@ def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, c
     assert not any("lora" in name for name in model.state_dict())
     ids = torch.randint(4, 96, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.allclose(model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=FLOAT64_ATOL, rtol=0)
+        assert torch.allclose(
+            model(ids).logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=FLOAT64_ATOL, rtol=0
+        )
     saved = load_file(str(tmp_path / "reward.safetensors"))
     assert saved.keys() == branch.state_dict().keys()
     assert all(torch.equal(saved[k], v) for k, v in branch.state_dict().items())
@@ -328,10 +384,30 @@ def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, c
 def test_a_band_checkpoint_exports_to_a_plain_model_with_the_policys_logits(tmp_path, capfd):
     """A band (layers 1:3 of 4) trained in place: the plain model holds the trained band and the
     untouched layers around it, and computes the hydra's policy logits."""
-    config = parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "run"), "--no_progress_bar", "--total_steps", "1",
-                                                  "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
-                                                  "--learning_rate", "0.05", "--dtype", "float64", "--trainable_layers", "1:3",
-                                                  "--train_lm_head", "false"])  # fmt: skip
+    config = parse_config(
+        TINY / "config.yaml",
+        [
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--no_progress_bar",
+            "--total_steps",
+            "1",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "4",
+            "--ppo_epochs",
+            "1",
+            "--learning_rate",
+            "0.05",
+            "--dtype",
+            "float64",
+            "--trainable_layers",
+            "1:3",
+            "--train_lm_head",
+            "false",
+        ],
+    )
     trainer = PPOTrainer(config, config_dir=TINY)
     trainer.train()
     hydra, out = trainer.hydra, tmp_path / "policy"

@@ -127,21 +127,35 @@ def test_a_reward_model_hub_id(hub_cache, tmp_path):
 
 def _not_cached_message(err: str, revision: str, cache: Path, why: str, option: str = "model.name_or_path") -> None:
     assert "Traceback" not in err
-    assert f"{option}=tiny-org/missing (revision {revision}) is not in the Hugging Face cache {cache} and {why}, so it " \
-           "cannot be downloaded, and no local folder 'tiny-org/missing' exists either; fetch it on a machine with network" in err
+    assert (
+        f"{option}=tiny-org/missing (revision {revision}) is not in the Hugging Face cache {cache} and {why}, so it "
+        "cannot be downloaded, and no local folder 'tiny-org/missing' exists either; fetch it on a machine with network"
+        in err
+    )
     version = f" --revision {revision}" if revision != "main" else ""
     assert f"hf download tiny-org/missing{version}" in err
     assert f"huggingface-cli download tiny-org/missing{version}" in err
 
 
 @pytest.mark.parametrize("revision", [None, "v2"])
-def test_an_uncached_id_offline_is_a_clear_error_before_anything_is_written(hub_cache, no_network, tmp_path, capsys,
-                                                                            revision):
+def test_an_uncached_id_offline_is_a_clear_error_before_anything_is_written(
+    hub_cache, no_network, tmp_path, capsys, revision
+):
     cache, _ = hub_cache
     out = tmp_path / "run"
     extra = ["--revision", revision] if revision else []
-    code = main(["train", str(TINY / "config.yaml"), "--name_or_path", "tiny-org/missing", *extra,
-                 "--output_dir", str(out), *FAST_ONE_STEP])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(TINY / "config.yaml"),
+            "--name_or_path",
+            "tiny-org/missing",
+            *extra,
+            "--output_dir",
+            str(out),
+            *FAST_ONE_STEP,
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     _not_cached_message(err, revision or "main", cache, "HF_HUB_OFFLINE is set")
@@ -150,10 +164,13 @@ def test_an_uncached_id_offline_is_a_clear_error_before_anything_is_written(hub_
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args, option", [
-    (["--tokenizer_name_or_path", "tiny-org/missing"], "model.tokenizer_name_or_path"),
-    (["--reward_fn", "", "--reward_model", "tiny-org/missing"], "reward.reward_model"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["--tokenizer_name_or_path", "tiny-org/missing"], "model.tokenizer_name_or_path"),
+        (["--reward_fn", "", "--reward_model", "tiny-org/missing"], "reward.reward_model"),
+    ],
+)
 def test_each_uncached_id_is_named_by_its_option(hub_cache, no_network, tmp_path, capsys, args, option):
     cache, _ = hub_cache
     out = tmp_path / "run"
@@ -211,12 +228,15 @@ def test_an_unreachable_hub_is_the_same_clear_error(hub_cache, no_network, monke
     assert no_network  # it did try, and the refusal became the message
 
 
-@pytest.mark.parametrize("option, value", [
-    ("name_or_path", "org//name"),
-    ("name_or_path", "org/na me"),
-    ("tokenizer_name_or_path", "org/name/extra"),
-    ("reward_model", "org/name.git"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("name_or_path", "org//name"),
+        ("name_or_path", "org/na me"),
+        ("tokenizer_name_or_path", "org/name/extra"),
+        ("reward_model", "org/name.git"),
+    ],
+)
 def test_a_malformed_hub_id_is_a_config_error(hub_cache, no_network, tmp_path, capsys, option, value):
     args = ["--reward_fn", "", "--reward_model", value] if option == "reward_model" else [f"--{option}", value]
     code = main(["train", str(TINY / "config.yaml"), *args, "--output_dir", str(tmp_path / "run"), *FAST_ONE_STEP])
@@ -229,7 +249,9 @@ def test_a_malformed_hub_id_is_a_config_error(hub_cache, no_network, tmp_path, c
 
 
 def test_a_revision_needs_a_hub_id(tmp_path, capsys):
-    code = main(["train", str(TINY / "config.yaml"), "--revision", "v2", "--output_dir", str(tmp_path / "run"), *FAST_ONE_STEP])
+    code = main(
+        ["train", str(TINY / "config.yaml"), "--revision", "v2", "--output_dir", str(tmp_path / "run"), *FAST_ONE_STEP]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "model.revision='v2' applies only to a Hub id" in err
 
@@ -238,8 +260,24 @@ def test_a_revision_needs_a_hub_id(tmp_path, capsys):
 def test_train_export_generate_and_compare_from_a_hub_id(hub_cache, no_network, tmp_path, capsys):
     cache, snapshots = hub_cache
     out = tmp_path / "run"
-    assert main(["train", str(TINY / "config.yaml"), "--name_or_path", HUB_ID, "--random_init", "false",
-                 "--revision", "v2", "--output_dir", str(out), *FAST_ONE_STEP]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(TINY / "config.yaml"),
+                "--name_or_path",
+                HUB_ID,
+                "--random_init",
+                "false",
+                "--revision",
+                "v2",
+                "--output_dir",
+                str(out),
+                *FAST_ONE_STEP,
+            ]
+        )
+        == 0
+    )
     checkpoint = out / "checkpoint-1"
     recorded = yaml.safe_load((checkpoint / "config.yaml").read_text())["model"]
     assert (recorded["name_or_path"], recorded["revision"]) == (HUB_ID, "v2")  # the id, not this machine's cache
@@ -260,8 +298,24 @@ def test_train_export_generate_and_compare_from_a_hub_id(hub_cache, no_network, 
 
     capsys.readouterr()
     assert main(["generate", str(checkpoint), "--limit", "2", "--max_new_tokens", "4"]) == 0
-    assert main(["compare", f"base={HUB_ID}", f"trained={checkpoint}", "--prompts", str(TINY / "prompts.jsonl"),
-                 "--limit", "2", "--max_new_tokens", "4", "--reward_fn", f"{TINY / 'reward.py'}:reward_fn"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                f"base={HUB_ID}",
+                f"trained={checkpoint}",
+                "--prompts",
+                str(TINY / "prompts.jsonl"),
+                "--limit",
+                "2",
+                "--max_new_tokens",
+                "4",
+                "--reward_fn",
+                f"{TINY / 'reward.py'}:reward_fn",
+            ]
+        )
+        == 0
+    )
     assert "Traceback" not in capsys.readouterr().err
     assert no_network == []
 
@@ -277,8 +331,27 @@ def test_the_sft_and_reward_stages_from_a_hub_id(hub_cache, no_network, tmp_path
         reward_config(tmp_path)
         config = tmp_path / "reward.yaml"
     out = tmp_path / "out"
-    assert main([stage, str(config), "--name_or_path", HUB_ID, "--random_init", "false", "--revision", "v2",
-                 "--output_dir", str(out), "--max_steps", "1", "--save_every", "1"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                stage,
+                str(config),
+                "--name_or_path",
+                HUB_ID,
+                "--random_init",
+                "false",
+                "--revision",
+                "v2",
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "1",
+                "--save_every",
+                "1",
+            ]
+        )
+        == 0
+    )
     checkpoint = out / "checkpoint-1"
     recorded = yaml.safe_load((checkpoint / "config.yaml").read_text())["model"]
     assert (recorded["name_or_path"], recorded["revision"]) == (HUB_ID, "v2")

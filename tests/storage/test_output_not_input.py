@@ -27,8 +27,28 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.env
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run") / "run"
-    assert main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), "--total_steps", "1", "--batch_size", "4",
-                 "--mini_batch_size", "4", "--ppo_epochs", "1", "--max_new_tokens", "4", "--no_progress_bar"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(TINY / "config.yaml"),
+                "--output_dir",
+                str(out),
+                "--total_steps",
+                "1",
+                "--batch_size",
+                "4",
+                "--mini_batch_size",
+                "4",
+                "--ppo_epochs",
+                "1",
+                "--max_new_tokens",
+                "4",
+                "--no_progress_bar",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -36,7 +56,9 @@ def listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-@pytest.mark.parametrize(("out", "how"), [("run/checkpoint-1", "is"), ("run", "contains"), ("run/checkpoint-1/policy", "lies inside")])
+@pytest.mark.parametrize(
+    ("out", "how"), [("run/checkpoint-1", "is"), ("run", "contains"), ("run/checkpoint-1/policy", "lies inside")]
+)
 def test_export_onto_its_own_checkpoint_or_run_is_refused_and_nothing_moves(run, capsys, out, how):
     before = listing(run.parent)
     target = run.parent / out
@@ -48,9 +70,13 @@ def test_export_onto_its_own_checkpoint_or_run_is_refused_and_nothing_moves(run,
 
 
 def test_training_into_its_own_model_folder_is_refused(tmp_path, capsys):
-    code = main(["train", str(TINY / "config.yaml"), "--output_dir", str(TINY / "model" / "runs"), "--total_steps", "1"])
+    code = main(
+        ["train", str(TINY / "config.yaml"), "--output_dir", str(TINY / "model" / "runs"), "--total_steps", "1"]
+    )
     assert code == 2
-    assert f"train.output_dir={str(TINY / 'model' / 'runs')!r} lies inside model.name_or_path" in capsys.readouterr().err
+    assert (
+        f"train.output_dir={str(TINY / 'model' / 'runs')!r} lies inside model.name_or_path" in capsys.readouterr().err
+    )
     assert not (TINY / "model" / "runs").exists()
 
 
@@ -76,8 +102,10 @@ def live_run(tmp_path):
     (folder / "checkpoint-1").mkdir(parents=True)
     (folder / "checkpoint-1" / "trainable.safetensors").write_bytes(b"weights")
     (folder / "metrics.jsonl").write_text("{}\n")
-    code = ("import time\nfrom hydrappo.storage.rundir import lock_output_dir, name_lock_holder\n"
-            f"lock_output_dir({str(folder)!r})\nname_lock_holder({str(folder)!r})\nprint('locked', flush=True)\ntime.sleep(600)\n")  # fmt: skip
+    code = (
+        "import time\nfrom hydrappo.storage.rundir import lock_output_dir, name_lock_holder\n"
+        f"lock_output_dir({str(folder)!r})\nname_lock_holder({str(folder)!r})\nprint('locked', flush=True)\ntime.sleep(600)\n"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     yield folder, holder
@@ -173,7 +201,9 @@ def test_a_folder_holding_its_config_is_a_run_folder_when_nothing_is_moved(tmp_p
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("{}\n")
     try:
-        assert claim_output_dir(tmp_path / "run", read_once={"the config file": tmp_path / "run" / "config.yaml"}) is None
+        assert (
+            claim_output_dir(tmp_path / "run", read_once={"the config file": tmp_path / "run" / "config.yaml"}) is None
+        )
     finally:
         release_output_dir(tmp_path / "run")
 
@@ -184,15 +214,35 @@ def test_a_new_run_over_the_folder_that_holds_its_resume_checkpoint_is_refused(t
     (out / "inner" / "checkpoint-4").mkdir(parents=True)
     (out / "inner" / "checkpoint-4" / "trainable.safetensors").write_bytes(b"weights")
     before = listing(out)
-    code = main(["train", str(TINY / "config.yaml"), "--output_dir", str(out), "--resume", str(out / "inner" / "checkpoint-4"),
-                 "--overwrite_output_dir"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(out),
+            "--resume",
+            str(out / "inner" / "checkpoint-4"),
+            "--overwrite_output_dir",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert f"contains the checkpoint to resume from ({out / 'inner' / 'checkpoint-4'})" in err, err
     assert listing(out) == before
     # A run inside the checkpoint it starts from is refused, overwrite or not.
-    assert main(["train", str(TINY / "config.yaml"), "--output_dir", str(out / "inner" / "checkpoint-4" / "sub"),
-                 "--resume", str(out / "inner" / "checkpoint-4")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(TINY / "config.yaml"),
+                "--output_dir",
+                str(out / "inner" / "checkpoint-4" / "sub"),
+                "--resume",
+                str(out / "inner" / "checkpoint-4"),
+            ]
+        )
+        == 2
+    )
     assert "lies inside the checkpoint to resume from" in capsys.readouterr().err
     assert listing(out) == before
 
@@ -212,9 +262,12 @@ def test_the_python_api_refuses_an_output_dir_over_its_inputs_before_anything_mo
     out = {"model folder": model, "prompts file": prompts.parent, "config file": tmp_path / "run"}[case]
     (out / "metrics.jsonl").parent.mkdir(exist_ok=True)
     (out / "metrics.jsonl").write_text("{}\n")  # an earlier run there: overwrite would move it aside
-    options = {"model": {"random_init": True}, "ppo": {"batch_size": 4, "mini_batch_size": 4, "ppo_epochs": 1},
-               "generation": {"max_new_tokens": 4}, "train": {"output_dir": str(out), "overwrite_output_dir": True,
-                                                              "total_steps": 1, "progress_bar": False}}  # fmt: skip
+    options = {
+        "model": {"random_init": True},
+        "ppo": {"batch_size": 4, "mini_batch_size": 4, "ppo_epochs": 1},
+        "generation": {"max_new_tokens": 4},
+        "train": {"output_dir": str(out), "overwrite_output_dir": True, "total_steps": 1, "progress_bar": False},
+    }
     args = options
     if case == "config file":
         import yaml
@@ -222,11 +275,18 @@ def test_the_python_api_refuses_an_output_dir_over_its_inputs_before_anything_mo
         args = out / "config.yaml"
         args.write_text(yaml.safe_dump(options))
     before = listing(tmp_path)
-    expected = {"model folder": "is model.name_or_path", "prompts file": "contains data.prompts",
-                "config file": "contains the config file"}[case]  # fmt: skip
+    expected = {
+        "model folder": "is model.name_or_path",
+        "prompts file": "contains data.prompts",
+        "config file": "contains the config file",
+    }[case]
     with pytest.raises(OutputDirError, match=f"train.output_dir=.* {expected} "):
-        trainer = PPOTrainer(model=str(model), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-                             train_dataset=prompts, args=args)  # fmt: skip
+        trainer = PPOTrainer(
+            model=str(model),
+            reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+            train_dataset=prompts,
+            args=args,
+        )
         trainer.train()  # (a config file inside the folder is refused when the run would move it aside)
     assert listing(tmp_path) == before
 
@@ -246,9 +306,15 @@ def test_generate_output_never_replaces_a_file_of_the_run_it_reads(tmp_path, cap
 def test_generate_and_compare_output_never_replace_an_existing_file_without_overwrite(tmp_path, capsys):
     report = tmp_path / "report.md"
     report.write_text("an earlier report\n")
-    for argv in (["generate", str(tmp_path / "run")], ["compare", str(tmp_path / "a"), "--prompts", str(TINY / "prompts.jsonl")]):
+    for argv in (
+        ["generate", str(tmp_path / "run")],
+        ["compare", str(tmp_path / "a"), "--prompts", str(TINY / "prompts.jsonl")],
+    ):
         assert main([*argv, "--output", str(report)]) == 2
-        assert f"--output={str(report)!r} already exists; choose another file, or pass --overwrite" in capsys.readouterr().err
+        assert (
+            f"--output={str(report)!r} already exists; choose another file, or pass --overwrite"
+            in capsys.readouterr().err
+        )
     assert report.read_text() == "an earlier report\n"
 
 

@@ -28,8 +28,10 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.env
 
 def hold_lock(folder: Path) -> subprocess.Popen:
     """A process that takes the lock of `folder`, says so, and sleeps until killed."""
-    code = ("import sys, time\nfrom hydrappo.storage.rundir import lock_output_dir, name_lock_holder\n"
-            f"lock_output_dir({str(folder)!r})\nname_lock_holder({str(folder)!r})\nprint('locked', flush=True)\ntime.sleep(600)\n")  # fmt: skip
+    code = (
+        "import sys, time\nfrom hydrappo.storage.rundir import lock_output_dir, name_lock_holder\n"
+        f"lock_output_dir({str(folder)!r})\nname_lock_holder({str(folder)!r})\nprint('locked', flush=True)\ntime.sleep(600)\n"
+    )
     process = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "locked"
     return process
@@ -60,8 +62,10 @@ HOLDER_LINE = re.compile(r"host [^,\s]+, PID \d+, started \d{4}-\d\d-\d\d \d\d:\
 
 def try_lock_elsewhere(folder: Path) -> str:
     """What another process is told when it tries to lock `folder`."""
-    code = (f"from hydrappo.storage.rundir import lock_output_dir\ntry:\n    lock_output_dir({str(folder)!r})\n"
-            "except Exception as error:\n    print(error)\n")  # fmt: skip
+    code = (
+        f"from hydrappo.storage.rundir import lock_output_dir\ntry:\n    lock_output_dir({str(folder)!r})\n"
+        "except Exception as error:\n    print(error)\n"
+    )
     return subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60).stdout
 
 
@@ -93,8 +97,10 @@ def test_a_cli_run_leaves_a_lock_file_of_one_clean_line(tmp_path, capsys):
 def test_two_runs_started_together_into_one_folder_one_trains_and_the_other_is_refused(tmp_path):
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST_SMALL]
-    runs = [subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)]  # fmt: skip
+    runs = [
+        subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     done = [(run.pid, *run.communicate(timeout=300), run.returncode) for run in runs]
     codes = sorted(code for *_, code in done)
     assert codes == [0, 2], done
@@ -107,9 +113,25 @@ def test_two_runs_started_together_into_one_folder_one_trains_and_the_other_is_r
 @pytest.mark.slow
 def test_a_run_killed_mid_step_leaves_a_lock_that_does_not_block_resume(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["train", str(TINY / "config.yaml"), "--output_dir", str(out), *FAST_SMALL, "--total_steps", "2", "--save_every", "1"]
-    killed = subprocess.run([sys.executable, "tests/helpers/distributed_worker.py", "die-after-first-save", *argv], env=ENV, cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    argv = [
+        "train",
+        str(TINY / "config.yaml"),
+        "--output_dir",
+        str(out),
+        *FAST_SMALL,
+        "--total_steps",
+        "2",
+        "--save_every",
+        "1",
+    ]
+    killed = subprocess.run(
+        [sys.executable, "tests/helpers/distributed_worker.py", "die-after-first-save", *argv],
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == 3, killed.stderr
     assert (out / LOCK_NAME).is_file() and (out / "checkpoint-1").is_dir()
     assert main([*argv, "--resume"]) == 0

@@ -13,7 +13,11 @@ import pytest
 from hydrappo.errors import UsageError
 from hydrappo.storage.atomic import host_name, remove_orphaned_temporaries, write_directory
 from hydrappo.storage.checkpoint import (
-    MANIFEST_NAME, checkpoint_dirs, checkpoint_problems, refuse_foreign_checkpoint_entries, write_manifest,
+    MANIFEST_NAME,
+    checkpoint_dirs,
+    checkpoint_problems,
+    refuse_foreign_checkpoint_entries,
+    write_manifest,
 )
 
 DEAD = 999_999_999  # no such PID
@@ -87,8 +91,18 @@ def _checkpoint(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("name", ["../secret", "/etc/hostname", "adapter/../../secret", "./trainer_state.json",
-                                  "a\\b", "", "adapter//adapter_config.json"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../secret",
+        "/etc/hostname",
+        "adapter/../../secret",
+        "./trainer_state.json",
+        "a\\b",
+        "",
+        "adapter//adapter_config.json",
+    ],
+)
 def test_manifest_entries_must_be_plain_names_inside_the_folder(tmp_path, name):
     folder = _checkpoint(tmp_path / "run" / "checkpoint-1")
     assert checkpoint_problems(folder) == []  # adapter/adapter_config.json: a file in a subfolder is fine

@@ -14,18 +14,46 @@ from runs import ROOT, TINY, Killed, kill_after_next_save, same_parameters
 pytestmark = pytest.mark.slow
 
 FIXTURE = ROOT / "tests" / "fixtures" / "agent_tools.py"
-TEMPLATE = ("{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2', 'tool': 'n4'}[m['role']] }} "
-            "{{ m['content'] }} <eos> {% endfor %}{% if add_generation_prompt %}n2{% endif %}")  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2', 'tool': 'n4'}[m['role']] }} "
+    "{{ m['content'] }} <eos> {% endfor %}{% if add_generation_prompt %}n2{% endif %}"
+)
 
 
 def trainer(folder, tokenizer_dir):
-    config = parse_config(TINY / "config.yaml", [
-        "--output_dir", str(folder), "--progress_bar", "false", "--total_steps", "4", "--save_every", "2",
-        "--tokenizer_name_or_path", str(tokenizer_dir), "--samples_per_prompt", "4", "--batch_size", "8",
-        "--mini_batch_size", "4", "--advantage_estimator", "grpo", "--stop_token_ids", *map(str, range(20, 44)),
-        "--environment_factory", f"{FIXTURE}:Shelf", "--tool_call_parser", f"{FIXTURE}:parse",
-        "--max_tool_calling_iterations", "2", "--max_episode_tokens", "40",
-    ])  # fmt: skip
+    config = parse_config(
+        TINY / "config.yaml",
+        [
+            "--output_dir",
+            str(folder),
+            "--progress_bar",
+            "false",
+            "--total_steps",
+            "4",
+            "--save_every",
+            "2",
+            "--tokenizer_name_or_path",
+            str(tokenizer_dir),
+            "--samples_per_prompt",
+            "4",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "4",
+            "--advantage_estimator",
+            "grpo",
+            "--stop_token_ids",
+            *map(str, range(20, 44)),
+            "--environment_factory",
+            f"{FIXTURE}:Shelf",
+            "--tool_call_parser",
+            f"{FIXTURE}:parse",
+            "--max_tool_calling_iterations",
+            "2",
+            "--max_episode_tokens",
+            "40",
+        ],
+    )
     return PPOTrainer(config, config_dir=TINY)
 
 

@@ -21,8 +21,20 @@ ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_ba
 def test_dapo_overlong_options_run(tmp_path):
     # Every tiny response runs to the token limit: with the filter nothing reaches the loss, so
     # the update leaves the weights as they were; the penalty is -1 on each (buffer 2 of 8 tokens).
-    run = tiny_trainer(tmp_path, "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4", "--mask_truncated",
-                       "--overlong_buffer", "2", "--min_new_tokens", "8")  # fmt: skip
+    run = tiny_trainer(
+        tmp_path,
+        "--total_steps",
+        "1",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "4",
+        "--mask_truncated",
+        "--overlong_buffer",
+        "2",
+        "--min_new_tokens",
+        "8",
+    )
     before = {name: p.detach().clone() for name, p in run.hydra.named_parameters() if p.requires_grad}
     (row,) = run.train()
     assert row["env/missing_eos_frac"] == 1.0 and row["env/overlong_penalty_mean"] == -1.0
@@ -32,7 +44,9 @@ def test_dapo_overlong_options_run(tmp_path):
 
 
 def trainer(tmp_path, *overrides):
-    return tiny_trainer(tmp_path, "--reward_fn", VERIFIABLE, "--samples_per_prompt", "4", "--save_every", "100", *overrides)
+    return tiny_trainer(
+        tmp_path, "--reward_fn", VERIFIABLE, "--samples_per_prompt", "4", "--save_every", "100", *overrides
+    )
 
 
 @pytest.mark.slow
@@ -41,8 +55,9 @@ def test_every_estimator_learns_the_verifiable_task(tmp_path, estimator):
     # In float64: a learning curve is a chain of sampled tokens, and in float32 a change of
     # rounding (another CPU's kernels, a fused optimizer) moved one seed's gain from 0.24 to 0.18.
     # In float64 every estimator gains 0.40-0.63 here, with torch's fused AdamW or its loop.
-    history = trainer(tmp_path, "--advantage_estimator", estimator, "--total_steps", "25", "--init_kl_coef", "0",
-                      "--dtype", "float64").train()  # fmt: skip
+    history = trainer(
+        tmp_path, "--advantage_estimator", estimator, "--total_steps", "25", "--init_kl_coef", "0", "--dtype", "float64"
+    ).train()
     rates = [row["env/solve_rate"] for row in history]
     first, last = sum(rates[:5]) / 5, sum(rates[-5:]) / 5
     assert last > first + 0.2, (first, last, rates)
@@ -50,8 +65,9 @@ def test_every_estimator_learns_the_verifiable_task(tmp_path, estimator):
 
 
 def test_a_critic_free_run_has_no_value_head_and_says_which_estimator_wrote_it(tmp_path):
-    run = trainer(tmp_path, "--advantage_estimator", "grpo", "--total_steps", "1", "--batch_size", "8",
-                  "--mini_batch_size", "8")  # fmt: skip
+    run = trainer(
+        tmp_path, "--advantage_estimator", "grpo", "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "8"
+    )
     assert run.hydra.value_head is None
     assert not any("value_head" in name for name, _ in run.hydra.named_parameters())
     history = run.train()
@@ -60,30 +76,76 @@ def test_a_critic_free_run_has_no_value_head_and_says_which_estimator_wrote_it(t
     assert not any(name.startswith("value_head.") for name in load_file(str(checkpoint / WEIGHTS_NAME)))
     assert json.loads((checkpoint / "trainer_state.json").read_text())["advantage_estimator"] == "grpo"
     # Resuming with another estimator is refused, and says why.
-    other = trainer(tmp_path, "--advantage_estimator", "rloo", "--total_steps", "2", "--batch_size", "8",
-                    "--mini_batch_size", "8")  # fmt: skip
+    other = trainer(
+        tmp_path, "--advantage_estimator", "rloo", "--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "8"
+    )
     with pytest.raises(CheckpointError, match="ppo.advantage_estimator: 'grpo' in the checkpoint, 'rloo' now"):
         other.train(resume=True)
 
 
-
 def test_a_critic_free_checkpoint_generates_and_exports_without_a_value_head(tmp_path, capsys):
-    trainer(tmp_path / "run", "--advantage_estimator", "grpo", "--total_steps", "1", "--batch_size", "8",
-            "--mini_batch_size", "8").train()  # fmt: skip
+    trainer(
+        tmp_path / "run",
+        "--advantage_estimator",
+        "grpo",
+        "--total_steps",
+        "1",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "8",
+    ).train()
     checkpoint = str(checkpoint_dirs(tmp_path / "run")[-1])
-    assert main(["generate", checkpoint, "--prompts", str(TINY / "prompts.jsonl"), "--limit", "2",
-                 "--max_new_tokens", "3", "--no_base", "--reward_fn", VERIFIABLE]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                checkpoint,
+                "--prompts",
+                str(TINY / "prompts.jsonl"),
+                "--limit",
+                "2",
+                "--max_new_tokens",
+                "3",
+                "--no_base",
+                "--reward_fn",
+                VERIFIABLE,
+            ]
+        )
+        == 0
+    )
     assert main(["export", checkpoint, "--out", str(tmp_path / "policy")]) == 0
     assert (tmp_path / "policy" / "config.json").exists()
     capsys.readouterr()
-    asked = ["export", checkpoint, "--out", str(tmp_path / "again"), "--value-head", str(tmp_path / "value.safetensors")]
+    asked = [
+        "export",
+        checkpoint,
+        "--out",
+        str(tmp_path / "again"),
+        "--value-head",
+        str(tmp_path / "value.safetensors"),
+    ]
     assert main(asked) == 2
     assert "advantage_estimator='grpo', which has no value head" in capsys.readouterr().err
     assert not (tmp_path / "again").exists() and not (tmp_path / "value.safetensors").exists()
 
+
 def test_a_kl_coefficient_of_zero_never_runs_the_reference_branch(tmp_path, monkeypatch):
-    run = trainer(tmp_path, "--advantage_estimator", "grpo", "--total_steps", "2", "--batch_size", "8",
-                  "--mini_batch_size", "8", "--init_kl_coef", "0", "--kl_penalty", "loss")  # fmt: skip
+    run = trainer(
+        tmp_path,
+        "--advantage_estimator",
+        "grpo",
+        "--total_steps",
+        "2",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "8",
+        "--init_kl_coef",
+        "0",
+        "--kl_penalty",
+        "loss",
+    )
 
     def reference_called(*args, **kwargs):
         raise AssertionError("the reference branch ran")
@@ -91,8 +153,21 @@ def test_a_kl_coefficient_of_zero_never_runs_the_reference_branch(tmp_path, monk
     monkeypatch.setattr(run.hydra, "_reference_hidden", reference_called)
     history = run.train()
     assert len(history) == 2 and "objective/kl" not in history[-1]
-    with_kl = trainer(tmp_path / "kl", "--advantage_estimator", "grpo", "--total_steps", "1", "--batch_size", "8",
-                      "--mini_batch_size", "8", "--init_kl_coef", "0.05", "--kl_penalty", "loss")  # fmt: skip
+    with_kl = trainer(
+        tmp_path / "kl",
+        "--advantage_estimator",
+        "grpo",
+        "--total_steps",
+        "1",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "8",
+        "--init_kl_coef",
+        "0.05",
+        "--kl_penalty",
+        "loss",
+    )
     monkeypatch.setattr(with_kl.hydra, "_reference_hidden", reference_called)
     with pytest.raises(AssertionError, match="reference branch ran"):
         with_kl.train()

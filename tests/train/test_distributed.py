@@ -119,8 +119,12 @@ def test_shares_of_a_batch_are_contiguous_and_differ_by_at_most_one():
 def test_a_batch_that_processes_cannot_share_is_a_clear_error(tmp_path, monkeypatch):
     from hydrappo.config import ConfigError
 
-    monkeypatch.setattr(ProcessGroup, "from_environment", classmethod(lambda cls, device, timeout: (cls(0, 4), torch.device("cpu"))))
-    config = parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path), "--batch_size", "6", "--mini_batch_size", "2"])
+    monkeypatch.setattr(
+        ProcessGroup, "from_environment", classmethod(lambda cls, device, timeout: (cls(0, 4), torch.device("cpu")))
+    )
+    config = parse_config(
+        TINY / "config.yaml", ["--output_dir", str(tmp_path), "--batch_size", "6", "--mini_batch_size", "2"]
+    )
     with pytest.raises(ConfigError, match="6 prompts x 1 samples, which 4 processes cannot share"):
         PPOTrainer(config, config_dir=TINY)
 
@@ -140,7 +144,9 @@ def test_a_ppo_step_on_two_processes_equals_one_process_on_the_whole_batch(tmp_p
         assert_same_scalars(metrics(one)[-1], metrics(two)[-1])
         state_one, state_two = (json.loads((d / "checkpoint-1" / "trainer_state.json").read_text()) for d in (one, two))
         assert state_two["world_size"] == 2 and state_one["world_size"] == 1
-        assert state_two["kl_controller"]["value"] == pytest.approx(state_one["kl_controller"]["value"], rel=SCALAR_NOISE)
+        assert state_two["kl_controller"]["value"] == pytest.approx(
+            state_one["kl_controller"]["value"], rel=SCALAR_NOISE
+        )
         assert state_two["score_moments"]["count"] == state_one["score_moments"]["count"] == 8
         assert state_two["score_moments"]["mean"] == pytest.approx(state_one["score_moments"]["mean"], rel=SCALAR_NOISE)
     # During the critic's warm-up the policy (every weight but the value head's) stays exactly as
@@ -150,14 +156,32 @@ def test_a_ppo_step_on_two_processes_equals_one_process_on_the_whole_batch(tmp_p
     assert policy and all(torch.equal(one[name], two[name]) for name in policy)
 
 
-SMALL_RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
-             "--lr_scheduler", "cosine", "--warmup_steps", "1", "--kl_controller", "adaptive",
-             "--score_normalization", "running", "--no_progress_bar"]  # fmt: skip
+SMALL_RUN = [
+    "--total_steps",
+    "4",
+    "--save_every",
+    "2",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--lr_scheduler",
+    "cosine",
+    "--warmup_steps",
+    "1",
+    "--kl_controller",
+    "adaptive",
+    "--score_normalization",
+    "running",
+    "--no_progress_bar",
+]
 
 
 def train_small(out: Path, *extra: str, worker: str | None = None, timeout: float = 90):
     command = ["tests/helpers/distributed_worker.py", worker] if worker else ["-m", "hydrappo"]
-    return launch([*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra], timeout=timeout)
+    return launch(
+        [*command, "train", str(TINY / "config.yaml"), *SMALL_RUN, "--output_dir", str(out), *extra], timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +204,9 @@ def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp
     assert_equal_weights(weights(straight, 4), weights(tmp_path / "resumed", 4))
     assert [row["step"] for row in metrics(tmp_path / "resumed")] == [1, 2, 3, 4]
     for a, b in zip(metrics(straight)[2:], metrics(tmp_path / "resumed")[2:]):
-        assert {k: v for k, v in a.items() if not k.startswith("time/")} == {k: v for k, v in b.items() if not k.startswith("time/")}
+        assert {k: v for k, v in a.items() if not k.startswith("time/")} == {
+            k: v for k, v in b.items() if not k.startswith("time/")
+        }
     saved = torch.load(tmp_path / "resumed" / "checkpoint-4" / "training_state.pt", weights_only=True)
     assert len(saved["rng_per_process"]) == 2
     assert not torch.equal(saved["rng_per_process"][0]["torch"], saved["rng_per_process"][1]["torch"])
@@ -204,21 +230,37 @@ def test_held_out_evaluation_on_two_processes_equals_one_and_resumes_exactly(tmp
     uninterrupted one, its evaluations included, and does not repeat the step-0 baseline."""
     eval_prompts = tmp_path / "held_out.jsonl"
     eval_prompts.write_text("".join((TINY / "prompts.jsonl").read_text().splitlines(keepends=True)[-12:]))
-    check_ok(launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "two"), str(eval_prompts)], timeout=180))
+    check_ok(
+        launch(
+            ["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "two"), str(eval_prompts)], timeout=180
+        )
+    )
     heldout_run(tmp_path / "one", str(eval_prompts))
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    evaluated = lambda rows: {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if "eval/prompts" in r}  # noqa: E731
+
+    def evaluated(rows):
+        return {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if "eval/prompts" in r}
+
     assert sorted(evaluated(one)) == sorted(evaluated(two)) == [0, 2, 3]
     assert evaluated(one)[0] == evaluated(two)[0] and evaluated(two)[0]["eval/prompts"] == 12
     for step in (2, 3):
         assert_same_scalars(evaluated(one)[step], evaluated(two)[step])
     lr = float(HELDOUT[HELDOUT.index("--learning_rate") + 1])
-    assert_close_weights(weights(tmp_path / "one", 3), weights(tmp_path / "two", 3), lr=lr, steps=6)  # 3 steps x 2 updates
+    assert_close_weights(
+        weights(tmp_path / "one", 3), weights(tmp_path / "two", 3), lr=lr, steps=6
+    )  # 3 steps x 2 updates
 
-    killed = launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "die"], timeout=180)
+    killed = launch(
+        ["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "die"],
+        timeout=180,
+    )
     assert [r.returncode for r in killed] == [3, 3], describe(killed)
-    check_ok(launch(["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "resume"],
-                    timeout=180))  # fmt: skip
+    check_ok(
+        launch(
+            ["tests/helpers/distributed_worker.py", "heldout", str(tmp_path / "resumed"), str(eval_prompts), "resume"],
+            timeout=180,
+        )
+    )
     assert_equal_weights(weights(tmp_path / "two", 3), weights(tmp_path / "resumed", 3))
     strip = lambda row: {k: v for k, v in row.items() if not k.startswith("time/")}  # noqa: E731
     assert [strip(r) for r in metrics(tmp_path / "resumed")] == [strip(r) for r in two]
@@ -247,7 +289,9 @@ def test_a_band_on_a_sharded_trunk_trains_like_a_whole_one(tmp_path):
     results = train_small(tmp_path / "fsdp", *band, "--fsdp_trunk", timeout=300)
     check_ok(results)
     assert "FSDP: 110976 frozen parameters sharded over 2 processes, 55488 of them on this one" in results[0].stderr
-    check_ok(train_small(tmp_path / "whole", *band, "--reuse_trunk_pass", "false", "--sampler", "generate", timeout=300))
+    check_ok(
+        train_small(tmp_path / "whole", *band, "--reuse_trunk_pass", "false", "--sampler", "generate", timeout=300)
+    )
     assert_equal_weights(weights(tmp_path / "whole", 4), weights(tmp_path / "fsdp", 4))
 
 
@@ -293,8 +337,21 @@ def test_a_reward_function_raising_on_one_process_stops_both_with_its_message(tm
         "        raise ConnectionError('the reward server did not answer')\n"
         "    return [0.0] * len(outputs)\n"
     )
-    results = launch(["-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path / "out"),
-                      "--reward_fn", f"{tmp_path / 'flaky.py'}:reward_fn", "--total_steps", "2"], timeout=60)  # fmt: skip
+    results = launch(
+        [
+            "-m",
+            "hydrappo",
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--reward_fn",
+            f"{tmp_path / 'flaky.py'}:reward_fn",
+            "--total_steps",
+            "2",
+        ],
+        timeout=60,
+    )
     assert all(r.returncode != 0 for r in results), describe(results)
     assert "the reward server did not answer" in results[1].stderr
     assert (
@@ -318,12 +375,34 @@ def test_a_signal_to_one_process_stops_both_after_the_same_step_with_its_checkpo
         "    return [0.0] * len(outputs)\n"
     )
     out = tmp_path / "out"
-    results = launch(["-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), "--reward_fn",
-                      f"{tmp_path / 'preempted.py'}:reward_fn", "--total_steps", "5", "--save_every", "0",
-                      "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1", "--no_progress_bar"])  # fmt: skip
+    results = launch(
+        [
+            "-m",
+            "hydrappo",
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(out),
+            "--reward_fn",
+            f"{tmp_path / 'preempted.py'}:reward_fn",
+            "--total_steps",
+            "5",
+            "--save_every",
+            "0",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "4",
+            "--ppo_epochs",
+            "1",
+            "--no_progress_bar",
+        ]
+    )
     assert [r.returncode for r in results] == [143, 143], describe(results)
     for result in results:
-        assert f"stopped by SIGTERM after step 2; checkpoint {out / 'checkpoint-2'} holds it" in result.stderr, describe(results)
+        assert f"stopped by SIGTERM after step 2; checkpoint {out / 'checkpoint-2'} holds it" in result.stderr, (
+            describe(results)
+        )
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-2"]
     assert [row["step"] for row in metrics(out)] == [1, 2]
 
@@ -333,8 +412,23 @@ def test_overwrite_output_dir_on_two_processes_moves_the_earlier_run_aside_once(
     out = tmp_path / "out"
     (out / "checkpoint-1").mkdir(parents=True)
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
-    argv = ["-m", "hydrappo", "train", str(TINY / "config.yaml"), "--output_dir", str(out), "--total_steps", "1",
-            "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1", "--no_progress_bar"]  # fmt: skip
+    argv = [
+        "-m",
+        "hydrappo",
+        "train",
+        str(TINY / "config.yaml"),
+        "--output_dir",
+        str(out),
+        "--total_steps",
+        "1",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "4",
+        "--ppo_epochs",
+        "1",
+        "--no_progress_bar",
+    ]
     refused = launch(argv)
     assert [r.returncode for r in refused] == [2, 2], describe(refused)
     assert all("already holds a run (checkpoint-1, metrics.jsonl)" in r.stderr for r in refused), describe(refused)

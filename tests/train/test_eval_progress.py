@@ -44,8 +44,11 @@ def test_the_bar_keeps_the_latest_evaluation_and_its_clock_starts_after_the_base
 
 
 def test_the_done_line_gives_the_held_out_result_beside_the_baseline():
-    history = [{"step": 0, "eval/reward_mean": 0.25, "eval/solve_rate": 0.25}, {"step": 1, "env/reward_mean": 0.1},
-               {"step": 2, "env/reward_mean": 0.2, "eval/reward_mean": 0.75, "eval/solve_rate": 0.75}]  # fmt: skip
+    history = [
+        {"step": 0, "eval/reward_mean": 0.25, "eval/solve_rate": 0.25},
+        {"step": 1, "env/reward_mean": 0.1},
+        {"step": 2, "env/reward_mean": 0.2, "eval/reward_mean": 0.75, "eval/solve_rate": 0.75},
+    ]
     assert held_out_summary(history) == ", held-out reward 0.750 (step 0: 0.250), solved 0.750 (0.250)"
     assert held_out_summary(history[1:2]) == ""
 
@@ -55,9 +58,27 @@ def test_a_run_with_held_out_prompts_reports_them(tmp_path, capsys, caplog):
     caplog.set_level(logging.INFO, logger="hydrappo")
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text("".join((TINY / "prompts.jsonl").read_text().splitlines(keepends=True)[-6:]))
-    code = main(["train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path / "out"), "--total_steps", "2",
-                 "--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",
-                 "--no_progress_bar", "--eval_prompts", str(held_out)])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--total_steps",
+            "2",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "8",
+            "--ppo_epochs",
+            "1",
+            "--max_new_tokens",
+            "4",
+            "--no_progress_bar",
+            "--eval_prompts",
+            str(held_out),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "held-out reward" in out and "(step 0: " in out, out

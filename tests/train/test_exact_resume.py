@@ -22,7 +22,14 @@ from hydrappo.storage.checkpoint import CheckpointError, checkpoint_dirs
 from hydrappo.train.reward import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
 from runs import (
-    TINY, VERIFIABLE, Killed, kill_after_next_save, kill_during_step, reward_config, tiny_trainer, write_sft_config,
+    TINY,
+    VERIFIABLE,
+    Killed,
+    kill_after_next_save,
+    kill_during_step,
+    reward_config,
+    tiny_trainer,
+    write_sft_config,
 )
 
 try:
@@ -47,9 +54,26 @@ class Case:
 
 
 # ------------------------------------------------------------------------------------------ PPO
-PPO = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
-       "--gradient_accumulation_steps", "2", "--lr_scheduler", "cosine", "--warmup_steps", "2",
-       "--kl_controller", "adaptive", "--score_normalization", "running"]  # fmt: skip
+PPO = [
+    "--total_steps",
+    "4",
+    "--save_every",
+    "2",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--gradient_accumulation_steps",
+    "2",
+    "--lr_scheduler",
+    "cosine",
+    "--warmup_steps",
+    "2",
+    "--kl_controller",
+    "adaptive",
+    "--score_normalization",
+    "running",
+]
 
 
 def ppo_dead_line(folder: Path) -> None:
@@ -70,18 +94,51 @@ def ppo_check(straight, resumed, folder: Path) -> None:
 
 # The warm-up is counted by the step, which the checkpoint holds: a run killed in step 2 of a
 # 3-step warm-up resumes into the warm-up.
-WARMUP = ["--total_steps", "4", "--save_every", "1", "--batch_size", "8", "--mini_batch_size", "4",
-          "--critic_warmup_steps", "3", "--lr_scheduler", "linear"]  # fmt: skip
+WARMUP = [
+    "--total_steps",
+    "4",
+    "--save_every",
+    "1",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--critic_warmup_steps",
+    "3",
+    "--lr_scheduler",
+    "linear",
+]
 
 
 def warmup_check(straight, resumed, folder: Path) -> None:
     assert [row.get("ppo/critic_warmup", 0.0) for row in straight.history] == [1.0, 1.0, 1.0, 0.0]
-    assert [(row["step"], row.get("ppo/critic_warmup", 0.0)) for row in resumed.history] == [(2, 1.0), (3, 1.0), (4, 0.0)]
+    assert [(row["step"], row.get("ppo/critic_warmup", 0.0)) for row in resumed.history] == [
+        (2, 1.0),
+        (3, 1.0),
+        (4, 0.0),
+    ]
 
 
-GROUPS = ["--reward_fn", VERIFIABLE, "--samples_per_prompt", "4", "--advantage_estimator", "rloo",
-          "--total_steps", "4", "--save_every", "2", "--batch_size", "16", "--mini_batch_size", "8",
-          "--kl_penalty", "loss", "--init_kl_coef", "0.02"]  # fmt: skip
+GROUPS = [
+    "--reward_fn",
+    VERIFIABLE,
+    "--samples_per_prompt",
+    "4",
+    "--advantage_estimator",
+    "rloo",
+    "--total_steps",
+    "4",
+    "--save_every",
+    "2",
+    "--batch_size",
+    "16",
+    "--mini_batch_size",
+    "8",
+    "--kl_penalty",
+    "loss",
+    "--init_kl_coef",
+    "0.02",
+]
 
 
 def interrupt_in_step_3(trainer, monkeypatch) -> None:
@@ -95,8 +152,22 @@ def interrupt_in_step_3(trainer, monkeypatch) -> None:
     monkeypatch.setattr(trainer, "ppo_update", die_in_step_3)
 
 
-QUANTIZED = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4",
-             "--ppo_epochs", "2", "--trunk_quantization", "int8", "--optimizer", "adamw8bit"]  # fmt: skip
+QUANTIZED = [
+    "--total_steps",
+    "4",
+    "--save_every",
+    "2",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--ppo_epochs",
+    "2",
+    "--trunk_quantization",
+    "int8",
+    "--optimizer",
+    "adamw8bit",
+]
 
 
 def quantized_check(straight, resumed, folder: Path) -> None:
@@ -109,8 +180,22 @@ def quantized_check(straight, resumed, folder: Path) -> None:
 
 
 # The PI controller's state (its integral and last error) resumes with the run.
-PI = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4", "--kl_controller", "pi",
-      "--init_kl_coef", "0.05", "--kl_target", "0.5"]  # fmt: skip
+PI = [
+    "--total_steps",
+    "4",
+    "--save_every",
+    "2",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--kl_controller",
+    "pi",
+    "--init_kl_coef",
+    "0.05",
+    "--kl_target",
+    "0.5",
+]
 
 
 def pi_check(straight, resumed, folder: Path) -> None:
@@ -122,8 +207,22 @@ def pi_check(straight, resumed, folder: Path) -> None:
 
 # Held-out evaluation with sampled answers (they draw random numbers) at every step: the resumed
 # run's metrics are the straight run's, and the step-0 baseline is not repeated.
-HELD_OUT = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4", "--ppo_epochs", "1",
-            "--eval_every", "1", "--eval_greedy", "false"]  # fmt: skip
+HELD_OUT = [
+    "--total_steps",
+    "4",
+    "--save_every",
+    "2",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--ppo_epochs",
+    "1",
+    "--eval_every",
+    "1",
+    "--eval_greedy",
+    "false",
+]
 
 
 def held_out_trainer(folder: Path):
@@ -143,8 +242,20 @@ def held_out_check(straight, resumed, folder: Path) -> None:
 
 
 # LoRA adapters on the top layers, resumed from an explicitly named checkpoint.
-LORA = ["--total_steps", "2", "--save_every", "1", "--batch_size", "8", "--mini_batch_size", "4",
-        "--lora_r", "4", "--train_lm_head", "false"]  # fmt: skip
+LORA = [
+    "--total_steps",
+    "2",
+    "--save_every",
+    "1",
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "4",
+    "--lora_r",
+    "4",
+    "--train_lm_head",
+    "false",
+]
 
 
 # -------------------------------------------------------------------- the supervised stages
@@ -199,26 +310,43 @@ CASES = {
     "ppo": ppo_case(PPO, kill=kill_after_next_save, resumed_steps=[3, 4], after_kill=ppo_dead_line, check=ppo_check),
     "ppo_critic_warmup": ppo_case(WARMUP, kill=kill_after_next_save, resumed_steps=[2, 3, 4], check=warmup_check),
     "critic_free_groups": ppo_case(GROUPS, kill=interrupt_in_step_3, resumed_steps=[3, 4], dies_with=KeyboardInterrupt),
-    "quantized_int8_adamw8bit": ppo_case(QUANTIZED, kill=kill_after_next_save, resumed_steps=[3, 4], check=quantized_check),
+    "quantized_int8_adamw8bit": ppo_case(
+        QUANTIZED, kill=kill_after_next_save, resumed_steps=[3, 4], check=quantized_check
+    ),
     "kl_pi_controller": ppo_case(PI, kill=kill_after_next_save, resumed_steps=[3, 4], check=pi_check),
     # A band of trainable layers (1:3 of 4) with LoRA on it, the reference its layers with adapters off.
     "band_lora": ppo_case([*LORA, "--trainable_layers", "1:3"], kill=kill_after_next_save, resumed_steps=[2]),
-    "band": ppo_case([*PI, "--trainable_layers", "1:3"], kill=kill_after_next_save, resumed_steps=[3, 4], check=pi_check),
+    "band": ppo_case(
+        [*PI, "--trainable_layers", "1:3"], kill=kill_after_next_save, resumed_steps=[3, 4], check=pi_check
+    ),
     "held_out_eval": Case(make=held_out_trainer, kill=kill_after_next_save, resumed_steps=[3, 4], check=held_out_check),
-    "lora": ppo_case(LORA, kill=kill_after_next_save, resumed_steps=[2],
-                     resume_from=lambda folder: folder / "out" / "checkpoint-1"),
+    "lora": ppo_case(
+        LORA, kill=kill_after_next_save, resumed_steps=[2], resume_from=lambda folder: folder / "out" / "checkpoint-1"
+    ),
     "reward_stage": Case(
-        make=reward_trainer, kill=lambda trainer, monkeypatch: kill_during_step(trainer, monkeypatch, 23),
-        resumed_steps=[21], weights="branch", history_prefix_only=True, after_kill=reward_after_kill, check=reward_check,
+        make=reward_trainer,
+        kill=lambda trainer, monkeypatch: kill_during_step(trainer, monkeypatch, 23),
+        resumed_steps=[21],
+        weights="branch",
+        history_prefix_only=True,
+        after_kill=reward_after_kill,
+        check=reward_check,
     ),
     "sft_stage": Case(  # killed mid-epoch 2, after checkpoint-9
-        make=sft_trainer, kill=lambda trainer, monkeypatch: kill_during_step(trainer, monkeypatch, 11),
-        resumed_steps=[10], history_prefix_only=True, after_kill=sft_after_kill, check=sft_check,
+        make=sft_trainer,
+        kill=lambda trainer, monkeypatch: kill_during_step(trainer, monkeypatch, 11),
+        resumed_steps=[10],
+        history_prefix_only=True,
+        after_kill=sft_after_kill,
+        check=sft_check,
     ),
 }
 PARAMS = [
-    pytest.param(name, marks=[pytest.mark.skipif(not HAS_BNB, reason="pip install 'hydrappo[quant]'")] if "quantized" in name else [],
-                 id=name)
+    pytest.param(
+        name,
+        marks=[pytest.mark.skipif(not HAS_BNB, reason="pip install 'hydrappo[quant]'")] if "quantized" in name else [],
+        id=name,
+    )
     for name in CASES
 ]
 
@@ -242,7 +370,9 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_the_uninterrupted_one
     steps = [row["step"] for row in resumed.history]
     assert (steps[:1] if case.history_prefix_only else steps) == case.resumed_steps
 
-    pairs = list(zip(getattr(straight, case.weights).named_parameters(), getattr(resumed, case.weights).named_parameters()))
+    pairs = list(
+        zip(getattr(straight, case.weights).named_parameters(), getattr(resumed, case.weights).named_parameters())
+    )
     assert pairs
     for (name_a, a), (_, b) in pairs:
         assert torch.equal(a, b), name_a

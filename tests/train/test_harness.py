@@ -32,11 +32,30 @@ def test_ppo_resumes_a_checkpoint_written_before_the_harness(tmp_path):
 
 
 def test_ppo_scores_with_a_reward_branch_written_before_the_harness(tmp_path):
-    config = parse_config(TINY / "config.yaml", [
-        "--output_dir", str(tmp_path), "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "8",
-        "--train_lm_head", "false", "--reward_branch_path", str(LEGACY / "reward-checkpoint-3"),
-        "--use_reward_branch", "true", "--reward_fn", "", "--score_normalization", "ref", "--no_progress_bar",
-    ])
+    config = parse_config(
+        TINY / "config.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--total_steps",
+            "1",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "8",
+            "--train_lm_head",
+            "false",
+            "--reward_branch_path",
+            str(LEGACY / "reward-checkpoint-3"),
+            "--use_reward_branch",
+            "true",
+            "--reward_fn",
+            "",
+            "--score_normalization",
+            "ref",
+            "--no_progress_bar",
+        ],
+    )
     trainer = PPOTrainer(config)
     assert config.reward.score_ref_mean == pytest.approx(0.1402, abs=1e-4)  # the legacy checkpoint's statistics
     history = trainer.train()
@@ -58,8 +77,14 @@ def test_adamw_takes_the_fused_kernel_and_steps_as_the_loop_does():
     loop_params = [torch.nn.Parameter(w.clone()) for w in weights]
     args = PPOArgs(learning_rate=1e-3, weight_decay=0.01)
     fused = make_optimizer(fused_params, args)
-    loop = torch.optim.AdamW(loop_params, lr=1e-3, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
-                             weight_decay=0.01, foreach=False)  # fmt: skip
+    loop = torch.optim.AdamW(
+        loop_params,
+        lr=1e-3,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+        weight_decay=0.01,
+        foreach=False,
+    )
     assert fused.defaults["fused"] and fused_adamw_runs(fused_params)
     assert not fused_adamw_runs([torch.nn.Parameter(torch.zeros(2, device="meta"))])
     for _ in range(3):

@@ -21,8 +21,13 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def test_statistics_by_hand():
-    stats = held_out_statistics([1.0, 0.0, 1.0, 1.0], [3, 5, 4, 8], [True, True, False, True], [False, False, True, False],
-                                {"accuracy": [1.0, 0.0, 1.0, 1.0], "format": [0.5, 0.5, 0.0, 1.0]})  # fmt: skip
+    stats = held_out_statistics(
+        [1.0, 0.0, 1.0, 1.0],
+        [3, 5, 4, 8],
+        [True, True, False, True],
+        [False, False, True, False],
+        {"accuracy": [1.0, 0.0, 1.0, 1.0], "format": [0.5, 0.5, 0.0, 1.0]},
+    )
     assert stats["eval/reward_mean"] == 0.75 and stats["eval/solve_rate"] == 0.75
     assert stats["eval/reward_std"] == pytest.approx(0.75**0.5 * 0.25**0.5)  # population std of a 3:1 split
     assert stats["eval/response_len_mean"] == 5.0 and stats["eval/missing_eos_frac"] == 0.25
@@ -50,8 +55,16 @@ RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_b
 @pytest.mark.slow
 def test_evaluation_logs_at_step_zero_and_every_n_and_leaves_training_unchanged(tmp_path):
     # Sampled answers (eval_greedy false) are the strict case: they draw random numbers.
-    evaluated = tiny_trainer(tmp_path / "eval", *RUN, "--eval_prompts", str(held_out_file(tmp_path)), "--eval_every", "3",
-                             "--eval_greedy", "false")  # fmt: skip
+    evaluated = tiny_trainer(
+        tmp_path / "eval",
+        *RUN,
+        "--eval_prompts",
+        str(held_out_file(tmp_path)),
+        "--eval_every",
+        "3",
+        "--eval_greedy",
+        "false",
+    )
     evaluated.train()
     plain = tiny_trainer(tmp_path / "plain", *RUN)
     plain.train()

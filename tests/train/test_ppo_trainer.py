@@ -18,10 +18,23 @@ from runs import TINY, tiny_trainer
 from tiny import tiny_model, tiny_tokenizer
 
 REQUIRED_SCALARS = [
-    "env/reward_mean", "env/reward_std", "objective/kl", "objective/kl_coef", "objective/entropy",
-    "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total", "ppo/policy/approxkl", "ppo/policy/clipfrac",
-    "ppo/val/clipfrac", "ppo/val/var_explained", "ppo/returns/mean", "tokens/responses_len_mean",
-    "time/rollout", "time/update", "lr",
+    "env/reward_mean",
+    "env/reward_std",
+    "objective/kl",
+    "objective/kl_coef",
+    "objective/entropy",
+    "ppo/loss/policy",
+    "ppo/loss/value",
+    "ppo/loss/total",
+    "ppo/policy/approxkl",
+    "ppo/policy/clipfrac",
+    "ppo/val/clipfrac",
+    "ppo/val/var_explained",
+    "ppo/returns/mean",
+    "tokens/responses_len_mean",
+    "time/rollout",
+    "time/update",
+    "lr",
 ]
 
 
@@ -115,8 +128,21 @@ def test_stop_strings_end_responses():
 
 @pytest.mark.slow
 def test_nonfinite_losses_are_skipped_then_stop_with_the_checkpoint_intact(tmp_path, monkeypatch):
-    trainer = tiny_trainer(tmp_path, "--total_steps", "3", "--save_every", "1", "--batch_size", "8",
-                           "--mini_batch_size", "4", "--ppo_epochs", "1", "--max_nonfinite_steps", "3")
+    trainer = tiny_trainer(
+        tmp_path,
+        "--total_steps",
+        "3",
+        "--save_every",
+        "1",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "4",
+        "--ppo_epochs",
+        "1",
+        "--max_nonfinite_steps",
+        "3",
+    )
     trainer.train()
     weights_before = (checkpoint_dirs(tmp_path)[-1] / WEIGHTS_NAME).read_bytes()
 
@@ -143,7 +169,9 @@ def test_nonfinite_losses_are_skipped_then_stop_with_the_checkpoint_intact(tmp_p
 def test_config_errors_list_the_valid_choices(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("ppo:\n  learning_rat: 1.0\n")
-    with pytest.raises(ConfigError, match="unknown key 'learning_rat' in section 'ppo'. Did you mean 'learning_rate'.* Valid keys: "):
+    with pytest.raises(
+        ConfigError, match="unknown key 'learning_rat' in section 'ppo'. Did you mean 'learning_rate'.* Valid keys: "
+    ):
         parse_config(bad)
     bad.write_text("trainer:\n  x: 1\n")
     with pytest.raises(ConfigError, match="unknown section 'trainer'; valid sections: model, generation"):
@@ -159,8 +187,21 @@ def test_config_errors_list_the_valid_choices(tmp_path):
 
 @pytest.mark.slow
 def test_cli_train_runs_the_tiny_example(tmp_path, capsys):
-    code = cli_main(["train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path), "--total_steps", "2",
-                     "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"])
+    code = cli_main(
+        [
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--total_steps",
+            "2",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "8",
+            "--no_progress_bar",
+        ]
+    )
     assert code == 0
     assert "done: step 2" in capsys.readouterr().out
     assert (tmp_path / "checkpoint-2" / "config.yaml").is_file()
@@ -182,8 +223,21 @@ def test_gradient_checkpointing_gives_the_same_training(tmp_path):
 
 @pytest.mark.slow
 def test_bf16_model_trains_float32_master_weights_under_autocast(tmp_path):
-    trainer = tiny_trainer(tmp_path, "--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "4",
-                           "--dtype", "bfloat16", "--mixed_precision", "bf16", "--save_every", "100")
+    trainer = tiny_trainer(
+        tmp_path,
+        "--total_steps",
+        "2",
+        "--batch_size",
+        "8",
+        "--mini_batch_size",
+        "4",
+        "--dtype",
+        "bfloat16",
+        "--mixed_precision",
+        "bf16",
+        "--save_every",
+        "100",
+    )
     hydra = trainer.hydra
     assert {p.dtype for p in hydra.trainable_parameters()} == {torch.float32}
     assert hydra.arch.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16  # the frozen trunk stays small
@@ -214,5 +268,3 @@ def test_critic_warmup_leaves_the_policy_bit_identical(tmp_path):
     trainer.config.train.total_steps = 3
     trainer.train()
     assert any(not torch.equal(dict(hydra.named_parameters())[n], before[n]) for n in policy)
-
-

@@ -37,16 +37,26 @@ def args(tmp_path: Path, **train) -> dict:
         "model": {"random_init": True, "num_layers_unfrozen": 2},
         "generation": {"max_new_tokens": 4, "generation_batch_size": 8},
         "ppo": {"batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1, "kl_controller": "fixed"},
-        "train": {"output_dir": str(tmp_path / "run"), "total_steps": 2, "save_every": 0, "progress_bar": False, **train},
+        "train": {
+            "output_dir": str(tmp_path / "run"),
+            "total_steps": 2,
+            "save_every": 0,
+            "progress_bar": False,
+            **train,
+        },
     }
 
 
 @pytest.mark.slow
 def test_objects_in_train_save_and_reload_with_transformers(tmp_path):
     trainer = PPOTrainer(
-        model=str(TINY / "model"), reward_funcs=[good_words, mentions_answer], reward_weights=[1.0, 0.5],
-        train_dataset=Dataset.from_list(TRAIN), eval_dataset=TRAIN[:4], args=args(tmp_path),
-    )  # fmt: skip
+        model=str(TINY / "model"),
+        reward_funcs=[good_words, mentions_answer],
+        reward_weights=[1.0, 0.5],
+        train_dataset=Dataset.from_list(TRAIN),
+        eval_dataset=TRAIN[:4],
+        args=args(tmp_path),
+    )
     history = trainer.train()
     assert [row["step"] for row in history if "env/reward_mean" in row] == [1, 2]
     for row in history:
@@ -83,13 +93,26 @@ def test_a_loaded_model_first_in_trls_order_with_its_tokenizer(tmp_path):
 
 def test_the_command_lines_rules_apply(tmp_path):
     with pytest.raises(ConfigError, match=r"ppo.mini_batch_size=3"):
-        PPOTrainer(model=str(TINY / "model"), reward_funcs=good_words, train_dataset=TRAIN,
-                   args={**args(tmp_path), "ppo": {"batch_size": 8, "mini_batch_size": 3}})  # fmt: skip
-    with pytest.raises(ConfigError, match=r"reward.reward_weights=\[1.0, 2.0, 3.0\] has 3 weight\(s\) for 1 reward source"):
-        PPOTrainer(model=str(TINY / "model"), reward_funcs=good_words, reward_weights=[1, 2, 3], train_dataset=TRAIN,
-                   args=args(tmp_path))  # fmt: skip
+        PPOTrainer(
+            model=str(TINY / "model"),
+            reward_funcs=good_words,
+            train_dataset=TRAIN,
+            args={**args(tmp_path), "ppo": {"batch_size": 8, "mini_batch_size": 3}},
+        )
+    with pytest.raises(
+        ConfigError, match=r"reward.reward_weights=\[1.0, 2.0, 3.0\] has 3 weight\(s\) for 1 reward source"
+    ):
+        PPOTrainer(
+            model=str(TINY / "model"),
+            reward_funcs=good_words,
+            reward_weights=[1, 2, 3],
+            train_dataset=TRAIN,
+            args=args(tmp_path),
+        )
     with pytest.raises(ConfigError, match="unknown key 'batchsize' in section 'ppo'"):
-        PPOTrainer(model=str(TINY / "model"), reward_funcs=good_words, train_dataset=TRAIN, args={"ppo": {"batchsize": 8}})
+        PPOTrainer(
+            model=str(TINY / "model"), reward_funcs=good_words, train_dataset=TRAIN, args={"ppo": {"batchsize": 8}}
+        )
     with pytest.raises(ConfigError, match="unknown argument"):
         PPOTrainer(model=str(TINY / "model"), reward_fns=good_words)
     assert not (tmp_path / "run").exists()
@@ -104,16 +127,25 @@ def test_a_config_object_is_copied_not_changed(tmp_path):
 
 
 # SFT rows: each prompt word n<k> answered with g<k mod 8> (learnable, unlike what a random model says).
-SFT = [{"prompt": row["prompt"], "response": " ".join(f"g{int(w[1:]) % 8}" for w in row["prompt"].split())} for row in ROWS]
+SFT = [
+    {"prompt": row["prompt"], "response": " ".join(f"g{int(w[1:]) % 8}" for w in row["prompt"].split())} for row in ROWS
+]
 
 
 def stage_args(tmp_path: Path, **train) -> dict:
     return {
         "model": {"random_init": True, "num_layers_unfrozen": 2, "train_lm_head": True},
         "data": {"max_prompt_length": 16, "max_response_length": 12},
-        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 3, "batch_size": 16, "learning_rate": 3e-3,
-                  "save_every": 0, "progress_bar": False, **train},
-    }  # fmt: skip
+        "train": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 3,
+            "batch_size": 16,
+            "learning_rate": 3e-3,
+            "save_every": 0,
+            "progress_bar": False,
+            **train,
+        },
+    }
 
 
 def test_sft_from_objects_trains_saves_and_reloads_with_transformers(tmp_path):
@@ -121,8 +153,13 @@ def test_sft_from_objects_trains_saves_and_reloads_with_transformers(tmp_path):
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY / "model"))
     options = stage_args(tmp_path)
     options["model"].pop("random_init")
-    trainer = SFTTrainer(model, train_dataset=Dataset.from_list(SFT[:96]), eval_dataset=SFT[96:], args=options,
-                         processing_class=AutoTokenizer.from_pretrained(TINY / "model"))  # fmt: skip
+    trainer = SFTTrainer(
+        model,
+        train_dataset=Dataset.from_list(SFT[:96]),
+        eval_dataset=SFT[96:],
+        args=options,
+        processing_class=AutoTokenizer.from_pretrained(TINY / "model"),
+    )
     assert trainer.hydra.model is model  # wrapped, not reloaded
     history = trainer.train()
     evaluations = [row["eval/loss"] for row in history if "eval/loss" in row]
@@ -147,13 +184,23 @@ def test_reward_stage_from_objects_saves_a_branch_that_ppo_loads(tmp_path):
     with pytest.raises(UsageError, match="holds other files; give a new or empty folder"):
         trainer.save_model(tmp_path / "run")  # the run's own folder: never replaced
     saved = trainer.save_model(tmp_path / "reward-model")
-    assert sorted(p.name for p in saved.iterdir()) == ["config.yaml", "manifest.json", "trainable.safetensors",
-                                                      "trainer_state.json"]  # fmt: skip
+    assert sorted(p.name for p in saved.iterdir()) == [
+        "config.yaml",
+        "manifest.json",
+        "trainable.safetensors",
+        "trainer_state.json",
+    ]
 
-    ppo = PPOTrainer(model=str(TINY / "model"), reward_funcs=None, train_dataset=TRAIN, args={
-        **args(tmp_path / "ppo"), "model": {"random_init": True, "num_layers_unfrozen": 2, "reward_branch_path": str(saved)},
-        "reward": {"use_reward_branch": True, "score_normalization": "ref"},
-    })  # fmt: skip
+    ppo = PPOTrainer(
+        model=str(TINY / "model"),
+        reward_funcs=None,
+        train_dataset=TRAIN,
+        args={
+            **args(tmp_path / "ppo"),
+            "model": {"random_init": True, "num_layers_unfrozen": 2, "reward_branch_path": str(saved)},
+            "reward": {"use_reward_branch": True, "score_normalization": "ref"},
+        },
+    )
     # The reference statistics the stage computed at its end, and its trained weights.
     assert ppo.config.reward.score_ref_mean == trainer.score_stats["score_mean"]
     assert ppo.config.reward.score_ref_std == trainer.score_stats["score_std"]

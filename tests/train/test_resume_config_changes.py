@@ -104,7 +104,9 @@ def test_resume_refuses_a_changed_layer_count_and_applies_a_changed_learning_rat
         "weights the checkpoint holds; resume with 2 or start a new run."
     )
     caplog.set_level(logging.WARNING, logger="hydrappo")
-    trainer = tiny_trainer(run, *FAST_ONE_STEP, "--total_steps", "2", "--learning_rate", "1e-3", "--weight_decay", "0.01")
+    trainer = tiny_trainer(
+        run, *FAST_ONE_STEP, "--total_steps", "2", "--learning_rate", "1e-3", "--weight_decay", "0.01"
+    )
     history = trainer.train(resume=True)
     assert [row["step"] for row in history] == [2]
     assert "ppo.learning_rate: 0.003 in the checkpoint, 0.001 now" in caplog.text

@@ -22,8 +22,19 @@ REWARDS = textwrap.dedent(
         return [float(a.lower() in c) for c, a in zip(completions, kwargs["answer"])]
     """
 )
-FAST = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "4",
-        "--no_progress_bar", "--total_steps", "1"]  # fmt: skip
+FAST = [
+    "--batch_size",
+    "8",
+    "--mini_batch_size",
+    "8",
+    "--ppo_epochs",
+    "1",
+    "--max_new_tokens",
+    "4",
+    "--no_progress_bar",
+    "--total_steps",
+    "1",
+]
 
 
 def table(path: Path, count: int, missing: int | None = None) -> Path:
@@ -36,8 +47,19 @@ def table(path: Path, count: int, missing: int | None = None) -> Path:
 def test_a_row_without_a_needed_value_is_refused_before_anything_is_written(tmp_path, capsys):
     (tmp_path / "rewards.py").write_text(REWARDS)
     prompts = table(tmp_path / "prompts.jsonl", 16, missing=5)
-    code = main(["train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path / "out"), "--prompts", str(prompts),
-                 "--reward_fn", f"{tmp_path / 'rewards.py'}:named", *FAST])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--prompts",
+            str(prompts),
+            "--reward_fn",
+            f"{tmp_path / 'rewards.py'}:named",
+            *FAST,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"data.prompts={prompts}: row 5 (counting from 0) has no value in column 'answer' (None)" in err
@@ -47,10 +69,21 @@ def test_a_row_without_a_needed_value_is_refused_before_anything_is_written(tmp_
 
 def test_the_same_in_the_held_out_table(tmp_path, capsys):
     (tmp_path / "rewards.py").write_text(REWARDS)
-    code = main(["train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path / "out"),
-                 "--prompts", str(table(tmp_path / "prompts.jsonl", 16)),
-                 "--eval_prompts", str(table(tmp_path / "eval.jsonl", 4, missing=2)),
-                 "--reward_fn", f"{tmp_path / 'rewards.py'}:named", *FAST])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--prompts",
+            str(table(tmp_path / "prompts.jsonl", 16)),
+            "--eval_prompts",
+            str(table(tmp_path / "eval.jsonl", 4, missing=2)),
+            "--reward_fn",
+            f"{tmp_path / 'rewards.py'}:named",
+            *FAST,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "eval.jsonl: row 2 (counting from 0) has no value in column 'answer'" in err, err
     assert not (tmp_path / "out").exists()
@@ -59,10 +92,21 @@ def test_the_same_in_the_held_out_table(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_failure_in_the_step_zero_evaluation_names_step_zero_and_the_row(tmp_path, capsys):
     (tmp_path / "rewards.py").write_text(REWARDS)
-    code = main(["train", str(TINY / "config.yaml"), "--output_dir", str(tmp_path / "out"),
-                 "--prompts", str(table(tmp_path / "prompts.jsonl", 16)),
-                 "--eval_prompts", str(table(tmp_path / "eval.jsonl", 4, missing=2)),
-                 "--reward_fn", f"{tmp_path / 'rewards.py'}:from_kwargs", *FAST])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(TINY / "config.yaml"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--prompts",
+            str(table(tmp_path / "prompts.jsonl", 16)),
+            "--eval_prompts",
+            str(table(tmp_path / "eval.jsonl", 4, missing=2)),
+            "--reward_fn",
+            f"{tmp_path / 'rewards.py'}:from_kwargs",
+            *FAST,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1, err
     assert f"reward function '{tmp_path / 'rewards.py'}:from_kwargs' at step 0 raised AttributeError" in err, err

@@ -105,7 +105,9 @@ def test_saved_branch_scores_like_the_trainer_in_a_fresh_hydra(trained):
     from hydrappo.storage.models import load_model_and_tokenizer
 
     torch.manual_seed(0)
-    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
+    model, _ = load_model_and_tokenizer(
+        ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64
+    )
     hydra = HydraModel(model, 2, train_lm_head=True, train_final_norm=True)
     hydra.attach_reward_branch(load_reward_branch(hydra, tmp / "reward"))  # the output_dir: latest checkpoint
     input_ids, attention_mask, _, _ = pack_sequences(prompts, responses, trainer.tokenizer.pad_token_id)
@@ -133,7 +135,9 @@ def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
 
     def tiny_example_trunk(seed=0):
         torch.manual_seed(seed)
-        return load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)[0]
+        return load_model_and_tokenizer(
+            ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64
+        )[0]
 
     with pytest.raises(CheckpointError, match="num_layers_unfrozen: 2"):
         load_reward_branch(HydraModel(tiny_example_trunk(), 1), tmp / "reward")
@@ -142,9 +146,23 @@ def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
     with pytest.raises(CheckpointError, match="frozen bottom differs"):
         load_reward_branch(HydraModel(tiny_example_trunk(seed=1), 2), tmp / "reward")
     # A PPO checkpoint is not a reward checkpoint.
-    ppo = PPOTrainer(parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "ppo"), "--total_steps", "1",
-                                                         "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"]),
-                     config_dir=TINY)
+    ppo = PPOTrainer(
+        parse_config(
+            TINY / "config.yaml",
+            [
+                "--output_dir",
+                str(tmp_path / "ppo"),
+                "--total_steps",
+                "1",
+                "--batch_size",
+                "8",
+                "--mini_batch_size",
+                "8",
+                "--no_progress_bar",
+            ],
+        ),
+        config_dir=TINY,
+    )
     ppo.train()
     with pytest.raises(CheckpointError, match="not a reward checkpoint"):
         load_reward_branch(ppo.hydra, tmp_path / "ppo")
@@ -178,16 +196,44 @@ def test_ppo_optimises_the_learned_reward_with_its_reference_statistics(trained,
 
 def test_cli_reward_with_sampled_reference_statistics(tmp_path, capsys):
     reward_config(tmp_path)  # writes reward.yaml and pairs.jsonl
-    code = cli_main(["reward", str(tmp_path / "reward.yaml"), "--max_steps", "2", "--cache_split_hidden", "false",
-                     "--stats_file", str(TINY / "prompts.jsonl"), "--stats_max_samples", "8", "--stats_max_new_tokens", "4"])
+    code = cli_main(
+        [
+            "reward",
+            str(tmp_path / "reward.yaml"),
+            "--max_steps",
+            "2",
+            "--cache_split_hidden",
+            "false",
+            "--stats_file",
+            str(TINY / "prompts.jsonl"),
+            "--stats_max_samples",
+            "8",
+            "--stats_max_new_tokens",
+            "4",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "done: step 2" in out and "model.reward_branch_path" in out
     info = json.loads((tmp_path / "reward" / "checkpoint-2" / "trainer_state.json").read_text())
-    assert info["score_stats"] == {"count": 8, "source": f"base-policy responses to 8 prompts of {TINY / 'prompts.jsonl'}"}
+    assert info["score_stats"] == {
+        "count": 8,
+        "source": f"base-policy responses to 8 prompts of {TINY / 'prompts.jsonl'}",
+    }
     assert info["score_std"] > 0
-    assert cli_main(["reward", str(tmp_path / "reward.yaml"), "--chosen_column", "better", "--output_dir",
-                     str(tmp_path / "another")]) == 2  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "reward",
+                str(tmp_path / "reward.yaml"),
+                "--chosen_column",
+                "better",
+                "--output_dir",
+                str(tmp_path / "another"),
+            ]
+        )
+        == 2
+    )
     assert "no column 'better'" in capsys.readouterr().err
 
 
@@ -197,14 +243,28 @@ def test_whole_text_pairs_with_margins(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "source.jsonl").read_text().splitlines()]
     with (tmp_path / "pairs.jsonl").open("w") as handle:
         for i, row in enumerate(rows):
-            whole = {"better": row["prompt"] + " " + row["chosen"], "worse": row["prompt"] + " " + row["rejected"], "m": i % 3}
+            whole = {
+                "better": row["prompt"] + " " + row["chosen"],
+                "worse": row["prompt"] + " " + row["rejected"],
+                "m": i % 3,
+            }
             handle.write(json.dumps(whole) + "\n")
-    (tmp_path / "reward.yaml").write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 1},
-        "data": {"train_file": "pairs.jsonl", "prompt_column": None, "chosen_column": "better", "rejected_column": "worse",
-                 "margin_column": "m", "max_response_length": 20},
-        "train": {"output_dir": str(tmp_path / "out"), "max_steps": 2, "progress_bar": False},
-    }))
+    (tmp_path / "reward.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name_or_path": str(TINY / "model"), "random_init": True, "num_layers_unfrozen": 1},
+                "data": {
+                    "train_file": "pairs.jsonl",
+                    "prompt_column": None,
+                    "chosen_column": "better",
+                    "rejected_column": "worse",
+                    "margin_column": "m",
+                    "max_response_length": 20,
+                },
+                "train": {"output_dir": str(tmp_path / "out"), "max_steps": 2, "progress_bar": False},
+            }
+        )
+    )
     config = parse_config(tmp_path / "reward.yaml", [], config_cls=RewardConfig)
     trainer = RewardTrainer(config, config_dir=tmp_path)
     pairs = trainer.eval_pairs
@@ -224,7 +284,9 @@ def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_
     """The branch's pooling is recorded in its checkpoint and forward_hydra (PPO's scoring,
     with logprobs_from as rollout passes it) pools identically, whatever the padding."""
     # In float64: padded batches against single rows, within FLOAT64_ATOL (tests/helpers/tiny.py says why).
-    trainer = RewardTrainer(reward_config(tmp_path, dtype="float64", epochs=1, max_steps=3, pooling=pooling), config_dir=tmp_path)
+    trainer = RewardTrainer(
+        reward_config(tmp_path, dtype="float64", epochs=1, max_steps=3, pooling=pooling), config_dir=tmp_path
+    )
     trainer.train()
     info = json.loads((trainer.checkpoint_path / "trainer_state.json").read_text())
     assert info["pooling"] == pooling
@@ -236,7 +298,9 @@ def test_pooling_scores_the_same_through_ppo_scoring_as_in_the_reward_stage(tmp_
     from hydrappo.storage.models import load_model_and_tokenizer
 
     torch.manual_seed(0)
-    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
+    model, _ = load_model_and_tokenizer(
+        ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64
+    )
     hydra = HydraModel(model, 2)
     hydra.attach_reward_branch(load_reward_branch(hydra, trainer.checkpoint_path))
     assert hydra.reward_branch.pooling == pooling
@@ -287,7 +351,9 @@ def test_checkpoints_without_pooling_mean_last(trained, tmp_path):
     from hydrappo.config import ModelConfig
     from hydrappo.storage.models import load_model_and_tokenizer
 
-    model, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
+    model, _ = load_model_and_tokenizer(
+        ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64
+    )
     assert load_reward_branch(HydraModel(model, 2), old).pooling == "last"
 
 
@@ -323,14 +389,28 @@ def test_ppo_value_head_starts_from_the_reward_head(trained, tmp_path):
 
     with pytest.raises(ConfigError, match="model.value_head_init='reward_head'.*reward_branch_path"):
         parse_config(TINY / "config.yaml", ["--output_dir", str(tmp_path / "x"), "--value_head_init", "reward_head"])
-    config = parse_config(TINY / "config.yaml", [
-        "--output_dir", str(tmp_path / "ppo"), "--no_progress_bar", "--reward_branch_path", str(tmp / "reward"),
-        "--value_head_init", "reward_head", "--num_layers_unfrozen", "2", "--dtype", "float64",
-    ])
+    config = parse_config(
+        TINY / "config.yaml",
+        [
+            "--output_dir",
+            str(tmp_path / "ppo"),
+            "--no_progress_bar",
+            "--reward_branch_path",
+            str(tmp / "reward"),
+            "--value_head_init",
+            "reward_head",
+            "--num_layers_unfrozen",
+            "2",
+            "--dtype",
+            "float64",
+        ],
+    )
     ppo = PPOTrainer(config, config_dir=TINY)
     # In float64: V(h) = w.relu(h) - w.relu(-h) + b sums other terms than w.h + b (tests/helpers/tiny.py: FLOAT64_ATOL).
     hidden = torch.randn(4, ppo.hydra.value_head.hidden_size, dtype=torch.float64)
-    torch.testing.assert_close(ppo.hydra.value_head(hidden), ppo.hydra.reward_branch.head(hidden), atol=FLOAT64_ATOL, rtol=0)
+    torch.testing.assert_close(
+        ppo.hydra.value_head(hidden), ppo.hydra.reward_branch.head(hidden), atol=FLOAT64_ATOL, rtol=0
+    )
 
 
 def test_a_bands_reward_branch_trains_from_the_split_to_the_top_and_fits_any_split_there(tmp_path):
@@ -352,7 +432,9 @@ def test_a_bands_reward_branch_trains_from_the_split_to_the_top_and_fits_any_spl
 
     def trunk():
         torch.manual_seed(0)
-        return load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)[0]
+        return load_model_and_tokenizer(
+            ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64
+        )[0]
 
     for split in ({"trainable_layers": "1:2"}, {"num_layers_unfrozen": 3}):
         hydra = HydraModel(trunk(), **split)

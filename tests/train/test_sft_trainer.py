@@ -54,15 +54,32 @@ def test_sft_lowers_the_response_loss_and_ppo_starts_from_its_model_dir(tmp_path
     assert not torch.equal(loaded.lm_head.weight, original["model.embed_tokens.weight"])
 
     # The saved model reproduces the trainer's final held-out loss (same split from the same seed).
-    config = parse_config(tmp_path / "sft.yaml", ["--random_init", "false", "--name_or_path", str(out),
-                                                   "--output_dir", str(tmp_path / "again")],
-                          config_cls=SFTConfig)
+    config = parse_config(
+        tmp_path / "sft.yaml",
+        ["--random_init", "false", "--name_or_path", str(out), "--output_dir", str(tmp_path / "again")],
+        config_cls=SFTConfig,
+    )
     assert SFTTrainer(config, config_dir=tmp_path).evaluate()["eval/loss"] == pytest.approx(evals[-1], rel=1e-4)
 
     # PPO from the SFT model: its reference is the SFT policy.
-    ppo_config = parse_config(TINY / "config.yaml", [
-        "--name_or_path", str(out), "--random_init", "false", "--output_dir", str(tmp_path / "ppo"),
-        "--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"])
+    ppo_config = parse_config(
+        TINY / "config.yaml",
+        [
+            "--name_or_path",
+            str(out),
+            "--random_init",
+            "false",
+            "--output_dir",
+            str(tmp_path / "ppo"),
+            "--total_steps",
+            "2",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "8",
+            "--no_progress_bar",
+        ],
+    )
     ppo = PPOTrainer(ppo_config, config_dir=TINY)
     history = ppo.train()
     assert len(history) == 2 and all(math.isfinite(row["objective/kl"]) for row in history)
@@ -122,7 +139,9 @@ def test_lora_sft_writes_a_peft_adapter_that_ppo_starts_from(tmp_path):
 
     # peft loads it onto the base model, and the result is the trained policy.
     torch.manual_seed(0)  # the base model: the same random init as the SFT run's
-    base, _ = load_model_and_tokenizer(ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64)
+    base, _ = load_model_and_tokenizer(
+        ModelConfig(name_or_path=str(TINY / "model"), random_init=True), dtype=torch.float64
+    )
     loaded = PeftModel.from_pretrained(base, str(out)).eval()
     ids = torch.tensor([[1, 5, 6, 7, 8]])
     with torch.no_grad():
@@ -131,9 +150,23 @@ def test_lora_sft_writes_a_peft_adapter_that_ppo_starts_from(tmp_path):
         torch.testing.assert_close(logits, trainer.hydra.model(input_ids=ids).logits, atol=FLOAT64_ATOL, rtol=0)
 
     # PPO starts from it: the adapter is merged into the base, so the reference is the SFT policy.
-    ppo_config = parse_config(TINY / "config.yaml", [
-        *lora, "--lora_init_adapter", str(out), "--output_dir", str(tmp_path / "ppo"), "--total_steps", "1",
-        "--batch_size", "8", "--mini_batch_size", "8", "--no_progress_bar"])
+    ppo_config = parse_config(
+        TINY / "config.yaml",
+        [
+            *lora,
+            "--lora_init_adapter",
+            str(out),
+            "--output_dir",
+            str(tmp_path / "ppo"),
+            "--total_steps",
+            "1",
+            "--batch_size",
+            "8",
+            "--mini_batch_size",
+            "8",
+            "--no_progress_bar",
+        ],
+    )
     first = PPOTrainer(ppo_config).train()[0]
     assert first["objective/kl"] == pytest.approx(0.0, abs=1e-4)
 
