@@ -96,3 +96,46 @@ def test_heldout_base_model_takes_options():
         base_options=["--max_new_tokens", "3"],
     )
     assert base["kl"] == 0.0 and 0 < base["response_tokens_mean"] <= 3  # the option reached the generation
+
+
+def test_learning_rate_grid_by_kind_of_setting():
+    assert rl_study.learning_rate_grid(["--num_layers_unfrozen", "4"]) == rl_study.LEARNING_RATE_GRIDS["layers"]
+    assert rl_study.learning_rate_grid(["--trainable_layers", "13:17"]) == rl_study.LEARNING_RATE_GRIDS["layers"]
+    assert rl_study.learning_rate_grid(["--lora_r", "16"]) == rl_study.LEARNING_RATE_GRIDS["lora"]
+    assert rl_study.learning_rate_grid(["--num_layers_unfrozen", "-1"]) == rl_study.LEARNING_RATE_GRIDS["full"]
+
+
+def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_rate(tmp_path):
+    """Two study folders written by hand (a sweep of one setting split over two folders, and another
+    setting): one table row per run with its held-out curve, one point per setting in the PNG."""
+    measured = {"reward": 0.5, "kl": 3.0, "eos_frac": 1.0, "degenerate_frac": 0.0, "peak_rss_mib": 100.0}
+    curves = {"a1": [0.3, 0.5, 0.4], "a2": [0.3, 0.6, 0.7], "b": [0.3, 0.2, 0.1]}
+    for folder, runs in {
+        "one": [("a1", "N=4", "1e-4"), ("b", "band=13:17", "3e-4")],
+        "two": [("a2", "N=4", "3e-5")],
+    }.items():
+        rows = []
+        for run, setting, rate in runs:
+            run_dir = tmp_path / run
+            run_dir.mkdir()
+            lines = [{"step": 10 * i, "eval/reward/accuracy": value} for i, value in enumerate(curves[run])]
+            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+            flag = "--trainable_layers 13:17" if setting.startswith("band") else "--num_layers_unfrozen 4"
+            command = f"python -m hydrappo train c.yaml {flag} --learning_rate {rate} --output_dir {run_dir}"
+            rows.append({"name": f"{setting} lr={rate}", "command": command, **measured})
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "study.json").write_text(json.dumps(rows))
+    table, png = tmp_path / "t.md", tmp_path / "t.png"
+    assert rl_study.report_main([str(table), str(png), str(tmp_path / "one"), str(tmp_path / "two")]) == 0
+    lines = table.read_text().splitlines()
+    assert len(lines) == 2 + 3 and "step 20" in lines[0]
+    n4 = [line for line in lines if line.startswith("| N=4 |")]
+    assert [line.split(" | ")[1] for line in n4] == ["3e-05", "0.0001"]  # sorted by learning rate
+    assert "0.70 (20)" in n4[0] and "0.50 (10)" in n4[1]  # the best point of each curve, and its step
+    assert png.stat().st_size > 1000
+
+
+def test_option_value_reads_the_last_occurrence():
+    command = "train c.yaml --learning_rate 1e-4 --output_dir d --learning_rate 3e-5"
+    assert rl_study.option_value(command, "--learning_rate") == "3e-5"
+    assert rl_study.option_value(command, "--missing", "x") == "x"
