@@ -77,7 +77,7 @@ def fixed_generate(trainer: PPOTrainer):
     max_new = trainer.config.generation.max_new_tokens
     eos, vocab = trainer.tokenizer.eos_token_id, len(trainer.tokenizer)
 
-    def generate(prompt_ids):
+    def generate(prompt_ids, indices=None):  # (indices: the prompt rows, for episodes; unused here)
         responses, ended = [], []
         for row, prompt in enumerate(prompt_ids):
             rng = random.Random(f"{prompt}/{row % group}")
