@@ -181,22 +181,24 @@ def one_run(name: str, sampler: str, args) -> dict:
         "rollout": rollout,
         "update": update,
         "length": statistics.median(r.get("tokens/responses_len_mean", 0) for r in timed),
+        # a sampler that does not draw from the policy shows here: KL far below 0, reward off
+        "kl": statistics.median(r.get("objective/kl", float("nan")) for r in timed),
     }
 
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| model shape, sampler | step | rollout | update | response length | steps | exit |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| model shape, sampler | step | rollout | update | response length | KL | steps | exit |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in results:
         if "step" in r:
             lines.append(
                 f"| {r['name']}, {r['sampler']} | {r['step']:.2f} s | {r['rollout']:.2f} s | {r['update']:.2f} s "
-                f"| {r['length']:.1f} | {r['steps']} | {r['code']} |"
+                f"| {r['length']:.1f} | {r['kl']:.3f} | {r['steps']} | {r['code']} |"
             )
         else:
-            lines.append(f"| {r['name']}, {r['sampler']} | - | - | - | - | - | {r['code']} |")
+            lines.append(f"| {r['name']}, {r['sampler']} | - | - | - | - | - | - | {r['code']} |")
     return "\n".join(lines)
 
 

@@ -49,13 +49,12 @@ from .stops import first_stop
 # CPU (tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
 # than generate at every page size tried (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's
 # tokens/s, 32 x 24: 0.68x; a 4-layer toy: 0.11x, its ~0.8 s fixed cost per call), and it records
-# no split states, so the experience pass costs more too. CUDA (tools/bench_gpu.py, one H100):
-# the graph sampler; a rollout of the 1.7B shape (32 x 64 tokens) took 0.57 s against generate's
-# 2.24 s, and the 135M main job's 0.37 s against 1.19 s (the decode loop, measured earlier on an
-# H100, was slower than generate there). Other devices: generate.
-# CUDA keeps transformers' generate until the graph sampler is measured on a GPU as it now is: its
-# only H100 rows ran before the autocast fix and sampled from stale weights (docs/sampling.md).
-DEFAULT_SAMPLER = {"cpu": "decode", "cuda": "generate"}
+# no split states, so the experience pass costs more too. CUDA (one H100, bf16, side by side in one
+# call; docs/benchmarks.md#the-graph-sampler-on-an-h100): the graph sampler. Sampling 32 x 64 tokens
+# at the 1.7B shape took 0.344 s against generate's 1.753 s and the decode loop's 1.484 s
+# (transformers' static cache compiled with reduce-overhead: 0.370 s, after a 34 s first call); the
+# 135M main job's rollout 0.27 s against generate's 1.30 s. Other devices: generate.
+DEFAULT_SAMPLER = {"cpu": "decode", "cuda": "graph"}
 
 
 @runtime_checkable
