@@ -470,7 +470,7 @@ def _check_serving_engine(config: Config, problems: Problems) -> None:
             "generation.sampler",
             "vllm",
             f"runs vLLM's engine on a CUDA GPU, and this run has none ({where})",
-            "use sampler: auto (generate) here",
+            "use sampler: auto here (the decode loop on a CPU)",
         )
     if not _vllm_installed():
         problems.note(

@@ -242,7 +242,8 @@ class GenerationArgs:
             "on the GPU, holding its own copy of the policy: every weight loaded once, then only the "
             "trained ones after each update; records nothing, no train.fsdp_trunk or "
             "model.trunk_quantization; pip install 'hydrappo[vllm]') | auto (the one measured fastest "
-            "on the device: decode on CPU, generate elsewhere and under train.fsdp_trunk; "
+            "on the device: decode on CPU, graph on CUDA, generate elsewhere, under train.fsdp_trunk and for a "
+            "quantized trunk; "
             "docs/sampling.md). The old log-probs come from the "
             "experience pass either way."
         },
