@@ -76,19 +76,25 @@ def run_variant(variant: Variant, output_dir: Path, steps: int | None, threads: 
         return {"command": " ".join(cmd), "seconds": None, "peak_rss_mib": None}
     if done:
         cmd.append("--resume")
+    seconds, peak = run_logged(cmd, output_dir.parent / f"{output_dir.name}.log", threads, variant.name)
+    return {"command": " ".join(cmd), "seconds": seconds, "peak_rss_mib": peak}
+
+
+def run_logged(cmd: list[str], log: Path, threads: int | None = None, name: str = "the run") -> tuple[float, float]:
+    """Run `cmd` in a child process, its output appended to `log`. Returns (seconds, the child's peak
+    RSS in MiB, from its rusage); raises when it fails."""
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     print("$", " ".join(cmd), flush=True)
     start = time.perf_counter()
-    log = output_dir.parent / f"{output_dir.name}.log"
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:
         child = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{variant.name}: the run failed (exit {os.waitstatus_to_exitcode(status)}); see {log}")
-    return {"command": " ".join(cmd), "seconds": time.perf_counter() - start, "peak_rss_mib": usage.ru_maxrss / 1024}
+        raise RuntimeError(f"{name}: the run failed (exit {os.waitstatus_to_exitcode(status)}); see {log}")
+    return time.perf_counter() - start, usage.ru_maxrss / 1024
 
 
 def read_metrics(output_dir: Path) -> list[dict]:
@@ -150,6 +156,15 @@ def heldout(
     hydra, tokenizer = build_hydra(config.model, config.lora, value_head=config.ppo.uses_critic)
     if checkpoint is not None:
         load_trainable_weights(hydra, checkpoint)
+    return measure_heldout(hydra, tokenizer, config, prompts, reward_fn, limit=limit, seed=seed, samples=samples)
+
+
+@torch.no_grad()
+def measure_heldout(
+    hydra, tokenizer, config: Config, prompts: Path, reward_fn: str, *, limit=None, seed=1234, samples=4
+) -> dict:
+    """heldout() on a hydra already built: its policy against its reference, with the config's data
+    and generation settings."""
     hydra.eval()
     data, generation = config.data, config.generation
     texts, columns = load_prompt_table(str(prompts), data.prompt_column)  # the other columns go to the reward
