@@ -68,7 +68,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from race_trl import ROOT, TRL_VERSION, configure  # noqa: E402
+from race_trl import ROOT, TRL_VERSION, configure, sides_problem  # noqa: E402
 from rl_study import Variant, read_metrics, run_logged, run_variant  # noqa: E402
 
 ARITHMETIC = ROOT / "examples" / "arithmetic"
@@ -110,11 +110,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def option_problem(args) -> str | None:
     """The first bad option as `option=value rule; fix.`, or None."""
-    unknown = [side for side in args.sides if side not in SIDES]
-    if unknown:
-        return f"--sides={' '.join(args.sides)} names {', '.join(unknown)}, which is no side; use some of: {' '.join(SIDES)}."
-    if len(set(args.sides)) != len(args.sides) or len(set(args.seeds)) != len(args.seeds):
-        return f"--sides={' '.join(args.sides)} --seeds={' '.join(map(str, args.seeds))} names one twice; name each once."
+    problem = sides_problem(args.sides, SIDES)
+    if problem:
+        return problem
+    if len(set(args.seeds)) != len(args.seeds):
+        return f"--seeds={' '.join(map(str, args.seeds))} names a seed twice; name each once."
     if args.steps is not None and args.steps < 1:
         return f"--steps={args.steps} must be at least 1; use e.g. 20 (the example's length)."
     if args.threads < 0:
@@ -236,7 +236,9 @@ def templated_rows(tokenizer, settings: dict) -> list[dict]:
     ours = tokenize_prompts(texts, tokenizer, settings["max_prompt_length"], apply_chat_template=True).input_ids
     theirs = tokenizer(text=templated)["input_ids"]  # as GRPOTrainer tokenizes a plain-text prompt
     if [list(ids) for ids in ours] != [list(ids) for ids in theirs]:
-        raise RuntimeError("TRL's token ids of the templated prompts differ from hydrappo's; the race would not be fair")
+        raise RuntimeError(
+            "TRL's token ids of the templated prompts differ from hydrappo's; the race would not be fair"
+        )
     return [{"prompt": p, **{name: values[i] for name, values in columns.items()}} for i, p in enumerate(templated)]
 
 
@@ -387,9 +389,7 @@ def side_numbers(results: list[dict]) -> dict[str, str]:
         return values
 
     steps = [s for r in results for s in timed(r, "step_seconds")]
-    per_token = [
-        s / n for r in results for s, n in zip(timed(r, "step_seconds"), timed(r, "sampled_tokens")) if n
-    ]
+    per_token = [s / n for r in results for s, n in zip(timed(r, "step_seconds"), timed(r, "sampled_tokens")) if n]
     peaks = [r["peak_rss_mib"] for r in results if r.get("peak_rss_mib")]
 
     def mean_and_each(key, digits):

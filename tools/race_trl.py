@@ -111,11 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def option_problem(args) -> str | None:
     """The first bad option as `option=value rule; fix.`, or None."""
-    unknown = [side for side in args.sides if side not in SIDES]
-    if unknown:
-        return f"--sides={' '.join(args.sides)} names {', '.join(unknown)}, which is no side; use some of: {' '.join(SIDES)}."
-    if len(set(args.sides)) != len(args.sides):
-        return f"--sides={' '.join(args.sides)} names a side twice; name each once."
+    problem = sides_problem(args.sides, SIDES)
+    if problem:
+        return problem
     for name in ("batch", "mini_batch", "new_tokens", "ppo_epochs", "steps", "num_layers_unfrozen"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1; use 1 or more."
@@ -136,6 +134,18 @@ def option_problem(args) -> str | None:
         )
     if "trl" in args.sides and importlib.util.find_spec("trl") is None:
         return TRL_MISSING.format(python=sys.executable)
+    return None
+
+
+def sides_problem(sides: list[str], known: tuple[str, ...]) -> str | None:
+    """--sides naming no side or one twice, as `option=value rule; fix.`, or None."""
+    unknown = [side for side in sides if side not in known]
+    if unknown:
+        return (
+            f"--sides={' '.join(sides)} names {', '.join(unknown)}, which is no side; use some of: {' '.join(known)}."
+        )
+    if len(set(sides)) != len(sides):
+        return f"--sides={' '.join(sides)} names a side twice; name each once."
     return None
 
 

@@ -26,7 +26,7 @@ def test_a_bad_option_is_named_with_its_fix(capsys, monkeypatch):
     for argv, message in (
         (["--sides", "hydrappo", "trl"], "--sides=hydrappo trl names trl, which is no side"),
         (["--sides", "hydrappo", "--steps", "0"], "--steps=0 must be at least 1"),
-        (["--sides", "hydrappo", "--seeds", "1", "1"], "names one twice"),
+        (["--sides", "hydrappo", "--seeds", "1", "1"], "--seeds=1 1 names a seed twice"),
         ([], "--sides includes trl-full trl-lora, but TRL is not installed"),
     ):
         with pytest.raises(SystemExit) as stopped:
