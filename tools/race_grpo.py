@@ -342,6 +342,7 @@ def run_side(args, side: str, seed: int) -> dict:
             print(f"{side} seed {seed}: {done} holds its result", flush=True)
             return result
         raise RuntimeError(f"{done} holds {result['steps']} steps, not {steps}; delete {folder} to re-run it")
+    folder.mkdir(parents=True, exist_ok=True)
     if side in TRL_SIDES:
         if (folder / "model").exists():  # trained, cut off while measuring: no new training
             train = json.loads((folder / "train.json").read_text())
@@ -359,6 +360,11 @@ def run_side(args, side: str, seed: int) -> dict:
     else:
         variant = Variant(side, CONFIG, hydrappo_options(side, seed))
         run = run_variant(variant, folder / "run", steps, args.threads or None)
+        kept = folder / "train.json"  # the run's seconds and peak RSS, for an invocation cut off while measuring
+        if run["peak_rss_mib"] is not None:
+            kept.write_text(json.dumps(run, indent=1))
+        elif kept.exists():
+            run = json.loads(kept.read_text())
         rows = [row for row in read_metrics(folder / "run") if "time/update" in row]
         step_seconds = [row["time/rollout"] + row["time/update"] for row in rows]
         tokens = [row["tokens/responses_len_mean"] for row in rows]

@@ -130,3 +130,29 @@ def test_trl_s_saved_policy_becomes_the_hydra_s_policy_and_the_untrained_model_i
         assert torch.equal(reference[name], dict(base.named_parameters())[name]), name
     embeddings = trained.get_input_embeddings().weight
     assert torch.equal(hydra.model.get_output_embeddings().weight, embeddings)  # the head TRL trained, tied
+
+
+def test_a_run_cut_off_while_measured_keeps_its_peak_memory_when_measured_again(tmp_path, monkeypatch):
+    without_trl(monkeypatch)
+    args = race_grpo.parse_args(["--sides", "hydrappo", "--steps", "1", "--output-dir", str(tmp_path)])
+    # the first invocation trains; the second finds the run trained (run_variant then knows no memory)
+    runs = iter(
+        [
+            {"command": "train", "seconds": 9.0, "peak_rss_mib": 1234.0},
+            {"command": "train", "seconds": None, "peak_rss_mib": None},
+        ]
+    )
+    monkeypatch.setattr(race_grpo, "run_variant", lambda *unused: next(runs))
+    row = {"step": 1, "time/rollout": 1.0, "time/update": 2.0, "tokens/responses_len_mean": 10.0}
+    monkeypatch.setattr(race_grpo, "read_metrics", lambda folder: [row])
+
+    def cut_off(*unused):
+        raise RuntimeError("stopped while measuring")
+
+    monkeypatch.setattr(race_grpo, "evaluate", cut_off)
+    with pytest.raises(RuntimeError):
+        race_grpo.run_side(args, "hydrappo", 0)
+    monkeypatch.setattr(race_grpo, "evaluate", lambda *unused: {"reward": 0.5, "kl": 1.0, "eos_frac": 1.0})
+    measured = race_grpo.run_side(args, "hydrappo", 0)
+    assert (measured["peak_rss_mib"], measured["run_seconds"]) == (1234.0, 9.0)
+    assert measured["step_seconds"] == [3.0] and measured["sampled_tokens"] == [320.0]  # 10 tokens x 32 answers
