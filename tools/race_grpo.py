@@ -338,10 +338,13 @@ def run_side(args, side: str, seed: int) -> dict:
     steps = steps_of(args)
     if done.exists():
         result = json.loads(done.read_text())
-        if result["steps"] == steps:
+        if (result["steps"], result.get("eval_limit")) == (steps, args.eval_limit):
             print(f"{side} seed {seed}: {done} holds its result", flush=True)
             return result
-        raise RuntimeError(f"{done} holds {result['steps']} steps, not {steps}; delete {folder} to re-run it")
+        raise RuntimeError(
+            f"{done} holds {result['steps']} steps measured on --eval-limit {result.get('eval_limit')} held-out "
+            f"questions, not {steps} steps on {args.eval_limit}; delete {folder} to re-run it, or give another --output-dir"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     if side in TRL_SIDES:
         if (folder / "model").exists():  # trained, cut off while measuring: no new training
@@ -374,6 +377,7 @@ def run_side(args, side: str, seed: int) -> dict:
         "side": side,
         "seed": seed,
         "steps": steps,
+        "eval_limit": args.eval_limit,
         "command": command,
         "run_seconds": seconds,
         "peak_rss_mib": peak,

@@ -109,7 +109,10 @@ def test_a_side_s_result_is_kept_and_a_result_of_other_steps_is_refused(tmp_path
     monkeypatch.setattr(race_grpo, "run_variant", lambda *unused: pytest.fail("a kept side was trained again"))
     assert race_grpo.run_side(args, "hydrappo", 0) == kept
     args.steps = 5
-    with pytest.raises(RuntimeError, match="holds 3 steps, not 5; delete"):
+    with pytest.raises(RuntimeError, match="holds 3 steps measured on --eval-limit None held-out questions, not 5"):
+        race_grpo.run_side(args, "hydrappo", 0)
+    args.steps, args.eval_limit = 3, 8  # measured on all the held-out questions, not on 8
+    with pytest.raises(RuntimeError, match="not 3 steps on 8; delete"):
         race_grpo.run_side(args, "hydrappo", 0)
 
 
