@@ -50,7 +50,7 @@ from .stops import first_stop
 # than generate at every page size tried (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's
 # tokens/s, 32 x 24: 0.68x; a 4-layer toy: 0.11x, its ~0.8 s fixed cost per call), and it records
 # no split states, so the experience pass costs more too. CUDA (one H100, bf16, side by side in one
-# call; docs/benchmarks.md#the-graph-sampler-on-an-h100): the graph sampler. Sampling 32 x 64 tokens
+# call; docs/benchmarks.md#speed-on-an-h100): the graph sampler. Sampling 32 x 64 tokens
 # at the 1.7B shape took 0.344 s against generate's 1.753 s and the decode loop's 1.484 s
 # (transformers' static cache compiled with reduce-overhead: 0.370 s, after a 34 s first call); the
 # 135M main job's rollout 0.27 s against generate's 1.30 s. Other devices: generate.

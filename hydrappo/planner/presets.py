@@ -18,133 +18,68 @@ _LLAMA3_ROPE = dict(
     original_max_position_embeddings=8192,
 )
 
+# What the models of one family share; each preset below adds its sizes.
+_SMOLLM2 = dict(
+    model_type="llama",
+    head_dim=64,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+_LLAMA3 = dict(model_type="llama", vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5)
+_QWEN25 = dict(
+    model_type="qwen2",
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+
+
+def _sizes(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> dict:
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+    )
+
+
 PRESETS: dict[str, dict] = {
     # HuggingFaceTB/SmolLM2-*: Llama architecture, tied embeddings, vocabulary 49152.
-    "smollm2-135m": dict(
-        model_type="llama",
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        vocab_size=49152,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-    ),
-    "smollm2-360m": dict(
-        model_type="llama",
-        hidden_size=960,
-        intermediate_size=2560,
-        num_hidden_layers=32,
-        num_attention_heads=15,
-        num_key_value_heads=5,
-        head_dim=64,
-        vocab_size=49152,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-    ),
-    "smollm2-1.7b": dict(
-        model_type="llama",
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=24,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        head_dim=64,
-        vocab_size=49152,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=130000.0,
-        tie_word_embeddings=True,
-    ),
+    "smollm2-135m": dict(_SMOLLM2, **_sizes(576, 1536, 30, 9, 3)),
+    "smollm2-360m": dict(_SMOLLM2, **_sizes(960, 2560, 32, 15, 5)),
+    "smollm2-1.7b": dict(_SMOLLM2, **_sizes(2048, 8192, 24, 32, 32), rope_theta=130000.0),
     # meta-llama/Llama-3.*: vocabulary 128256, llama3 RoPE scaling.
     "llama-3.2-1b": dict(
-        model_type="llama",
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
+        _LLAMA3,
+        **_sizes(2048, 8192, 16, 32, 8),
         head_dim=64,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
     ),
     "llama-3.2-3b": dict(
-        model_type="llama",
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_hidden_layers=28,
-        num_attention_heads=24,
-        num_key_value_heads=8,
+        _LLAMA3,
+        **_sizes(3072, 8192, 28, 24, 8),
         head_dim=128,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
     ),
     "llama-3.1-8b": dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
+        _LLAMA3,
+        **_sizes(4096, 14336, 32, 32, 8),
         head_dim=128,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         rope_parameters=dict(_LLAMA3_ROPE, factor=8.0),
     ),
     # Qwen/Qwen2.5-*: biases on q/k/v, vocabulary 151936 (152064 for 7B).
-    "qwen2.5-0.5b": dict(
-        model_type="qwen2",
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
-    "qwen2.5-1.5b": dict(
-        model_type="qwen2",
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
-    "qwen2.5-7b": dict(
-        model_type="qwen2",
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=False,
-    ),
+    "qwen2.5-0.5b": dict(_QWEN25, **_sizes(896, 4864, 24, 14, 2)),
+    "qwen2.5-1.5b": dict(_QWEN25, **_sizes(1536, 8960, 28, 12, 2)),
+    "qwen2.5-7b": dict(_QWEN25, **_sizes(3584, 18944, 28, 28, 4), vocab_size=152064, tie_word_embeddings=False),
     # mistralai/Mistral-7B-v0.3 (v0.1: vocabulary 32000 and a 4096-token sliding window).
     "mistral-7b": dict(
         model_type="mistral",
@@ -162,6 +97,7 @@ PRESETS: dict[str, dict] = {
         tie_word_embeddings=False,
     ),
 }
+
 
 # Published parameter counts (from the model cards / safetensors metadata), checked by the tests.
 PUBLISHED_PARAMETERS = {

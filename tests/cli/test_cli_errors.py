@@ -433,86 +433,23 @@ def test_overwrite_output_dir_moves_the_earlier_run_aside(ws, capsys, caplog, tm
 # --------------------------------------------------------------------------- deeper errors, same reporting
 @pytest.mark.slow
 def test_deeper_data_and_model_errors(ws, capsys, caplog, tmp_path):
-    base = ["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'rewards.py'}:good"]
-    watch = [ws]
-    cli(
-        [*base, "--prompts", ws / "latin1.jsonl"],
-        2,
-        "data.prompts",
-        "latin1.jsonl",
-        "not UTF-8",
-        "line 1",
-        capsys=capsys,
-        caplog=caplog,
-        watch=watch,
-        new_files=True,
-    )
-    cli(
-        [*base, "--prompts", ws / "no_column.jsonl"],
-        2,
-        "no_column.jsonl",
-        "no column 'prompt'",
-        "columns present: text",
-        capsys=capsys,
-        caplog=caplog,
-        watch=watch,
-        new_files=True,
-    )
-    cli(
-        [*base, "--prompts", ws / "empty.jsonl"],
-        2,
-        "data.prompts",
-        "empty.jsonl",
-        "is empty: it holds no rows",
-        capsys=capsys,
-        caplog=caplog,
-        watch=watch,
-        new_files=True,
-    )
-    cli(
-        [*base, "--prompts", ws / "broken.jsonl"],
-        2,
-        "data.prompts",
-        "broken.jsonl",
-        "line 2 is not one JSON object",
-        capsys=capsys,
-        caplog=caplog,
-        watch=watch,
-        new_files=True,
-    )
-    cli(
-        [*base, "--name_or_path", ws / "bad_model"],
-        2,
-        "model.name_or_path",
-        "bad_model",
-        "config.json",
-        capsys=capsys,
-        caplog=caplog,
-        watch=watch,
-        new_files=True,
-    )
-    cli(
-        ["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'syntax.py'}:good"],
-        2,
-        "syntax.py",
-        "failed to import: SyntaxError",
-        "line 1",
-        capsys=capsys,
-        caplog=caplog,
-        watch=watch,
-        new_files=True,
-    )
-    cli(
-        ["train", CONFIG, "--output_dir", tmp_path / "out", "--reward_fn", f"{ws / 'rewards.py'}:missing"],
-        2,
-        "rewards.py:missing",
-        "has no 'missing'",
-        "good",
-        capsys=capsys,
-        caplog=caplog,
-        watch=watch,
-        new_files=True,
-    )
+    base = ["train", CONFIG, "--output_dir", tmp_path / "out"]
+    good = ["--reward_fn", f"{ws / 'rewards.py'}:good"]
+    refused = {  # options: what the message names
+        ("--prompts", ws / "latin1.jsonl", *good): ["data.prompts", "latin1.jsonl", "not UTF-8", "line 1"],
+        ("--prompts", ws / "no_column.jsonl", *good): [
+            "no_column.jsonl",
+            "no column 'prompt'",
+            "columns present: text",
+        ],
+        ("--prompts", ws / "empty.jsonl", *good): ["data.prompts", "empty.jsonl", "is empty: it holds no rows"],
+        ("--prompts", ws / "broken.jsonl", *good): ["data.prompts", "broken.jsonl", "line 2 is not one JSON object"],
+        ("--name_or_path", ws / "bad_model", *good): ["model.name_or_path", "bad_model", "config.json"],
+        ("--reward_fn", f"{ws / 'syntax.py'}:good"): ["syntax.py", "failed to import: SyntaxError", "line 1"],
+        ("--reward_fn", f"{ws / 'rewards.py'}:missing"): ["rewards.py:missing", "has no 'missing'", "good"],
+    }
+    for options, names in refused.items():
+        cli([*base, *options], 2, *names, capsys=capsys, caplog=caplog, watch=[ws], new_files=True)
 
 
 @pytest.mark.parametrize(

@@ -9,25 +9,16 @@ import sys
 
 import pytest
 import yaml
-from transformers import AutoTokenizer
 
-from runs import ROOT, TINY
+from runs import AGENT_FIXTURE, ROOT, TINY, save_tiny_tool_tokenizer
 
 pytestmark = pytest.mark.slow
 
-TEMPLATE = (
-    "{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2', 'tool': 'n4'}[m['role']] }} "
-    "{{ m['content'] }} <eos> {% endfor %}{% if add_generation_prompt %}n2{% endif %}"
-)
-FIXTURE = ROOT / "tests" / "fixtures" / "agent_tools.py"
-
 
 def write_run(tmp, tool: str, **agent):
-    tokenizer = AutoTokenizer.from_pretrained(TINY / "model")
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(tmp / "tokenizer")
+    save_tiny_tool_tokenizer(tmp / "tokenizer")
     (tmp / "tools.py").write_text(
-        FIXTURE.read_text()
+        AGENT_FIXTURE.read_text()
         + f'''
 
 def broken(word: str) -> str:

@@ -59,8 +59,11 @@ def test_two_ppo_steps_on_smollm2_with_vader(tmp_path):
 
     before = [p.detach().clone() for p in trainer.hydra.trainable_parameters()]
     history = trainer.train()
-    assert [row["step"] for row in history] == [1, 2]
-    for row in history:
+    # The config's held-out prompts are answered before training and at the last step.
+    assert [row["step"] for row in history] == [0, 1, 2]
+    assert history[0]["eval/prompts"] == history[-1]["eval/prompts"] == 50
+    assert -1.0 <= history[-1]["eval/reward_mean"] <= 1.0
+    for row in history[1:]:
         assert -1.0 <= row["env/reward_mean"] <= 1.0
         assert 1 <= row["tokens/responses_len_mean"] <= 6
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.hydra.trainable_parameters()))

@@ -16,6 +16,9 @@ from hydrappo.config import RewardConfig, parse_config
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 TINY = ROOT / "examples" / "tiny"
 FIXTURES = ROOT / "tests" / "fixtures"
+AGENT_FIXTURE = (
+    FIXTURES / "agent_tools.py"
+)  # tools, an environment (Shelf) and a tool-call parser over the tiny vocabulary
 VERIFIABLE = str(FIXTURES / "verifiable_reward.py") + ":first_word_is_good"
 
 # Command-line overrides that make a run on the tiny example quick, by what the test needs of it.
@@ -170,3 +173,44 @@ def same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
     assert pairs
     for (name, x), (_, y) in pairs:
         assert torch.equal(x, y), name
+
+
+# A chat template over the tiny model's vocabulary for multi-turn runs: a turn is its role's word,
+# its content and <eos>.
+TINY_TOOL_TEMPLATE = (
+    "{% for m in messages %}{{ {'system': 'n0', 'user': 'n1', 'assistant': 'n2', 'tool': 'n4'}[m['role']] }} "
+    "{{ m['content'] }} <eos> {% endfor %}{% if add_generation_prompt %}n2{% endif %}"
+)
+
+
+def save_tiny_tool_tokenizer(folder: Path) -> Path:
+    """The tiny model's tokenizer with TINY_TOOL_TEMPLATE, saved in `folder` (for --tokenizer_name_or_path)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY / "model")
+    tokenizer.chat_template = TINY_TOOL_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def agent_run_options(tokenizer_dir: Path) -> list[str]:
+    """Options that make a tiny run multi-turn: GRPO over 4 episodes per prompt, the Shelf
+    environment's tools and reward, at most 2 rounds of calls in 40 tokens."""
+    return [
+        "--tokenizer_name_or_path",
+        str(tokenizer_dir),
+        "--samples_per_prompt",
+        "4",
+        "--advantage_estimator",
+        "grpo",
+        "--stop_token_ids",
+        *map(str, range(20, 44)),
+        "--environment_factory",
+        f"{AGENT_FIXTURE}:Shelf",
+        "--tool_call_parser",
+        f"{AGENT_FIXTURE}:parse",
+        "--max_tool_calling_iterations",
+        "2",
+        "--max_episode_tokens",
+        "40",
+    ]

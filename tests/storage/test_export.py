@@ -60,30 +60,16 @@ def test_the_load_check_catches_a_missing_key(tmp_path, capfd):
         _load_plain(tmp_path, capfd)
 
 
+# One PPO step in float64 at a learning rate large enough to move every trained weight visibly.
+ONE_FLOAT64_STEP = ["--no_progress_bar", "--total_steps", "1", "--batch_size", "8", "--mini_batch_size", "4"]
+ONE_FLOAT64_STEP += ["--ppo_epochs", "1", "--learning_rate", "0.05", "--dtype", "float64"]
+
+
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory):
     """One step of the tiny example (random-init Llama, trained lm_head untied from the embeddings)."""
     out = tmp_path_factory.mktemp("ppo")
-    config = parse_config(
-        TINY / "config.yaml",
-        [
-            "--output_dir",
-            str(out),
-            "--no_progress_bar",
-            "--total_steps",
-            "1",
-            "--batch_size",
-            "8",
-            "--mini_batch_size",
-            "4",
-            "--ppo_epochs",
-            "1",
-            "--learning_rate",
-            "0.05",
-            "--dtype",
-            "float64",
-        ],
-    )
+    config = parse_config(TINY / "config.yaml", ["--output_dir", str(out), *ONE_FLOAT64_STEP])
     trainer = PPOTrainer(config, config_dir=TINY)
     trainer.train()
     return trainer, out / "checkpoint-1"
@@ -389,19 +375,7 @@ def test_a_band_checkpoint_exports_to_a_plain_model_with_the_policys_logits(tmp_
         [
             "--output_dir",
             str(tmp_path / "run"),
-            "--no_progress_bar",
-            "--total_steps",
-            "1",
-            "--batch_size",
-            "8",
-            "--mini_batch_size",
-            "4",
-            "--ppo_epochs",
-            "1",
-            "--learning_rate",
-            "0.05",
-            "--dtype",
-            "float64",
+            *ONE_FLOAT64_STEP,
             "--trainable_layers",
             "1:3",
             "--train_lm_head",

@@ -24,7 +24,7 @@ from hydrappo.train.sft import SFTTrainer
 from bounds import ADAM_EPS, EXACT, SCALAR_NOISE, assert_close_weights
 from distributed_worker import HELDOUT, VARIANTS, heldout_run, ppo_variants
 from processes import check_ok, describe, launch
-from runs import TINY, reward_config, write_sft_config
+from runs import TINY, agent_run_options, reward_config, save_tiny_tool_tokenizer, write_sft_config
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -217,6 +217,27 @@ def test_a_two_process_run_killed_after_its_first_checkpoint_resumes_exactly(tmp
         history = PPOTrainer(config, config_dir=TINY).train(resume=True)
     assert [row["step"] for row in history] == [3, 4]
     assert "written by a run of 2 processes and this run has 1" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_multi_turn_run_on_two_processes_resumes_exactly(tmp_path):
+    """Episodes with an environment's tools and reward (each process runs its share of the groups,
+    the tool turns as context): a 2-process run killed after its first checkpoint and resumed ends
+    with the weights and the logged statistics of the uninterrupted 2-process run."""
+    agent = agent_run_options(save_tiny_tool_tokenizer(tmp_path / "tokenizer"))
+    check_ok(train_small(tmp_path / "straight", *agent))
+    killed = train_small(tmp_path / "resumed", *agent, worker="die-after-first-save")
+    assert [r.returncode for r in killed] == [3, 3], describe(killed)
+    check_ok(train_small(tmp_path / "resumed", *agent, "--resume"))
+
+    straight = metrics(tmp_path / "straight")
+    assert any(row.get("agent/tool_rounds_mean", 0) > 0 for row in straight)  # tools were called
+    assert "env/reward/Shelf" in straight[-1]
+    assert_equal_weights(weights(tmp_path / "straight", 4), weights(tmp_path / "resumed", 4))
+    for a, b in zip(straight[2:], metrics(tmp_path / "resumed")[2:]):
+        assert {k: v for k, v in a.items() if not k.startswith("time/")} == {
+            k: v for k, v in b.items() if not k.startswith("time/")
+        }
 
 
 @pytest.mark.slow

@@ -54,15 +54,10 @@ class Case:
 
 
 # ------------------------------------------------------------------------------------------ PPO
+# Four steps of 8 rollouts in minibatches of 4, a checkpoint after step 2: most runs below build on it.
+FOUR_STEPS = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_batch_size", "4"]
 PPO = [
-    "--total_steps",
-    "4",
-    "--save_every",
-    "2",
-    "--batch_size",
-    "8",
-    "--mini_batch_size",
-    "4",
+    *FOUR_STEPS,
     "--gradient_accumulation_steps",
     "2",
     "--lr_scheduler",
@@ -152,22 +147,7 @@ def interrupt_in_step_3(trainer, monkeypatch) -> None:
     monkeypatch.setattr(trainer, "ppo_update", die_in_step_3)
 
 
-QUANTIZED = [
-    "--total_steps",
-    "4",
-    "--save_every",
-    "2",
-    "--batch_size",
-    "8",
-    "--mini_batch_size",
-    "4",
-    "--ppo_epochs",
-    "2",
-    "--trunk_quantization",
-    "int8",
-    "--optimizer",
-    "adamw8bit",
-]
+QUANTIZED = [*FOUR_STEPS, "--ppo_epochs", "2", "--trunk_quantization", "int8", "--optimizer", "adamw8bit"]
 
 
 def quantized_check(straight, resumed, folder: Path) -> None:
@@ -180,22 +160,7 @@ def quantized_check(straight, resumed, folder: Path) -> None:
 
 
 # The PI controller's state (its integral and last error) resumes with the run.
-PI = [
-    "--total_steps",
-    "4",
-    "--save_every",
-    "2",
-    "--batch_size",
-    "8",
-    "--mini_batch_size",
-    "4",
-    "--kl_controller",
-    "pi",
-    "--init_kl_coef",
-    "0.05",
-    "--kl_target",
-    "0.5",
-]
+PI = [*FOUR_STEPS, "--kl_controller", "pi", "--init_kl_coef", "0.05", "--kl_target", "0.5"]
 
 
 def pi_check(straight, resumed, folder: Path) -> None:
@@ -207,22 +172,7 @@ def pi_check(straight, resumed, folder: Path) -> None:
 
 # Held-out evaluation with sampled answers (they draw random numbers) at every step: the resumed
 # run's metrics are the straight run's, and the step-0 baseline is not repeated.
-HELD_OUT = [
-    "--total_steps",
-    "4",
-    "--save_every",
-    "2",
-    "--batch_size",
-    "8",
-    "--mini_batch_size",
-    "4",
-    "--ppo_epochs",
-    "1",
-    "--eval_every",
-    "1",
-    "--eval_greedy",
-    "false",
-]
+HELD_OUT = [*FOUR_STEPS, "--ppo_epochs", "1", "--eval_every", "1", "--eval_greedy", "false"]
 
 
 def held_out_trainer(folder: Path):
