@@ -83,11 +83,7 @@ PRESETS: dict[str, dict] = {
     # mistralai/Mistral-7B-v0.3 (v0.1: vocabulary 32000 and a 4096-token sliding window).
     "mistral-7b": dict(
         model_type="mistral",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
+        **_sizes(4096, 14336, 32, 32, 8),
         head_dim=128,
         vocab_size=32768,
         max_position_embeddings=32768,
