@@ -215,11 +215,10 @@ def matched_settings(args, seed: int = 0) -> list[tuple[str, object, object]]:
 
 # ---------------------------------------------------------------------------- a TRL side (its own process)
 def arithmetic_rewards():
-    """reward.py's functions, imported from the example's file."""
-    spec = importlib.util.spec_from_file_location("arithmetic_reward", ARITHMETIC / "reward.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return [getattr(module, name) for name in REWARDS]
+    """reward.py's functions, loaded as `hydrappo train` loads the example's reward.reward_fn."""
+    from hydrappo.reward_files import load_reward_function
+
+    return [load_reward_function(f"{ARITHMETIC / 'reward.py'}:{name}")[0] for name in REWARDS]
 
 
 def templated_rows(tokenizer, settings: dict) -> list[dict]:
