@@ -99,6 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--trl-full-lr", type=float, default=1e-5, help="TRL's learning rate, full fine-tuning")
     parser.add_argument("--trl-lora-lr", type=float, default=1e-4, help="TRL's learning rate with LoRA")
     parser.add_argument("--eval-limit", type=int, default=None, help="held-out questions to use (default: all)")
+    parser.add_argument(
+        "--curve-every", type=int, default=10, help="measure the held-out curve every N steps (0: the last step only)"
+    )
     parser.add_argument("--child", choices=TRL_SIDES, help=argparse.SUPPRESS)  # a TRL side's own process
     args = parser.parse_args(argv)
     problem = option_problem(args)
@@ -121,6 +124,8 @@ def option_problem(args) -> str | None:
         return f"--threads={args.threads} must be 0 or more; use e.g. 2 (0 leaves torch's default)."
     if not (args.trl_full_lr > 0 and args.trl_lora_lr > 0):
         return f"--trl-full-lr={args.trl_full_lr} and --trl-lora-lr={args.trl_lora_lr} must be positive; use e.g. 1e-5 and 1e-4."
+    if args.curve_every < 0:
+        return f"--curve-every={args.curve_every} must be 0 or more; use e.g. 10 (0: the last step only)."
     if args.eval_limit is not None and args.eval_limit < 1:
         return f"--eval-limit={args.eval_limit} must be at least 1; leave it out to use every held-out question."
     trl_sides = [side for side in args.sides if side in TRL_SIDES]
@@ -172,6 +177,13 @@ def steps_of(args) -> int:
     return args.steps or example_settings()["steps"]
 
 
+def curve_steps(args) -> list[int]:
+    """The steps after which a side's policy is measured held out: every --curve-every, and the last."""
+    steps = steps_of(args)
+    every = args.curve_every or steps
+    return sorted({*range(every, steps, every), steps})
+
+
 def trl_config_kwargs(side: str, args, seed: int, output_dir: Path) -> dict:
     """GRPOConfig's arguments for a TRL side: the example's shared settings, the rest TRL's defaults."""
     settings = example_settings()
@@ -194,8 +206,12 @@ def trl_config_kwargs(side: str, args, seed: int, output_dir: Path) -> dict:
     }
 
 
-def hydrappo_options(side: str, seed: int) -> list[str]:
-    return [*HYDRAPPO_OPTIONS[side], "--seed", str(seed)]
+def hydrappo_options(side: str, seed: int, args=None) -> list[str]:
+    """The side's options; with `args`, a checkpoint at each step of the held-out curve, all kept."""
+    options = [*HYDRAPPO_OPTIONS[side], "--seed", str(seed)]
+    if args is not None and args.curve_every:
+        options += ["--save_every", str(args.curve_every), "--keep_last", str(len(curve_steps(args)))]
+    return options
 
 
 def matched_settings(args, seed: int = 0) -> list[tuple[str, object, object]]:
@@ -259,6 +275,7 @@ def trl_child(args) -> int:
 
     configure(args)
     side, seed, folder = args.child, args.seeds[0], args.output_dir
+    saved_at = set(curve_steps(args)[:-1])  # the last step's policy is model/
     settings = example_settings()
     policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=settings["model"]))
     if policy.dtype != torch.float32:
@@ -272,8 +289,10 @@ def trl_child(args) -> int:
         def on_step_begin(self, *unused, **named):
             self.start = time.perf_counter()
 
-        def on_step_end(self, *unused, **named):
+        def on_step_end(self, arguments, state, control, model=None, **named):
             log["step_seconds"].append(time.perf_counter() - self.start)
+            if state.global_step in saved_at:  # a point of the held-out curve (with LoRA: the adapter)
+                model.save_pretrained(folder / "curve" / f"step-{state.global_step}")
 
         def on_log(self, arguments, state, control, logs=None, **named):
             if logs and "completions/mean_length" in logs:  # (the values may come formatted as text)
@@ -312,21 +331,64 @@ def trl_policy_hydra(model_dir: Path, options: list[str] | None = None):
     config = example_config(["--num_layers_unfrozen", "-1", *(options or [])])
     seed_everything(config.train.seed)
     hydra, tokenizer = build_hydra(config.model, config.lora, value_head=config.ppo.uses_critic)
-    trained = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    if (model_dir / "adapter_config.json").exists():  # a LoRA adapter saved mid-run: merged into the base
+        from peft import PeftModel
+
+        from hydrappo.storage.models import load_model_and_tokenizer
+
+        base, _ = load_model_and_tokenizer(config.model)
+        trained = PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
+    else:
+        trained = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     # The hydra's policy head is untied from its embeddings (both train); TRL's trained them tied.
     hydra.model.load_state_dict(trained.state_dict(), strict=True)
     return hydra, tokenizer, config
 
 
-def evaluate(side: str, folder: Path, limit: int | None) -> dict:
-    """tools/rl_study.py's held-out measurement of a side's final policy."""
+def evaluate(side: str, folder: Path, limit: int | None, step: int | None = None) -> dict:
+    """tools/rl_study.py's held-out measurement of a side's policy after `step` (None: the last)."""
     from rl_study import heldout, measure_heldout
 
     eval_prompts = Path(example_settings()["eval_prompts"])
     if side in TRL_SIDES:
-        hydra, tokenizer, config = trl_policy_hydra(folder / "model")
+        saved = folder / "model" if step is None else folder / "curve" / f"step-{step}"
+        hydra, tokenizer, config = trl_policy_hydra(saved)
         return measure_heldout(hydra, tokenizer, config, eval_prompts, HELDOUT_REWARD, limit=limit)
-    return heldout(folder / "run", eval_prompts, HELDOUT_REWARD, limit=limit)
+    run = folder / "run" if step is None else folder / "run" / f"checkpoint-{step}"
+    return heldout(run, eval_prompts, HELDOUT_REWARD, limit=limit)
+
+
+def base_point(args) -> dict:
+    """The untrained model held out: every side's curve starts there (kept in OUTPUT_DIR/base.json)."""
+    from rl_study import heldout
+
+    kept = args.output_dir / "base.json"
+    if kept.exists() and json.loads(kept.read_text()).get("eval_limit") == args.eval_limit:
+        return json.loads(kept.read_text())
+    eval_prompts = Path(example_settings()["eval_prompts"])
+    measured = heldout(None, eval_prompts, HELDOUT_REWARD, base_config=CONFIG, limit=args.eval_limit)
+    point = {"step": 0, "seconds": 0.0, "eval_limit": args.eval_limit, **compact(measured)}
+    kept.write_text(json.dumps(point, indent=1))
+    return point
+
+
+def compact(measured: dict) -> dict:
+    return {key: measured[key] for key in ("reward", "kl", "eos_frac") if key in measured}
+
+
+def measure_curve(args, side: str, folder: Path, step_seconds: list[float]) -> list[dict]:
+    """The policy after each of curve_steps() held out, with the seconds of training it took; each point
+    is kept in heldout-step-N.json, so that a measurement cut off goes on where it stopped."""
+    points, last = [], steps_of(args)
+    for step in curve_steps(args):
+        kept = folder / f"heldout-step-{step}.json"
+        if kept.exists():
+            measured = json.loads(kept.read_text())
+        else:
+            measured = evaluate(side, folder, args.eval_limit, None if step == last else step)
+            kept.write_text(json.dumps(measured, indent=1))
+        points.append({"step": step, "seconds": sum(step_seconds[:step]), **compact(measured)})
+    return points
 
 
 # ---------------------------------------------------------------------------- a side, resumable
@@ -337,12 +399,14 @@ def run_side(args, side: str, seed: int) -> dict:
     steps = steps_of(args)
     if done.exists():
         result = json.loads(done.read_text())
-        if (result["steps"], result.get("eval_limit")) == (steps, args.eval_limit):
+        kept = (result["steps"], result.get("eval_limit"), result.get("curve_every"))
+        if kept == (steps, args.eval_limit, args.curve_every):
             print(f"{side} seed {seed}: {done} holds its result", flush=True)
             return result
         raise RuntimeError(
-            f"{done} holds {result['steps']} steps measured on --eval-limit {result.get('eval_limit')} held-out "
-            f"questions, not {steps} steps on {args.eval_limit}; delete {folder} to re-run it, or give another --output-dir"
+            f"{done} holds {kept[0]} steps measured on --eval-limit {kept[1]} held-out questions every "
+            f"--curve-every {kept[2]} steps, not {steps} steps on {args.eval_limit} every {args.curve_every}; "
+            f"delete {folder} to re-run it, or give another --output-dir"
         )
     folder.mkdir(parents=True, exist_ok=True)
     if side in TRL_SIDES:
@@ -353,6 +417,7 @@ def run_side(args, side: str, seed: int) -> dict:
             cmd = [args.trl_python, str(Path(__file__).resolve()), "--child", side, "--seeds", str(seed)]
             cmd += ["--steps", str(steps), "--threads", str(args.threads), "--output-dir", str(folder)]
             cmd += ["--trl-full-lr", str(args.trl_full_lr), "--trl-lora-lr", str(args.trl_lora_lr)]
+            cmd += ["--curve-every", str(args.curve_every)]
             seconds, peak = run_logged(cmd, folder.parent / f"seed-{seed}.log", args.threads or None, side)
             train = json.loads((folder / "train.json").read_text())
             train["peak_rss_mib"] = peak
@@ -360,7 +425,7 @@ def run_side(args, side: str, seed: int) -> dict:
         step_seconds, tokens = train["step_seconds"], train["completion_tokens_mean"]
         command = None
     else:
-        variant = Variant(side, CONFIG, hydrappo_options(side, seed))
+        variant = Variant(side, CONFIG, hydrappo_options(side, seed, args))
         run = run_variant(variant, folder / "run", steps, args.threads or None)
         kept = folder / "train.json"  # the run's seconds and peak RSS, for an invocation cut off while measuring
         if run["peak_rss_mib"] is not None:
@@ -372,17 +437,20 @@ def run_side(args, side: str, seed: int) -> dict:
         tokens = [row["tokens/responses_len_mean"] for row in rows]
         seconds, peak, command = run["seconds"], run["peak_rss_mib"], run["command"]
     answers = example_settings()["answers_per_step"]
+    curve = measure_curve(args, side, folder, step_seconds)
     result = {
         "side": side,
         "seed": seed,
         "steps": steps,
         "eval_limit": args.eval_limit,
+        "curve_every": args.curve_every,
         "command": command,
         "run_seconds": seconds,
         "peak_rss_mib": peak,
         "step_seconds": step_seconds,
         "sampled_tokens": [float(mean) * answers for mean in tokens],
-        "heldout": evaluate(side, folder, args.eval_limit),
+        "heldout": json.loads((folder / f"heldout-step-{steps}.json").read_text()),
+        "curve": [base_point(args), *curve],
     }
     done.write_text(json.dumps(result, indent=1))
     return result
@@ -443,6 +511,62 @@ def table(results: dict[str, list[dict]]) -> str:
     return "\n".join([*lines, "", *ratios(numbers)])
 
 
+def mean_curve(runs: list[dict]) -> list[dict]:
+    """A side's held-out curve, each point the mean over its seeds."""
+    by_step: dict[int, list[dict]] = {}
+    for run in runs:
+        for point in run.get("curve", []):
+            by_step.setdefault(point["step"], []).append(point)
+    return [
+        {"step": step, **{key: statistics.fmean(p[key] for p in points) for key in ("seconds", "reward", "kl")}}
+        for step, points in sorted(by_step.items())
+    ]
+
+
+def curve_table(results: dict[str, list[dict]]) -> str:
+    """Held-out accuracy after each measured step, a column per side, with the KL to the base and the
+    seconds of training (step time only, the held-out measurements left out) it took to get there."""
+    curves = {side: {p["step"]: p for p in mean_curve(runs)} for side, runs in results.items() if runs}
+    steps = sorted({step for curve in curves.values() for step in curve})
+    if not steps:
+        return ""
+    lines = ["| step | " + " | ".join(f"{side}: accuracy (KL, s)" for side in curves) + " |"]
+    lines.append("| ---: |" + " ---: |" * len(curves))
+    for step in steps:
+        cells = []
+        for curve in curves.values():
+            point = curve.get(step)
+            cells.append(f"{point['reward']:.2f} ({point['kl']:.2f}, {point['seconds']:.0f})" if point else "")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_curves(results: dict[str, list[dict]], path: Path) -> None:
+    """Held-out accuracy against steps and against seconds of training, a line per side, to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120, sharey=True)
+    for side, runs in results.items():
+        curve = mean_curve(runs)
+        if not curve:
+            continue
+        for ax, x in zip(axes, ("step", "seconds")):
+            ax.plot([p[x] for p in curve], [p["reward"] for p in curve], "o-", label=side, markersize=4)
+    axes[0].set_xlabel("step")
+    axes[1].set_xlabel("seconds of training (step time, held-out measurements left out)")
+    axes[0].set_ylabel("held-out accuracy (sampled, T 0.7)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(loc="best", fontsize=8)
+    fig.suptitle("GRPO on examples/arithmetic: TRL's GRPOTrainer and hydrappo, 2 CPU threads", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -468,9 +592,12 @@ def main(argv=None) -> int:
                 results[side].append(run_side(args, side, seed))
             except (RuntimeError, OSError, KeyError, ValueError) as error:
                 print(f"race_grpo.py: {side} seed {seed} failed: {error}", file=sys.stderr)
-    text = table(results)
+    text = "\n\n".join(part for part in (table(results), curve_table(results)) if part)
     (args.output_dir / "race.md").write_text(text + "\n")
     print(text)
+    if any(results.values()):
+        plot_curves(results, args.output_dir / "race.png")
+        print(f"curves: {args.output_dir / 'race.png'}")
     return 0 if all(len(runs) == len(args.seeds) for runs in results.values()) else 1
 
 

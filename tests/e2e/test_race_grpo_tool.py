@@ -73,6 +73,7 @@ def result(side, seed, seconds, tokens, peak, accuracy, kl):
         "side": side,
         "seed": seed,
         "steps": len(seconds),
+        "curve_every": 10,
         "peak_rss_mib": peak,
         "step_seconds": seconds,
         "sampled_tokens": tokens,
@@ -109,10 +110,13 @@ def test_a_side_s_result_is_kept_and_a_result_of_other_steps_is_refused(tmp_path
     monkeypatch.setattr(race_grpo, "run_variant", lambda *unused: pytest.fail("a kept side was trained again"))
     assert race_grpo.run_side(args, "hydrappo", 0) == kept
     args.steps = 5
-    with pytest.raises(RuntimeError, match="holds 3 steps measured on --eval-limit None held-out questions, not 5"):
+    with pytest.raises(RuntimeError, match="holds 3 steps measured on --eval-limit None held-out questions every"):
         race_grpo.run_side(args, "hydrappo", 0)
     args.steps, args.eval_limit = 3, 8  # measured on all the held-out questions, not on 8
-    with pytest.raises(RuntimeError, match="not 3 steps on 8; delete"):
+    with pytest.raises(RuntimeError, match="not 3 steps on 8 every 10; delete"):
+        race_grpo.run_side(args, "hydrappo", 0)
+    args.eval_limit, args.curve_every = None, 1  # measured every 10 steps, not every step
+    with pytest.raises(RuntimeError, match="not 3 steps on None every 1; delete"):
         race_grpo.run_side(args, "hydrappo", 0)
 
 
@@ -153,9 +157,97 @@ def test_a_run_cut_off_while_measured_keeps_its_peak_memory_when_measured_again(
         raise RuntimeError("stopped while measuring")
 
     monkeypatch.setattr(race_grpo, "evaluate", cut_off)
+    monkeypatch.setattr(race_grpo, "base_point", lambda args: {"step": 0, "seconds": 0.0, "reward": 0.1})
     with pytest.raises(RuntimeError):
         race_grpo.run_side(args, "hydrappo", 0)
     monkeypatch.setattr(race_grpo, "evaluate", lambda *unused: {"reward": 0.5, "kl": 1.0, "eos_frac": 1.0})
     measured = race_grpo.run_side(args, "hydrappo", 0)
     assert (measured["peak_rss_mib"], measured["run_seconds"]) == (1234.0, 9.0)
     assert measured["step_seconds"] == [3.0] and measured["sampled_tokens"] == [320.0]  # 10 tokens x 32 answers
+
+
+def test_the_curve_is_measured_at_every_nth_step_and_the_last_with_checkpoints_kept_for_each(monkeypatch):
+    without_trl(monkeypatch)
+    for argv, steps in (
+        (["--steps", "20"], [10, 20]),
+        (["--steps", "25", "--curve-every", "10"], [10, 20, 25]),
+        (["--steps", "7", "--curve-every", "0"], [7]),
+        (["--steps", "3", "--curve-every", "1"], [1, 2, 3]),
+    ):
+        assert race_grpo.curve_steps(race_grpo.parse_args(["--sides", "hydrappo", *argv])) == steps, argv
+    args = race_grpo.parse_args(["--sides", "hydrappo", "--steps", "25"])
+    options = race_grpo.hydrappo_options("hydrappo", 0, args)
+    config = race_grpo.example_config([*options, "--total_steps", "25"])
+    assert (config.train.save_every, config.train.keep_last) == (10, 3)  # checkpoints 10, 20 and the last: kept
+    assert "--save_every" not in race_grpo.hydrappo_options("hydrappo", 0)  # the matched settings: unchanged
+
+
+def test_a_curve_point_measured_is_kept_and_each_point_carries_the_seconds_trained_to_reach_it(tmp_path, monkeypatch):
+    without_trl(monkeypatch)
+    args = race_grpo.parse_args(["--sides", "hydrappo", "--steps", "3", "--curve-every", "2"])
+    measured = []
+
+    def evaluate(side, folder, limit, step):
+        measured.append(step)
+        if len(measured) == 2:
+            raise RuntimeError("stopped while measuring the last step")
+        return {"reward": 0.5, "kl": 0.25, "eos_frac": 1.0, "samples": []}
+
+    monkeypatch.setattr(race_grpo, "evaluate", evaluate)
+    with pytest.raises(RuntimeError):
+        race_grpo.measure_curve(args, "hydrappo", tmp_path, [4.0, 1.0, 2.0])
+    assert measured == [2, None]  # step 2's checkpoint, then the final policy (None)
+    points = race_grpo.measure_curve(args, "hydrappo", tmp_path, [4.0, 1.0, 2.0])
+    assert measured == [2, None, None]  # step 2 kept from the first call
+    assert [(p["step"], p["seconds"], p["reward"], p["kl"]) for p in points] == [
+        (2, 5.0, 0.5, 0.25),
+        (3, 7.0, 0.5, 0.25),
+    ]
+
+
+def test_the_curve_table_gives_each_side_s_mean_over_seeds_with_kl_and_seconds():
+    runs = {
+        "trl-lora": [
+            {
+                "curve": [
+                    {"step": 0, "seconds": 0, "reward": 0.1, "kl": 0.0},
+                    {"step": 10, "seconds": 200, "reward": 0.3, "kl": 1.0},
+                ]
+            }
+        ],
+        "hydrappo": [
+            {
+                "curve": [
+                    {"step": 0, "seconds": 0, "reward": 0.1, "kl": 0.0},
+                    {"step": 10, "seconds": 60, "reward": 0.4, "kl": 2.0},
+                ]
+            },
+            {
+                "curve": [
+                    {"step": 0, "seconds": 0, "reward": 0.1, "kl": 0.0},
+                    {"step": 10, "seconds": 80, "reward": 0.6, "kl": 4.0},
+                ]
+            },
+        ],
+    }
+    lines = race_grpo.curve_table(runs).splitlines()
+    assert lines[0] == "| step | trl-lora: accuracy (KL, s) | hydrappo: accuracy (KL, s) |"
+    assert lines[2:] == ["| 0 | 0.10 (0.00, 0) | 0.10 (0.00, 0) |", "| 10 | 0.30 (1.00, 200) | 0.50 (3.00, 70) |"]
+
+
+def test_a_lora_adapter_saved_mid_run_is_merged_into_the_base_as_the_hydra_s_policy(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_model("llama", tie_word_embeddings=True)
+    base.save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    lora = get_peft_model(copy.deepcopy(base), LoraConfig(r=2, target_modules="all-linear", init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")  # what the TRL child saves at a curve step
+    merged = lora.merge_and_unload()
+    hydra, _, _ = race_grpo.trl_policy_hydra(tmp_path / "adapter", ["--name_or_path", str(tmp_path / "base")])
+    policy = dict(hydra.model.named_parameters())
+    changed = 0
+    for name, parameter in merged.named_parameters():
+        assert torch.equal(policy[name], parameter), name
+        changed += not torch.equal(parameter, dict(base.named_parameters())[name])
+    assert changed > 0  # the adapter moved weights, and the hydra holds the moved ones
