@@ -595,7 +595,9 @@ def main(argv=None) -> int:
     text = "\n\n".join(part for part in (table(results), curve_table(results)) if part)
     (args.output_dir / "race.md").write_text(text + "\n")
     print(text)
-    if any(results.values()):
+    if any(results.values()) and importlib.util.find_spec("matplotlib") is None:
+        print(f"(no race.png: matplotlib is not installed in {sys.executable}; `pip install matplotlib` to draw it)")
+    elif any(results.values()):
         plot_curves(results, args.output_dir / "race.png")
         print(f"curves: {args.output_dir / 'race.png'}")
     return 0 if all(len(runs) == len(args.seeds) for runs in results.values()) else 1

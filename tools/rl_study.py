@@ -62,7 +62,9 @@ def command(variant: Variant, output_dir: Path, steps: int | None) -> list[str]:
         "--no_progress_bar",
     ]
     if steps:
-        cmd += ["--total_steps", str(steps), "--save_every", str(steps)]
+        cmd += ["--total_steps", str(steps)]
+        if "--save_every" not in variant.options:  # else the variant keeps checkpoints along the way
+            cmd += ["--save_every", str(steps)]
     return cmd
 
 
