@@ -93,6 +93,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sides", nargs="+", default=list(SIDES), help=f"which trainers race: {' '.join(SIDES)}")
     parser.add_argument("--steps", type=int, default=None, help="steps a side (default: the config's total_steps)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="a run per side and seed")
+    parser.add_argument(
+        "--hydrappo-steps",
+        type=int,
+        default=None,
+        help="steps of the hydrappo sides (default: --steps): a faster side's curve then spans the TRL sides' "
+        "seconds; at the example's constant learning rate its first --steps steps are a run of --steps",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads in each child (0: leave as is)")
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/race_grpo"))
     parser.add_argument("--trl-python", default=sys.executable, help="the python of a venv with TRL in it")
@@ -120,6 +127,11 @@ def option_problem(args) -> str | None:
         return f"--seeds={' '.join(map(str, args.seeds))} names a seed twice; name each once."
     if args.steps is not None and args.steps < 1:
         return f"--steps={args.steps} must be at least 1; use e.g. 20 (the example's length)."
+    if args.hydrappo_steps is not None and args.hydrappo_steps < steps_of(args):
+        return (
+            f"--hydrappo-steps={args.hydrappo_steps} must be at least --steps ({steps_of(args)}): the sides are "
+            "compared after --steps steps; leave it out to run every side --steps steps."
+        )
     if args.threads < 0:
         return f"--threads={args.threads} must be 0 or more; use e.g. 2 (0 leaves torch's default)."
     if not (args.trl_full_lr > 0 and args.trl_lora_lr > 0):
@@ -173,13 +185,16 @@ def example_settings() -> dict:
     }
 
 
-def steps_of(args) -> int:
+def steps_of(args, side: str | None = None) -> int:
+    """The steps a side runs (with no side: the TRL sides', the steps every side is compared after)."""
+    if side is not None and side not in TRL_SIDES and args.hydrappo_steps:
+        return args.hydrappo_steps
     return args.steps or example_settings()["steps"]
 
 
-def curve_steps(args) -> list[int]:
+def curve_steps(args, side: str | None = None) -> list[int]:
     """The steps after which a side's policy is measured held out: every --curve-every, and the last."""
-    steps = steps_of(args)
+    steps = steps_of(args, side)
     every = args.curve_every or steps
     return sorted({*range(every, steps, every), steps})
 
@@ -210,7 +225,7 @@ def hydrappo_options(side: str, seed: int, args=None) -> list[str]:
     """The side's options; with `args`, a checkpoint at each step of the held-out curve, all kept."""
     options = [*HYDRAPPO_OPTIONS[side], "--seed", str(seed)]
     if args is not None and args.curve_every:
-        options += ["--save_every", str(args.curve_every), "--keep_last", str(len(curve_steps(args)))]
+        options += ["--save_every", str(args.curve_every), "--keep_last", str(len(curve_steps(args, side)))]
     return options
 
 
@@ -379,8 +394,8 @@ def compact(measured: dict) -> dict:
 def measure_curve(args, side: str, folder: Path, step_seconds: list[float]) -> list[dict]:
     """The policy after each of curve_steps() held out, with the seconds of training it took; each point
     is kept in heldout-step-N.json, so that a measurement cut off goes on where it stopped."""
-    points, last = [], steps_of(args)
-    for step in curve_steps(args):
+    points, last = [], steps_of(args, side)
+    for step in curve_steps(args, side):
         kept = folder / f"heldout-step-{step}.json"
         if kept.exists():
             measured = json.loads(kept.read_text())
@@ -396,7 +411,7 @@ def run_side(args, side: str, seed: int) -> dict:
     """Train and measure one side with one seed, unless OUTPUT_DIR/SIDE/seed-N/result.json holds it."""
     folder = args.output_dir / side / f"seed-{seed}"
     done = folder / "result.json"
-    steps = steps_of(args)
+    steps = steps_of(args, side)
     if done.exists():
         result = json.loads(done.read_text())
         kept = (result["steps"], result.get("eval_limit"), result.get("curve_every"))
@@ -457,9 +472,18 @@ def run_side(args, side: str, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- the table
-def side_numbers(results: list[dict]) -> dict[str, str]:
+def heldout_at(result: dict, step: int) -> dict | None:
+    """A run's held-out measurement after `step`: its last, or a point of its curve (None: not measured)."""
+    if result["steps"] == step:
+        return result["heldout"]
+    return next((point for point in result.get("curve", []) if point["step"] == step), None)
+
+
+def side_numbers(results: list[dict], compared_at: int | None = None) -> dict[str, str]:
     """A side's column from its runs (one per seed): step times after each run's first step (the
-    first step also warms up), peak RSS, held-out accuracy and KL (mean over seeds, each seed's after)."""
+    first step also warms up), peak RSS, held-out accuracy and KL after `compared_at` steps (default:
+    the last; mean over seeds, each seed's after), and held-out accuracy after the side's last step."""
+    compared_at = compared_at or results[0]["steps"]
 
     def timed(result, key):
         values = result[key][1:] if len(result[key]) > 1 else result[key]
@@ -469,8 +493,11 @@ def side_numbers(results: list[dict]) -> dict[str, str]:
     per_token = [s / n for r in results for s, n in zip(timed(r, "step_seconds"), timed(r, "sampled_tokens")) if n]
     peaks = [r["peak_rss_mib"] for r in results if r.get("peak_rss_mib")]
 
-    def mean_and_each(key, digits):
-        values = [r["heldout"][key] for r in results]
+    def mean_and_each(key, digits, step=compared_at):
+        measured = [heldout_at(r, step) for r in results]
+        if any(m is None for m in measured):
+            return ""
+        values = [m[key] for m in measured]
         each = f" ({', '.join(f'{v:.{digits}f}' for v in values)})" if len(values) > 1 else ""
         return f"{statistics.fmean(values):.{digits}f}{each}"
 
@@ -481,9 +508,10 @@ def side_numbers(results: list[dict]) -> dict[str, str]:
         "ms per sampled token (median)": f"{1000 * statistics.median(per_token):.1f}" if per_token else "",
         "sampled tokens per step (mean)": f"{statistics.fmean(t for r in results for t in r['sampled_tokens']):.0f}",
         "peak RSS of the child, MiB": f"{max(peaks):.0f}" if peaks else "",
-        "held-out accuracy (sampled)": mean_and_each("reward", 2),
+        "held-out accuracy (sampled) after the compared steps": mean_and_each("reward", 2),
         "held-out KL to the base, nats/answer": mean_and_each("kl", 2),
         "held-out answers ending with EOS": mean_and_each("eos_frac", 2),
+        "held-out accuracy after the side's last step": mean_and_each("reward", 2, results[0]["steps"]),
     }
 
 
@@ -501,14 +529,17 @@ def ratios(numbers: dict[str, dict[str, str]]) -> list[str]:
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    """A markdown table, a column per side, then the ratios."""
-    numbers = {side: side_numbers(runs) for side, runs in results.items() if runs}
+    """A markdown table, a column per side, held out after the steps every side ran, then the ratios."""
+    ran = [run["steps"] for runs in results.values() for run in runs]
+    compared_at = min(ran) if ran else None
+    numbers = {side: side_numbers(runs, compared_at) for side, runs in results.items() if runs}
     if not numbers:
         return "no results yet"
     rows = list(next(iter(numbers.values())))
     lines = ["| | " + " | ".join(numbers) + " |", "| --- |" + " ---: |" * len(numbers)]
     lines += [f"| {row} | " + " | ".join(numbers[side][row] for side in numbers) + " |" for row in rows]
-    return "\n".join([*lines, "", *ratios(numbers)])
+    note = f"Held out after {compared_at} steps, the steps every side ran (sampled, T 0.7)."
+    return "\n".join([*lines, "", note, "", *ratios(numbers)])
 
 
 def mean_curve(runs: list[dict]) -> list[dict]:
@@ -574,7 +605,8 @@ def main(argv=None) -> int:
     print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
     settings = example_settings()
     print(
-        f"race: {settings['model']} on examples/arithmetic, {steps_of(args)} steps a side, seeds "
+        f"race: {settings['model']} on examples/arithmetic, {steps_of(args)} steps a side "
+        f"(hydrappo's: {steps_of(args, 'hydrappo')}), seeds "
         f"{' '.join(map(str, args.seeds))}, {args.threads or 'default'} threads a side; sides: {' '.join(args.sides)}"
     )
     for name, theirs, ours in matched_settings(args):

@@ -95,7 +95,7 @@ def test_the_table_leaves_out_each_run_s_first_step_and_gives_trl_s_multiples():
     assert rows["s/step (median)"] == ["25.00", "5.50"]  # (20, 30) and (5, 5, 6, 6): warm-up steps out
     assert rows["ms per sampled token (median)"] == ["50.0", "10.0"]  # 20/400, 30/600; 5/500 ... 6/600
     assert rows["peak RSS of the child, MiB"] == ["4000", "1200"]
-    assert rows["held-out accuracy (sampled)"] == ["0.50", "0.75 (0.70, 0.80)"]
+    assert rows["held-out accuracy (sampled) after the compared steps"] == ["0.50", "0.75 (0.70, 0.80)"]
     assert rows["held-out KL to the base, nats/answer"] == ["3.00", "6.50 (6.00, 7.00)"]
     assert "trl-lora / hydrappo: 4.55x s/step, 3.33x peak RSS" in text
 
@@ -251,3 +251,29 @@ def test_a_lora_adapter_saved_mid_run_is_merged_into_the_base_as_the_hydra_s_pol
         assert torch.equal(policy[name], parameter), name
         changed += not torch.equal(parameter, dict(base.named_parameters())[name])
     assert changed > 0  # the adapter moved weights, and the hydra holds the moved ones
+
+
+def test_sides_of_different_lengths_are_compared_after_the_steps_all_ran(monkeypatch):
+    without_trl(monkeypatch)
+    args = race_grpo.parse_args(["--sides", "hydrappo", "--steps", "20", "--hydrappo-steps", "50"])
+    assert (race_grpo.steps_of(args), race_grpo.steps_of(args, "trl-lora"), race_grpo.steps_of(args, "hydrappo")) == (
+        20,
+        20,
+        50,
+    )
+    assert race_grpo.curve_steps(args, "hydrappo") == [10, 20, 30, 40, 50]
+    with pytest.raises(SystemExit):
+        race_grpo.parse_args(["--sides", "hydrappo", "--steps", "20", "--hydrappo-steps", "10"])
+    trl = result("trl-lora", 0, [9.0, 9.0], [100, 100], 4000.0, 0.5, 3.0)
+    ours = result("hydrappo", 0, [3.0] * 4, [100] * 4, 1000.0, 0.9, 8.0)
+    ours["curve"] = [{"step": 2, "seconds": 6.0, "reward": 0.6, "kl": 4.0, "eos_frac": 1.0}]
+    text = race_grpo.table({"trl-lora": [trl], "hydrappo": [ours]})
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")[1:]]
+        for line in text.splitlines()
+        if "|" in line
+    }
+    assert rows["held-out accuracy (sampled) after the compared steps"] == ["0.50", "0.60"]  # hydrappo's step 2
+    assert rows["held-out KL to the base, nats/answer"] == ["3.00", "4.00"]
+    assert rows["held-out accuracy after the side's last step"] == ["0.50", "0.90"]
+    assert "Held out after 2 steps" in text
