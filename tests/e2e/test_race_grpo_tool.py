@@ -265,7 +265,7 @@ def test_sides_of_different_lengths_are_compared_after_the_steps_all_ran(monkeyp
     with pytest.raises(SystemExit):
         race_grpo.parse_args(["--sides", "hydrappo", "--steps", "20", "--hydrappo-steps", "10"])
     trl = result("trl-lora", 0, [9.0, 9.0], [100, 100], 4000.0, 0.5, 3.0)
-    ours = result("hydrappo", 0, [3.0] * 4, [100] * 4, 1000.0, 0.9, 8.0)
+    ours = result("hydrappo", 0, [3.0, 3.0, 1.0, 1.0], [100, 100, 50, 50], 1000.0, 0.9, 8.0)  # steps 3-4: not TRL's
     ours["curve"] = [{"step": 2, "seconds": 6.0, "reward": 0.6, "kl": 4.0, "eos_frac": 1.0}]
     text = race_grpo.table({"trl-lora": [trl], "hydrappo": [ours]})
     rows = {
@@ -277,3 +277,4 @@ def test_sides_of_different_lengths_are_compared_after_the_steps_all_ran(monkeyp
     assert rows["held-out KL to the base, nats/answer"] == ["3.00", "4.00"]
     assert rows["held-out accuracy after the side's last step"] == ["0.50", "0.90"]
     assert "Held out after 2 steps" in text
+    assert rows["s/step (median)"] == ["9.00", "3.00"] and rows["sampled tokens per step (mean)"] == ["100", "100"]
