@@ -71,7 +71,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from race_trl import ROOT, TRL_VERSION, configure, sides_problem  # noqa: E402
+from race_trl import ROOT, TRL_VERSION, configure, parse_checked, sides_problem  # noqa: E402
 from rl_study import Variant, read_metrics, run_logged, run_variant  # noqa: E402
 
 ARITHMETIC = ROOT / "examples" / "arithmetic"
@@ -113,12 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--curve-every", type=int, default=10, help="measure the held-out curve every N steps (0: the last step only)"
     )
     parser.add_argument("--child", choices=TRL_SIDES, help=argparse.SUPPRESS)  # a TRL side's own process
-    args = parser.parse_args(argv)
-    problem = option_problem(args)
-    if problem:
-        print(f"race_grpo.py: {problem}", file=sys.stderr)
-        raise SystemExit(2)
-    return args
+    return parse_checked(parser, argv, option_problem, "race_grpo.py")
 
 
 def option_problem(args) -> str | None:
@@ -381,8 +376,9 @@ def base_point(args) -> dict:
     from rl_study import heldout
 
     kept = args.output_dir / "base.json"
-    if kept.exists() and json.loads(kept.read_text()).get("eval_limit") == args.eval_limit:
-        return json.loads(kept.read_text())
+    point = json.loads(kept.read_text()) if kept.exists() else {}
+    if point and point.get("eval_limit") == args.eval_limit:
+        return point
     eval_prompts = Path(example_settings()["eval_prompts"])
     measured = heldout(None, eval_prompts, HELDOUT_REWARD, base_config=CONFIG, limit=args.eval_limit)
     point = {"step": 0, "seconds": 0.0, "eval_limit": args.eval_limit, **compact(measured)}
@@ -394,9 +390,10 @@ def compact(measured: dict) -> dict:
     return {key: measured[key] for key in ("reward", "kl", "eos_frac") if key in measured}
 
 
-def measure_curve(args, side: str, folder: Path, step_seconds: list[float]) -> list[dict]:
-    """The policy after each of curve_steps() held out, with the seconds of training it took; each point
-    is kept in heldout-step-N.json, so that a measurement cut off goes on where it stopped."""
+def measure_curve(args, side: str, folder: Path, step_seconds: list[float]) -> tuple[list[dict], dict]:
+    """The policy after each of curve_steps() held out, with the seconds of training it took, and the last
+    step's whole measurement; each point is kept in heldout-step-N.json, so that a measurement cut off
+    goes on where it stopped."""
     points, last = [], steps_of(args, side)
     for step in curve_steps(args, side):
         kept = folder / f"heldout-step-{step}.json"
@@ -406,7 +403,7 @@ def measure_curve(args, side: str, folder: Path, step_seconds: list[float]) -> l
             measured = evaluate(side, folder, args.eval_limit, None if step == last else step)
             kept.write_text(json.dumps(measured, indent=1))
         points.append({"step": step, "seconds": sum(step_seconds[:step]), **compact(measured)})
-    return points
+    return points, measured
 
 
 # ---------------------------------------------------------------------------- a side, resumable
@@ -455,7 +452,7 @@ def run_side(args, side: str, seed: int) -> dict:
         tokens = [row["tokens/responses_len_mean"] for row in rows]
         seconds, peak, command = run["seconds"], run["peak_rss_mib"], run["command"]
     answers = example_settings()["answers_per_step"]
-    curve = measure_curve(args, side, folder, step_seconds)
+    curve, last = measure_curve(args, side, folder, step_seconds)
     result = {
         "side": side,
         "seed": seed,
@@ -467,7 +464,7 @@ def run_side(args, side: str, seed: int) -> dict:
         "peak_rss_mib": peak,
         "step_seconds": step_seconds,
         "sampled_tokens": [float(mean) * answers for mean in tokens],
-        "heldout": json.loads((folder / f"heldout-step-{steps}.json").read_text()),
+        "heldout": last,
         "curve": [base_point(args), *curve],
     }
     done.write_text(json.dumps(result, indent=1))

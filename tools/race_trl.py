@@ -101,10 +101,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--prompts", default=str(SENTIMENT / "prompts.jsonl"), help="a jsonl file with a 'prompt' column"
     )
+    return parse_checked(parser, argv, option_problem, "race_trl.py")
+
+
+def parse_checked(parser, argv, option_problem, tool: str) -> argparse.Namespace:
+    """`parser`'s options, or exit 2 with `tool: ` and the first bad option that `option_problem` names."""
     args = parser.parse_args(argv)
     problem = option_problem(args)
     if problem:
-        print(f"race_trl.py: {problem}", file=sys.stderr)
+        print(f"{tool}: {problem}", file=sys.stderr)
         raise SystemExit(2)
     return args
 

@@ -197,8 +197,9 @@ def test_a_curve_point_measured_is_kept_and_each_point_carries_the_seconds_train
     with pytest.raises(RuntimeError):
         race_grpo.measure_curve(args, "hydrappo", tmp_path, [4.0, 1.0, 2.0])
     assert measured == [2, None]  # step 2's checkpoint, then the final policy (None)
-    points = race_grpo.measure_curve(args, "hydrappo", tmp_path, [4.0, 1.0, 2.0])
+    points, last = race_grpo.measure_curve(args, "hydrappo", tmp_path, [4.0, 1.0, 2.0])
     assert measured == [2, None, None]  # step 2 kept from the first call
+    assert last == {"reward": 0.5, "kl": 0.25, "eos_frac": 1.0, "samples": []}  # the whole last measurement
     assert [(p["step"], p["seconds"], p["reward"], p["kl"]) for p in points] == [
         (2, 5.0, 0.5, 0.25),
         (3, 7.0, 0.5, 0.25),
