@@ -14,7 +14,12 @@ whose gold scores differ by at least 0.3 (`--gap`), and the accuracy on the trai
 The held-out pairs are those of 10% of the distinct prompts (reward.yaml's eval_fraction),
 never trained on. Which prompts those are depends on the set of distinct prompts, so two
 data sets with different prompts are scored on different held-out pairs. `--num_pairs` keeps
-the first K rows of the pairs files.
+the first K rows of the pairs files. `--other_pairs FILE` adds a column: the accuracy on pairs
+built the same way from prompts of another style (make_pairs.py --prompts
+examples/preference/other_prompts.jsonl), none of them trained on.
+
+Variants that change which layers the branch copies (top2, top4, top8, from13) start at another
+split: each such group loads the model again and fills its own cache.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 import torch
 
 from hydrappo.config import RewardConfig, parse_config
-from hydrappo.data import split_by_prompt
+from hydrappo.data import load_preference_pairs, split_by_prompt
 from hydrappo.train.reward import RewardTrainer
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +49,13 @@ VARIANTS = {
     "mean_margin": ["--pooling", "mean", "--margin_column", "gold_margin"],
     "last_lr3e-4": ["--learning_rate", "3e-4"],
     "mean_lr3e-4_4ep": ["--pooling", "mean", "--learning_rate", "3e-4", "--epochs", "4"],
+    # Which layers the branch trains (reward.yaml's pooling and learning rate). The branch is a
+    # copy of every layer from the split up, so a band starting at layer S trains as many layers
+    # as the top 30 - S: depth is the one choice.
+    "top2": ["--num_layers_unfrozen", "2"],
+    "top4": ["--num_layers_unfrozen", "4"],
+    "top8": ["--num_layers_unfrozen", "8"],
+    "from13": ["--trainable_layers", "13:17"],
 }
 
 
@@ -83,6 +95,7 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--config", default=str(HERE / "reward.yaml"))
     parser.add_argument("--output_dir", default="outputs/preference/levers")
+    parser.add_argument("--other_pairs", help="pairs from prompts of another style, scored by every variant")
     parser.add_argument("--gap", type=float, default=0.3, help="the gold-gap threshold of the second accuracy")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="options for every variant (last)")
     args = parser.parse_args(argv)
@@ -93,6 +106,7 @@ def main(argv=None) -> int:
     rows = write_pairs(args.pairs, args.num_pairs, data_file)
     hydra = tokenizer = None
     shared_rows: dict = {}
+    split_of_shared = None
     results = []
     for name in args.variants:
         overrides = [
@@ -106,6 +120,9 @@ def main(argv=None) -> int:
             *args.extra,
         ]
         config = parse_config(args.config, overrides, config_cls=RewardConfig)
+        split = (config.model.num_layers_unfrozen, config.model.trainable_layers)
+        if split != split_of_shared:  # another split: another model and another cache
+            hydra, shared_rows, split_of_shared = None, {}, split
         start = time.process_time()
         trainer = RewardTrainer(config, hydra=hydra, tokenizer=tokenizer)
         hydra, tokenizer = trainer.hydra, trainer.tokenizer
@@ -124,16 +141,24 @@ def main(argv=None) -> int:
         gaps = torch.tensor([row["gold_chosen"] - row["gold_rejected"] for row in held])
         wide = gaps >= args.gap
         train_stats = trainer.evaluate(trainer.train_pairs, "train")
+        other_acc = float("nan")
+        if args.other_pairs:
+            other = load_preference_pairs(args.other_pairs, tokenizer, config.data, setting="--other_pairs")
+            other_acc = accuracy(
+                trainer.score(other.prompt_ids, other.chosen_ids), trainer.score(other.prompt_ids, other.rejected_ids)
+            )
         result = {
             "variant": name,
             "options": " ".join(VARIANTS[name] + args.extra),
             "pairs": len(rows),
+            "branch_layers": len(trainer.branch.layers),
             "train_pairs": len(trainer.train_pairs),
             "held_out_pairs": len(pairs),
             "wide_pairs": int(wide.sum()),
             "held_out_acc": accuracy(chosen, rejected),
             "held_out_acc_wide": accuracy(chosen[wide], rejected[wide]),
             "train_acc": train_stats["train/accuracy"],
+            "other_acc": other_acc,
             "cpu_min": (time.process_time() - start) / 60,
         }
         results.append(result)
@@ -142,13 +167,15 @@ def main(argv=None) -> int:
             handle.write(json.dumps(result) + "\n")
         del trainer
     print(
-        f"| variant | options | pairs | held-out acc (all) | held-out acc (gap >= {args.gap:.1f}) | train acc | CPU-min |"
+        f"| variant | options | pairs | held-out acc (all) | held-out acc (gap >= {args.gap:.1f}) | train acc "
+        "| other-style acc | CPU-min |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(
             f"| {r['variant']} | `{r['options']}` | {r['pairs']} | {r['held_out_acc']:.3f} ({r['held_out_pairs']}) | "
-            f"{r['held_out_acc_wide']:.3f} ({r['wide_pairs']}) | {r['train_acc']:.3f} | {r['cpu_min']:.1f} |"
+            f"{r['held_out_acc_wide']:.3f} ({r['wide_pairs']}) | {r['train_acc']:.3f} | {r['other_acc']:.3f} | "
+            f"{r['cpu_min']:.1f} |"
         )
     return 0
 

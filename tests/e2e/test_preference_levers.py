@@ -1,0 +1,39 @@
+"""examples/preference/levers.py at the tiny trunk's size: variants that change which layers the
+reward branch copies get their own model and cache, and every variant scores the other-style pairs."""
+
+import json
+import sys
+
+import pytest
+from runs import ROOT, reward_config, write_pairs
+
+sys.path.insert(0, str(ROOT / "examples" / "preference"))
+
+import levers  # noqa: E402
+
+
+def with_gold_scores(path):
+    """levers.py reads make_pairs.py's gold columns; the synthetic chosen response scores higher."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**row, "gold_chosen": 1.0, "gold_rejected": 0.0}) + "\n" for row in rows))
+
+
+@pytest.mark.slow
+def test_layer_variants_get_their_own_split_and_score_the_other_pairs(tmp_path, monkeypatch):
+    reward_config(tmp_path)  # reward.yaml (the top 2 of the tiny trunk's 4 layers) and pairs.jsonl
+    with_gold_scores(tmp_path / "pairs.jsonl")
+    write_pairs(tmp_path / "other.jsonl", pairs_per_prompt=1, seed=1)
+    with_gold_scores(tmp_path / "other.jsonl")
+    monkeypatch.setitem(levers.VARIANTS, "top1", ["--num_layers_unfrozen", "1"])
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", "reward.yaml", "--pairs", "pairs.jsonl", "--other_pairs", "other.jsonl"]
+    assert levers.main([*argv, "--variants", "top2", "mean", "top1", "--output_dir", "levers"]) == 0
+
+    rows = [json.loads(line) for line in (tmp_path / "levers" / "levers.jsonl").read_text().splitlines()]
+    assert [row["variant"] for row in rows] == ["top2", "mean", "top1"]
+    # top2 and mean share the config's split; top1 copies one layer, from a model of its own.
+    assert [row["branch_layers"] for row in rows] == [2, 2, 1]
+    for row in rows:
+        assert 0.0 <= row["other_acc"] <= 1.0 and 0.0 <= row["held_out_acc"] <= 1.0
+    # The synthetic preference (more "good" words) is learnable: the branch ranks pairs it never saw.
+    assert rows[0]["other_acc"] > 0.6
