@@ -358,7 +358,8 @@ STUDY_VARIANTS = {
     "N=2": ["--num_layers_unfrozen", "2"],
     "N=4": ["--num_layers_unfrozen", "4"],
     "N=8": ["--num_layers_unfrozen", "8"],
-    "LoRA r=16, all layers": ["--lora_r", "16", "--lora_layers", "all"],
+    # The command line's --num_layers_unfrozen replaces a config's band, which LoRA in every layer cannot serve.
+    "LoRA r=16, all layers": ["--num_layers_unfrozen", "4", "--lora_r", "16", "--lora_layers", "all"],
     "full (N=-1)": ["--num_layers_unfrozen", "-1"],
     # Every layer trains at the example's learning rate above; full fine-tuning usually wants a smaller one.
     "full lr=1e-5 (N=-1)": ["--num_layers_unfrozen", "-1", "--learning_rate", "1e-5"],

@@ -54,6 +54,17 @@ def test_planner_column_follows_the_setting():
     assert one["planner_fits"] and not full["planner_fits"]  # an 8B model on a 24 GB GPU
 
 
+@pytest.mark.parametrize("example", ["arithmetic", "sentiment"])
+def test_every_study_setting_is_a_valid_config_of_the_examples(example):
+    """Each setting's options on top of the example's config pass the config checks (a band in the
+    config and LoRA in every layer, say, would be refused at the start of its run)."""
+    from hydrappo.config import parse_config
+
+    for name, options in rl_study.STUDY_VARIANTS.items():
+        config = parse_config(ROOT / "examples" / example / "config.yaml", options)
+        assert config.model.trainable_layers is None or "--trainable_layers" in options, name
+
+
 def test_distinct_n_by_hand():
     assert rl_study.distinct_n([[1, 2, 1, 2], [3]]) == 2 / 3  # bigrams (1,2) (2,1) (1,2): 2 distinct of 3
     assert rl_study.distinct_n([[5]]) == 0.0
