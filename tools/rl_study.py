@@ -247,11 +247,15 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
     xs, ys = [p[x] for p in points], [p[y] for p in points]
     ax.plot(xs, ys, "o-" if joined and len(points) > 1 else "o", color="tab:blue")
+    low, high = min(xs), max(xs)
     for p in points:
-        ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        # Labels of points on the right run leftwards, to stay inside the axes.
+        right = high > low and (p[x] - low) / (high - low) > 0.6
+        offset, align = ((-4, 4), "right") if right else ((4, 4), "left")
+        ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=offset, ha=align, fontsize=8)
     if base is not None:
         ax.plot([base[x]], [base[y]], "*", color="tab:red", markersize=12, label="base model")
         ax.legend(loc="best", fontsize=8)
@@ -561,7 +565,7 @@ def report_main(argv=None) -> int:
     for r in rows:
         if r["best"] is not None and (r["setting"] not in best or r["best"] > best[r["setting"]]["best"]):
             best[r["setting"]] = r
-    points = [{**r, "label": f"{r['setting']} lr {r['lr']:g}"} for r in best.values()]
+    points = [{**r, "label": f"{r['setting']} lr {r['lr']:.0e}"} for r in best.values()]
     plot(
         points,
         "planner_peak_gib",
