@@ -25,6 +25,7 @@ split: each such group loads the model again and fills its own cache.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
     rows = write_pairs(args.pairs, args.num_pairs, data_file)
     hydra = tokenizer = None
     shared_rows: dict = {}
-    split_of_shared = None
+    split_of_shared = other = None
     results = []
     for name in args.variants:
         overrides = [
@@ -143,7 +144,9 @@ def main(argv=None) -> int:
         train_stats = trainer.evaluate(trainer.train_pairs, "train")
         other_acc = float("nan")
         if args.other_pairs:
-            other = load_preference_pairs(args.other_pairs, tokenizer, config.data, setting="--other_pairs")
+            if other is None:  # read once: only the texts are scored, with the one tokenizer; no margin is needed
+                scored = dataclasses.replace(config.data, margin_column=None)
+                other = load_preference_pairs(args.other_pairs, tokenizer, scored, setting="--other_pairs")
             other_acc = accuracy(
                 trainer.score(other.prompt_ids, other.chosen_ids), trainer.score(other.prompt_ids, other.rejected_ids)
             )

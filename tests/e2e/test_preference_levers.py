@@ -28,14 +28,18 @@ def test_layer_variants_get_their_own_split_and_score_the_other_pairs(tmp_path, 
     monkeypatch.setitem(levers.VARIANTS, "from1", ["--trainable_layers", "1:3"])
     monkeypatch.chdir(tmp_path)
     argv = ["--config", "reward.yaml", "--pairs", "pairs.jsonl", "--other_pairs", "other.jsonl"]
-    assert levers.main([*argv, "--variants", "top2", "mean", "top1", "from1", "--output_dir", "levers"]) == 0
+    assert (
+        levers.main([*argv, "--variants", "mean_margin", "top2", "mean", "top1", "from1", "--output_dir", "levers"])
+        == 0
+    )
 
     rows = [json.loads(line) for line in (tmp_path / "levers" / "levers.jsonl").read_text().splitlines()]
-    assert [row["variant"] for row in rows] == ["top2", "mean", "top1", "from1"]
-    # top2 and mean share the config's split; top1 copies one layer, from a model of its own, and a
-    # band from layer 1 copies every layer from there up (3).
-    assert [row["branch_layers"] for row in rows] == [2, 2, 1, 3]
+    assert [row["variant"] for row in rows] == ["mean_margin", "top2", "mean", "top1", "from1"]
+    # mean_margin, top2 and mean share the config's split; top1 copies one layer, from a model of its
+    # own, and a band from layer 1 copies every layer from there up (3). The margin variant scores the
+    # other pairs too, though they have no margin column.
+    assert [row["branch_layers"] for row in rows] == [2, 2, 2, 1, 3]
     for row in rows:
         assert 0.0 <= row["other_acc"] <= 1.0 and 0.0 <= row["held_out_acc"] <= 1.0
     # The synthetic preference (more "good" words) is learnable: the branch ranks pairs it never saw.
-    assert rows[0]["other_acc"] > 0.6
+    assert rows[1]["other_acc"] > 0.6
