@@ -35,7 +35,13 @@ from hydrappo.config import Config, RewardArgs
 from hydrappo.data import load_prompt_table, tokenize_prompts
 from hydrappo.generation.responses import generate_responses
 from hydrappo.rewards import build_reward_source
-from hydrappo.storage.checkpoint import find_checkpoint, load_checkpoint_config, load_trainable_weights, seed_everything
+from hydrappo.storage.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_checkpoint_config,
+    load_trainable_weights,
+    seed_everything,
+)
 from hydrappo.storage.models import build_hydra
 from hydrappo.train.sequences import evaluate_sequences, pack_sequences
 
@@ -459,6 +465,9 @@ def study_main(defaults: dict, doc: str, argv=None) -> int:
         options = [*options, *args.extra]
         run_dir = out / folder
         run = run_variant(Variant(name, Path(args.config), options), run_dir, args.steps)
+        if run["seconds"] is None:  # trained before, only measured now: keep what its training recorded
+            earlier_row = next((r for r in rows if r["name"] == name), {})
+            run.update(seconds=earlier_row.get("seconds"), peak_rss_mib=earlier_row.get("peak_rss_mib"))
         row = {"name": name, **run, **summarise_metrics(read_metrics(run_dir)), **planner_figure(options, args.preset)}
         row.update(heldout(run_dir, Path(args.eval_prompts), args.reward_fn, limit=args.limit))
         rows = [r for r in rows if r["name"] != name] + [row]
@@ -503,15 +512,23 @@ def held_out_curve(run_dir: Path, key: str) -> dict[int, float]:
     return {int(row["step"]): row[key] for row in read_metrics(run_dir) if key in row}
 
 
+def checkpoint_config(run_dir: Path) -> Config:
+    """The config a run's newest checkpoint keeps (its config file and command line together)."""
+    try:
+        return load_checkpoint_config(find_checkpoint(run_dir), Config)
+    except CheckpointError as error:  # a study folder whose run never saved: say which
+        raise SystemExit(f"the report reads each run's settings from its checkpoint: {error}") from None
+
+
 def report_main(argv=None) -> int:
     """One table and one PNG from the study.json files of several study folders (a study run in
     parts, e.g. a learning-rate sweep in folders of its own):
 
         python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...] [--curve eval/reward/accuracy]
 
-    Each row: the setting, its learning rate, the greedy held-out curve the run logged (`--curve`), the
-    sampled held-out score and KL of the last checkpoint (heldout()), how the answers end, peak RSS of
-    the run and the planner's figure for the preset. The PNG has one point per setting at its best
+    Each row: the setting, its learning rate, the held-out curve the run logged (`--curve`; greedy or
+    sampled, as its train.eval_greedy says), the sampled held-out score and KL of the last checkpoint
+    (heldout()), how the answers end, peak RSS of the run and the planner's figure for the preset. The PNG has one point per setting at its best
     learning rate (by the best point of its curve): held-out score against the planner's peak memory."""
     import argparse
 
@@ -527,6 +544,7 @@ def report_main(argv=None) -> int:
         for row in json.loads((folder / "study.json").read_text()):
             run_dir = Path(option_value(row["command"], "--output_dir"))
             curve = held_out_curve(run_dir, args.curve)
+            settings = checkpoint_config(run_dir)
             setting = row["name"].split(" lr=")[0]
             row.update(
                 planner_figure(row["command"].split())
@@ -535,8 +553,9 @@ def report_main(argv=None) -> int:
                 {
                     **row,
                     "setting": setting,
-                    "lr": float(option_value(row["command"], "--learning_rate", "nan")),
+                    "lr": float(option_value(row["command"], "--learning_rate", settings.ppo.learning_rate)),
                     "curve": curve,
+                    "decoding": "greedy" if settings.train.eval_greedy else "sampled",
                     "best": max(curve.values()) if curve else None,
                     "best_step": max(curve, key=curve.get) if curve else None,
                     "last": curve[max(curve)] if curve else None,
@@ -545,18 +564,19 @@ def report_main(argv=None) -> int:
     rows.sort(key=lambda r: (r["setting"], r["lr"]))
     steps = sorted({step for r in rows for step in r["curve"]})
     lines = [
-        "| setting | lr | "
+        "| setting | lr | curve | "
         + " | ".join(f"step {s}" for s in steps)
         + " | best (step) | sampled score | sampled KL | ends with EOS | looping | peak RSS MiB | planner GiB |",
-        "| --- | ---: |" + " ---: |" * len(steps) + " ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | --- |" + " ---: |" * len(steps) + " ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         cells = [f"{r['curve'][s]:.2f}" if s in r["curve"] else "" for s in steps]
         rss = f"{r['peak_rss_mib']:.0f}" if r.get("peak_rss_mib") else ""
+        best = f"{r['best']:.2f} ({r['best_step']})" if r["curve"] else ""  # a run without data.eval_prompts
         lines.append(
-            f"| {r['setting']} | {r['lr']:g} | "
+            f"| {r['setting']} | {r['lr']:g} | {r['decoding']} | "
             + " | ".join(cells)
-            + f" | {r['best']:.2f} ({r['best_step']}) | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
+            + f" | {best} | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
             + f" | {r['degenerate_frac']:.2f} | {rss} | {r['planner_peak_gib']:.1f} |"
         )
     args.table.write_text("\n".join(lines) + "\n")
@@ -565,6 +585,11 @@ def report_main(argv=None) -> int:
     for r in rows:
         if r["best"] is not None and (r["setting"] not in best or r["best"] > best[r["setting"]]["best"]):
             best[r["setting"]] = r
+    if not best:
+        raise SystemExit(
+            f"no run in {', '.join(map(str, args.dirs))} logged {args.curve}: a held-out curve needs "
+            "data.eval_prompts in the runs' config (or --eval_prompts in their study's --extra)"
+        )
     points = [{**r, "label": f"{r['setting']} lr {r['lr']:.0e}"} for r in best.values()]
     plot(
         points,
@@ -573,7 +598,7 @@ def report_main(argv=None) -> int:
         args.png,
         args.title,
         "planner's peak memory, Llama-3.1-8B bf16 (GiB)",
-        f"best held-out {args.curve.rsplit('/', 1)[-1]} (greedy)",
+        f"best held-out {args.curve.rsplit('/', 1)[-1]} ({' and '.join(sorted({r['decoding'] for r in rows}))})",
         label="label",
         joined=False,
     )

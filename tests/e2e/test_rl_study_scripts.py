@@ -3,9 +3,11 @@ one KL coefficient and a one-row top-N study run, measure and plot; the arithmet
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 
+from hydrappo.config import parse_config
 from runs import ROOT, TINY
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -39,10 +41,28 @@ def test_frontier_and_study_run_measure_and_plot(tmp_path):
     assert (tmp_path / "frontier" / "frontier.png").stat().st_size > 1000
 
     args = ["--steps", "1", "--limit", "4", "--variants", "N=1", "--output_dir", str(tmp_path / "study")]
+    args += ["--extra", "--eval_prompts", str(TINY / "prompts.jsonl")]  # a held-out curve for the report
     assert rl_study.study_main(DEFAULTS, "study", args) == 0
     rows = json.loads((tmp_path / "study" / "study.json").read_text())
     assert [r["name"] for r in rows] == ["N=1"] and rows[0]["steps"] == 1
     assert (tmp_path / "study" / "study.md").read_text().count("\n") == 3
+    trained = rows[0]["peak_rss_mib"]
+
+    # Run again on the finished folder: only measured, and what its training recorded is kept.
+    assert rl_study.study_main(DEFAULTS, "study", args) == 0
+    again = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert len(again) == 1 and again[0]["peak_rss_mib"] == trained > 0
+
+    # The report reads the learning rate (not on this command line) and how the curve was answered
+    # from the run's own checkpoint: the tiny config's.
+    table = tmp_path / "report.md"
+    report = [str(table), str(tmp_path / "report.png"), str(tmp_path / "study"), "--curve", "eval/reward_mean"]
+    assert rl_study.report_main(report) == 0
+    tiny = parse_config(TINY / "config.yaml", [])
+    decoding = "greedy" if tiny.train.eval_greedy else "sampled"
+    assert f"| N=1 | {tiny.ppo.learning_rate:g} | {decoding} |" in table.read_text()
+    with pytest.raises(SystemExit, match="no run in .* logged eval/missing"):
+        rl_study.report_main([str(table), str(tmp_path / "r.png"), str(tmp_path / "study"), "--curve", "eval/missing"])
 
 
 def test_planner_column_follows_the_setting():
@@ -58,8 +78,6 @@ def test_planner_column_follows_the_setting():
 def test_every_study_setting_is_a_valid_config_of_the_examples(example):
     """Each setting's options on top of the example's config pass the config checks (a band in the
     config and LoRA in every layer, say, would be refused at the start of its run)."""
-    from hydrappo.config import parse_config
-
     for name, options in rl_study.STUDY_VARIANTS.items():
         config = parse_config(ROOT / "examples" / example / "config.yaml", options)
         assert config.model.trainable_layers is None or "--trainable_layers" in options, name
@@ -116,9 +134,11 @@ def test_learning_rate_grid_by_kind_of_setting():
     assert rl_study.learning_rate_grid(["--num_layers_unfrozen", "-1"]) == rl_study.LEARNING_RATE_GRIDS["full"]
 
 
-def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_rate(tmp_path):
+def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_rate(tmp_path, monkeypatch):
     """Two study folders written by hand (a sweep of one setting split over two folders, and another
     setting): one table row per run with its held-out curve, one point per setting in the PNG."""
+    kept = SimpleNamespace(ppo=SimpleNamespace(learning_rate=1.0), train=SimpleNamespace(eval_greedy=False))
+    monkeypatch.setattr(rl_study, "checkpoint_config", lambda run_dir: kept)  # these runs kept no checkpoint
     measured = {"reward": 0.5, "kl": 3.0, "eos_frac": 1.0, "degenerate_frac": 0.0, "peak_rss_mib": 100.0}
     curves = {"a1": [0.3, 0.5, 0.4], "a2": [0.3, 0.6, 0.7], "b": [0.3, 0.2, 0.1]}
     for folder, runs in {
@@ -141,9 +161,18 @@ def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_ra
     lines = table.read_text().splitlines()
     assert len(lines) == 2 + 3 and "step 20" in lines[0]
     n4 = [line for line in lines if line.startswith("| N=4 |")]
-    assert [line.split(" | ")[1] for line in n4] == ["3e-05", "0.0001"]  # sorted by learning rate
+    assert [line.split(" | ")[1:3] for line in n4] == [["3e-05", "sampled"], ["0.0001", "sampled"]]  # by rate
     assert "0.70 (20)" in n4[0] and "0.50 (10)" in n4[1]  # the best point of each curve, and its step
     assert png.stat().st_size > 1000
+
+
+def test_report_says_which_run_left_no_checkpoint(tmp_path):
+    (tmp_path / "study").mkdir()
+    command = f"python -m hydrappo train c.yaml --output_dir {tmp_path / 'cut'}"
+    (tmp_path / "study" / "study.json").write_text(json.dumps([{"name": "N=4", "command": command}]))
+    (tmp_path / "cut").mkdir()
+    with pytest.raises(SystemExit, match="settings from its checkpoint.*cut"):
+        rl_study.report_main([str(tmp_path / "t.md"), str(tmp_path / "t.png"), str(tmp_path / "study")])
 
 
 def test_option_value_reads_the_last_occurrence():
