@@ -520,13 +520,18 @@ def checkpoint_config(run_dir: Path) -> Config:
         raise SystemExit(f"the report reads each run's settings from its checkpoint: {error}") from None
 
 
+def learning_rate_text(rate: float, scheduler: str) -> str:
+    """A run's learning rate as the report prints it, with its schedule unless constant ("1e-04 cosine")."""
+    return f"{rate:.0e}" if scheduler == "constant" else f"{rate:.0e} {scheduler}"
+
+
 def report_main(argv=None) -> int:
     """One table and one PNG from the study.json files of several study folders (a study run in
     parts, e.g. a learning-rate sweep in folders of its own):
 
         python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...] [--curve eval/reward/accuracy]
 
-    Each row: the setting, its learning rate, the held-out curve the run logged (`--curve`; greedy or
+    Each row: the setting, its learning rate (and schedule), the held-out curve the run logged (`--curve`; greedy or
     sampled, as its train.eval_greedy says), the sampled held-out score and KL of the last checkpoint
     (heldout()), how the answers end, peak RSS of the run and the planner's figure for the preset. The PNG has one point per setting at its best
     learning rate (by the best point of its curve): held-out score against the planner's peak memory."""
@@ -553,7 +558,8 @@ def report_main(argv=None) -> int:
                 {
                     **row,
                     "setting": setting,
-                    "lr": float(option_value(row["command"], "--learning_rate", settings.ppo.learning_rate)),
+                    "lr": settings.ppo.learning_rate,
+                    "rate": learning_rate_text(settings.ppo.learning_rate, settings.ppo.lr_scheduler),
                     "curve": curve,
                     "decoding": "greedy" if settings.train.eval_greedy else "sampled",
                     "best": max(curve.values()) if curve else None,
@@ -574,7 +580,7 @@ def report_main(argv=None) -> int:
         rss = f"{r['peak_rss_mib']:.0f}" if r.get("peak_rss_mib") else ""
         best = f"{r['best']:.2f} ({r['best_step']})" if r["curve"] else ""  # a run without data.eval_prompts
         lines.append(
-            f"| {r['setting']} | {r['lr']:g} | {r['decoding']} | "
+            f"| {r['setting']} | {r['rate']} | {r['decoding']} | "
             + " | ".join(cells)
             + f" | {best} | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
             + f" | {r['degenerate_frac']:.2f} | {rss} | {r['planner_peak_gib']:.1f} |"
@@ -590,7 +596,7 @@ def report_main(argv=None) -> int:
             f"no run in {', '.join(map(str, args.dirs))} logged {args.curve}: a held-out curve needs "
             "data.eval_prompts in the runs' config (or --eval_prompts in their study's --extra)"
         )
-    points = [{**r, "label": f"{r['setting']} lr {r['lr']:.0e}"} for r in best.values()]
+    points = [{**r, "label": f"{r['setting']} lr {r['rate']}"} for r in best.values()]
     plot(
         points,
         "planner_peak_gib",

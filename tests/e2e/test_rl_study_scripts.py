@@ -60,7 +60,8 @@ def test_frontier_and_study_run_measure_and_plot(tmp_path):
     assert rl_study.report_main(report) == 0
     tiny = parse_config(TINY / "config.yaml", [])
     decoding = "greedy" if tiny.train.eval_greedy else "sampled"
-    assert f"| N=1 | {tiny.ppo.learning_rate:g} | {decoding} |" in table.read_text()
+    rate = rl_study.learning_rate_text(tiny.ppo.learning_rate, tiny.ppo.lr_scheduler)
+    assert f"| N=1 | {rate} | {decoding} |" in table.read_text()
     with pytest.raises(SystemExit, match="no run in .* logged eval/missing"):
         rl_study.report_main([str(table), str(tmp_path / "r.png"), str(tmp_path / "study"), "--curve", "eval/missing"])
 
@@ -137,8 +138,15 @@ def test_learning_rate_grid_by_kind_of_setting():
 def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_rate(tmp_path, monkeypatch):
     """Two study folders written by hand (a sweep of one setting split over two folders, and another
     setting): one table row per run with its held-out curve, one point per setting in the PNG."""
-    kept = SimpleNamespace(ppo=SimpleNamespace(learning_rate=1.0), train=SimpleNamespace(eval_greedy=False))
-    monkeypatch.setattr(rl_study, "checkpoint_config", lambda run_dir: kept)  # these runs kept no checkpoint
+    rates = {"a1": (1e-4, "constant"), "a2": (3e-5, "cosine"), "b": (3e-4, "constant")}
+
+    def kept(run_dir):  # these runs kept no checkpoint: the settings their checkpoints would give
+        rate, schedule = rates[run_dir.name]
+        return SimpleNamespace(
+            ppo=SimpleNamespace(learning_rate=rate, lr_scheduler=schedule), train=SimpleNamespace(eval_greedy=False)
+        )
+
+    monkeypatch.setattr(rl_study, "checkpoint_config", kept)
     measured = {"reward": 0.5, "kl": 3.0, "eos_frac": 1.0, "degenerate_frac": 0.0, "peak_rss_mib": 100.0}
     curves = {"a1": [0.3, 0.5, 0.4], "a2": [0.3, 0.6, 0.7], "b": [0.3, 0.2, 0.1]}
     for folder, runs in {
@@ -161,7 +169,7 @@ def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_ra
     lines = table.read_text().splitlines()
     assert len(lines) == 2 + 3 and "step 20" in lines[0]
     n4 = [line for line in lines if line.startswith("| N=4 |")]
-    assert [line.split(" | ")[1:3] for line in n4] == [["3e-05", "sampled"], ["0.0001", "sampled"]]  # by rate
+    assert [line.split(" | ")[1:3] for line in n4] == [["3e-05 cosine", "sampled"], ["1e-04", "sampled"]]  # by rate
     assert "0.70 (20)" in n4[0] and "0.50 (10)" in n4[1]  # the best point of each curve, and its step
     assert png.stat().st_size > 1000
 
@@ -173,6 +181,11 @@ def test_report_says_which_run_left_no_checkpoint(tmp_path):
     (tmp_path / "cut").mkdir()
     with pytest.raises(SystemExit, match="settings from its checkpoint.*cut"):
         rl_study.report_main([str(tmp_path / "t.md"), str(tmp_path / "t.png"), str(tmp_path / "study")])
+
+
+def test_learning_rate_text_names_a_schedule_that_is_not_constant():
+    assert rl_study.learning_rate_text(3e-5, "constant") == "3e-05"
+    assert rl_study.learning_rate_text(1e-4, "cosine") == "1e-04 cosine"
 
 
 def test_option_value_reads_the_last_occurrence():
