@@ -531,10 +531,12 @@ def report_main(argv=None) -> int:
 
         python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...] [--curve eval/reward/accuracy]
 
-    Each row: the setting, its learning rate (and schedule), the held-out curve the run logged (`--curve`; greedy or
-    sampled, as its train.eval_greedy says), the sampled held-out score and KL of the last checkpoint
-    (heldout()), how the answers end, peak RSS of the run and the planner's figure for the preset. The PNG has one point per setting at its best
-    learning rate (by the best point of its curve): held-out score against the planner's peak memory."""
+    Each row: the setting, its learning rate and schedule, the held-out curve the run logged
+    (`--curve`; greedy or sampled, as its train.eval_greedy says), the sampled held-out score and KL
+    of the last checkpoint (heldout()), how the answers end, peak RSS of the run and the planner's
+    figure for the preset. The rate, schedule and decoding are read from the run's checkpoint. The
+    PNG has one point per setting at its best learning rate (by the best point of its curve):
+    held-out score against the planner's peak memory."""
     import argparse
 
     parser = argparse.ArgumentParser(description="one table and one PNG from several study folders")
