@@ -587,17 +587,17 @@ def report_main(argv=None) -> int:
             + f" | {best} | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
             + f" | {r['degenerate_frac']:.2f} | {rss} | {r['planner_peak_gib']:.1f} |"
         )
-    args.table.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
     best = {}
     for r in rows:
         if r["best"] is not None and (r["setting"] not in best or r["best"] > best[r["setting"]]["best"]):
             best[r["setting"]] = r
-    if not best:
+    if not best:  # refused before anything is written: an earlier table and PNG stay as they were
         raise SystemExit(
             f"no run in {', '.join(map(str, args.dirs))} logged {args.curve}: a held-out curve needs "
             "data.eval_prompts in the runs' config (or --eval_prompts in their study's --extra)"
         )
+    args.table.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     points = [{**r, "label": f"{r['setting']} lr {r['rate']}"} for r in best.values()]
     plot(
         points,

@@ -62,8 +62,10 @@ def test_frontier_and_study_run_measure_and_plot(tmp_path):
     decoding = "greedy" if tiny.train.eval_greedy else "sampled"
     rate = rl_study.learning_rate_text(tiny.ppo.learning_rate, tiny.ppo.lr_scheduler)
     assert f"| N=1 | {rate} | {decoding} |" in table.read_text()
+    written = table.read_text()
     with pytest.raises(SystemExit, match="no run in .* logged eval/missing"):
         rl_study.report_main([str(table), str(tmp_path / "r.png"), str(tmp_path / "study"), "--curve", "eval/missing"])
+    assert table.read_text() == written  # the refused report left the earlier table as it was
 
 
 def test_planner_column_follows_the_setting():
