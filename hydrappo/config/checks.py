@@ -425,6 +425,20 @@ def _check_ppo(config: Config, problems: Problems) -> None:
             "has nothing to evaluate without data.eval_prompts",
             "set data.eval_prompts to a held-out prompts file or datasets name, or remove eval_every",
         )
+    if config.train.eval_samples_per_prompt > 1 and not config.data.eval_prompts:
+        problems.add(
+            "train.eval_samples_per_prompt",
+            config.train.eval_samples_per_prompt,
+            "has nothing to evaluate without data.eval_prompts",
+            "set data.eval_prompts to a held-out prompts file or datasets name, or remove eval_samples_per_prompt",
+        )
+    elif config.train.eval_samples_per_prompt > 1 and config.train.eval_greedy:
+        problems.add(
+            "train.eval_samples_per_prompt",
+            config.train.eval_samples_per_prompt,
+            "needs sampled answers: greedy answers to a prompt are all the same",
+            "set train.eval_greedy: false to sample several answers per prompt, or use eval_samples_per_prompt: 1",
+        )
     if config.data.eval_prompts and config.train.fsdp_trunk:
         problems.add(
             "data.eval_prompts",

@@ -626,6 +626,14 @@ class TrainArgs(RunArgs):
             "help": "Held-out answers by greedy decoding; false: sampled with the generation settings, from a seed of their own."
         },
     )
+    eval_samples_per_prompt: int = field(
+        default=1,
+        metadata={
+            "help": "Sampled answers to each held-out prompt (with eval_greedy: false); the eval/* numbers average "
+            "all of them, so a curve's sampling noise shrinks by about the square root of this number.",
+            "range": Range(1, fix="use 1 (one answer per prompt) or more"),
+        },
+    )
     log_samples_every: int = field(
         default=10,
         metadata={

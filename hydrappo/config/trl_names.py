@@ -32,6 +32,7 @@ _BATCH = (
 )
 TRL_NAMES = {
     "num_generations": TrlName("samples_per_prompt"),
+    "num_generations_eval": TrlName("eval_samples_per_prompt"),
     "max_completion_length": TrlName("max_new_tokens"),
     "num_iterations": TrlName("ppo_epochs"),
     "epsilon": TrlName("cliprange"),

@@ -7,7 +7,10 @@ Evaluating must not change training: every RNG stream (python, numpy, torch, CUD
 before and restored after, so a run with evaluation ends with the same weights as one without,
 and exact resume is unaffected. Answers are greedy by default (`train.eval_greedy`), which
 makes the curve free of sampling noise; sampled answers draw from a seed of their own per
-batch. Under torch.distributed the prompts are dealt in batches to the processes
+batch. With `train.eval_samples_per_prompt` K > 1 (sampled answers only) every prompt is answered
+K times and the statistics are over all K answers: a curve's point then averages K x P answers,
+which shrinks its sampling noise by about sqrt(K) (TRL's num_generations_eval, verl's
+val_kwargs.n). Under torch.distributed the prompts are dealt in batches to the processes
 (ProcessGroup.map_in_order) and each batch is computed as one process would compute it, so
 the numbers do not depend on the number of processes.
 """
@@ -37,10 +40,12 @@ def held_out_statistics(
     ended: list[bool],
     degenerate: list[bool],
     parts: dict[str, list[float]] | None = None,
+    answers_per_prompt: int = 1,
 ) -> dict:
-    """The eval/* scalars of one evaluation. `eval/solve_rate` appears where every score is 0
-    or 1 (a verifiable reward): the share of prompts solved. `parts`: each reward's own scores,
-    logged as its mean under eval/reward/<name>."""
+    """The eval/* scalars of one evaluation, over every answer (`answers_per_prompt` to each
+    prompt). `eval/solve_rate` appears where every score is 0 or 1 (a verifiable reward): the
+    share of answers that solve their prompt (with one answer each, of prompts solved). `parts`:
+    each reward's own scores, logged as its mean under eval/reward/<name>."""
     unscored = sum(score != score for score in scores)  # NaN: no reward scored it (TRL's None)
     scores, count = [score for score in scores if score == score] or [0.0], len(scores)
     stats = {
@@ -49,8 +54,10 @@ def held_out_statistics(
         "eval/response_len_mean": statistics.fmean(lengths),
         "eval/missing_eos_frac": 1.0 - sum(ended) / count,
         "eval/degenerate_frac": sum(degenerate) / count,
-        "eval/prompts": float(count),
+        "eval/prompts": float(count // answers_per_prompt),
     }
+    if answers_per_prompt > 1:
+        stats["eval/answers_per_prompt"] = float(answers_per_prompt)
     if all(score in (0.0, 1.0) for score in scores):
         stats["eval/solve_rate"] = sum(scores) / (count - unscored or 1)
     if unscored:
@@ -84,18 +91,23 @@ class HeldOutEvaluation:
     (scores tensor, {reward name: scores} or None) are the trainer's own, so evaluation
     samples and scores exactly as training does."""
 
-    def __init__(self, prompts: PromptSet, tokenizer, *, batch_size: int, greedy: bool, seed: int):
+    def __init__(
+        self, prompts: PromptSet, tokenizer, *, batch_size: int, greedy: bool, seed: int, samples_per_prompt: int = 1
+    ):
         self.prompts, self.tokenizer = prompts, tokenizer
         self.batch_size, self.greedy, self.seed = batch_size, greedy, seed
+        self.samples_per_prompt = samples_per_prompt
 
     def run(self, step: int, dist, generate: Callable, score: Callable) -> tuple[dict, list[dict]]:
-        """(eval/* statistics, one {prompt, response, score} row per held-out prompt)."""
-        index = list(range(len(self.prompts)))
-        batches = [index[start : start + self.batch_size] for start in range(0, len(index), self.batch_size)]
+        """(eval/* statistics, one {prompt, response, score} row per answer: samples_per_prompt
+        consecutive rows for each held-out prompt)."""
+        index = [row for row in range(len(self.prompts)) for _ in range(self.samples_per_prompt)]
+        # (where the batch starts in `index`, its prompt rows): the start seeds its sampling.
+        batches = [(start, index[start : start + self.batch_size]) for start in range(0, len(index), self.batch_size)]
         saved = rng_state()
         try:
             parts = dist.map_in_order(
-                lambda rows: self._answer(step, rows, generate, score),
+                lambda batch: self._answer(step, *batch, generate, score),
                 batches,
                 f"evaluating on the held-out prompts (step {step})",
             )
@@ -109,15 +121,19 @@ class HeldOutEvaluation:
             [row["ended"] for row in rows],
             [row["degenerate"] for row in rows],
             {name: [row["parts"][name] for row in rows] for name in names},
+            self.samples_per_prompt,
         )
         if rows and rows[0]["agent"] is not None:  # multi-turn episodes: their tool calls (generation/episodes.py)
             stats |= summarize([row["agent"] for row in rows], "eval/agent/")
         samples = [{"prompt": row["prompt"], "response": row["response"], "score": row["score"]} for row in rows]
         return stats, samples
 
-    def _answer(self, step: int, rows: list[int], generate: Callable, score: Callable) -> list[dict]:
-        if not self.greedy:  # a stream of its own per batch: the same answers at any number of processes
-            torch.manual_seed(self.seed * 1_000_003 + step * 10_007 + rows[0])
+    def _answer(self, step: int, start: int, rows: list[int], generate: Callable, score: Callable) -> list[dict]:
+        if not self.greedy:
+            # A stream of its own per batch: the same answers at any number of processes. Seeded
+            # by the batch's start, not its first prompt: with several answers per prompt two
+            # batches can start at the same prompt (with one answer each the two are the same).
+            torch.manual_seed(self.seed * 1_000_003 + step * 10_007 + start)
         prompt_ids = [self.prompts.input_ids[i] for i in rows]
         prompt_texts = [self.prompts.texts[i] for i in rows]
         responses: Responses = generate(prompt_ids, self.greedy, rows)

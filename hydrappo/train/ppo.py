@@ -105,6 +105,7 @@ class PPOTrainer(PPOStep, TrainingLoop):
                 batch_size=config.generation.generation_batch_size,
                 greedy=train.eval_greedy,
                 seed=train.seed,
+                samples_per_prompt=train.eval_samples_per_prompt,
             )
         self._check_process_count()
 
@@ -171,7 +172,11 @@ class PPOTrainer(PPOStep, TrainingLoop):
         start = time.perf_counter()
         self.hydra.eval()
         status = self.harness.log.bar.status if self.harness.log is not None else (lambda text: None)
-        status(f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts")  # on the bar and in the log
+        answers = self.held_out.samples_per_prompt
+        each = f", {answers} answers each" if answers > 1 else ""
+        status(
+            f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts{each}"
+        )  # on the bar and in the log
         try:
             score = functools.partial(self.score_responses, step=step)  # a reward's error names this step
             stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)

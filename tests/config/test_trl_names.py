@@ -13,6 +13,10 @@ SAME = [  # (TRL's words, hydrappo's words): the two must give the same config
     (["--num_generations", "4"], ["--samples_per_prompt", "4"]),
     (["--max-completion-length", "6"], ["--max_new_tokens", "6"]),
     (["--num_iterations", "2"], ["--ppo_epochs", "2"]),
+    (
+        ["--num_generations_eval", "3", "--eval_greedy", "false", "--eval_prompts", str(TINY / "prompts.jsonl")],
+        ["--eval_samples_per_prompt", "3", "--eval_greedy", "false", "--eval_prompts", str(TINY / "prompts.jsonl")],
+    ),
     (["--epsilon=0.3", "--epsilon_high", "0.28"], ["--cliprange", "0.3", "--cliprange_high", "0.28"]),
     (["--mask_truncated_completions", "true"], ["--mask_truncated", "true"]),
     (["--beta", "0"], ["--init_kl_coef", "0"]),

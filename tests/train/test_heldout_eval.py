@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from hydrappo.config import ConfigError, parse_config
-from hydrappo.train.heldout import evaluation_due, held_out_statistics
+from hydrappo.generation.responses import Responses
+from hydrappo.prompts import PromptSet
+from hydrappo.train.distributed import ProcessGroup
+from hydrappo.train.heldout import HeldOutEvaluation, evaluation_due, held_out_statistics
 
 from runs import TINY, tiny_trainer
 
@@ -37,6 +40,64 @@ def test_statistics_by_hand():
     assert "eval/solve_rate" not in held_out_statistics([0.5, 1.0], [1, 1], [True, True], [False, False])
 
 
+class _Tokens:
+    def batch_decode(self, ids, skip_special_tokens=True):
+        return [" ".join(map(str, row)) for row in ids]
+
+
+def _sampled_evaluation(prompts: int, samples_per_prompt: int, batch_size: int):
+    """A HeldOutEvaluation whose 'policy' answers each prompt with one token drawn from the torch
+    stream (so two answers agree only if they drew the same number) and whose reward is 1 for
+    the prompt rows listed in `solved`."""
+    prompt_set = PromptSet(
+        texts=[f"q{i}" for i in range(prompts)], formatted=[], input_ids=[[i] for i in range(prompts)]
+    )
+    evaluation = HeldOutEvaluation(
+        prompt_set, _Tokens(), batch_size=batch_size, greedy=False, seed=3, samples_per_prompt=samples_per_prompt
+    )
+    answered = []
+
+    def generate(prompt_ids, greedy, rows):
+        answered.extend(rows)
+        draws = torch.randint(0, 10**9, (len(rows),)).tolist()
+        return Responses(prompt_ids=prompt_ids, response_ids=[[d] for d in draws], ended=[True] * len(rows))
+
+    def score(rows, prompt_texts, responses):
+        return torch.tensor([1.0 if row == 0 else 0.0 for row in rows]), None
+
+    return evaluation, generate, score, answered
+
+
+def test_several_sampled_answers_per_prompt_each_from_its_own_draw():
+    # 3 prompts, 4 answers each, batches of 2: each prompt's answers fill two batches, which start
+    # at the same prompt, so seeding a batch by its first prompt would repeat its draws.
+    evaluation, generate, score, answered = _sampled_evaluation(prompts=3, samples_per_prompt=4, batch_size=2)
+    stats, samples = evaluation.run(step=2, dist=ProcessGroup(), generate=generate, score=score)
+    assert answered == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+    responses = [row["response"] for row in samples]
+    assert len(responses) == 12 and len(set(responses)) == 12  # no two answers share a draw
+    assert [row["prompt"] for row in samples] == ["q0"] * 4 + ["q1"] * 4 + ["q2"] * 4
+    # The numbers are over all 12 answers; eval/prompts still counts prompts.
+    assert stats["eval/reward_mean"] == 4 / 12 and stats["eval/solve_rate"] == 4 / 12
+    assert stats["eval/prompts"] == 3 and stats["eval/answers_per_prompt"] == 4
+    # The same step draws the same answers again (evaluation is seeded), another step others.
+    again, _, _, _ = _sampled_evaluation(prompts=3, samples_per_prompt=4, batch_size=2)
+    assert [row["response"] for row in again.run(2, ProcessGroup(), generate, score)[1]] == responses
+    assert [row["response"] for row in again.run(3, ProcessGroup(), generate, score)[1]] != responses
+
+
+def test_one_answer_per_prompt_is_seeded_by_its_batch_as_before():
+    # With one answer per prompt a batch's start is its first prompt row: the seed of earlier runs.
+    evaluation, generate, score, _ = _sampled_evaluation(prompts=4, samples_per_prompt=1, batch_size=2)
+    stats, samples = evaluation.run(step=1, dist=ProcessGroup(), generate=generate, score=score)
+    expected = []
+    for first in (0, 2):
+        torch.manual_seed(3 * 1_000_003 + 1 * 10_007 + first)
+        expected += torch.randint(0, 10**9, (2,)).tolist()
+    assert [row["response"] for row in samples] == [str(d) for d in expected]
+    assert stats["eval/prompts"] == 4 and "eval/answers_per_prompt" not in stats
+
+
 def test_evaluation_points_are_step_zero_every_n_and_the_last():
     assert [s for s in range(11) if evaluation_due(s, 4, 10)] == [0, 4, 8, 10]
     assert [s for s in range(11) if evaluation_due(s, 0, 10)] == [0, 10]
@@ -54,7 +115,8 @@ RUN = ["--total_steps", "4", "--save_every", "2", "--batch_size", "8", "--mini_b
 
 @pytest.mark.slow
 def test_evaluation_logs_at_step_zero_and_every_n_and_leaves_training_unchanged(tmp_path):
-    # Sampled answers (eval_greedy false) are the strict case: they draw random numbers.
+    # Sampled answers (eval_greedy false), two to each prompt, are the strict case: they draw
+    # random numbers.
     evaluated = tiny_trainer(
         tmp_path / "eval",
         *RUN,
@@ -64,6 +126,8 @@ def test_evaluation_logs_at_step_zero_and_every_n_and_leaves_training_unchanged(
         "3",
         "--eval_greedy",
         "false",
+        "--eval_samples_per_prompt",
+        "2",
     )
     evaluated.train()
     plain = tiny_trainer(tmp_path / "plain", *RUN)
@@ -72,7 +136,8 @@ def test_evaluation_logs_at_step_zero_and_every_n_and_leaves_training_unchanged(
         assert torch.equal(a, b)
     rows = metrics(tmp_path / "eval")
     assert [row["step"] for row in rows if "eval/reward_mean" in row] == [0, 3, 4]
-    assert rows[0]["eval/prompts"] == 12 and 0.0 <= rows[0]["eval/reward_mean"] <= 1.0
+    assert rows[0]["eval/prompts"] == 12 and rows[0]["eval/answers_per_prompt"] == 2
+    assert 0.0 <= rows[0]["eval/reward_mean"] <= 1.0
     for with_eval, without in zip(rows[1:], metrics(tmp_path / "plain")):
         assert {k: v for k, v in with_eval.items() if not k.startswith(("eval/", "time/"))} == {
             k: v for k, v in without.items() if not k.startswith("time/")
@@ -88,6 +153,19 @@ def test_evaluation_options_are_checked_before_any_model_loads(tmp_path):
         parse_config(TINY / "config.yaml", ["--eval_every", "2"])
     with pytest.raises(ConfigError, match="data.eval_prompts="):
         parse_config(TINY / "config.yaml", ["--eval_prompts", str(tmp_path / "missing.jsonl")])
+    with pytest.raises(
+        ConfigError, match="eval_samples_per_prompt=3 has nothing to evaluate without data.eval_prompts"
+    ):
+        parse_config(TINY / "config.yaml", ["--eval_samples_per_prompt", "3", "--eval_greedy", "false"])
+    held_out = ["--eval_prompts", str(TINY_PROMPTS)]
+    with pytest.raises(ConfigError, match="greedy answers to a prompt are all the same.*eval_greedy: false"):
+        parse_config(TINY / "config.yaml", [*held_out, "--eval_samples_per_prompt", "3"])
+    with pytest.raises(ConfigError, match="eval_samples_per_prompt"):
+        parse_config(TINY / "config.yaml", [*held_out, "--eval_samples_per_prompt", "0", "--eval_greedy", "false"])
+    sampled = parse_config(
+        TINY / "config.yaml", [*held_out, "--eval_samples_per_prompt", "3", "--eval_greedy", "false"]
+    )
+    assert sampled.train.eval_samples_per_prompt == 3
 
 
 def test_a_held_out_file_without_the_prompt_column_is_a_clear_error(tmp_path):
