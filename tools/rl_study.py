@@ -153,6 +153,13 @@ def heldout(
     """Measure the latest checkpoint of `run_dir` (or, with run_dir None, the base model of
     `base_config` with the command-line options `base_options`, e.g. a reward branch's path that
     the config file names elsewhere) on held-out prompts; see the module docstring."""
+    hydra, tokenizer, config = load_policy(run_dir, base_config, base_options)
+    return measure_heldout(hydra, tokenizer, config, prompts, reward_fn, limit=limit, seed=seed, samples=samples)
+
+
+def load_policy(run_dir: Path | None, base_config: Path | None = None, base_options: list[str] | None = None):
+    """(hydra, tokenizer, config) of the latest checkpoint of `run_dir` (or a checkpoint folder),
+    or with run_dir None of the base model of `base_config` with `base_options`."""
     if run_dir is not None:
         checkpoint = find_checkpoint(run_dir)
         config = load_checkpoint_config(checkpoint, Config)
@@ -164,7 +171,7 @@ def heldout(
     hydra, tokenizer = build_hydra(config.model, config.lora, value_head=config.ppo.uses_critic)
     if checkpoint is not None:
         load_trainable_weights(hydra, checkpoint)
-    return measure_heldout(hydra, tokenizer, config, prompts, reward_fn, limit=limit, seed=seed, samples=samples)
+    return hydra, tokenizer, config
 
 
 @torch.no_grad()
@@ -613,7 +620,75 @@ def report_main(argv=None) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- how noisy one measurement is
+def measure_main(argv=None) -> int:
+    """Measure checkpoints on held-out prompts at several sampling seeds (the same prompts, other
+    draws of the answers), to see how far one measurement moves with the sampling alone:
+
+        python tools/rl_study.py measure CHECKPOINT [CHECKPOINT ...] --prompts P --reward_fn R [--seeds 1234 1 2 3]
+
+    Prints one line per checkpoint and seed (score, KL, distinct-2), then per checkpoint the mean
+    over the seeds with the standard deviation of one measurement, and the standard deviation
+    pooled over the checkpoints. With --output, appends each measurement as a JSON line and skips
+    those the file already holds (a cut-off measurement resumes)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="held-out measurements of checkpoints at several sampling seeds")
+    parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint folders, or output_dirs (the newest)")
+    parser.add_argument("--prompts", type=Path, required=True, help="the held-out prompts file")
+    parser.add_argument("--reward_fn", required=True, help="the held-out reward, 'file.py:function'")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1234, 1, 2, 3])
+    parser.add_argument("--limit", type=int, default=None, help="held-out prompts to use (default: all)")
+    parser.add_argument("--output", type=Path, default=None, help="JSON lines, one per measurement (appended)")
+    args = parser.parse_args(argv)
+    if len(set(args.seeds)) < 2:
+        raise SystemExit("--seeds: give at least two different seeds; one measurement has no spread to show")
+    done = []
+    if args.output is not None and args.output.exists():
+        done = [json.loads(line) for line in args.output.read_text().splitlines() if line.strip()]
+    measured: dict[str, list[dict]] = {}
+    for checkpoint in args.checkpoints:
+        try:
+            name = str(find_checkpoint(checkpoint))
+        except CheckpointError as error:
+            raise SystemExit(f"measure: {error}") from None
+        rows = measured.setdefault(name, [r for r in done if r["checkpoint"] == name and r["seed"] in args.seeds])
+        missing = [seed for seed in args.seeds if seed not in {r["seed"] for r in rows}]
+        if missing:
+            hydra, tokenizer, config = load_policy(Path(name))
+            for seed in missing:
+                m = measure_heldout(
+                    hydra, tokenizer, config, args.prompts, args.reward_fn, limit=args.limit, seed=seed, samples=0
+                )
+                row = {"checkpoint": name, "seed": seed, **{k: m[k] for k in ("reward", "kl", "distinct2", "prompts")}}
+                rows.append(row)
+                if args.output is not None:
+                    with args.output.open("a") as file:
+                        file.write(json.dumps(row) + "\n")
+        for row in sorted(rows, key=lambda r: args.seeds.index(r["seed"])):
+            print(
+                f"{name}  seed {row['seed']}: score {row['reward']:.3f}, KL {row['kl']:.2f}, distinct-2 {row['distinct2']:.2f}"
+            )
+    spreads = []
+    for name, rows in measured.items():
+        scores = [r["reward"] for r in rows]
+        spreads.append(statistics.stdev(scores))
+        print(
+            f"{name}: mean of {len(scores)} measurements {statistics.fmean(scores):.3f} "
+            f"(sd of one {spreads[-1]:.3f}), KL {statistics.fmean(r['kl'] for r in rows):.2f}, "
+            f"distinct-2 {statistics.fmean(r['distinct2'] for r in rows):.2f}"
+        )
+    pooled = (sum(sd * sd for sd in spreads) / len(spreads)) ** 0.5
+    print(f"sd of one measurement, pooled over {len(spreads)} checkpoint(s): {pooled:.3f}")
+    return 0
+
+
+COMMANDS = {"report": report_main, "measure": measure_main}
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["report"]:
-        sys.exit(report_main(sys.argv[2:]))
-    sys.exit("usage: python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...]")
+    if sys.argv[1:2] and sys.argv[1] in COMMANDS:
+        sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))
+    sys.exit(
+        "usage: python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...]\n"
+        "       python tools/rl_study.py measure CHECKPOINT [CHECKPOINT ...] --prompts P --reward_fn R [--seeds S ...]"
+    )

@@ -67,6 +67,21 @@ def test_frontier_and_study_run_measure_and_plot(tmp_path):
         rl_study.report_main([str(table), str(tmp_path / "r.png"), str(tmp_path / "study"), "--curve", "eval/missing"])
     assert table.read_text() == written  # the refused report left the earlier table as it was
 
+    # The run's checkpoint measured at two sampling seeds: two draws, resumed from the file.
+    measured = tmp_path / "measured.jsonl"
+    measure = [str(tmp_path / "study" / "N1"), "--prompts", str(TINY / "prompts.jsonl"), "--limit", "4"]
+    measure += ["--reward_fn", DEFAULTS["reward_fn"], "--seeds", "1", "2", "--output", str(measured)]
+    assert rl_study.measure_main(measure) == 0
+    lines = measured.read_text().splitlines()
+    draws = [json.loads(line) for line in lines]
+    assert [d["seed"] for d in draws] == [1, 2] and all(d["prompts"] == 4 and d["kl"] > 0 for d in draws)
+    assert rl_study.measure_main(measure) == 0
+    assert measured.read_text().splitlines() == lines  # nothing measured twice
+    one_seed = rl_study.heldout(
+        tmp_path / "study" / "N1", TINY / "prompts.jsonl", DEFAULTS["reward_fn"], limit=4, seed=2
+    )
+    assert one_seed["reward"] == draws[1]["reward"] and one_seed["kl"] == draws[1]["kl"]  # what the study measures
+
 
 def test_planner_column_follows_the_setting():
     one, full, lora = (
@@ -183,6 +198,14 @@ def test_report_says_which_run_left_no_checkpoint(tmp_path):
     (tmp_path / "cut").mkdir()
     with pytest.raises(SystemExit, match="settings from its checkpoint.*cut"):
         rl_study.report_main([str(tmp_path / "t.md"), str(tmp_path / "t.png"), str(tmp_path / "study")])
+
+
+def test_measure_refuses_one_seed_and_a_folder_without_a_checkpoint(tmp_path):
+    common = ["--prompts", str(TINY / "prompts.jsonl"), "--reward_fn", DEFAULTS["reward_fn"]]
+    with pytest.raises(SystemExit, match="at least two different seeds"):
+        rl_study.measure_main([str(tmp_path), *common, "--seeds", "3", "3"])
+    with pytest.raises(SystemExit, match="measure: .*not a hydrappo checkpoint"):
+        rl_study.measure_main([str(tmp_path), *common])
 
 
 def test_learning_rate_text_names_a_schedule_that_is_not_constant():
