@@ -262,15 +262,23 @@ def plot(
 
     fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
     xs, ys = [p[x] for p in points], [p[y] for p in points]
-    ax.plot(xs, ys, "o-" if joined and len(points) > 1 else "o", color="tab:blue")
-    low, high = min(xs), max(xs)
-    for p in points:
-        # Labels of points on the right run leftwards, to stay inside the axes.
-        right = high > low and (p[x] - low) / (high - low) > 0.6
-        offset, align = ((-4, 4), "right") if right else ((4, 4), "left")
-        ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=offset, ha=align, fontsize=8)
+    if joined:
+        ax.plot(xs, ys, "o-" if len(points) > 1 else "o", color="tab:blue")
+        low, high = min(xs), max(xs)
+        for p in points:
+            # Labels of points on the right run leftwards, to stay inside the axes.
+            right = high > low and (p[x] - low) / (high - low) > 0.6
+            offset, align = ((-4, 4), "right") if right else ((4, 4), "left")
+            ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=offset, ha=align, fontsize=8)
+    else:
+        # Settings form no curve and often sit close together: each point has its own marker and
+        # colour and its name in the legend, where labels beside the points would overprint.
+        markers = "osD^v<>pPX*h"
+        for i, p in enumerate(points):
+            ax.plot([p[x]], [p[y]], markers[i % len(markers)], color=f"C{i % 10}", label=str(p[label]))
     if base is not None:
         ax.plot([base[x]], [base[y]], "*", color="tab:red", markersize=12, label="base model")
+    if base is not None or not joined:
         ax.legend(loc="best", fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
