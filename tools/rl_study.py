@@ -651,6 +651,8 @@ def measure_main(argv=None) -> int:
     args = parser.parse_args(argv)
     if len(set(args.seeds)) < 2:
         raise SystemExit("--seeds: give at least two different seeds; one measurement has no spread to show")
+    if not args.prompts.is_file():
+        raise SystemExit(f"--prompts {args.prompts}: no such file; give the held-out prompts file (.jsonl, .csv, ...)")
     done = []
     if args.output is not None and args.output.exists():
         done = [json.loads(line) for line in args.output.read_text().splitlines() if line.strip()]

@@ -206,6 +206,8 @@ def test_measure_refuses_one_seed_and_a_folder_without_a_checkpoint(tmp_path):
         rl_study.measure_main([str(tmp_path), *common, "--seeds", "3", "3"])
     with pytest.raises(SystemExit, match="measure: .*not a hydrappo checkpoint"):
         rl_study.measure_main([str(tmp_path), *common])
+    with pytest.raises(SystemExit, match="--prompts .*missing.jsonl: no such file"):
+        rl_study.measure_main([str(tmp_path), "--prompts", str(tmp_path / "missing.jsonl"), *common[2:]])
 
 
 def test_learning_rate_text_names_a_schedule_that_is_not_constant():
