@@ -174,9 +174,8 @@ class PPOTrainer(PPOStep, TrainingLoop):
         status = self.harness.log.bar.status if self.harness.log is not None else (lambda text: None)
         answers = self.held_out.samples_per_prompt
         each = f", {answers} answers each" if answers > 1 else ""
-        status(
-            f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts{each}"
-        )  # on the bar and in the log
+        # On the bar and in the log.
+        status(f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts{each}")
         try:
             score = functools.partial(self.score_responses, step=step)  # a reward's error names this step
             stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
