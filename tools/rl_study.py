@@ -540,6 +540,20 @@ def learning_rate_text(rate: float, scheduler: str) -> str:
     return f"{rate:.0e}" if scheduler == "constant" else f"{rate:.0e} {scheduler}"
 
 
+def best_run_per_setting(rows: list[dict]) -> dict[str, dict]:
+    """Each setting's run at its best learning rate: the highest point of its held-out curve, a tie
+    going to the higher sampled score of the last checkpoint (two rates can both reach 0.80 greedy
+    and differ by 0.08 sampled). Runs without a curve are left out."""
+    best = {}
+    for r in rows:
+        if r["best"] is None:
+            continue
+        held = best.get(r["setting"])
+        if held is None or (r["best"], r["reward"]) > (held["best"], held["reward"]):
+            best[r["setting"]] = r
+    return best
+
+
 def report_main(argv=None) -> int:
     """One table and one PNG from the study.json files of several study folders (a study run in
     parts, e.g. a learning-rate sweep in folders of its own):
@@ -550,8 +564,8 @@ def report_main(argv=None) -> int:
     (`--curve`; greedy or sampled, as its train.eval_greedy says), the sampled held-out score and KL
     of the last checkpoint (heldout()), how the answers end, peak RSS of the run and the planner's
     figure for the preset. The rate, schedule and decoding are read from the run's checkpoint. The
-    PNG has one point per setting at its best learning rate (by the best point of its curve):
-    held-out score against the planner's peak memory."""
+    PNG has one point per setting at its best learning rate (best_run_per_setting): held-out score
+    against the planner's peak memory."""
     import argparse
 
     parser = argparse.ArgumentParser(description="one table and one PNG from several study folders")
@@ -602,10 +616,7 @@ def report_main(argv=None) -> int:
             + f" | {best} | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
             + f" | {r['degenerate_frac']:.2f} | {rss} | {r['planner_peak_gib']:.1f} |"
         )
-    best = {}
-    for r in rows:
-        if r["best"] is not None and (r["setting"] not in best or r["best"] > best[r["setting"]]["best"]):
-            best[r["setting"]] = r
+    best = best_run_per_setting(rows)
     if not best:  # refused before anything is written: an earlier table and PNG stay as they were
         raise SystemExit(
             f"no run in {', '.join(map(str, args.dirs))} logged {args.curve}: a held-out curve needs "

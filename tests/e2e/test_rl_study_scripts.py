@@ -191,6 +191,17 @@ def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_ra
     assert png.stat().st_size > 1000
 
 
+def test_a_tie_on_the_curve_goes_to_the_rate_with_the_better_sampled_score():
+    rows = [
+        {"setting": "band=14:16", "lr": 3e-5, "best": 0.80, "reward": 0.71},
+        {"setting": "band=14:16", "lr": 1e-4, "best": 0.80, "reward": 0.79},
+        {"setting": "band=14:16", "lr": 1e-5, "best": 0.64, "reward": 0.90},  # a lower curve loses whatever it samples
+        {"setting": "N=4", "lr": 1e-4, "best": None, "reward": 0.5},  # no held-out curve: no point
+    ]
+    best = rl_study.best_run_per_setting(rows)
+    assert list(best) == ["band=14:16"] and best["band=14:16"]["lr"] == 1e-4
+
+
 def test_report_says_which_run_left_no_checkpoint(tmp_path):
     (tmp_path / "study").mkdir()
     command = f"python -m hydrappo train c.yaml --output_dir {tmp_path / 'cut'}"
