@@ -20,7 +20,9 @@ test anywhere imports the shared helpers by their bare names:
 tests/fixtures holds files the tests read: reward functions named by path, old checkpoints.
 
 Tests that train, launch processes or convert a real model are marked `slow` (registered in
-setup.cfg): `python -m pytest -m "not slow"` is the quick loop, `python -m pytest -q` runs all."""
+setup.cfg): `python -m pytest -m "not slow"` is the quick loop, `python -m pytest -q` runs all.
+README's test command runs them in two pytest-xdist workers (`-n 2`); each worker then takes its
+share of the machine's cores for torch, not all of them."""
 
 from __future__ import annotations
 
@@ -31,6 +33,14 @@ from pathlib import Path
 # The tests never reach the network: a Hub id a test names resolves from a cache the test built,
 # or fails at once. Set before huggingface_hub is imported (it reads this at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Under pytest-xdist every worker is a process of its own: left alone, each would start one
+# torch thread per core and the workers would spin against each other on the same cores.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
 
 HELPERS = str(Path(__file__).resolve().parent / "helpers")
 if HELPERS not in sys.path:
