@@ -35,12 +35,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Under pytest-xdist every worker is a process of its own: left alone, each would start one
-# torch thread per core and the workers would spin against each other on the same cores.
+# torch thread per core and the workers would spin against each other on the same cores. The
+# processes a test starts inherit the same count through OMP_NUM_THREADS: a run killed in a child
+# and resumed in the worker must sum in the same order to end with bit-identical weights.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
+    THREADS = max(1, (os.cpu_count() or 1) // WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
+    torch.set_num_threads(THREADS)
 
 HELPERS = str(Path(__file__).resolve().parent / "helpers")
 if HELPERS not in sys.path:
