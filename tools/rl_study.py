@@ -554,51 +554,8 @@ def best_run_per_setting(rows: list[dict]) -> dict[str, dict]:
     return best
 
 
-def report_main(argv=None) -> int:
-    """One table and one PNG from the study.json files of several study folders (a study run in
-    parts, e.g. a learning-rate sweep in folders of its own):
-
-        python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...] [--curve eval/reward/accuracy]
-
-    Each row: the setting, its learning rate and schedule, the held-out curve the run logged
-    (`--curve`; greedy or sampled, as its train.eval_greedy says), the sampled held-out score and KL
-    of the last checkpoint (heldout()), how the answers end, peak RSS of the run and the planner's
-    figure for the preset. The rate, schedule and decoding are read from the run's checkpoint. The
-    PNG has one point per setting at its best learning rate (best_run_per_setting): held-out score
-    against the planner's peak memory."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="one table and one PNG from several study folders")
-    parser.add_argument("table", type=Path)
-    parser.add_argument("png", type=Path)
-    parser.add_argument("dirs", nargs="+", type=Path)
-    parser.add_argument("--curve", default="eval/reward/accuracy", help="the eval/* scalar of the held-out curve")
-    parser.add_argument("--title", default="held-out score against memory, each setting at its best learning rate")
-    args = parser.parse_args(argv)
-    rows = []
-    for folder in args.dirs:
-        for row in json.loads((folder / "study.json").read_text()):
-            run_dir = Path(option_value(row["command"], "--output_dir"))
-            curve = held_out_curve(run_dir, args.curve)
-            settings = checkpoint_config(run_dir)
-            setting = row["name"].split(" lr=")[0]
-            row.update(
-                planner_figure(row["command"].split())
-            )  # the current plan (no reward model), for every row alike
-            rows.append(
-                {
-                    **row,
-                    "setting": setting,
-                    "lr": settings.ppo.learning_rate,
-                    "rate": learning_rate_text(settings.ppo.learning_rate, settings.ppo.lr_scheduler),
-                    "curve": curve,
-                    "decoding": "greedy" if settings.train.eval_greedy else "sampled",
-                    "best": max(curve.values()) if curve else None,
-                    "best_step": max(curve, key=curve.get) if curve else None,
-                    "last": curve[max(curve)] if curve else None,
-                }
-            )
-    rows.sort(key=lambda r: (r["setting"], r["lr"]))
+def report_table(rows: list[dict]) -> str:
+    """The report's markdown table: a row per run, its held-out curve a column per step."""
     steps = sorted({step for r in rows for step in r["curve"]})
     lines = [
         "| setting | lr | curve | "
@@ -616,14 +573,114 @@ def report_main(argv=None) -> int:
             + f" | {best} | {r['reward']:.2f} | {r['kl']:.1f} | {r['eos_frac']:.2f}"
             + f" | {r['degenerate_frac']:.2f} | {rss} | {r['planner_peak_gib']:.1f} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def read_report_table(text: str) -> list[dict]:
+    """The rows of a table report_table() wrote, back as the dicts it was written from (to the
+    table's two decimals): a sweep continued later, when its earlier run folders are gone, keeps its
+    earlier rows in the new table and PNG."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    if len(lines) < 2 or not lines[0].startswith("| setting | lr | curve |"):
+        raise ValueError("not a table written by `rl_study.py report` (its header starts '| setting | lr | curve |')")
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    steps = [int(name.split()[1]) for name in header if name.startswith("step ")]
+    rows = []
+    for line in lines[2:]:
+        cells = dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True))
+        curve = {s: float(cells[f"step {s}"]) for s in steps if cells[f"step {s}"]}
+        rows.append(
+            {
+                "setting": cells["setting"],
+                "rate": cells["lr"],
+                "lr": float(cells["lr"].split()[0]),
+                "decoding": cells["curve"],
+                "curve": curve,
+                "best": max(curve.values()) if curve else None,
+                "best_step": max(curve, key=curve.get) if curve else None,
+                "last": curve[max(curve)] if curve else None,
+                "reward": float(cells["sampled score"]),
+                "kl": float(cells["sampled KL"]),
+                "eos_frac": float(cells["ends with EOS"]),
+                "degenerate_frac": float(cells["looping"]),
+                "peak_rss_mib": float(cells["peak RSS MiB"]) if cells["peak RSS MiB"] else None,
+                "planner_peak_gib": float(cells["planner GiB"]),
+            }
+        )
+    return rows
+
+
+def study_folder_rows(folder: Path, curve_key: str) -> list[dict]:
+    """The report's rows for the runs of one study folder (its study.json): each run's settings
+    read from its checkpoint, its held-out curve from its metrics, the planner's figure for its
+    layers."""
+    rows = []
+    for row in json.loads((folder / "study.json").read_text()):
+        run_dir = Path(option_value(row["command"], "--output_dir"))
+        curve = held_out_curve(run_dir, curve_key)
+        settings = checkpoint_config(run_dir)
+        row.update(planner_figure(row["command"].split()))  # the current plan (no reward model), for every row alike
+        rows.append(
+            {
+                **row,
+                "setting": row["name"].split(" lr=")[0],
+                "lr": settings.ppo.learning_rate,
+                "rate": learning_rate_text(settings.ppo.learning_rate, settings.ppo.lr_scheduler),
+                "curve": curve,
+                "decoding": "greedy" if settings.train.eval_greedy else "sampled",
+                "best": max(curve.values()) if curve else None,
+                "best_step": max(curve, key=curve.get) if curve else None,
+                "last": curve[max(curve)] if curve else None,
+            }
+        )
+    return rows
+
+
+def report_main(argv=None) -> int:
+    """One table and one PNG from the study.json files of several study folders (a study run in
+    parts, e.g. a learning-rate sweep in folders of its own):
+
+        python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...] [--curve eval/reward/accuracy]
+            [--earlier TABLE.md]
+
+    Each row: the setting, its learning rate and schedule, the held-out curve the run logged
+    (`--curve`; greedy or sampled, as its train.eval_greedy says), the sampled held-out score and KL
+    of the last checkpoint (heldout()), how the answers end, peak RSS of the run and the planner's
+    figure for the preset. The rate, schedule and decoding are read from the run's checkpoint. The
+    PNG has one point per setting at its best learning rate (best_run_per_setting): held-out score
+    against the planner's peak memory. `--earlier` adds the rows of a table this command wrote
+    before (read_report_table), for runs whose folders are gone; a folder's run of the same
+    setting and rate replaces its earlier row."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="one table and one PNG from several study folders")
+    parser.add_argument("table", type=Path)
+    parser.add_argument("png", type=Path)
+    parser.add_argument("dirs", nargs="*", type=Path)
+    parser.add_argument("--curve", default="eval/reward/accuracy", help="the eval/* scalar of the held-out curve")
+    parser.add_argument("--earlier", type=Path, nargs="+", default=[], help="tables this command wrote before")
+    parser.add_argument("--title", default="held-out score against memory, each setting at its best learning rate")
+    args = parser.parse_args(argv)
+    if not args.dirs and not args.earlier:
+        parser.error("give study folders, --earlier tables, or both")
+    rows = [row for folder in args.dirs for row in study_folder_rows(folder, args.curve)]
+    new = {(r["setting"], r["rate"]) for r in rows}
+    for table in args.earlier:
+        try:
+            earlier = read_report_table(table.read_text())
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"--earlier {table}: {error}") from None
+        rows += [r for r in earlier if (r["setting"], r["rate"]) not in new]
+    rows.sort(key=lambda r: (r["setting"], r["lr"]))
+    lines = report_table(rows)
     best = best_run_per_setting(rows)
     if not best:  # refused before anything is written: an earlier table and PNG stay as they were
         raise SystemExit(
             f"no run in {', '.join(map(str, args.dirs))} logged {args.curve}: a held-out curve needs "
             "data.eval_prompts in the runs' config (or --eval_prompts in their study's --extra)"
         )
-    args.table.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    args.table.write_text(lines)
+    print(lines, end="")
     points = [{**r, "label": f"{r['setting']} lr {r['rate']}"} for r in best.values()]
     plot(
         points,

@@ -190,6 +190,29 @@ def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_ra
     assert "0.70 (20)" in n4[0] and "0.50 (10)" in n4[1]  # the best point of each curve, and its step
     assert png.stat().st_size > 1000
 
+    # Continued later with only the second folder at hand: the first table's rows are read back
+    # (--earlier), and the folder's run replaces the earlier row of its setting and rate.
+    again = tmp_path / "again.md"
+    continued = [str(again), str(tmp_path / "again.png"), str(tmp_path / "two"), "--earlier", str(table)]
+    assert rl_study.report_main(continued) == 0
+    assert again.read_text() == table.read_text()
+    rerun = [{"step": 10 * i, "eval/reward/accuracy": value} for i, value in enumerate([0.3, 0.9])]
+    (tmp_path / "a2" / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in rerun))
+    assert rl_study.report_main(continued) == 0
+    n4 = [line for line in again.read_text().splitlines() if line.startswith("| N=4 | 3e-05")]
+    assert len(n4) == 1 and "0.90 (10)" in n4[0]
+    with pytest.raises(SystemExit, match="--earlier .*study.json: not a table written by"):
+        rl_study.report_main([str(again), str(png), "--earlier", str(tmp_path / "two" / "study.json")])
+
+
+def test_the_committed_study_tables_read_back_as_written():
+    """read_report_table() inverts report_table() on the examples' own tables."""
+    for example in ("arithmetic", "sentiment"):
+        written = (ROOT / "examples" / example / "layers_study.md").read_text()
+        rows = rl_study.read_report_table(written)
+        assert len(rows) >= 5 and all(r["curve"] and r["planner_peak_gib"] > 0 for r in rows)
+        assert rl_study.report_table(rows) == written
+
 
 def test_a_tie_on_the_curve_goes_to_the_rate_with_the_better_sampled_score():
     rows = [
