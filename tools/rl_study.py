@@ -554,6 +554,13 @@ def best_run_per_setting(rows: list[dict]) -> dict[str, dict]:
     return best
 
 
+def curve_summary(curve: dict[int, float]) -> dict:
+    """A held-out curve's best point, the step it came at and its last point (None without a curve)."""
+    if not curve:
+        return {"best": None, "best_step": None, "last": None}
+    return {"best": max(curve.values()), "best_step": max(curve, key=curve.get), "last": curve[max(curve)]}
+
+
 def report_table(rows: list[dict]) -> str:
     """The report's markdown table: a row per run, its held-out curve a column per step."""
     steps = sorted({step for r in rows for step in r["curve"]})
@@ -596,9 +603,7 @@ def read_report_table(text: str) -> list[dict]:
                 "lr": float(cells["lr"].split()[0]),
                 "decoding": cells["curve"],
                 "curve": curve,
-                "best": max(curve.values()) if curve else None,
-                "best_step": max(curve, key=curve.get) if curve else None,
-                "last": curve[max(curve)] if curve else None,
+                **curve_summary(curve),
                 "reward": float(cells["sampled score"]),
                 "kl": float(cells["sampled KL"]),
                 "eos_frac": float(cells["ends with EOS"]),
@@ -628,9 +633,7 @@ def study_folder_rows(folder: Path, curve_key: str) -> list[dict]:
                 "rate": learning_rate_text(settings.ppo.learning_rate, settings.ppo.lr_scheduler),
                 "curve": curve,
                 "decoding": "greedy" if settings.train.eval_greedy else "sampled",
-                "best": max(curve.values()) if curve else None,
-                "best_step": max(curve, key=curve.get) if curve else None,
-                "last": curve[max(curve)] if curve else None,
+                **curve_summary(curve),
             }
         )
     return rows
@@ -665,22 +668,22 @@ def report_main(argv=None) -> int:
         parser.error("give study folders, --earlier tables, or both")
     rows = [row for folder in args.dirs for row in study_folder_rows(folder, args.curve)]
     new = {(r["setting"], r["rate"]) for r in rows}
-    for table in args.earlier:
+    for earlier_table in args.earlier:
         try:
-            earlier = read_report_table(table.read_text())
+            earlier = read_report_table(earlier_table.read_text())
         except (OSError, ValueError) as error:
-            raise SystemExit(f"--earlier {table}: {error}") from None
+            raise SystemExit(f"--earlier {earlier_table}: {error}") from None
         rows += [r for r in earlier if (r["setting"], r["rate"]) not in new]
     rows.sort(key=lambda r: (r["setting"], r["lr"]))
-    lines = report_table(rows)
+    table = report_table(rows)
     best = best_run_per_setting(rows)
     if not best:  # refused before anything is written: an earlier table and PNG stay as they were
         raise SystemExit(
-            f"no run in {', '.join(map(str, args.dirs))} logged {args.curve}: a held-out curve needs "
+            f"no run in {', '.join(map(str, [*args.dirs, *args.earlier]))} logged {args.curve}: a held-out curve needs "
             "data.eval_prompts in the runs' config (or --eval_prompts in their study's --extra)"
         )
-    args.table.write_text(lines)
-    print(lines, end="")
+    args.table.write_text(table)
+    print(table, end="")
     points = [{**r, "label": f"{r['setting']} lr {r['rate']}"} for r in best.values()]
     plot(
         points,
