@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 # name -> module, imported on first use
 _LAZY = {
     "PPOTrainer": ".train.ppo",
-    "RewardTrainer": ".train.reward",
+    "RewardTrainer": ".train.reward_model",
     "SFTTrainer": ".train.sft",
     "Config": ".config",
     "RewardConfig": ".config",

@@ -91,7 +91,7 @@ def _trainer(stage: str):
 
         return PPOTrainer
     if stage == "reward":
-        from .train.reward import RewardTrainer
+        from .train.reward_model import RewardTrainer
 
         return RewardTrainer
     from .train.sft import SFTTrainer

@@ -17,6 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def shortened(value, limit: int = 80) -> str:
+    """A value as a message shows it: its repr, at most `limit` characters (a string is cut before
+    its repr, so that the quotes stay)."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= limit else value[: limit - 3] + "...")
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class HydrappoError(Exception):
     """Raised on purpose, with a message for the user."""
 

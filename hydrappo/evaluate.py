@@ -75,7 +75,7 @@ def generate_and_score(
                 columns=columns,
                 completion_ids=responses.response_ids,
                 prompt_messages=prompts.messages,
-            )
+            ).total
         ]
     return [
         {"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}

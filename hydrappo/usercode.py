@@ -15,11 +15,19 @@ returned (every checkpoint, metrics line and log written and closed), warns abou
 the process with os._exit instead of waiting (cli.main). A library cannot end its caller's
 process: through the Python API, `trainer.train()` warns at its end, naming the threads, and the
 program ends when they do. Daemon threads are left alone: they never block the exit.
+
+Every `file.py:name` or `package.module:name` a config names (reward functions, tools,
+environments, tool-call parsers) is loaded by `load_object`, the one loader: a file is imported
+once and is then one module, whatever names it, so a reward function and an environment class
+from the same file share its module-level state and its classes (`isinstance` holds).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -31,9 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .errors import HydrappoError
+from .errors import HydrappoError, UsageError
 
 # Threads started by user code and alive when its call returned: (thread, what started it).
 LEFT_BEHIND: list[tuple[threading.Thread, str]] = []
@@ -185,6 +191,8 @@ def call_with_timeout(fn, kwargs: dict, timeout_s: float | None):
     return in time is left behind (a thread cannot be killed) and TimedOut raised."""
     if timeout_s is None:
         return fn(**kwargs)
+    import torch  # here, not at the top: config/ imports this module, and loads no torch
+
     box: dict = {}
     grad = torch.is_grad_enabled()
 
@@ -203,3 +211,116 @@ def call_with_timeout(fn, kwargs: dict, timeout_s: float | None):
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+# ---------------------------------------------------------------------------- loading user code
+def resolve_path(path, base_dir: str | Path | None):
+    """A relative path is looked up in `base_dir` (a config file's folder) first, and made absolute
+    there when found; else it is left as it is, relative to the current directory (the trainer's
+    rule for every path). None and in-memory values pass through unchanged."""
+    if not isinstance(path, (str, Path)) or base_dir is None or Path(path).is_absolute():
+        return path
+    candidate = Path(base_dir) / path
+    if not candidate.exists():
+        return path
+    return str(candidate.absolute()) if isinstance(path, str) else candidate.absolute()
+
+
+def is_file_spec(target: str) -> bool:
+    """Whether the part before ':' of a spec names a file (else a module importable from sys.path)."""
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def split_spec(spec: str, what: str, error: type[HydrappoError] = UsageError) -> tuple[str, str]:
+    """('path/to/file.py' or 'package.module', 'name') of a spec, or `error` saying the form."""
+    target, _, name = spec.rpartition(":") if isinstance(spec, str) else ("", "", "")
+    if not target or not name.isidentifier():
+        raise error(f"{what} {spec!r} is not of the form 'path/to/file.py:name' or 'package.module:name'.")
+    return target, name
+
+
+# A file's module by its resolved path, with the digest of the text it was imported from.
+_FILE_MODULES: dict[Path, tuple[str, object]] = {}
+
+
+def load_module(target: str, base_dir: str | Path | None, what: str, error: type[HydrappoError] = UsageError):
+    """The module `target` names: a file (a relative path is looked up beside the config first,
+    `resolve_path`), imported once as user code, or a module imported from sys.path. Every way it
+    can fail is `error` saying what was wrong and how to fix it."""
+    if not is_file_spec(target):
+        return _import_module(target, what, error)
+    path = Path(resolve_path(target, base_dir))
+    if not path.is_file():
+        where = f" (looked in {base_dir} and the current directory)" if base_dir is not None else ""
+        raise error(f"{what} file {str(path)!r} does not exist{where}.")
+    path = path.resolve()
+    text_digest = hashlib.sha1(path.read_bytes()).hexdigest()
+    loaded = _FILE_MODULES.get(path)
+    if loaded is not None and loaded[0] == text_digest:  # the same file, unchanged: the same module
+        return loaded[1]
+    module = _import_file(path, what, error)
+    _FILE_MODULES[path] = (text_digest, module)
+    return module
+
+
+def load_object(spec: str, base_dir: str | Path | None, what: str, error: type[HydrappoError] = UsageError):
+    """The object `spec` ('path/to/file.py:name' or 'package.module:name') names, its module loaded
+    by `load_module`; `what` names the option in messages ("reward function", "agent.tools")."""
+    target, name = split_spec(spec, what, error)
+    module = load_module(target, base_dir, what, error)
+    if not hasattr(module, name):
+        defined = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
+        raise error(
+            f"{what} {spec!r}: {target} has no {name!r}; callables it defines: {', '.join(defined) or '(none)'}."
+        )
+    return getattr(module, name)
+
+
+def _import_module(module_name: str, what: str, error: type[HydrappoError]):
+    try:
+        with running(f"{what} module {module_name!r}", at_import=True):
+            return importlib.import_module(module_name)
+    except UserCodeError:
+        raise
+    except ModuleNotFoundError as failure:
+        if failure.name is None or not (module_name == failure.name or module_name.startswith(failure.name + ".")):
+            raise import_failed(f"{what} module {module_name!r}", failure, error) from failure
+        raise error(
+            f"{what} module {module_name!r} is not importable from sys.path; install it, add its folder "
+            "to PYTHONPATH, or name the file instead: 'path/to/file.py:name'."
+        ) from None
+    except Exception as failure:
+        raise import_failed(f"{what} module {module_name!r}", failure, error) from failure
+
+
+def _import_file(path: Path, what: str, error: type[HydrappoError]):
+    # A unique, stable module name per file, registered in sys.modules before it runs so that
+    # dataclasses, pickling and the like work inside the user's file.
+    module_name = f"_hydrappo_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        with running(f"{what} file {str(path)!r}", at_import=True):
+            spec.loader.exec_module(module)
+    except BaseException as failure:
+        del sys.modules[module_name]
+        if isinstance(failure, Exception) and not isinstance(failure, UserCodeError):
+            raise import_failed(f"{what} file {str(path)!r}", failure, error) from failure
+        raise
+    return module
+
+
+def import_failed(what: str, failure: Exception, error: type[HydrappoError] = UsageError) -> HydrappoError:
+    if isinstance(failure, SyntaxError):
+        where = f" ({Path(failure.filename or '').name}, line {failure.lineno})"
+    else:
+        where = user_frame(failure)
+    return error(
+        f"{what} failed to import: {type(failure).__name__}: {failure}{where}. Fix it (a missing module: install it), "
+        "or rerun with --debug for the traceback."
+    )

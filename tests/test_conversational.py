@@ -132,7 +132,7 @@ def test_a_run_on_message_lists_passes_trls_shapes_and_trlxs_text(tmp_path):
         expected = tokenizer.apply_chat_template(
             row["prompt"], tokenize=False, add_generation_prompt=not continued, continue_final_message=continued
         )
-        assert trainer.prompts.formatted[i] == expected
+        assert trainer.ppo_step.prompts.formatted[i] == expected
     history = trainer.train()
     assert "env/reward/starts_with_good_word" in history[-1] and "eval/reward/starts_with_good_word" in history[0]
     assert len(CALLS) == 6  # each function once for the rollouts of step 1 and for the evaluations at steps 0 and 1
@@ -146,4 +146,4 @@ def test_a_run_on_message_lists_passes_trls_shapes_and_trlxs_text(tmp_path):
             assert prompt == [{"role": "user", "content": PROMPTS[i]}] and a == ROWS[i]["answer"]
             start = "g1" if i % 3 == 0 else ""
             assert completion == [{"role": "assistant", "content": start + output}]
-            assert text == trainer.prompts.formatted[i] and sample == text + output
+            assert text == trainer.ppo_step.prompts.formatted[i] and sample == text + output

@@ -179,9 +179,9 @@ def test_the_trl_fixture_unchanged(tmp_path):
         columns=["answer"],
     )
     outputs = ["<think>hm</think> 42", "41", "<think>x</think>"]
-    scores = source([f"q{o}" for o in outputs], ["q"] * 3, outputs, columns={"answer": ["42", "42", 7]})
-    assert scores.tolist() == [1.5, 0.0, 0.5]
-    assert {name: s.tolist() for name, s in source.last.items()} == {
+    scored = source([f"q{o}" for o in outputs], ["q"] * 3, outputs, columns={"answer": ["42", "42", 7]})
+    assert scored.total.tolist() == [1.5, 0.0, 0.5]
+    assert {name: s.tolist() for name, s in scored.parts.items()} == {
         "accuracy_reward": [1.0, 0.0, 0.0],
         "format_reward": [1.0, 0.0, 1.0],
     }
@@ -232,7 +232,8 @@ def test_branch_and_function_combine(tmp_path):
     path = write(tmp_path, "def one(completions, **kw):\n    return [1.0] * len(completions)\n")
     source = build_reward_source(RewardArgs(reward_fn=f"{path}:one", use_reward_branch=True, reward_weights=[0.5, 2.0]))
     assert source.names == ["one", "reward_branch"]
-    assert source(["a", "b"], ["a", "b"], ["", ""], branch_scores=torch.tensor([1.0, -1.0])).tolist() == [2.5, -1.5]
+    scored = source(["a", "b"], ["a", "b"], ["", ""], branch_scores=torch.tensor([1.0, -1.0]))
+    assert scored.total.tolist() == [2.5, -1.5]
 
 
 def tiny_classifier(folder: Path) -> Path:
@@ -257,8 +258,8 @@ def test_a_classifier_and_a_function_combine(tmp_path):
     )
     assert source.names == ["length", "reward_model"]
     outputs = [" g1 g2", " n3", ""]
-    total = source([f"n1{o}" for o in outputs], ["n1"] * 3, outputs)
-    parts = source.last
+    scored = source([f"n1{o}" for o in outputs], ["n1"] * 3, outputs)
+    total, parts = scored.total, scored.parts
     assert parts["length"].tolist() == [6.0, 3.0, 0.0] and parts["reward_model"].abs().sum() > 0
     assert torch.equal(total, parts["length"] + 0.5 * parts["reward_model"])  # the same float32 operations, in order
 
@@ -286,10 +287,12 @@ def test_a_classifier_and_a_function_in_training_log_each_part(tmp_path):
             "train": {"output_dir": str(tmp_path / "run"), "total_steps": 2, "save_every": 0, "progress_bar": False},
         },
     )
+    rewards, scored = trainer.ppo_step.rewards, []
+    trainer.ppo_step.rewards = lambda *args, **kwargs: scored.append(rewards(*args, **kwargs)) or scored[-1]
     history = trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2] and history == rows
-    last = trainer.reward_source.last  # step 2's unweighted scores, per source
+    last = scored[-1].parts  # step 2's unweighted scores, per source
     # Each total is fl(f + fl(0.5 c)) in float32 (2 roundings of at most 2**-24 relative), and torch's float32
     # means of 8 values add at most 8 more; so the logged mean and the weighted sum of the logged means agree
     # within (2 + 2 * 8) * 2**-24 * (max |f| + 0.5 max |c|).

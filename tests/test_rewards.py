@@ -87,7 +87,7 @@ def test_function_from_file_relative_to_cwd_or_base_dir(module_dir, monkeypatch,
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("no_colon", "not of the form 'package.module:function'"),
+        ("no_colon", "not of the form 'path/to/file.py:name' or 'package.module:name'"),
         ("module:", "not of the form"),
         (":function", "not of the form"),
         ("module:not-a-name", "not of the form"),
@@ -190,9 +190,9 @@ def test_build_reward_source(module_dir, tmp_path):
     branch = build_reward_source(RewardArgs(use_reward_branch=True))
     assert branch.names == ["reward_branch"] and branch(
         ["a"], ["a"], [""], branch_scores=torch.tensor([2.5])
-    ).tolist() == [2.5]
+    ).total.tolist() == [2.5]
     function = build_reward_source(RewardArgs(reward_fn="hp_test_rewards_mod.py:word_count"), base_dir=module_dir)
-    assert function.names == ["word_count"] and call(function).tolist() == [1.0, 3.0, 0.0]
+    assert function.names == ["word_count"] and call(function).total.tolist() == [1.0, 3.0, 0.0]
     save_classifier(module_dir / "rm", num_labels=2)
     classifier = build_reward_source(RewardArgs(reward_model="rm", reward_model_label=0), base_dir=module_dir)
     assert isinstance(classifier.entries[0][2], ClassifierReward) and classifier.entries[0][2].label == 0

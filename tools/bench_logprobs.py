@@ -187,8 +187,8 @@ def lm_head_alone(model, args) -> None:
 def update_phase(model, args) -> None:
     layout = HydraLayout(model, args)
     trainer, responses = layout.trainer, layout.rollout()
-    plan = trainer.step_plan()
-    experience, _, _ = trainer.make_experience(plan)  # the trainer's own step, as bench_ppo times it
+    plan = trainer.ppo_step.step_plan()
+    experience, _, _ = trainer.ppo_step.make_experience(plan)  # the trainer's own step, as bench_ppo times it
     # The trainer's optimizer (torch's fused AdamW kernel where it runs), and torch's AdamW as a
     # loop of elementwise operations per tensor, the optimizer before (docs/benchmarks.md).
     hyper = layout.optimizer.defaults
@@ -204,7 +204,7 @@ def update_phase(model, args) -> None:
     def update(function, optimizer):
         hydra_module.token_logprobs, trainer.harness.optimizer = function, optimizer
         try:
-            trainer.ppo_update(experience, plan)
+            trainer.ppo_step.ppo_update(experience, plan)
         finally:
             hydra_module.token_logprobs, trainer.harness.optimizer = token_logprobs, layout.optimizer
 

@@ -77,7 +77,7 @@ from hydrappo.planner.counts import unique_bytes  # noqa: E402
 from hydrappo.planner.presets import PRESETS, preset_config  # noqa: E402
 from hydrappo.planner.tokenizer import tokenizer_for_vocab  # noqa: E402
 from hydrappo.rewards import build_reward_source  # noqa: E402
-from hydrappo.train.experience import Experience  # noqa: E402
+from hydrappo.train.ppo.experience import Experience  # noqa: E402
 from hydrappo.train.ppo import PPOTrainer  # noqa: E402
 from hydrappo.train.sequences import pack_sequences  # noqa: E402
 
@@ -308,7 +308,7 @@ def build_trainer(
         train_dataset=rows,
     )
     if reward_branch:
-        trainer.reward_source = build_reward_source(RewardArgs(use_reward_branch=True))
+        trainer.ppo_step.rewards = build_reward_source(RewardArgs(use_reward_branch=True))
     return trainer
 
 
@@ -338,7 +338,7 @@ class HydraLayout(Layout):
         self.tokenizer, self.gen_args = self.trainer.tokenizer, self.trainer.config.generation
         self.params, self.optimizer = self.trainer.harness.params, self.trainer.harness.optimizer
         self.generate_seconds = 0.0
-        self.trainer.generate = self._timed(self.trainer.generate)
+        self.trainer.ppo_step.generate = self._timed(self.trainer.ppo_step.generate)
 
     def _timed(self, generate):
         """The trainer's sampling, its seconds kept: the generate phase inside make_experience."""
@@ -357,15 +357,15 @@ class HydraLayout(Layout):
 
     def rollout(self):
         """Sampling alone: the trainer's generate (recording the split if it does) on the benchmark's prompts."""
-        return self.trainer.generate(self.prompts)
+        return self.trainer.ppo_step.generate(self.prompts)
 
     def iteration(self) -> dict[str, float]:
         """One PPO step of the trainer (train_step's work, without the KL controller and the logs)."""
-        trainer, plan = self.trainer, self.trainer.step_plan()
+        trainer, plan = self.trainer, self.trainer.ppo_step.step_plan()
         start = time.perf_counter()
-        experience, _, _ = trainer.make_experience(plan)
+        experience, _, _ = trainer.ppo_step.make_experience(plan)
         made = time.perf_counter()
-        trainer.ppo_update(experience, plan)
+        trainer.ppo_step.ppo_update(experience, plan)
         end = time.perf_counter()
         generate = self.generate_seconds
         return {"generate": generate, "experience": made - start - generate, "update": end - made, "total": end - start}
@@ -552,15 +552,15 @@ def bench_generation(hydra: HydraLayout, repeats: int) -> dict[str, float]:
 
 def bench_update(hydra: HydraLayout, repeats: int) -> dict[str, float]:
     """The trainer's ppo_update on one batch of experience: cached split vs the whole trunk."""
-    trainer, plan = hydra.trainer, hydra.trainer.step_plan()
-    experience, _, _ = trainer.make_experience(plan)
+    trainer, plan = hydra.trainer, hydra.trainer.ppo_step.step_plan()
+    experience, _, _ = trainer.ppo_step.make_experience(plan)
 
     def cached() -> None:
-        trainer.ppo_update(experience, plan)
+        trainer.ppo_step.ppo_update(experience, plan)
 
     def whole_trunk() -> None:
         with whole_trunk_updates(hydra.hydra):
-            trainer.ppo_update(experience, plan)
+            trainer.ppo_step.ppo_update(experience, plan)
 
     return interleaved_medians(
         {"forward_top on cached split": cached, "whole trunk every mini-batch": whole_trunk}, repeats

@@ -65,23 +65,27 @@ def main(argv=None) -> None:
     )  # torch's default on the CPU
     settings = {  # name: (sampler, log-prob function, optimizer)
         "before": (GenerateSampler(layout.hydra, trainer.tokenizer), previous_token_logprobs, adamw_loop),
-        "after": (trainer.rollout_sampler, token_logprobs, layout.optimizer),
+        "after": (trainer.ppo_step.rollout_sampler, token_logprobs, layout.optimizer),
     }
     print(
-        f"after: sampler {trainer.rollout_sampler.name}, fused AdamW {layout.optimizer.defaults.get('fused')}; "
+        f"after: sampler {trainer.ppo_step.rollout_sampler.name}, fused AdamW {layout.optimizer.defaults.get('fused')}; "
         f"threads {torch.get_num_threads()}"
     )
 
     def step(name: str) -> dict[str, float]:
         sampler, logprobs, optimizer = settings[name]
-        kept = trainer.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer
-        trainer.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer = sampler, logprobs, optimizer
+        kept = trainer.ppo_step.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer
+        trainer.ppo_step.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer = (
+            sampler,
+            logprobs,
+            optimizer,
+        )
         try:
             cpu = time.process_time()
             seconds = layout.iteration()
             return {**seconds, "cpu": time.process_time() - cpu}
         finally:
-            trainer.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer = kept
+            trainer.ppo_step.rollout_sampler, hydra_module.token_logprobs, trainer.harness.optimizer = kept
 
     for name in settings:  # warm-up
         step(name)

@@ -245,9 +245,9 @@ def matched_settings(args, seed: int = 0) -> list[tuple[str, object, object]]:
 # ---------------------------------------------------------------------------- a TRL side (its own process)
 def arithmetic_rewards():
     """reward.py's functions, loaded as `hydrappo train` loads the example's reward.reward_fn."""
-    from hydrappo.reward_files import load_reward_function
+    from hydrappo.rewards import load_reward_function
 
-    return [load_reward_function(f"{ARITHMETIC / 'reward.py'}:{name}")[0] for name in REWARDS]
+    return [load_reward_function(f"{ARITHMETIC / 'reward.py'}:{name}") for name in REWARDS]
 
 
 def templated_rows(tokenizer, settings: dict) -> list[dict]:

@@ -43,7 +43,7 @@ from hydrappo.storage.checkpoint import (
     seed_everything,
 )
 from hydrappo.storage.models import build_hydra
-from hydrappo.train.sequences import evaluate_sequences, pack_sequences
+from hydrappo.train.sequences import experience_pass, pack_sequences
 
 
 @dataclass
@@ -192,7 +192,7 @@ def measure_heldout(
     input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
         responses.prompt_ids, responses.response_ids, tokenizer.pad_token_id
     )
-    out = evaluate_sequences(
+    out = experience_pass(
         hydra,
         input_ids,
         attention_mask,
@@ -207,7 +207,9 @@ def measure_heldout(
     samples_text = [p + r for p, r in zip(texts, response_texts)]
     scores = [
         float(s)
-        for s in source(samples_text, texts, response_texts, columns=columns, completion_ids=responses.response_ids)
+        for s in source(
+            samples_text, texts, response_texts, columns=columns, completion_ids=responses.response_ids
+        ).total
     ]
     flags = degeneration_flags(responses.response_ids, responses.ended)
     eos = [s for s, ended in zip(responses.response_ids, responses.ended) if ended]

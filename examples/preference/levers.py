@@ -35,7 +35,7 @@ import torch
 
 from hydrappo.config import RewardConfig, parse_config
 from hydrappo.data import load_preference_pairs, split_by_prompt
-from hydrappo.train.reward import RewardTrainer
+from hydrappo.train.reward_model import RewardTrainer
 
 HERE = Path(__file__).resolve().parent
 

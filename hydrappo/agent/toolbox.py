@@ -20,19 +20,15 @@ error: the model reads what was wrong, as TRL does.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
 import numbers
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import usercode
-from ..errors import HydrappoError, UsageError
+from ..errors import HydrappoError, UsageError, shortened
 
 RESERVED = ("reset", "get_reward")  # environment methods that are not tools (TRL's names)
 
@@ -178,7 +174,7 @@ class Environments:
         )
         if observation is not None and not isinstance(observation, str):
             raise ToolError(
-                f"{type(instance).__name__}.reset{_at(step)} returned {type(observation).__name__} {_short(observation)}; "
+                f"{type(instance).__name__}.reset{_at(step)} returned {type(observation).__name__} {shortened(observation)}; "
                 "reset returns None or text, which is appended to the row's last user message."
             )
         return observation
@@ -199,7 +195,7 @@ class Environments:
             or abs(value) == float("inf")
         ):
             raise ToolError(
-                f"{where} returned {type(value).__name__} {_short(value)}; get_reward returns one finite number, "
+                f"{where} returned {type(value).__name__} {shortened(value)}; get_reward returns one finite number, "
                 "the episode's score."
             )
         return float(value)
@@ -231,7 +227,7 @@ def run_call(
     if mistake:
         return Outcome(f"Error: {mistake}.", valid=False)
     name, arguments = call["name"], call.get("arguments", {})
-    where = f"tool {name!r}{_at(step)}, called with {_short(arguments)}"
+    where = f"tool {name!r}{_at(step)}, called with {shortened(arguments)}"
     try:
         result = call_user(tools[name].fn, where, timeout_s=timeout_s, **arguments)
         return Outcome(tool_text(result, where), valid=True)
@@ -265,7 +261,7 @@ def tool_text(result, where: str) -> str:
     if isinstance(result, numbers.Number):
         return str(result)
     raise ToolError(
-        f"{where} returned {type(result).__name__} {_short(result)}; a tool returns text (a str, or a number), "
+        f"{where} returned {type(result).__name__} {shortened(result)}; a tool returns text (a str, or a number), "
         "which becomes the tool turn the model reads.",
         reason=f"the tool returned {type(result).__name__}, not text",
     )
@@ -294,47 +290,7 @@ def _at(step: int | None) -> str:
     return f" at step {step}" if step is not None else ""
 
 
-def _short(value, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def load_object(spec: str, base_dir: str | Path | None, what: str):
-    """The object a config names: 'path/to/file.py:name' or 'package.module:name', imported as user code."""
-    target, _, name = spec.rpartition(":")
-    if not target or not name.isidentifier():
-        raise AgentSetupError(f"{what} {spec!r} is not of the form 'path/to/file.py:name' or 'package.module:name'.")
-    try:
-        if target.endswith(".py") or "/" in target:
-            path = Path(target)
-            if not path.is_absolute() and base_dir is not None and (Path(base_dir) / path).is_file():
-                path = Path(base_dir) / path
-            if not path.is_file():
-                raise AgentSetupError(
-                    f"{what} {spec!r}: the file {target} does not exist (looked beside the config and in the current directory)."
-                )
-            path = path.resolve()
-            module_name = f"_hydrappo_agent_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-            module = sys.modules.get(module_name)
-            if module is None:
-                loader = importlib.util.spec_from_file_location(module_name, path)
-                module = importlib.util.module_from_spec(loader)
-                sys.modules[module_name] = module
-                try:
-                    with usercode.running(f"{what} file {str(path)!r}", at_import=True):
-                        loader.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[module_name]
-                    raise
-        else:
-            with usercode.running(f"{what} module {target!r}", at_import=True):
-                module = importlib.import_module(target)
-    except (HydrappoError, KeyboardInterrupt):
-        raise
-    except Exception as error:
-        raise AgentSetupError(
-            f"{what} {spec!r} failed to import: {type(error).__name__}: {error}{usercode.user_frame(error)}."
-        ) from error
-    if not hasattr(module, name):
-        raise AgentSetupError(f"{what} {spec!r}: {target} defines no {name!r}.")
-    return getattr(module, name)
+    """The object a config names ('path/to/file.py:name' or 'package.module:name'), by the one
+    user-code loader: a file that also holds a reward function is the same module."""
+    return usercode.load_object(spec, base_dir, what, AgentSetupError)

@@ -62,13 +62,13 @@ class KLSteering:
     ki: float = 0.2
 
 
-class _KLController:
+class KLController:
     kind: str
 
     value: float
 
     @classmethod
-    def build(cls, init_kl_coef: float, steering: KLSteering) -> _KLController:
+    def build(cls, init_kl_coef: float, steering: KLSteering) -> KLController:
         """A controller starting at `init_kl_coef`, steered by what `steering` holds for it."""
         raise NotImplementedError
 
@@ -86,7 +86,7 @@ class _KLController:
             )
 
 
-class AdaptiveKLController(_KLController):
+class AdaptiveKLController(KLController):
     """Proportional controller of the KL coefficient (Ziegler et al. 2019, section 2.2).
 
     After a batch with mean KL ``current_kl`` (nats per sequence) over ``n_steps`` rollouts:
@@ -141,7 +141,7 @@ class AdaptiveKLController(_KLController):
         return f"AdaptiveKLController(value={self.value}, target={self.target}, horizon={self.horizon})"
 
 
-class PIKLController(_KLController):
+class PIKLController(KLController):
     """Proportional-integral control of log(beta) towards a target KL, one update per step.
 
     Ziegler's rule moves beta by at most ``0.2 * n_steps / horizon`` per update, so with a
@@ -251,7 +251,7 @@ class PIKLController(_KLController):
         )
 
 
-class FixedKLController(_KLController):
+class FixedKLController(KLController):
     """A constant KL coefficient (InstructGPT, Ouyang et al. 2022, uses a fixed beta)."""
 
     kind = "fixed"
@@ -287,7 +287,7 @@ KL_CONTROLLER_TYPES = {c.kind: c for c in (AdaptiveKLController, FixedKLControll
 KL_CONTROLLERS = tuple(KL_CONTROLLER_TYPES)
 
 
-def build_kl_controller(kind: str, init_kl_coef: float, steering: KLSteering = KLSteering()) -> _KLController:
+def build_kl_controller(kind: str, init_kl_coef: float, steering: KLSteering = KLSteering()) -> KLController:
     """The controller `kind` names (KL_CONTROLLER_TYPES), starting at `init_kl_coef`:
     ``"adaptive"`` (needs steering.target and horizon), ``"pi"`` (needs steering.target; gains
     kp, ki) or ``"fixed"``."""

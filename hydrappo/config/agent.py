@@ -1,5 +1,5 @@
 """The `agent:` section: multi-turn rollouts with tools and environments (TRL's GRPOTrainer names:
-`tools`, `environment_factory`, `max_tool_calling_iterations`; generation/episodes.py runs them)."""
+`tools`, `environment_factory`, `max_tool_calling_iterations`; agent/episodes.py runs them)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A sampler takes the prompts (token ids) and the generation options and returns `
 each row's response trimmed at its first stop, whether it stopped, and, where the sampler
 can (`records_split`), the frozen bottom's split states recorded while sampling, so the
 experience pass runs only the top branches. Whatever samples, PPO's old log-probs come from
-the experience pass (train/sequences.py, evaluate_sequences), never from the sampler: a sampler only has
+the experience pass (train/sequences.py, experience_pass), never from the sampler: a sampler only has
 to draw from the policy's distribution, and its own numerics (paged attention, kernels of a
 serving engine) never enter the loss.
 

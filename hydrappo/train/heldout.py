@@ -24,7 +24,7 @@ import torch
 
 from ..algo.degeneration import degeneration_flags
 from ..data import PromptSet
-from ..generation.episodes import summarize
+from ..agent.episodes import summarize
 from ..generation.responses import Responses
 from ..storage.checkpoint import rng_state, set_rng_state
 
@@ -123,7 +123,7 @@ class HeldOutEvaluation:
             {name: [row["parts"][name] for row in rows] for name in names},
             self.samples_per_prompt,
         )
-        if rows and rows[0]["agent"] is not None:  # multi-turn episodes: their tool calls (generation/episodes.py)
+        if rows and rows[0]["agent"] is not None:  # multi-turn episodes: their tool calls (agent/episodes.py)
             stats |= summarize([row["agent"] for row in rows], "eval/agent/")
         samples = [{"prompt": row["prompt"], "response": row["response"], "score": row["score"]} for row in rows]
         return stats, samples

@@ -15,9 +15,9 @@ import os
 from dataclasses import dataclass
 
 from ..data import DataError, load_prompt_table, read_preference_table, read_sft_table, read_table, split_by_prompt
-from ..reward_calls import is_missing
+from ..rewards import is_missing
 from ..rewards import reward_functions
-from .agent import load_agent_code
+from ..agent.rollouts import load_agent_code
 
 
 def table_label(setting: str, value) -> str:
@@ -37,7 +37,7 @@ class RLInputs:
     functions: list
     eval_prompts: list
     eval_columns: dict[str, list]
-    agent_code: dict | None = None  # tools, environments, parser (train/agent.py), loaded and checked
+    agent_code: dict | None = None  # tools, environments, parser (agent/rollouts.py), loaded and checked
 
 
 @dataclass
@@ -56,7 +56,7 @@ def read_rl_inputs(config) -> RLInputs:
     data = config.data
     prompts, columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
     setting = table_label("data.prompts", data.prompts)
-    # Episodes also hand the rewards their transcripts and environments (train/agent.py).
+    # Episodes also hand the rewards their transcripts and environments (agent/rollouts.py).
     extra = ["transcripts", "environments"] if config.agent.enabled else []
     functions = reward_functions(config.reward, columns=list(columns) + extra, setting=setting)
     check_needed_values(functions, columns, setting)

@@ -1,6 +1,6 @@
 """Packed sequences: prompts and responses laid out as one batch (pack_sequences), the split
 states recorded while sampling laid out the same way (pack_split_hidden), and the hydra's pass
-over them (evaluate_sequences), which a `Rollout` holds with the responses it packed.
+over them (experience_pass), which a `Rollout` holds with the responses it packed.
 
 Masks come from positions, never from comparing token ids with the pad id: with
 SmolLM2 (and many chat models) the pad token IS the EOS token, so a real EOS and the
@@ -23,7 +23,7 @@ from ..model.heads import widened
 @dataclass
 class Rollout:
     """One process's rows of a PPO batch before scoring: its prompts, the responses sampled for
-    them, the packed sequences and the hydra's pass over them (evaluate_sequences)."""
+    them, the packed sequences and the hydra's pass over them (experience_pass)."""
 
     indices: list[int]  # rows of the prompt table, each G times in consecutive rows
     prompt_texts: list[str]
@@ -33,7 +33,7 @@ class Rollout:
     attention_mask: torch.Tensor
     action_mask: torch.Tensor
     prompt_width: int
-    evaluation: object  # evaluate_sequences' output
+    evaluation: object  # experience_pass' output
 
 
 def pack_split_hidden(responses: Responses, prompt_width: int, width: int) -> torch.Tensor | None:
@@ -97,7 +97,7 @@ def response_part(out: HydraOutput, prompt_width: int) -> HydraOutput:
 
 
 @torch.no_grad()
-def evaluate_sequences(
+def experience_pass(
     hydra: HydraModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,

@@ -55,7 +55,9 @@ def test_two_ppo_steps_on_smollm2_with_vader(tmp_path):
     assert Path(model.name_or_path).resolve().is_relative_to(cache_root().resolve())
     assert model.config.num_hidden_layers == 30 and trainer.hydra.num_layers_unfrozen == 4
     assert tokenizer.pad_token_id == tokenizer.eos_token_id and tokenizer.padding_side == "left"
-    assert "<|im_start|>user" in trainer.prompts.formatted[0] and trainer.prompts.formatted[0].endswith("assistant\n")
+    assert "<|im_start|>user" in trainer.ppo_step.prompts.formatted[0] and trainer.ppo_step.prompts.formatted[
+        0
+    ].endswith("assistant\n")
 
     before = [p.detach().clone() for p in trainer.hydra.trainable_parameters()]
     history = trainer.train()

@@ -12,8 +12,8 @@ import torch
 
 from hydrappo.algo.scores import fill_unscored
 from hydrappo.cli import main
-from hydrappo.reward_calls import RewardContext
-from hydrappo.rewards import FunctionReward, RewardSources
+from hydrappo.rewards import FunctionReward, RewardContext, RewardSources
+from hydrappo.train.ppo.step import Scored
 
 from runs import ROOT, TINY
 
@@ -47,7 +47,7 @@ def test_async_functions_are_awaited_together_and_none_sums_as_nothing():
     sources = RewardSources([("a", 1.0, FunctionReward(slow_a)), ("b", 0.5, FunctionReward(slow_b))])
     context = RewardContext(max_steps=4)
     begin = time.perf_counter()
-    scores = sources(["x"] * 3, ["p"] * 3, ["x"] * 3, context=context)
+    scores = sources(["x"] * 3, ["p"] * 3, ["x"] * 3, context=context).total
     assert (
         time.perf_counter() - begin < 0.75 and abs(started[0] - started[1]) < 0.2
     )  # together, not one after the other
@@ -128,8 +128,9 @@ def test_an_unscored_sample_leaves_the_loss(tmp_path):
         "4",
     )
     nan = float("nan")
-    trainer.score = lambda *args, **kwargs: torch.tensor([nan, 1.0, nan, 0.0, nan, nan, nan, nan])
-    experience, stats, _ = trainer.make_experience(trainer.step_plan())
+    fixed = torch.tensor([nan, 1.0, nan, 0.0, nan, nan, nan, nan])
+    trainer.ppo_step.score = lambda *args, **kwargs: Scored(total=fixed, parts={}, environment_stats={})
+    experience, stats, _ = trainer.ppo_step.make_experience(trainer.ppo_step.step_plan())
     rows = experience.action_mask.sum(-1)
     assert rows[[0, 2, 4, 5, 6, 7]].tolist() == [0] * 6 and rows[[1, 3]].min() > 0  # unscored: no token in the loss
     assert stats["env/unscored_frac"] == 6 / 8 and stats["env/reward_mean"] == 0.5  # the scored samples' mean

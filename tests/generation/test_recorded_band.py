@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hydrappo import HydraModel
-from hydrappo.train.sequences import evaluate_sequences, pack_sequences, pack_split_hidden
+from hydrappo.train.sequences import experience_pass, pack_sequences, pack_split_hidden
 
 from recorded import both_passes, prompts_of, sample
 from runs import tiny_trainer
@@ -52,7 +52,7 @@ def test_the_experience_pass_on_recorded_states_never_runs_the_layers_below_the_
     split = pack_split_hidden(recorded, width, ids.shape[1])
     calls.update(below=0, above=0)
     try:
-        evaluate_sequences(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
+        experience_pass(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
     finally:
         for handle in handles:
             handle.remove()
@@ -77,4 +77,4 @@ def test_groups_sharing_one_prefill_record_the_bands_states():
 
 def test_a_band_trainer_records_the_split(tmp_path):
     trainer = tiny_trainer(tmp_path, "--trainable_layers", "1:3")
-    assert trainer.records_split and trainer.hydra.split_index == 1 and trainer.hydra.is_band
+    assert trainer.ppo_step.records_split and trainer.hydra.split_index == 1 and trainer.hydra.is_band

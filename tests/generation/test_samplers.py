@@ -106,9 +106,9 @@ def test_build_sampler_follows_the_option_and_auto_is_decode_on_cpu():
 @pytest.mark.parametrize("sampler", ["decode", "graph", "generate", "continuous_batching"])
 def test_the_trainer_runs_a_step_with_each_sampler(tmp_path, sampler):
     trainer = tiny_trainer(tmp_path, "--total_steps", "1", "--save_every", "0", "--sampler", sampler)
-    assert trainer.rollout_sampler.name == sampler
+    assert trainer.ppo_step.rollout_sampler.name == sampler
     # decode, graph and generate record the split states; continuous batching leaves the trunk pass to the experience pass.
-    assert trainer.records_split == (sampler != "continuous_batching")
+    assert trainer.ppo_step.records_split == (sampler != "continuous_batching")
     history = trainer.train()
     assert len(history) == 1 and history[0]["tokens/responses_len_mean"] > 0
 

@@ -276,8 +276,8 @@ def fake_vllm(monkeypatch):
 @pytest.mark.slow
 def test_ppo_steps_sample_with_the_engine_and_push_once_per_update(tmp_path, fake_vllm):
     trainer = tiny_trainer(tmp_path, "--total_steps", "2", "--save_every", "0", "--sampler", "vllm")
-    assert len(fake_vllm) == 1 and trainer.eval_sampler is trainer.rollout_sampler  # one engine
-    assert trainer.rollout_sampler.name == "vllm" and not trainer.records_split
+    assert len(fake_vllm) == 1 and trainer.eval_sampler is trainer.ppo_step.rollout_sampler  # one engine
+    assert trainer.ppo_step.rollout_sampler.name == "vllm" and not trainer.ppo_step.records_split
     history = trainer.train()
     assert len(history) == 2 and history[1]["tokens/responses_len_mean"] > 0
     assert history[0]["ppo/updates"] == 16  # 4 epochs x 4 minibatches: 16 optimizer steps, one push
@@ -291,7 +291,7 @@ def test_ppo_steps_sample_with_the_engine_and_push_once_per_update(tmp_path, fak
     assert set(engine.pushes[1]) == trained
     assert all(not torch.equal(engine.pushes[0][name], engine.pushes[1][name]) for name in trained)
     # The second step's update reaches the engine before it samples again, as the policy is now.
-    trainer.generate([[5, 6, 7]])
+    trainer.ppo_step.generate([[5, 6, 7]])
     assert len(engine.pushes) == 3 and set(engine.pushes[2]) == trained
     current = dict(model.named_parameters())
     assert all(torch.equal(tensor, current[name]) for name, tensor in engine.pushes[2].items())

@@ -96,7 +96,7 @@ def ppo_variants(out: Path) -> None:
     for name, options in VARIANTS.items():
         config = parse_config(TINY / "config.yaml", [*COMMON, *options, "--output_dir", str(out / name)])
         trainer = PPOTrainer(config, config_dir=TINY)
-        trainer.generate = fixed_generate(trainer)
+        trainer.ppo_step.generate = fixed_generate(trainer)
         trainer.train()
 
 
@@ -133,13 +133,13 @@ HELDOUT = [
 def heldout_run(out: Path, eval_prompts: str, how: str = "") -> None:
     config = parse_config(TINY / "config.yaml", [*HELDOUT, "--output_dir", str(out), "--eval_prompts", eval_prompts])
     trainer = PPOTrainer(config, config_dir=TINY)
-    trainer.generate = fixed_generate(trainer)  # the rollouts; held-out answers are sampled as always
+    trainer.ppo_step.generate = fixed_generate(trainer)  # the rollouts; held-out answers are sampled as always
     if how == "die":
         real_save = trainer.harness.save
 
         def save_then_die(loop):
             path = real_save(loop)
-            trainer.ppo_update = lambda *args: os._exit(3)  # killed in the middle of the next step
+            trainer.ppo_step.ppo_update = lambda *args: os._exit(3)  # killed in the middle of the next step
             return path
 
         trainer.harness.save = save_then_die

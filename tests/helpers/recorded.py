@@ -8,7 +8,7 @@ import torch
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
 from hydrappo.generation.responses import generate_responses
-from hydrappo.train.sequences import evaluate_sequences, pack_sequences, pack_split_hidden
+from hydrappo.train.sequences import experience_pass, pack_sequences, pack_split_hidden
 
 from tiny import VOCAB, tiny64, tiny_tokenizer
 
@@ -50,6 +50,6 @@ def both_passes(hydra, tokenizer, prompts, loop="generate", **generation):
     recorded = sample(hydra, tokenizer, prompts, True, loop, **generation)
     ids, mask, _, width = pack_sequences(recorded.prompt_ids, recorded.response_ids, tokenizer.pad_token_id)
     split = pack_split_hidden(recorded, width, ids.shape[1])
-    again = evaluate_sequences(hydra, ids, mask, width, chunk_size=4)
-    reused = evaluate_sequences(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
+    again = experience_pass(hydra, ids, mask, width, chunk_size=4)
+    reused = experience_pass(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
     return recorded, ids, mask, again, reused

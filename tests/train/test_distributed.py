@@ -16,9 +16,9 @@ from hydrappo.algo.masked import explained_variance, explained_variance_of_parts
 from hydrappo.config import RewardConfig, SFTConfig, parse_config
 from hydrappo.storage.checkpoint import WEIGHTS_NAME
 from hydrappo.train.distributed import ProcessGroup
-from hydrappo.train.experience import minibatch_plan
+from hydrappo.train.ppo.experience import minibatch_plan
 from hydrappo.train.ppo import PPOTrainer
-from hydrappo.train.reward import RewardTrainer
+from hydrappo.train.reward_model import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
 
 from bounds import ADAM_EPS, EXACT, SCALAR_NOISE, assert_close_weights

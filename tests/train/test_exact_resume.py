@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from hydrappo.config import SFTConfig, parse_config
 from hydrappo.storage.checkpoint import CheckpointError, checkpoint_dirs
-from hydrappo.train.reward import RewardTrainer
+from hydrappo.train.reward_model import RewardTrainer
 from hydrappo.train.sft import SFTTrainer
 from runs import (
     TINY,
@@ -137,7 +137,7 @@ GROUPS = [
 
 
 def interrupt_in_step_3(trainer, monkeypatch) -> None:
-    real_update = trainer.ppo_update
+    real_update = trainer.ppo_step.ppo_update
 
     def die_in_step_3(experience, plan):
         if trainer.harness.step == 2:

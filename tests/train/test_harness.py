@@ -25,7 +25,7 @@ def test_ppo_resumes_a_checkpoint_written_before_the_harness(tmp_path):
     legacy = load_file(str(LEGACY / "ppo-checkpoint-2" / WEIGHTS_NAME))
     params = dict(trainer.hydra.named_parameters())
     assert all(torch.equal(params[name], tensor) for name, tensor in legacy.items())
-    assert trainer.harness.step == 2 and trainer.sampler.state_dict()["position"] == 64
+    assert trainer.harness.step == 2 and trainer.ppo_step.sampler.state_dict()["position"] == 64
 
     history = PPOTrainer(config).train(resume=True)
     assert [row["step"] for row in history] == [3]

@@ -146,7 +146,7 @@ def test_nonfinite_losses_are_skipped_then_stop_with_the_checkpoint_intact(tmp_p
     trainer.train()
     weights_before = (checkpoint_dirs(tmp_path)[-1] / WEIGHTS_NAME).read_bytes()
 
-    import hydrappo.train.ppo_step as trainer_module
+    import hydrappo.train.ppo.step as trainer_module
 
     real_loss = trainer_module.ppo_loss
 

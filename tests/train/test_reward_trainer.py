@@ -18,7 +18,7 @@ from hydrappo.data import split_by_prompt
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError
 from hydrappo.storage.reward_branch import load_reward_branch
 from hydrappo.train.ppo import PPOTrainer
-from hydrappo.train.reward import RewardTrainer
+from hydrappo.train.reward_model import RewardTrainer
 from hydrappo.train.sequences import pack_sequences
 
 from runs import TINY, reward_config, write_pairs

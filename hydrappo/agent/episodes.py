@@ -29,15 +29,16 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..agent import calls as call_format
-from ..agent.toolbox import Environments, Tool, call_problem, ended, run_call, toolset
 from ..config import GenerationArgs
-from .responses import Responses
+from ..generation.responses import Responses
+from . import calls as call_format
+from .toolbox import Environments, Tool, call_problem, ended, run_call, toolset
 
 
 @dataclass
 class Agent:
-    """What a run's episodes use, built once (train/agent.py builds it from the options)."""
+    """What a run's episodes use, built once (agent/rollouts.py builds it from the options), and
+    `play`, which plays prompt rows as episodes."""
 
     tools: list[Tool]  # the standalone tools
     environments: Environments | None
@@ -47,6 +48,26 @@ class Agent:
     timeout_s: float | None
     on_error: str  # "stop" | "result"
     renders_tools: bool  # the chat template writes the tools' schemas itself
+    tokenizer: object = None  # the policy's (its chat template renders every turn)
+    generation: GenerationArgs | None = None  # each turn's sampling options
+    system_prompt: str | None = None  # data.system_prompt, the first message of every episode
+
+    def play(
+        self, sample: Callable, prompts: list, columns: dict, rows: list[int], *, step, greedy=False, record_split=False
+    ) -> Responses:
+        """The rows `rows` of a prompt table (`prompts` and its other `columns`) played as episodes,
+        each turn sampled by `sample` (the trainer's sampler.sample)."""
+        table_rows = [{"prompt": prompts[i], **{name: values[i] for name, values in columns.items()}} for i in rows]
+        messages = [messages_of(prompts[i]) for i in rows]
+        episodes = start_episodes(self, self.tokenizer, table_rows, messages, self.system_prompt, step)
+        return run_episodes(
+            self, episodes, sample, self.tokenizer, self.generation, step=step, greedy=greedy, record_split=record_split
+        )
+
+
+def messages_of(prompt) -> list[dict]:
+    """A prompt row as messages: text is one user turn."""
+    return [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""What a reward source returns, made a (B,) float32 tensor of scores, and the errors of reward
-sources. A sample a function returned None for (TRL: no score for it) is NaN: unscored."""
+"""What a reward source returns, made a (B,) float32 tensor of scores, and how a failing source's
+message shows a sample. A sample a function returned None for (TRL: no score for it) is NaN:
+unscored."""
 
 from __future__ import annotations
 
@@ -8,18 +9,19 @@ import numbers
 import numpy as np
 import torch
 
-from .errors import RewardError, RewardFunctionError  # noqa: F401 (the errors of reward sources)
+from ..errors import RewardFunctionError, shortened
 
 
-def _short(text: str, limit: int = 80) -> str:
-    text = str(text)
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+def where_at(source: str, step: int | None) -> str:
+    """'reward function 'f.py:score' at step 3': a source and the step, for messages."""
+    return f"{source} at step {step}" if step is not None else source
 
 
-def _sample(prompts, outputs, row: int) -> str:
+def sample_text(prompts, outputs, row: int) -> str:
+    """' Sample 3: prompt '...', response '...'.' for an error message ('' without the texts)."""
     if prompts is None or outputs is None or not 0 <= row < len(outputs):
         return ""
-    return f" Sample {row}: prompt {_short(prompts[row])}, response {_short(outputs[row])}."
+    return f" Sample {row}: prompt {shortened(str(prompts[row]))}, response {shortened(str(outputs[row]))}."
 
 
 def _is_number(value) -> bool:
@@ -30,7 +32,7 @@ def _is_number(value) -> bool:
     return isinstance(value, (numbers.Real, np.number))
 
 
-def _to_scores(result, count: int, source: str, prompts=None, outputs=None) -> torch.Tensor:
+def to_scores(result, count: int, source: str, prompts=None, outputs=None) -> torch.Tensor:
     """A (count,) float32 CPU tensor from whatever sequence of numbers a source returned;
     anything else is a RewardFunctionError naming `source` and showing an offending sample."""
     if result is None:
@@ -44,7 +46,7 @@ def _to_scores(result, count: int, source: str, prompts=None, outputs=None) -> t
                 raise RewardFunctionError(
                     f"{source} returned {type(result).__name__} that is not numbers: item {bad} is "
                     f"{type(result[bad]).__name__} {repr(result[bad])[:40]}; return one number per sample."
-                    f"{_sample(prompts, outputs, bad)}"
+                    f"{sample_text(prompts, outputs, bad)}"
                 )
         try:
             values = [np.nan if v is None else v for v in result] if isinstance(result, (list, tuple)) else result
@@ -52,20 +54,20 @@ def _to_scores(result, count: int, source: str, prompts=None, outputs=None) -> t
         except (TypeError, ValueError) as error:
             raise RewardFunctionError(
                 f"{source} returned {type(result).__name__} that is not numbers ({error}); "
-                f"return a list, tuple, numpy array or tensor of numbers, one per sample.{_sample(prompts, outputs, 0)}"
+                f"return a list, tuple, numpy array or tensor of numbers, one per sample.{sample_text(prompts, outputs, 0)}"
             ) from None
     if scores.ndim == 2 and scores.shape[1] == 1:  # a (B, 1) column, as classifiers give
         scores = scores[:, 0]
     if scores.ndim != 1 or scores.shape[0] != count:
         raise RewardFunctionError(
             f"{source} returned scores of shape {tuple(scores.shape)} for {count} samples; return one score per "
-            f"sample.{_sample(prompts, outputs, 0 if scores.ndim != 1 else min(scores.shape[0], count - 1))}"
+            f"sample.{sample_text(prompts, outputs, 0 if scores.ndim != 1 else min(scores.shape[0], count - 1))}"
         )
     unscored = [v is None for v in result] if isinstance(result, (list, tuple)) else [False] * count
     bad = (~torch.isfinite(scores) & ~torch.tensor(unscored, dtype=torch.bool)).nonzero().flatten().tolist()
     if bad:
         shown = ", ".join(f"{i} ({scores[i].item()})" for i in bad[:10])
         raise RewardFunctionError(
-            f"{source} returned non-finite scores for {len(bad)} sample(s), at rows: {shown}.{_sample(prompts, outputs, bad[0])}"
+            f"{source} returned non-finite scores for {len(bad)} sample(s), at rows: {shown}.{sample_text(prompts, outputs, bad[0])}"
         )
     return scores

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algo.advantages import ESTIMATORS
-from ..algo.losses import PPOLossSettings
-from ..config import PPOArgs
+from ...algo.advantages import ESTIMATORS
+from ...algo.losses import PPOLossSettings
+from ...config import PPOArgs
 
 
 @dataclass(frozen=True)

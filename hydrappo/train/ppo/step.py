@@ -14,10 +14,12 @@ reads: `PPOStep.train_step` runs
 
 and the methods below follow in that order. The math is algo/'s pure functions; what the step
 runs is decided once at its start (StepPlan); the data passed between the stages are the small
-dataclasses below. PPOTrainer (train/ppo.py) builds what the step reads: `hydra`, `tokenizer`,
-`config`, `harness`, `prompts` and `sampler` (the prompt table and its sampler), `columns`,
-`reward_source`, `rollout_sampler`, `records_split`, `kl_controller`, `score_moments`,
-`shuffle_generator`.
+dataclasses below, returned by one stage and handed to the next (no stage leaves data on the
+object for another to read). Everything the step reads is passed to its constructor by name;
+what it owns (the running score moments, the minibatch shuffle generator) it creates, and
+`state_dict` / `load_state_dict` carry them (with the prompt sampler's and the KL controller's)
+through a checkpoint. PPOTrainer (train/ppo/trainer.py) builds it, and keeps held-out evaluation
+and checkpoints.
 
 Under torchrun / accelerate launch (train/distributed.py) `ppo.batch_size` and
 `ppo.mini_batch_size` stay GLOBAL counts of responses: every process draws the same prompts,
@@ -36,11 +38,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algo.advantages import estimate_advantages
-from ..algo.degeneration import degeneration_flags
-from ..algo.losses import PolicyTokens, aggregation_weights, ppo_loss
-from ..algo.masked import explained_variance_parts, masked_mean, masked_sum
-from ..algo.scores import (
+from ...agent.episodes import Agent
+from ...agent.rollouts import environment_scores, episode_columns, gathered_statistics
+from ...algo.advantages import estimate_advantages
+from ...algo.degeneration import degeneration_flags
+from ...algo.kl import KLController
+from ...algo.losses import PolicyTokens, aggregation_weights, ppo_loss
+from ...algo.masked import explained_variance_parts, masked_mean, masked_sum
+from ...algo.scores import (
+    RunningMoments,
     fill_unscored,
     group_statistics,
     normalize_scores,
@@ -48,16 +54,27 @@ from ..algo.scores import (
     overlong_penalty,
     shape_rewards,
 )
-from ..generation.responses import Responses
-from ..reward_calls import with_columns
-from .agent import environment_scores, episode_columns, gathered_statistics, play
+from ...config import Config
+from ...data import PromptSampler, PromptSet
+from ...generation.responses import Responses
+from ...model import HydraModel
+from ...rewards import RewardContext, RewardSources, with_columns
+from ..harness import Harness, TrainingError
+from ..run_log import as_float
+from ..sequences import Rollout, experience_pass, pack_sequences, pack_split_hidden, response_part
 from .experience import Experience, minibatch_plan
-from .harness import TrainingError
-from .heldout import evaluation_due
-from .run_log import as_float
-from .sequences import Rollout, evaluate_sequences, pack_sequences, pack_split_hidden, response_part
 from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter
+
+
+@dataclass
+class Scored:
+    """What scoring gives this process's rows: the total the loss uses, each reward source's own
+    scores, and the statistics of the environments' own rewards (agent episodes)."""
+
+    total: torch.Tensor  # (B,) the sources' weighted sum [+ the environments' get_reward()]; NaN: unscored
+    parts: dict[str, torch.Tensor]  # source name -> (B,) its unweighted scores
+    environment_stats: dict  # env/reward/<environment class>: mean, with an agent whose environments score
 
 
 @dataclass
@@ -92,9 +109,53 @@ class Shaped:
 
 
 class PPOStep:
-    """The PPO iteration of PPOTrainer (train/ppo.py), which builds what it reads."""
+    """One PPO iteration, built from everything it reads (PPOTrainer builds it for a run; a test can
+    build it from small objects).
 
-    def train_step(self) -> tuple[dict, list[dict] | dict]:
+    - hydra, tokenizer, config, harness: the model, its tokenizer, the run's options, the run's
+      plumbing (device, precision, optimizer, process group, the step count)
+    - prompts: the tokenized prompt table; prompt_rows: its rows as the data holds them (text or
+      messages, what an agent's episodes start from); columns: its other columns, {name: values}
+    - sampler: which prompt rows each step draws; rollout_sampler: how responses are sampled
+      (generation/samplers.py); records_split: whether sampling records the split hidden states
+    - rewards: the reward sources; reward_context: what TRL's reward contract adds to their calls
+    - agent: multi-turn episodes with tools / environments, or None
+    - kl_controller: the KL coefficient, steered after every step
+    """
+
+    def __init__(
+        self,
+        *,
+        hydra: HydraModel,
+        tokenizer,
+        config: Config,
+        harness: Harness,
+        prompts: PromptSet,
+        prompt_rows: list,
+        columns: dict[str, list],
+        sampler: PromptSampler,
+        rollout_sampler,
+        records_split: bool,
+        rewards: RewardSources,
+        reward_context: RewardContext,
+        agent: Agent | None,
+        kl_controller: KLController,
+    ):
+        self.hydra, self.tokenizer, self.config, self.harness = hydra, tokenizer, config, harness
+        self.prompts, self.prompt_rows, self.columns, self.sampler = prompts, prompt_rows, columns, sampler
+        self.rollout_sampler, self.records_split = rollout_sampler, records_split
+        self.rewards, self.reward_context, self.agent = rewards, reward_context, agent
+        self.kl_controller = kl_controller
+        # What the step owns, and a checkpoint keeps (state_dict).
+        self.score_moments = RunningMoments()  # reward.score_normalization's running statistics
+        self.shuffle_generator = torch.Generator().manual_seed(config.train.seed)  # the minibatches' order
+
+    @property
+    def device(self) -> torch.device:
+        return self.harness.device
+
+    def run(self) -> tuple[dict, list[dict]]:
+        """One iteration: (the step's statistics, its sample rows)."""
         plan = self.step_plan()
         # Dropout is off either way; the mode matters because transformers checkpoints layers
         # only in train mode, and turns the KV cache off there: generate in eval mode.
@@ -108,13 +169,23 @@ class PPOStep:
         self.hydra.eval()
         if stats["ppo/updates"] and not plan.critic_only:  # the warm-up updates the value head alone
             self.rollout_sampler.weights_changed()
-        if plan.reference:  # the KL was measured
+        if plan.reference:  # 5. log (the harness writes it); the controller takes the KL measured
             self.kl_controller.update(stats["objective/kl"], self.config.ppo.batch_size)
-        step, train = self.harness.step + 1, self.config.train  # 5. log (the harness writes it)
-        if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
-            eval_stats, eval_samples = self.evaluate_held_out(step)
-            return {**stats, **eval_stats}, {"samples": samples, "eval_samples": eval_samples}
         return stats, samples
+
+    def state_dict(self) -> dict:
+        return {
+            "shuffle_generator": self.shuffle_generator.get_state(),
+            "kl_controller": self.kl_controller.state_dict(),
+            "score_moments": self.score_moments.state_dict(),
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.shuffle_generator.set_state(state["shuffle_generator"])
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        self.score_moments.load_state_dict(state["score_moments"])
+        self.sampler.load_state_dict(state["sampler"])
 
     def step_plan(self) -> StepPlan:
         """What the next step runs (train/step_plan.py), at the KL coefficient the controller holds now."""
@@ -127,16 +198,16 @@ class PPOStep:
         start = time.perf_counter()
         rollout = self.rollout(plan)
         with self.harness.dist.phase("scoring responses"):
-            raw_scores = self.score_rollout(rollout)
-        batch = self.gather_batch(rollout, raw_scores)
+            scored = self.score_rollout(rollout)
+        batch = self.gather_batch(rollout, scored)
         # A sample no reward scored (NaN, TRL's None) takes its group's scored mean and leaves the loss.
         batch.raw_scores, batch.unscored = fill_unscored(batch.raw_scores, plan.group_size)
         shaped = self.shape(batch, plan)
         experience = self.experience_rows(rollout, shaped)
         stats = {**self.rollout_statistics(batch, shaped, plan), "time/rollout": time.perf_counter() - start}
         if self.agent is not None:  # the whole batch's episodes: tool calls, their validity, turns
-            stats |= gathered_statistics(rollout.responses, self.harness.dist.gather_rows) | self.agent_stats
-        texts = zip(rollout.prompt_texts, rollout.response_texts, raw_scores)
+            stats |= gathered_statistics(rollout.responses, self.harness.dist.gather_rows) | scored.environment_stats
+        texts = zip(rollout.prompt_texts, rollout.response_texts, scored.total)
         return (
             experience,
             stats,
@@ -162,7 +233,7 @@ class PPOStep:
             )
             split = pack_split_hidden(responses, prompt_width, input_ids.shape[1])  # recorded while sampling, or None
             responses.split_hidden = None  # the per-row copies: packed now
-            evaluation = self.evaluate(
+            evaluation = self.experience_pass(
                 input_ids, attention_mask, prompt_width, with_reference=plan.reference, split_hidden=split
             )
         return Rollout(
@@ -179,20 +250,12 @@ class PPOStep:
 
     def generate(self, prompt_ids: list[list[int]], indices=None) -> Responses:
         """One sampled response per prompt from the policy (generation/samplers.py), or with an
-        agent one episode per prompt row `indices` (generation/episodes.py)."""
+        agent one episode per prompt row `indices` (agent/episodes.py)."""
         with self.harness.autocast():
             if self.agent is not None:
-                return play(
-                    self.agent,
-                    self.rollout_sampler.sample,
-                    self.tokenizer,
-                    self.inputs.prompts,
-                    self.columns,
-                    indices,
-                    self.config.generation,
-                    system_prompt=self.config.data.system_prompt,
-                    step=self.harness.step + 1,
-                    record_split=self.records_split,
+                sample, step = self.rollout_sampler.sample, self.harness.step + 1
+                return self.agent.play(
+                    sample, self.prompt_rows, self.columns, indices, step=step, record_split=self.records_split
                 )
             return self.rollout_sampler.sample(prompt_ids, self.config.generation, record_split=self.records_split)
 
@@ -202,7 +265,7 @@ class PPOStep:
             return list(responses.final_texts)
         return self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
 
-    def evaluate(
+    def experience_pass(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
@@ -214,7 +277,7 @@ class PPOStep:
         scores] of the packed rollouts, from one hydra pass per chunk (of the branches alone
         when sampling recorded the `split_hidden`)."""
         generation = self.config.generation
-        return evaluate_sequences(
+        return experience_pass(
             self.hydra,
             input_ids,
             attention_mask,
@@ -227,7 +290,7 @@ class PPOStep:
         )
 
     # ------------------------------------------------------------------ 2. score
-    def score_rollout(self, rollout: Rollout) -> torch.Tensor:
+    def score_rollout(self, rollout: Rollout) -> Scored:
         """The reward sources' weighted sum for this process's rows, with their dataset columns."""
         columns = {name: [values[i] for i in rollout.indices] for name, values in self.columns.items()}
         messages = [self.prompts.messages[i] for i in rollout.indices] if self.prompts.messages else None
@@ -253,8 +316,9 @@ class PPOStep:
         step=None,
         row_names=None,
         responses: Responses | None = None,
-    ) -> torch.Tensor:
-        """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources);
+    ) -> Scored:
+        """The weighted sum of every reward source's scores of this process's rows (rewards.RewardSources),
+        with each source's own scores and the environments' statistics;
         `messages`: the rows' prompts as message lists, when the prompt column holds them (prompts.py).
         `step` (default: the step in progress) and `row_names` (each row's table and row) go into a failing
         source's error."""
@@ -263,7 +327,7 @@ class PPOStep:
         self.reward_context.trainer_state.global_step = self.harness.step  # TRL's: the steps done
         if self.agent is not None and responses is not None:
             columns = {**(columns or {}), **episode_columns(responses, self.tokenizer)}
-        scores = self.reward_source(
+        scored = self.rewards(
             samples,
             prompt_texts,
             response_texts,
@@ -275,15 +339,16 @@ class PPOStep:
             row_names=row_names,
             context=self.reward_context,
         )
+        scores, environment_stats = scored.total, {}
         if self.agent is not None and responses is not None:  # an environment's own get_reward(), weight 1 (TRL's rule)
-            own, self.agent_stats = environment_scores(self.agent, responses, step)
+            own, environment_stats = environment_scores(self.agent, responses, step)
             scores = scores if own is None else scores + own.to(scores)
         if torch.isinf(scores).any():  # (NaN: no source scored the sample, TRL's None)
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
-        return scores
+        return Scored(total=scores, parts=scored.parts, environment_stats=environment_stats)
 
     # ------------------------------------------------------------------ 3. shape
-    def gather_batch(self, rollout: Rollout, raw_scores: torch.Tensor) -> WholeBatch:
+    def gather_batch(self, rollout: Rollout, scored: Scored) -> WholeBatch:
         """The WHOLE batch (every process's rows, gathered, the same on every process): what
         shapes the loss is computed over it, and each process keeps its own rows of the result."""
         gather, evaluation, responses = self.harness.dist.gather_rows, rollout.evaluation, rollout.responses
@@ -294,11 +359,11 @@ class PPOStep:
             ref_logprobs=gather(evaluation.ref_logprobs),
             values=gather(evaluation.values),
             entropy=gather(evaluation.entropy),
-            raw_scores=gather(raw_scores),
+            raw_scores=gather(scored.total),
             ended=gather(torch.tensor(responses.ended, dtype=torch.float32)).bool(),
             degenerate=gather(torch.tensor(degenerate, dtype=torch.float32)),
             prompt_lengths=gather(torch.tensor([float(len(p)) for p in responses.prompt_ids])),
-            parts={name: gather(part) for name, part in self.reward_source.last.items()},
+            parts={name: gather(part) for name, part in scored.parts.items()},
         )
 
     def shape(self, batch: WholeBatch, plan: StepPlan) -> Shaped:

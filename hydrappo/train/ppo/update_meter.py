@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ..algo.masked import explained_variance_of_parts
-from .run_log import as_float
+from ...algo.masked import explained_variance_of_parts
+from ..run_log import as_float
 
 EXPLAINED_VARIANCE_PARTS = ("val/_returns", "val/_returns_sq", "val/_residual", "val/_residual_sq")
 

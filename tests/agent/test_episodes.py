@@ -1,4 +1,4 @@
-"""Multi-turn episodes (generation/episodes.py): an episode is one sequence, the policy's replies
+"""Multi-turn episodes (agent/episodes.py): an episode is one sequence, the policy's replies
 in the action mask, the tool turns out of it but in the attention mask; the loss has no gradient
 with respect to the tool tokens' log-probs and equals the hand-computed loss over the policy's
 tokens (float64); the split states recorded while playing the episode (tool turns prefilled
@@ -12,9 +12,9 @@ from hydrappo.agent.calls import Call
 from hydrappo.agent.toolbox import Environments, load_object, tool_of
 from hydrappo.algo.losses import PolicyTokens, PPOLossSettings, SampledTokens, ppo_loss
 from hydrappo.config import GenerationArgs
-from hydrappo.generation.episodes import Agent, run_episodes, start_episodes, summarize
+from hydrappo.agent.episodes import Agent, run_episodes, start_episodes, summarize
 from hydrappo.generation.responses import Responses, generate_responses
-from hydrappo.train.sequences import evaluate_sequences, pack_sequences, pack_split_hidden
+from hydrappo.train.sequences import experience_pass, pack_sequences, pack_split_hidden
 
 from recorded import float64_hydra
 from runs import ROOT
@@ -175,8 +175,8 @@ def test_recorded_states_of_an_episode_give_the_whole_pass():
     assert any(0 in mask for mask in out.policy_mask) and any(0 not in mask for mask in out.policy_mask)
     ids, mask, action, width = pack_sequences(out.prompt_ids, out.response_ids, tok.pad_token_id, out.policy_mask)
     split = pack_split_hidden(out, width, ids.shape[1])
-    whole = evaluate_sequences(hydra, ids, mask, width, chunk_size=4)
-    reused = evaluate_sequences(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
+    whole = experience_pass(hydra, ids, mask, width, chunk_size=4)
+    reused = experience_pass(hydra, ids, mask, width, chunk_size=4, split_hidden=split)
     for name in ("logprobs", "ref_logprobs", "values"):
         a, b = getattr(whole, name), getattr(reused, name)
         if a is not None:
@@ -189,7 +189,7 @@ def test_tool_tokens_have_no_gradient_and_the_loss_is_the_hand_computed_one():
     ids, mask, action, width = pack_sequences(out.prompt_ids, out.response_ids, tok.pad_token_id, out.policy_mask)
     tool = (mask[:, width:] == 1) & (action == 0)
     assert tool.any()
-    logprobs = evaluate_sequences(hydra, ids, mask, width).logprobs.detach().requires_grad_(True)
+    logprobs = experience_pass(hydra, ids, mask, width).logprobs.detach().requires_grad_(True)
     generator = torch.Generator().manual_seed(0)
     old = logprobs.detach() + 0.3 * torch.randn(logprobs.shape, generator=generator, dtype=torch.float64)
     advantages = torch.randn(logprobs.shape, generator=generator, dtype=torch.float64)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..algo.losses import SampledTokens
+from ...algo.losses import SampledTokens
 
 
 @dataclass

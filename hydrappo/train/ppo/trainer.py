@@ -1,10 +1,11 @@
 """PPOTrainer: the loop that turns prompts into a trained policy.
 
-Its step, one PPO iteration top to bottom, is train/ppo_step.py's (PPOStep); this file builds
+Its step, one PPO iteration top to bottom, is train/ppo/step.py's (PPOStep); this file builds
 what the step reads (the hydra and its branches, the prompts, the reward sources, the sampler,
-the optimizer, the KL controller) and holds the rest of a run: held-out evaluation, the state a
-checkpoint keeps and exact resume. Seeding, precision, the optimizer, logs, the non-finite
-policy, checkpoints and resume are the harness's (train/harness.py).
+the optimizer, the KL controller), hands it to the step's constructor, and holds the rest of a
+run: held-out evaluation (`evaluate`, TRL's name), the state a checkpoint keeps and exact resume.
+Seeding, precision, the optimizer, logs, the non-finite policy, checkpoints and resume are the
+harness's (train/harness.py).
 """
 
 from __future__ import annotations
@@ -15,28 +16,27 @@ from pathlib import Path
 
 import torch
 
-from ..algo.kl import KLSteering, build_kl_controller
-from ..algo.scores import RunningMoments
-from ..config import Config, Problems
-from ..config.checks import check_process_shares
-from ..data import PromptSampler, tokenize_prompts
-from ..generation.responses import Responses
-from ..generation.samplers import build_sampler
-from ..model import HydraModel
-from ..reward_calls import RewardContext, with_columns
-from ..rewards import build_reward_source
-from ..storage.checkpoint import CheckpointError
-from ..storage.reward_branch import apply_reference_stats, load_reward_branch
-from .agent import build_agent, play
-from .api import save_model
-from .harness import TrainingLoop, enable_activation_checkpointing, prepare
-from .heldout import HeldOutEvaluation, held_out_summary
-from .inputs import RLInputs
-from .ppo_step import PPOStep
-from .sequences import pack_sequences
+from ...agent.rollouts import build_agent
+from ...algo.kl import KLSteering, build_kl_controller
+from ...config import Config, Problems
+from ...errors import UsageError
+from ...config.checks import check_process_shares
+from ...data import PromptSampler, tokenize_prompts
+from ...generation.responses import Responses
+from ...generation.samplers import build_sampler
+from ...model import HydraModel
+from ...rewards import RewardContext, build_reward_source, with_columns
+from ...storage.checkpoint import CheckpointError
+from ...storage.reward_branch import apply_reference_stats, load_reward_branch
+from ..api import save_model
+from ..harness import TrainingLoop, enable_activation_checkpointing, prepare
+from ..heldout import HeldOutEvaluation, evaluation_due, held_out_summary
+from ..inputs import RLInputs
+from ..sequences import pack_sequences
+from .step import PPOStep
 
 
-class PPOTrainer(PPOStep, TrainingLoop):
+class PPOTrainer(TrainingLoop):
     """PPO-RLHF on one HydraModel.
 
     Build it from a `Config` (`hydrappo train` does), or from objects as TRL's trainers take
@@ -78,19 +78,14 @@ class PPOTrainer(PPOStep, TrainingLoop):
             # score_normalization 'ref' without explicit statistics: the reward checkpoint's.
             apply_reference_stats(config.reward, branch)
 
-        self.reward_source = build_reward_source(
-            config.reward, device=str(self.device), functions=self.inputs.functions
-        )
-        self.reward_context = RewardContext(max_steps=train.total_steps)  # TRL's trainer_state, log_metric, log_extra
+        rewards = build_reward_source(config.reward, device=str(self.device), functions=self.inputs.functions)
         data = config.data
-        self.columns, self.eval_columns = self.inputs.columns, self.inputs.eval_columns
-        self.prompts = tokenize_prompts(
+        self.eval_columns = self.inputs.eval_columns
+        prompts = tokenize_prompts(
             self.inputs.prompts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
         )
-        self.sampler = PromptSampler(len(self.prompts.input_ids), train.seed)
         # Multi-turn episodes with tools / environments (agent:, or tools= / environment_factory= objects).
         self.agent = build_agent(config, tokenizer, self.inputs.agent_code)
-        self.agent_stats: dict = {}
         self.held_out = None
         if data.eval_prompts:
             self.held_out = HeldOutEvaluation(
@@ -111,19 +106,31 @@ class PPOTrainer(PPOStep, TrainingLoop):
 
         updates_per_step = ppo.ppo_epochs * (ppo.batch_size // ppo.mini_batch_size)
         self.harness.setup_optimizer(hydra.trainable_parameters(), ppo, train.total_steps * updates_per_step)
-        self.kl_controller = build_kl_controller(ppo.kl_controller, ppo.init_kl_coef, self.kl_steering())
-        self.score_moments = RunningMoments()
-        self.shuffle_generator = torch.Generator().manual_seed(train.seed)
         # generation.sampler, built once: rollouts (in lockstep under a sharded trunk) and held-out answers.
         # Sampling runs the frozen bottom over every token; keep its outputs for the experience pass
         # (a sharded trunk generates in lockstep with padding steps, so it runs the pass again).
-        self.rollout_sampler = build_sampler(config.generation, hydra, tokenizer, synced=self.harness.trunk_sharded)
+        rollout_sampler = build_sampler(config.generation, hydra, tokenizer, synced=self.harness.trunk_sharded)
         # One sampler for both unless the rollouts run in lockstep: a serving engine holds a copy of the model.
-        self.eval_sampler = self.rollout_sampler
+        self.eval_sampler = rollout_sampler
         if self.harness.trunk_sharded:
             self.eval_sampler = build_sampler(config.generation, hydra, tokenizer)
-        recordable = hydra.has_frozen_split and self.rollout_sampler.records_split and not self.harness.trunk_sharded
-        self.records_split = config.generation.reuse_trunk_pass and recordable
+        recordable = hydra.has_frozen_split and rollout_sampler.records_split and not self.harness.trunk_sharded
+        self.ppo_step = PPOStep(
+            hydra=hydra,
+            tokenizer=tokenizer,
+            config=config,
+            harness=self.harness,
+            prompts=prompts,
+            prompt_rows=self.inputs.prompts,
+            columns=self.inputs.columns,
+            sampler=PromptSampler(len(prompts.input_ids), train.seed),
+            rollout_sampler=rollout_sampler,
+            records_split=config.generation.reuse_trunk_pass and recordable,
+            rewards=rewards,
+            reward_context=RewardContext(max_steps=train.total_steps),  # TRL's trainer_state, log_metric, log_extra
+            agent=self.agent,
+            kl_controller=build_kl_controller(ppo.kl_controller, ppo.init_kl_coef, self.kl_steering()),
+        )
 
     def kl_steering(self) -> KLSteering:
         ppo = self.config.ppo
@@ -154,6 +161,15 @@ class PPOTrainer(PPOStep, TrainingLoop):
             f"checkpoints, metrics.jsonl and TensorBoard logs in {self.config.train.output_dir}"
         )
 
+    def train_step(self) -> tuple[dict, list[dict] | dict]:
+        """One PPO iteration (PPOStep.run), then the held-out evaluation when one is due."""
+        stats, samples = self.ppo_step.run()
+        step, train = self.harness.step + 1, self.config.train
+        if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
+            eval_stats, eval_samples = self.evaluate_held_out(step)
+            return {**stats, **eval_stats}, {"samples": samples, "eval_samples": eval_samples}
+        return stats, samples
+
     def train(self, resume=None) -> list[dict]:
         """Run until train.total_steps; `resume` = a checkpoint path or True/'latest'."""
         return self.harness.run(self, self.config.train.total_steps, resume)
@@ -164,8 +180,23 @@ class PPOTrainer(PPOStep, TrainingLoop):
 
     # ------------------------------------------------------------------ held-out evaluation
     def before_training(self):
-        """The held-out baseline at step 0, before any update."""
-        return self.evaluate_held_out(0) if self.held_out is not None else None
+        """The held-out baseline at step 0, before any update (its answers under eval_samples)."""
+        if self.held_out is None:
+            return None
+        stats, samples = self.evaluate_held_out(0)
+        return stats, {"eval_samples": samples}
+
+    def evaluate(self, step: int | None = None) -> dict:
+        """The held-out evaluation a Trainer user expects after `train()` (TRL's `trainer.evaluate()`):
+        the policy as it is now answers `eval_dataset` / data.eval_prompts, scored by the run's
+        rewards; returns the eval/* statistics. Training is not changed by it (train/heldout.py)."""
+        if self.held_out is None:
+            raise UsageError(
+                "trainer.evaluate() answers the held-out prompts, and this trainer has none: pass "
+                "eval_dataset=... to the trainer (or set data.eval_prompts in the config)."
+            )
+        stats, _ = self.evaluate_held_out(self.harness.step if step is None else step)
+        return stats
 
     def evaluate_held_out(self, step: int) -> tuple[dict, list[dict]]:
         """eval/* statistics and rows of the policy's answers to the held-out prompts (train/heldout.py)."""
@@ -181,24 +212,14 @@ class PPOTrainer(PPOStep, TrainingLoop):
             stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
         finally:
             status(None)
-        metrics, extras = self.reward_context.take("eval/")
+        metrics, extras = self.ppo_step.reward_context.take("eval/")
         return {**stats, **metrics, "time/eval": time.perf_counter() - start}, with_columns(samples, extras)
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool, rows=None) -> Responses:
         with self.harness.autocast():
             if self.agent is not None:  # the held-out rows played as episodes
-                return play(
-                    self.agent,
-                    self.eval_sampler.sample,
-                    self.tokenizer,
-                    self.inputs.eval_prompts,
-                    self.eval_columns,
-                    rows,
-                    self.config.generation,
-                    system_prompt=self.config.data.system_prompt,
-                    step=self.harness.step,
-                    greedy=greedy,
-                )
+                sample, prompt_rows, step = self.eval_sampler.sample, self.inputs.eval_prompts, self.harness.step
+                return self.agent.play(sample, prompt_rows, self.eval_columns, rows, step=step, greedy=greedy)
             return self.eval_sampler.sample(prompt_ids, self.config.generation, greedy=greedy)
 
     def score_responses(
@@ -207,16 +228,17 @@ class PPOTrainer(PPOStep, TrainingLoop):
         """Scores of responses to held-out prompts `rows` outside the experience pass, from the
         run's reward sources (with the held-out table's columns), and each source's own scores;
         a reward branch scores them in a hydra pass of their own."""
-        branch_scores = None
+        step_runner, branch_scores = self.ppo_step, None
         if self.config.reward.use_reward_branch:
             ids, mask, _, width = pack_sequences(
                 responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id
             )
-            branch_scores = self.evaluate(ids.to(self.device), mask.to(self.device), width, with_reference=False).scores
-        texts = self.texts_of(responses)
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            branch_scores = step_runner.experience_pass(ids, mask, width, with_reference=False).scores
+        texts = step_runner.texts_of(responses)
         columns = {name: [values[i] for i in rows] for name, values in self.eval_columns.items()}
         messages = self.held_out.prompts.messages
-        scores = self.score(
+        scored = step_runner.score(
             prompt_texts,
             texts,
             branch_scores,
@@ -227,16 +249,13 @@ class PPOTrainer(PPOStep, TrainingLoop):
             row_names=[f"data.eval_prompts row {i}" for i in rows],
             responses=responses,
         )
-        return scores, dict(self.reward_source.last) if len(self.reward_source.entries) > 1 else None
+        return scored.total, scored.parts if len(scored.parts) > 1 else None
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         return {
             "advantage_estimator": self.config.ppo.advantage_estimator,
-            "shuffle_generator": self.shuffle_generator.get_state(),
-            "kl_controller": self.kl_controller.state_dict(),
-            "score_moments": self.score_moments.state_dict(),
-            "sampler": self.sampler.state_dict(),
+            **self.ppo_step.state_dict(),
             "hydra": {
                 "num_layers_unfrozen": self.hydra.num_layers_unfrozen,
                 "train_lm_head": self.hydra.train_lm_head,
@@ -252,11 +271,9 @@ class PPOTrainer(PPOStep, TrainingLoop):
                 f"the checkpoint was written by a run with ppo.advantage_estimator={written_by!r}, this run uses "
                 f"{self.config.ppo.advantage_estimator!r}: resume with the same estimator, or start a new run."
             )
-        self.shuffle_generator.set_state(state["shuffle_generator"])
-        self.kl_controller.load_state_dict(state["kl_controller"])
-        self.kl_controller.retune(self.kl_steering())  # this run's (changed on --resume: a warning) steer on from here
-        self.score_moments.load_state_dict(state["score_moments"])
-        self.sampler.load_state_dict(state["sampler"])
+        self.ppo_step.load_state_dict(state)
+        # this run's steering (changed on --resume: a warning) steers on from here
+        self.ppo_step.kl_controller.retune(self.kl_steering())
 
     def write_extra(self, folder) -> None:
         """LoRA runs also save the adapter in peft's own format, loadable with

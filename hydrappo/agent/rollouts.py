@@ -1,6 +1,7 @@
-"""PPO's side of multi-turn episodes (generation/episodes.py): the `agent:` options (or the
-`tools=` / `environment_factory=` objects of the Python API) made into an `Agent`, a batch of
-prompt rows played as episodes with the trainer's sampler, and what the rewards read of them.
+"""What an RL step needs of multi-turn episodes (agent/episodes.py): the `agent:` options (or the
+`tools=` / `environment_factory=` objects of the Python API) made into an `Agent` (whose `play`
+plays prompt rows as episodes with the trainer's sampler), and what the rewards and the logs read
+of the played episodes.
 
 The reward functions see an episode as TRL's GRPOTrainer shows it to them: `completions` is the
 policy's final reply (its answer), and two more keyword arguments, `transcripts` (the whole
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from ..agent import calls
-from ..agent.toolbox import AgentSetupError, Environments, load_object, tool_of
-from ..generation.episodes import Agent, run_episodes, start_episodes, summarize
 from ..generation.responses import Responses
+from . import calls
+from .episodes import Agent, summarize
+from .toolbox import AgentSetupError, Environments, load_object, tool_of
 
 EPISODE_COLUMNS = ("transcripts", "environments")  # what reward functions may take besides the columns
 
@@ -74,33 +75,9 @@ def build_agent(config, tokenizer, code: dict | None) -> Agent | None:
         timeout_s=options.tool_timeout_s,
         on_error=options.on_tool_error,
         renders_tools=calls.renders_tools(tokenizer),
-    )
-
-
-def messages_of(prompt) -> list[dict]:
-    """A prompt row as messages: text is one user turn."""
-    return [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-
-
-def play(
-    agent: Agent,
-    sample,
-    tokenizer,
-    prompts: list,
-    columns: dict,
-    indices: list[int],
-    generation,
-    *,
-    system_prompt,
-    step,
-    greedy=False,
-    record_split=False,
-) -> Responses:
-    """The rows `indices` of a prompt table ({column: values}) played as episodes."""
-    rows = [{"prompt": prompts[i], **{name: values[i] for name, values in columns.items()}} for i in indices]
-    episodes = start_episodes(agent, tokenizer, rows, [messages_of(prompts[i]) for i in indices], system_prompt, step)
-    return run_episodes(
-        agent, episodes, sample, tokenizer, generation, step=step, greedy=greedy, record_split=record_split
+        tokenizer=tokenizer,
+        generation=config.generation,
+        system_prompt=config.data.system_prompt,
     )
 
 

@@ -1,10 +1,11 @@
-"""What a reward function is called with (rewards.FunctionReward), and what its call tells when it
+"""What a reward function is called with (rewards/functions.py), and what its call tells when it
 fails: the arguments of its convention and the dataset columns' values, a row without a value
-named in the error."""
+named in the error; async functions' results awaited together."""
 
 from __future__ import annotations
 
-from .prompts import trl_arguments
+from ..prompts import trl_arguments
+from .context import RewardContext
 
 
 def call_arguments(
@@ -56,40 +57,6 @@ def missing_value(kwargs: dict, columns, row_names=None) -> tuple[int, str]:
     return row, f" {row_names[row] if row_names else f'Sample {row}'} has no {name!r} (None)."
 
 
-# ---------------------------------------------------------------------------- TRL's reward contract
-TRL_EXTRAS = ("trainer_state", "log_metric", "log_extra")  # what TRL's GRPOTrainer passes besides the columns
-
-
-class RewardContext:
-    """What TRL's GRPOTrainer hands its reward functions besides the data, kept by the trainer for
-    the call in progress: `trainer_state` (a transformers TrainerState: global_step = the steps done,
-    max_steps), `log_metric(name, value)` (scalars, averaged over a step's calls and logged as
-    reward_metrics/<name>, eval/reward_metrics/<name> while evaluating) and `log_extra(column,
-    values)` (one value per sample, shown as a column of the samples table in TensorBoard)."""
-
-    def __init__(self, max_steps: int = 0):
-        from transformers import TrainerState
-
-        self.trainer_state = TrainerState(global_step=0, max_steps=max_steps)
-        self.metrics: dict[str, list[float]] = {}
-        self.extras: dict[str, list] = {}
-
-    def log_metric(self, name: str, value: float) -> None:
-        self.metrics.setdefault(str(name), []).append(float(value))
-
-    def log_extra(self, column: str, values: list) -> None:
-        self.extras.setdefault(str(column), []).extend(values)
-
-    def arguments(self) -> dict:
-        return {"trainer_state": self.trainer_state, "log_metric": self.log_metric, "log_extra": self.log_extra}
-
-    def take(self, prefix: str = "") -> tuple[dict, dict]:
-        """({prefix}reward_metrics/<name>: mean of the values logged since the last take, extra columns); both emptied."""
-        metrics = {f"{prefix}reward_metrics/{name}": sum(v) / len(v) for name, v in self.metrics.items() if v}
-        extras, self.metrics, self.extras = self.extras, {}, {}
-        return metrics, extras
-
-
 def await_together(pending: list) -> list:
     """The results of the awaitables async reward functions returned, awaited together (TRL's
     asyncio.gather); an exception comes back in its place."""
@@ -99,10 +66,3 @@ def await_together(pending: list) -> list:
         return await asyncio.gather(*pending, return_exceptions=True)
 
     return asyncio.run(gather()) if pending else []
-
-
-def with_columns(rows: list[dict], extras: dict) -> list[dict]:
-    """Sample rows ({prompt, response, score}) with the columns reward functions logged for them
-    (log_extra: one value per sample, in order; a column of another length is left out)."""
-    kept = {column: values for column, values in extras.items() if len(values) == len(rows)}
-    return [{**row, **{column: values[i] for column, values in kept.items()}} for i, row in enumerate(rows)]
