@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from .algo.degeneration import degeneration_flags
 from .config import Config, GenerationArgs, ModelConfig, Problems, RewardArgs, check_reward_fn, looks_like_a_path
 from .config.paths import check_model_location, writable_folder_problem
 from .data import PromptSet, load_prompt_table, tokenize_prompts
@@ -38,6 +37,7 @@ from .storage.checkpoint import (
     seed_everything,
 )
 from .storage.export import load_checkpoint_hydra
+from .train.heldout import answer_and_score
 from .storage.models import build_hydra, load_model_and_tokenizer
 from .storage.rundir import move_aside, refuse_own_inputs, with_run_folders
 from .train.precision import pick_device
@@ -57,32 +57,30 @@ def generate_and_score(
     """One sampled response per prompt, and its score (the reward functions get the prompts'
     other `columns`). Seeded, so that two models compared on the same prompts see the same
     random numbers."""
+    sampler = build_sampler(generation, hydra, tokenizer)
+
+    def answer(prompt_ids, rows):
+        return sampler.sample(prompt_ids, generation)
+
+    def score(rows, prompt_texts, responses):
+        texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+        scored = reward_source(
+            [p + r for p, r in zip(prompt_texts, texts)],
+            prompt_texts,
+            texts,
+            columns={name: [values[i] for i in rows] for name, values in (columns or {}).items()},
+            completion_ids=responses.response_ids,
+            prompt_messages=[prompts.messages[i] for i in rows] if prompts.messages else None,
+        )
+        return scored.total, None
+
     torch.manual_seed(seed)
     was_training = hydra.training
     hydra.eval()
-    responses = build_sampler(generation, hydra, tokenizer).sample(prompts.input_ids, generation)
+    # The same "answer and score" path as held-out evaluation during training (train/heldout.py).
+    answers = answer_and_score(prompts, list(range(len(prompts))), answer, score if reward_source else None, tokenizer)
     hydra.train(was_training)
-    texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
-    scores = [None] * len(texts)
-    if reward_source is not None:
-        samples = [p + r for p, r in zip(prompts.texts, texts)]
-        scores = [
-            float(s)
-            for s in reward_source(
-                samples,
-                prompts.texts,
-                texts,
-                columns=columns,
-                completion_ids=responses.response_ids,
-                prompt_messages=prompts.messages,
-            ).total
-        ]
-    return [
-        {"prompt": p, "response": r, "score": s, "ended": e, "degenerate": d}
-        for p, r, s, e, d in zip(
-            prompts.texts, texts, scores, responses.ended, degeneration_flags(responses.response_ids, responses.ended)
-        )
-    ]
+    return [{key: row[key] for key in ("prompt", "response", "score", "ended", "degenerate")} for row in answers]
 
 
 def mean_score(rows: list[dict]) -> float | None:

@@ -84,6 +84,37 @@ def held_out_summary(history: list[dict]) -> str:
     return text
 
 
+def answer_and_score(
+    prompts: PromptSet, rows: list[int], generate: Callable, score: Callable | None, tokenizer
+) -> list[dict]:
+    """The one "answer and score" path, of held-out evaluation during RL and of the generate /
+    compare commands (evaluate.py): the prompts' `rows` answered by `generate(prompt_ids, rows)` ->
+    Responses, scored by `score(rows, prompt_texts, responses)` -> (scores, {source: scores} or None)
+    (None: unscored), one dict per answer: prompt, response, score, length, ended, degenerate, each
+    source's score (parts) and the episode's statistics (agent)."""
+    prompt_ids = [prompts.input_ids[i] for i in rows]
+    prompt_texts = [prompts.texts[i] for i in rows]
+    responses: Responses = generate(prompt_ids, rows)
+    scores, parts = score(rows, prompt_texts, responses) if score is not None else ([None] * len(rows), None)
+    episodes = responses.episode_stats
+    # An episode's sample is its whole transcript, the chat template's turn markers kept.
+    texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=episodes is None)
+    degenerate = degeneration_flags(responses.response_ids, responses.ended)
+    return [
+        {
+            "prompt": prompt_texts[k],
+            "response": texts[k],
+            "score": None if scores[k] is None else float(scores[k]),
+            "length": len(responses.response_ids[k]),
+            "ended": bool(responses.ended[k]),
+            "degenerate": degenerate[k],
+            "parts": {name: float(values[k]) for name, values in parts.items()} if parts else None,
+            "agent": episodes[k] if episodes else None,
+        }
+        for k in range(len(rows))
+    ]
+
+
 class HeldOutEvaluation:
     """Answers every held-out prompt with the current policy and scores the answers.
 
@@ -134,24 +165,8 @@ class HeldOutEvaluation:
             # by the batch's start, not its first prompt: with several answers per prompt two
             # batches can start at the same prompt (with one answer each the two are the same).
             torch.manual_seed(self.seed * 1_000_003 + step * 10_007 + start)
-        prompt_ids = [self.prompts.input_ids[i] for i in rows]
-        prompt_texts = [self.prompts.texts[i] for i in rows]
-        responses: Responses = generate(prompt_ids, self.greedy, rows)
-        scores, parts = score(rows, prompt_texts, responses)
-        episodes = responses.episode_stats
-        # An episode's sample is its whole transcript, the chat template's turn markers kept.
-        texts = self.tokenizer.batch_decode(responses.response_ids, skip_special_tokens=episodes is None)
-        degenerate = degeneration_flags(responses.response_ids, responses.ended)
-        return [
-            {
-                "prompt": prompt_texts[k],
-                "response": texts[k],
-                "score": float(scores[k]),
-                "length": len(responses.response_ids[k]),
-                "ended": bool(responses.ended[k]),
-                "degenerate": degenerate[k],
-                "parts": {name: float(values[k]) for name, values in parts.items()} if parts else None,
-                "agent": episodes[k] if episodes else None,
-            }
-            for k in range(len(rows))
-        ]
+
+        def answer(prompt_ids, rows):
+            return generate(prompt_ids, self.greedy, rows)
+
+        return answer_and_score(self.prompts, rows, answer, score, self.tokenizer)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hydrappo.config import ConfigError, parse_config
+from hydrappo.errors import UsageError
 from hydrappo.generation.responses import Responses
 from hydrappo.prompts import PromptSet
 from hydrappo.train.distributed import ProcessGroup
@@ -145,7 +146,20 @@ def test_evaluation_logs_at_step_zero_and_every_n_and_leaves_training_unchanged(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tmp_path / "eval" / "tensorboard")).Reload()
-    assert "eval_samples" in " ".join(events.Tags()["tensors"])
+    tags = events.Tags()["tensors"]
+    assert "eval_samples" in " ".join(tags)
+    # The step-0 baseline's answers are held-out answers: under eval_samples, not the training samples.
+    by_tag = {tag: [event.step for event in events.Tensors(tag)] for tag in tags}
+    assert any(0 in steps for tag, steps in by_tag.items() if tag.startswith("eval_samples"))
+    assert not any(0 in steps for tag, steps in by_tag.items() if tag.startswith("samples"))
+    # trainer.evaluate() after train() (a Trainer user's first call) is the held-out evaluation: at
+    # the step the run ended, it gives the numbers the last evaluation logged.
+    again = evaluated.evaluate()
+    assert {k: v for k, v in again.items() if not k.startswith("time/")} == {
+        k: v for k, v in rows[-1].items() if k.startswith("eval/")
+    }
+    with pytest.raises(UsageError, match="eval_dataset"):
+        plain.evaluate()
 
 
 def test_evaluation_options_are_checked_before_any_model_loads(tmp_path):
