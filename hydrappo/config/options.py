@@ -610,6 +610,15 @@ class TrainArgs(RunArgs):
             "its device, gathering a layer while it runs (in generation: every bottom layer at every token)."
         },
     )
+    oom_backoff: int = field(
+        default=0,
+        metadata={
+            "help": "On running out of memory, halve the chunk of the phase that ran out (generation_batch_size; in the "
+            "update, micro-batches by doubling gradient_accumulation_steps) and retry, at most N times over the run "
+            "(train/memory.py); 0: end the run with a message naming the phase and the options that shrink it.",
+            "range": NOT_NEGATIVE,
+        },
+    )
     eval_every: int = field(
         default=0,
         metadata={

@@ -52,6 +52,7 @@ from .api import trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
+from .memory import OutOfMemory, memory_phase
 from .optimizers import apply_optimizer_options, load_optimizer_state, make_optimizer
 from .precision import MixedPrecision, keep_float32_master_weights, pick_mixed_precision
 from .run_log import RunLog
@@ -169,6 +170,10 @@ class Harness:
         finally:
             self.optimizer.zero_grad(set_to_none=True)
 
+    def drop_gradients(self) -> None:
+        """Forget the gradients accumulated so far (a minibatch that starts again)."""
+        self._drop_gradients_except(())
+
     def _drop_gradients_except(self, kept) -> None:
         kept = {id(param) for param in kept}
         for param in self.params:
@@ -242,7 +247,10 @@ class Harness:
                         history.append(log.write(0, initial, samples))
                 log.bar.restart_clock()  # a step's time on the bar is its own (the baseline has its time/eval)
             while self.step < total_steps:
-                stats, samples = loop.train_step()
+                try:
+                    stats, samples = loop.train_step()
+                except OutOfMemory as error:  # the step in flight is not logged; the checkpoints stay
+                    raise error.at_step(self.step + 1) if error.step is None else error from None
                 self.step += 1
                 extra = loop.finish() if self.step == total_steps else None
                 with dist.phase(f"logging step {self.step}"):
@@ -271,7 +279,8 @@ class Harness:
         rng_states = self.dist.gather_objects(rng_state())
         with self.dist.phase(f"writing checkpoint-{self.step}"):
             if self.dist.is_main:
-                return self._write_checkpoint(loop, rng_states)
+                with memory_phase("writing a checkpoint", checkpoint=f"checkpoint-{self.step}"):
+                    return self._write_checkpoint(loop, rng_states)
         return None
 
     def _write_checkpoint(self, loop, rng_states: list) -> Path:

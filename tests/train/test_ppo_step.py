@@ -11,6 +11,7 @@ from hydrappo.generation.samplers import build_sampler
 from hydrappo.rewards import FunctionReward, RewardContext, RewardSources
 from hydrappo.storage.models import build_hydra
 from hydrappo.train.harness import Harness
+from hydrappo.train.memory import BackOff
 from hydrappo.train.ppo.step import PPOStep
 
 from runs import TINY
@@ -51,6 +52,7 @@ def small_step(tmp_path) -> PPOStep:
         reward_context=RewardContext(max_steps=10),
         agent=None,
         kl_controller=build_kl_controller("fixed", 0.01),
+        backoff=BackOff(0),
     )
 
 

@@ -60,6 +60,7 @@ from ...generation.responses import Responses
 from ...model import HydraModel
 from ...rewards import RewardContext, RewardSources, with_columns
 from ..harness import Harness, TrainingError
+from ..memory import BackOff, OutOfMemory, memory_phase
 from ..run_log import as_float
 from ..sequences import Rollout, experience_pass, pack_sequences, pack_split_hidden, response_part
 from .experience import Experience, minibatch_plan
@@ -121,6 +122,8 @@ class PPOStep:
     - rewards: the reward sources; reward_context: what TRL's reward contract adds to their calls
     - agent: multi-turn episodes with tools / environments, or None
     - kl_controller: the KL coefficient, steered after every step
+    - backoff: train.oom_backoff's budget (train/memory.py): an update that runs out of memory
+      retries its minibatch in smaller micro-batches while it lasts
     """
 
     def __init__(
@@ -140,12 +143,13 @@ class PPOStep:
         reward_context: RewardContext,
         agent: Agent | None,
         kl_controller: KLController,
+        backoff: BackOff,
     ):
         self.hydra, self.tokenizer, self.config, self.harness = hydra, tokenizer, config, harness
         self.prompts, self.prompt_rows, self.columns, self.sampler = prompts, prompt_rows, columns, sampler
         self.rollout_sampler, self.records_split = rollout_sampler, records_split
         self.rewards, self.reward_context, self.agent = rewards, reward_context, agent
-        self.kl_controller = kl_controller
+        self.kl_controller, self.backoff = kl_controller, backoff
         # What the step owns, and a checkpoint keeps (state_dict).
         self.score_moments = RunningMoments()  # reward.score_normalization's running statistics
         self.shuffle_generator = torch.Generator().manual_seed(config.train.seed)  # the minibatches' order
@@ -197,7 +201,7 @@ class PPOStep:
         """Sample, score, shape and estimate one PPO batch: (this process's rows, stats, samples)."""
         start = time.perf_counter()
         rollout = self.rollout(plan)
-        with self.harness.dist.phase("scoring responses"):
+        with self.harness.dist.phase("scoring responses"), memory_phase("scoring", responses=len(rollout.indices)):
             scored = self.score_rollout(rollout)
         batch = self.gather_batch(rollout, scored)
         # A sample no reward scored (NaN, TRL's None) takes its group's scored mean and leaves the loss.
@@ -227,15 +231,28 @@ class PPOStep:
             # prompts does not depend on the number of processes.
             drawn = self.sampler.next_batch(self.config.ppo.batch_size // group)
             indices = [i for i in dist.shard(drawn) for _ in range(group)]
-            responses = self.generate([self.prompts.input_ids[i] for i in indices], indices)
+            generation = self.config.generation
+            with memory_phase(
+                "sampling",
+                responses=len(indices),
+                generation_batch_size=generation.generation_batch_size,
+                max_new_tokens=generation.max_new_tokens,
+            ):
+                responses = self.generate([self.prompts.input_ids[i] for i in indices], indices)
             input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
                 responses.prompt_ids, responses.response_ids, self.tokenizer.pad_token_id, responses.policy_mask
             )
             split = pack_split_hidden(responses, prompt_width, input_ids.shape[1])  # recorded while sampling, or None
             responses.split_hidden = None  # the per-row copies: packed now
-            evaluation = self.experience_pass(
-                input_ids, attention_mask, prompt_width, with_reference=plan.reference, split_hidden=split
-            )
+            with memory_phase(
+                "the experience pass",
+                sequences=input_ids.shape[0],
+                tokens=input_ids.shape[1],
+                generation_batch_size=generation.generation_batch_size,
+            ):
+                evaluation = self.experience_pass(
+                    input_ids, attention_mask, prompt_width, with_reference=plan.reference, split_hidden=split
+                )
         return Rollout(
             indices=indices,
             prompt_texts=[self.prompts.texts[i] for i in indices],
@@ -484,15 +501,8 @@ class PPOStep:
         for _ in range(ppo.ppo_epochs):
             minibatch_rows = minibatch_plan(experience.whole_batch_size, ppo.mini_batch_size, self.shuffle_generator)
             for minibatch, denominator in experience.minibatches(minibatch_rows):
-                loss_is_finite = True
                 with dist.phase("updating the policy"):
-                    for micro in minibatch.split(ppo.gradient_accumulation_steps):
-                        loss, stats = self.minibatch_loss(micro, plan, denominator)
-                        if not torch.isfinite(loss):
-                            loss_is_finite = False
-                            break
-                        harness.backward(loss)
-                        meter.add(stats, float(micro.action_mask.sum()))
+                    loss_is_finite = self.accumulate_gradients(minibatch, plan, denominator, meter)
                 grad_norm = harness.optimizer_step(loss_is_finite, only=stepping)
                 if grad_norm is not None:
                     meter.grad_norms.append(grad_norm)
@@ -506,6 +516,34 @@ class PPOStep:
             **harness.optimizer_stats("ppo/"),
             "time/update": time.perf_counter() - start,
         }
+
+    def accumulate_gradients(self, minibatch: Experience, plan: StepPlan, denominator: float, meter) -> bool:
+        """The minibatch's gradients, accumulated over its micro-batches (ppo.gradient_accumulation_steps);
+        False at a non-finite loss. Out of memory with train.oom_backoff left, the micro-batches are halved
+        and the minibatch starts again, its partial gradients dropped (train/memory.py)."""
+        while True:
+            ppo, taken = self.config.ppo, meter.mark()
+            micro_rows = len(minibatch) // ppo.gradient_accumulation_steps
+            try:
+                with memory_phase(
+                    "the update",
+                    mini_batch_size=ppo.mini_batch_size,
+                    micro_batch_rows=micro_rows,
+                    tokens=minibatch.input_ids.shape[1],
+                ):
+                    for micro in minibatch.split(ppo.gradient_accumulation_steps):
+                        loss, stats = self.minibatch_loss(micro, plan, denominator)
+                        if not torch.isfinite(loss):
+                            return False
+                        self.harness.backward(loss)
+                        meter.add(stats, float(micro.action_mask.sum()))
+                return True
+            except OutOfMemory as error:
+                error.at_step(self.harness.step + 1)
+                if self.backoff.shrink(error, self.config, self.harness.dist.world_size) is None:
+                    raise
+                self.harness.drop_gradients()
+                meter.rewind(taken)
 
     def minibatch_loss(
         self, batch: Experience, plan: StepPlan, denominator: float | None = None

@@ -10,6 +10,7 @@ harness's (train/harness.py).
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from pathlib import Path
@@ -26,12 +27,13 @@ from ...generation.responses import Responses
 from ...generation.samplers import build_sampler
 from ...model import HydraModel
 from ...rewards import RewardContext, build_reward_source, with_columns
-from ...storage.checkpoint import CheckpointError
+from ...storage.checkpoint import CheckpointError, rng_state, set_rng_state
 from ...storage.reward_branch import apply_reference_stats, load_reward_branch
 from ..api import save_model
 from ..harness import TrainingLoop, enable_activation_checkpointing, prepare
 from ..heldout import HeldOutEvaluation, evaluation_due, held_out_summary
 from ..inputs import RLInputs
+from ..memory import BackOff, OutOfMemory, memory_phase
 from ..sequences import pack_sequences
 from .step import PPOStep
 
@@ -86,6 +88,7 @@ class PPOTrainer(TrainingLoop):
         )
         # Multi-turn episodes with tools / environments (agent:, or tools= / environment_factory= objects).
         self.agent = build_agent(config, tokenizer, self.inputs.agent_code)
+        self.backoff = BackOff(train.oom_backoff)  # train/memory.py
         self.held_out = None
         if data.eval_prompts:
             self.held_out = HeldOutEvaluation(
@@ -130,6 +133,7 @@ class PPOTrainer(TrainingLoop):
             reward_context=RewardContext(max_steps=train.total_steps),  # TRL's trainer_state, log_metric, log_extra
             agent=self.agent,
             kl_controller=build_kl_controller(ppo.kl_controller, ppo.init_kl_coef, self.kl_steering()),
+            backoff=self.backoff,
         )
 
     def kl_steering(self) -> KLSteering:
@@ -163,11 +167,30 @@ class PPOTrainer(TrainingLoop):
 
     def train_step(self) -> tuple[dict, list[dict] | dict]:
         """One PPO iteration (PPOStep.run), then the held-out evaluation when one is due."""
-        stats, samples = self.ppo_step.run()
+        stats, samples = self.run_step_backing_off()
         step, train = self.harness.step + 1, self.config.train
         if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
             eval_stats, eval_samples = self.evaluate_held_out(step)
             return {**stats, **eval_stats}, {"samples": samples, "eval_samples": eval_samples}
+        return stats, samples
+
+    def run_step_backing_off(self) -> tuple[dict, list[dict]]:
+        """PPOStep.run; out of memory before the update with train.oom_backoff left, the chunk is
+        halved and the step starts again from the state it started from (train/memory.py)."""
+        started = rng_state(), copy.deepcopy(self.ppo_step.state_dict())
+        while True:
+            try:
+                stats, samples = self.ppo_step.run()
+                break
+            except OutOfMemory as error:
+                error.at_step(self.harness.step + 1)
+                if self.backoff.shrink(error, self.config, self.harness.dist.world_size) is None:
+                    raise
+                set_rng_state(started[0])
+                self.ppo_step.load_state_dict(copy.deepcopy(started[1]))
+                self.ppo_step.reward_context.take()  # what the interrupted step's reward calls logged
+        if self.config.train.oom_backoff:
+            stats["oom/backoffs_total"] = self.backoff.total
         return stats, samples
 
     def train(self, resume=None) -> list[dict]:
@@ -209,11 +232,26 @@ class PPOTrainer(TrainingLoop):
         status(f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts{each}")
         try:
             score = functools.partial(self.score_responses, step=step)  # a reward's error names this step
-            stats, samples = self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
+            stats, samples = self.answer_held_out(step, score)
         finally:
             status(None)
         metrics, extras = self.ppo_step.reward_context.take("eval/")
         return {**stats, **metrics, "time/eval": time.perf_counter() - start}, with_columns(samples, extras)
+
+    def answer_held_out(self, step: int, score) -> tuple[dict, list[dict]]:
+        """HeldOutEvaluation.run; out of memory with train.oom_backoff left, its batch is halved and it
+        runs again (it restores the random state it found, so the retry answers as a first try would)."""
+        while True:
+            sizes = {"prompts": len(self.held_out.prompts), "batch": self.held_out.batch_size}
+            try:
+                with memory_phase("held-out evaluation", **sizes):
+                    return self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
+            except OutOfMemory as error:
+                error.at_step(step)
+                if self.backoff.shrink(error, self.config, self.harness.dist.world_size) is None:
+                    raise
+                self.held_out.batch_size = self.config.generation.generation_batch_size
+                self.ppo_step.reward_context.take("eval/")
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool, rows=None) -> Responses:
         with self.harness.autocast():

@@ -36,6 +36,14 @@ class UpdateMeter:
             self.sums[key] = self.sums.get(key, 0.0) + value * weight
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
+    def mark(self) -> tuple:
+        """What has been added so far; `rewind(mark)` drops whatever was added after it (a minibatch
+        that starts again after running out of memory)."""
+        return dict(self.sums), dict(self.weights), dict(self.maxima)
+
+    def rewind(self, mark: tuple) -> None:
+        self.sums, self.weights, self.maxima = (dict(part) for part in mark)
+
     def means(self, dist, minibatches: int, prefix: str = "") -> dict:
         sums, weights, maxima = {}, {}, {}
         for part_sums, part_weights, part_maxima in dist.gather_objects((self.sums, self.weights, self.maxima)):
