@@ -361,10 +361,11 @@ def _load_tokenizer(name_or_path, gguf_file: str | None = None, option: str = "m
 
 
 def load_model_and_tokenizer(
-    model_config: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    model_config: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, tokenizer=None
 ):
     """Return `(model, tokenizer)`: the causal LM in eval mode on `device` in `dtype`, and
-    its tokenizer with a pad token (EOS if it had none) and left padding.
+    its tokenizer with a pad token (EOS if it had none) and left padding: the one the config
+    names, or `tokenizer` when one is given (the Python API's processing_class).
 
     GGUF sources load from the converted cache (converted on first use). With
     `random_init` the model is built from the source's config with random weights (seed
@@ -404,7 +405,9 @@ def load_model_and_tokenizer(
         except pickle.UnpicklingError as error:
             raise ModelLoadError(refused_pickle(error, directory, "model.name_or_path") or str(error)) from None
         tokenizer_source = (model_config.tokenizer_name_or_path or directory, None)
-    return ready_for_training(model, _load_tokenizer(*tokenizer_source), device, dtype)
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(*tokenizer_source)
+    return ready_for_training(model, tokenizer, device, dtype)
 
 
 def ready_for_training(model, tokenizer, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -419,6 +422,41 @@ def ready_for_training(model, tokenizer, device: str | torch.device = "cpu", dty
         generation_config.pad_token_id = tokenizer.pad_token_id
     model.to(device=torch.device(device), dtype=dtype)
     return model.eval(), tokenizer
+
+
+def embedding_rows(model) -> int | None:
+    """How many token ids the model has embeddings for (None when it does not say)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    return int(weight.shape[0]) if weight is not None and weight.dim() == 2 else None
+
+
+def check_tokenizer_fits(model, tokenizer, option: str = "processing_class") -> None:
+    """UsageError for a tokenizer that is not the model's: one that can produce ids past the model's
+    embedding rows (an index error mid-run, or a CUDA assert, at the first such token)."""
+    rows = embedding_rows(model)
+    if rows is None:
+        return
+    name = getattr(model, "name_or_path", "") or type(model).__name__
+    fix = (
+        "give the tokenizer the model was trained with (AutoTokenizer.from_pretrained of the model), or resize "
+        "the model's embeddings to it first (model.resize_token_embeddings(len(tokenizer)))"
+    )
+    if len(tokenizer) > rows:
+        raise UsageError(
+            f"{option}: the tokenizer has {len(tokenizer)} tokens and the model ({name}) embeds only {rows}: its ids "
+            f"{rows}..{len(tokenizer) - 1} have no embedding, so it is not this model's tokenizer; {fix}."
+        )
+    special = {
+        f"{kind}_token_id": getattr(tokenizer, f"{kind}_token_id", None) for kind in ("pad", "eos", "bos", "unk")
+    }
+    outside = {key: value for key, value in special.items() if isinstance(value, int) and not 0 <= value < rows}
+    if outside:
+        shown = ", ".join(f"{key}={value}" for key, value in outside.items())
+        raise UsageError(
+            f"{option}: the tokenizer's special token id(s) {shown} lie outside the model's {rows} embedding rows "
+            f"({name}); {fix}."
+        )
 
 
 def check_band_fits(model_config: ModelConfig) -> None:
@@ -436,7 +474,13 @@ def check_band_fits(model_config: ModelConfig) -> None:
 
 
 def build_hydra(
-    model_config: ModelConfig, lora_args=None, device="cpu", value_head: bool = True, dtype_device=None, loaded=None
+    model_config: ModelConfig,
+    lora_args=None,
+    device="cpu",
+    value_head: bool = True,
+    dtype_device=None,
+    loaded=None,
+    tokenizer=None,
 ):
     """Load the model a config names and wrap it as the HydraModel that config trains
     (with LoRA when `lora_args.lora_r > 0`; without a value head for critic-free RL and the
@@ -444,6 +488,8 @@ def build_hydra(
     `model.dtype: auto` applies, when the model is loaded elsewhere first (FSDP loads it into
     CPU memory, then shards it onto the GPUs). `loaded`: (a transformers model already in
     memory, its tokenizer or None) to wrap instead of loading `model_config.name_or_path`.
+    `tokenizer`: a tokenizer object to use instead of the one the config names (the Python API's
+    processing_class), checked against the model's vocabulary.
 
     Every command that rebuilds a run's model (train, generate, export) goes through
     here, so they all build the same thing. Random-init models depend on the torch seed:
@@ -459,14 +505,18 @@ def build_hydra(
     dtype = resolve_dtype(model_config.dtype, dtype_device or device)
     if loaded is None and model_config.trainable_layers is not None:
         check_band_fits(model_config)
+    given = tokenizer is not None
     if loaded is None:
-        model, tokenizer = load_model_and_tokenizer(model_config, device=load_device, dtype=dtype)
+        model, tokenizer = load_model_and_tokenizer(model_config, device=load_device, dtype=dtype, tokenizer=tokenizer)
     else:
-        model, tokenizer = loaded
+        model, tokenizer = loaded[0], tokenizer or loaded[1]
+        given = given or tokenizer is not None
         if tokenizer is None:
             option = "model.tokenizer_name_or_path" if model_config.tokenizer_name_or_path else "model.name_or_path"
             tokenizer = _load_tokenizer(model_config.tokenizer_name_or_path or model_config.name_or_path, option=option)
         model, tokenizer = ready_for_training(model, tokenizer, load_device, dtype)
+    if given:  # (the pad token it was given, EOS by default, included)
+        check_tokenizer_fits(model, tokenizer)
     lora = lora_config(lora_args) if lora_args is not None and lora_args.lora_r > 0 else None
     try:
         hydra = HydraModel(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..config.parse import parse_config
+from ..errors import UsageError
 
 
 def config_of(config_cls, args) -> object:
@@ -137,3 +138,54 @@ def trainer_inputs(config_cls, config, objects: dict, tokenizer=None) -> tuple[o
         config = copy.deepcopy(config)
     loaded = apply_objects(config, **{name: objects.get(name) for name in OBJECTS[:7]})
     return config, loaded, tokenizer if tokenizer is not None else objects.get("processing_class")
+
+
+def check_processing_class(config, inputs, tokenizer, option: str = "processing_class") -> None:
+    """Refuse, before any model loads, a tokenizer given in Python that cannot serve this run: not a
+    tokenizer, given besides model.tokenizer_name_or_path, or without the chat template the run
+    renders prompts or turns with. (Its vocabulary is checked against the model once that is
+    loaded: storage/models.check_tokenizer_fits.)"""
+    from transformers import PreTrainedTokenizerBase
+
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        inner = getattr(tokenizer, "tokenizer", None)
+        hint = f" (a processor: give its tokenizer, {option}=processor.tokenizer)" if inner is not None else ""
+        raise UsageError(
+            f"{option}: a {type(tokenizer).__name__} is not a transformers tokenizer{hint}; give a tokenizer "
+            "(AutoTokenizer.from_pretrained(...)), or leave it out to use the model's own."
+        )
+    if config.model.tokenizer_name_or_path:
+        raise ConfigError(
+            f"{option} and model.tokenizer_name_or_path={config.model.tokenizer_name_or_path!r} both name the "
+            "tokenizer: give one of them."
+        )
+    if getattr(tokenizer, "chat_template", None):
+        return
+    needs = chat_template_needs(config, inputs)
+    if needs:
+        raise UsageError(
+            f"{option}: the tokenizer has no chat template, and {needs}; give a tokenizer with one (set "
+            "tokenizer.chat_template to a Jinja template, or load the tokenizer of an instruct model)."
+        )
+
+
+def chat_template_needs(config, inputs) -> str | None:
+    """Why this run renders text with the tokenizer's chat template (None: it does not)."""
+    agent = getattr(config, "agent", None)
+    if agent is not None and agent.enabled:
+        return "multi-turn episodes (the agent section, or tools= / environment_factory=) render every turn with it"
+    if config.data.apply_chat_template:
+        return "data.apply_chat_template is set"
+    for where, prompts in prompt_lists(config, inputs):
+        if any(isinstance(prompt, (list, tuple)) for prompt in prompts or ()):
+            return f"the prompts of {where} are message lists, which only a chat template turns into text"
+    return None
+
+
+def prompt_lists(config, inputs) -> list[tuple[str, list]]:
+    """(where, prompts) of each table a stage reads prompts from."""
+    if hasattr(inputs, "prompts"):  # RL: train/inputs.RLInputs
+        return [("train_dataset", inputs.prompts), ("eval_dataset", inputs.eval_prompts)]
+    column = getattr(config.data, "prompt_column", None) or "prompt"
+    tables = [("train_dataset", inputs.train), ("eval_dataset", inputs.eval), ("data.stats_file", inputs.stats)]
+    return [(where, table.get(column)) for where, table in tables if table]

@@ -46,9 +46,9 @@ from ..storage.checkpoint import (
     set_rng_state,
     trainable_state_dict,
 )
-from ..storage.models import build_hydra, fetch_hub_models
+from ..storage.models import build_hydra, check_tokenizer_fits, fetch_hub_models
 from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir
-from .api import trainer_inputs
+from .api import check_processing_class, trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
@@ -418,14 +418,23 @@ def prepare(
     # The Python API's first chance (the command line checked before): no model loads for a run that would be refused.
     refuse_own_inputs(run.output_dir, input_paths(config), "train.output_dir")
     inputs = inputs if inputs is not None else read_inputs(config)
+    given = objects.get("processing_class") is not None  # TRL's name of the tokenizer given in Python
+    if given:  # refused now, before any model loads, if it cannot serve this run
+        check_processing_class(config, inputs, tokenizer)
     if hydra is None and model is None:
         fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
     harness = Harness(run, config, max_nonfinite_steps=getattr(config, config.OPTIMIZER).max_nonfinite_steps)
-    loaded = (model, tokenizer) if model is not None else None
+    loaded = (model, None) if model is not None else None
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:
         # Whole in CPU memory first; each process then keeps its shards of the frozen layers.
         hydra, tokenizer = build_hydra(
-            config.model, lora, device="cpu", value_head=value_head, dtype_device=harness.device, loaded=loaded
+            config.model,
+            lora,
+            device="cpu",
+            value_head=value_head,
+            dtype_device=harness.device,
+            loaded=loaded,
+            tokenizer=tokenizer,
         )
         sharded, kept = shard_frozen_trunk(hydra, harness.dist, harness.device)
         hydra.to(harness.device)
@@ -438,8 +447,12 @@ def prepare(
                 kept,
             )
     elif hydra is None:
-        hydra, tokenizer = build_hydra(config.model, lora, device=harness.device, value_head=value_head, loaded=loaded)
-    if tokenizer is None:
+        hydra, tokenizer = build_hydra(
+            config.model, lora, device=harness.device, value_head=value_head, loaded=loaded, tokenizer=tokenizer
+        )
+    elif tokenizer is None:
         raise ConfigError("pass the tokenizer together with a hydra model.")
+    elif given:
+        check_tokenizer_fits(hydra.model, tokenizer)
     loop.harness, loop.device, loop.hydra, loop.tokenizer = harness, harness.device, hydra, tokenizer
     return inputs
