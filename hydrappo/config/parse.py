@@ -16,7 +16,7 @@ from ..usercode import ParserExit
 from .checks import validate
 from .options import ConfigError
 from .sections import Config, sections_of
-from .trl_names import translate_words, translate_yaml
+from .trl_names import TRL_NAMES, translate_words, translate_yaml
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -81,14 +81,20 @@ def close_match(word: str, valid) -> str | None:
     return match[0] if match else None
 
 
-def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
+def _flatten_yaml(data: dict, source: str, sections: dict, flat_names: bool = False) -> dict:
+    """{option: value} of a YAML file's sections; `flat_names` (a dict `args` given in Python, as
+    TRL's configs take every option: `args={"num_generations": 4, "ppo": {...}}`) also takes option
+    names, hydrappo's or TRL's, at the top level beside the sections."""
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections ({', '.join(sections)}).")
     flat = {}
     every = {f.name for cls in sections.values() for f in dataclasses.fields(cls)}
+    loose = {key: value for key, value in data.items() if flat_names and key not in sections}
     for section, values in data.items():
+        if section in loose:
+            continue
         if section not in sections:
             raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sections)}.")
         values = values or {}
@@ -111,7 +117,32 @@ def _flatten_yaml(data: dict, source: str, sections: dict) -> dict:
                     f"{source}: unknown key {key!r} in section {section!r}.{hint} Valid keys: {', '.join(valid)}."
                 )
             flat[key] = value
+    for key, value in loose.items():
+        option, value = _flat_option(str(key), value, every, sections, source)
+        if option in flat and option == key:
+            raise ConfigError(f"{source}: {key} is given at the top level and in its section; give it once.")
+        if option in flat:
+            raise ConfigError(f"{source}: {key} (TRL's name) and {option} are the same option; give one of them.")
+        flat[option] = value
     return flat
+
+
+def _flat_option(key: str, value, every: set, sections: dict, source: str) -> tuple[str, object]:
+    """(option, value) of a name given at the top level of `args`: a hydrappo option, or TRL's name
+    of one (config/trl_names.py); ConfigError naming the close names for any other."""
+    if key in every:
+        return key, value
+    trl = translate_yaml(key, value, every, source)
+    if trl is not None:
+        return trl
+    names = [*sections, *every, *(name for name in TRL_NAMES if TRL_NAMES[name].option in every)]
+    close = difflib.get_close_matches(key, names, n=3)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise ConfigError(
+        f"{source}: {key!r} is neither a section ({', '.join(sections)}) nor an option, hydrappo's or TRL's "
+        f"GRPOConfig name of one.{hint} An option goes in its section ({{'ppo': {{'batch_size': 16}}}}) or at the "
+        "top level ({'batch_size': 16})."
+    )
 
 
 # Text options that also take a YAML list (on the command line: comma-separated).
@@ -291,7 +322,7 @@ def parse_config(
             raise ConfigError(f"config file {path}: not valid YAML: {error}") from None
         defaults = _flatten_yaml(data, str(path), sections)
     elif data is not None:
-        defaults = _flatten_yaml(data, "args", sections)
+        defaults = _flatten_yaml(data, "args", sections, flat_names=True)
 
     # exit_on_error=False: a bad value on the command line is a ConfigError like any other,
     # not argparse's usage text of every option followed by an exit.
