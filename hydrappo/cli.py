@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import console, usercode
-from .errors import HydrappoError, describe_os_error
+from .errors import HydrappoError, describe_os_error, on_the_command_line
 
 # ---------------------------------------------------------------------------- train, reward, sft
 # Under torchrun / accelerate launch every process runs the command (train/distributed.py);
@@ -591,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:  # the program does not wait for
     usercode.COMMAND_LINE = True
     if argv is None:  # the program: a closed stdout or stderr (tee ended by Ctrl-C) must not stop training
         console.survive_lost_output()
-    return usercode.leave_threads_behind(_main(argv), end_process=argv is None)
+    with on_the_command_line():  # messages name --options, not Python's arguments (errors.spell)
+        code = _main(argv)
+    return usercode.leave_threads_behind(code, end_process=argv is None)
 
 
 def _main(argv: list[str] | None) -> int:

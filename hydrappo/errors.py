@@ -4,6 +4,9 @@ An error of this kind carries a message that says what was wrong and how to fix 
 command line prints just that message (no traceback) and exits with `exit_code`: 2 for
 a usage error (an option, a path, a file a user gave), 1 for a failure while running.
 Anything else that escapes is a bug, and its traceback is what a report needs.
+
+A message names an option as the user gives it: `--resume` on the command line,
+`trainer.train(resume=True)` in Python (`spell`, at the end of this file).
 """
 
 from __future__ import annotations
@@ -166,3 +169,39 @@ def refused_pickle(error: BaseException, folder: str | os.PathLike, option: str)
         "(`AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW, safe_serialization=True)` on a machine "
         "where running its code is acceptable)."
     )
+
+
+# ---------------------------------------------------------------------------- how the user spells an option
+# The same run is started two ways: `hydrappo train CONFIG --resume --overwrite_output_dir`, or
+# `PPOTrainer(..., args={...}).train(resume=True)`. A message tells the user what to give in the way
+# they started it: code that names an option or an argument in a message writes `spell(name)`, and
+# the command line (cli.main) runs under `on_the_command_line()`. Outside it, Python's spelling.
+_COMMAND_LINE = False
+TRAIN_ARGUMENTS = ("resume",)  # arguments of a trainer's train(); any other name is a config option
+
+
+def spell(name: str, value=True) -> str:
+    """How the user sets `name` = `value` where they started hydrappo. `name`: an argument of a
+    trainer's train() ('resume') or a config option 'section.option'. `value` True: the flag alone.
+
+        spell("resume")                          --resume | trainer.train(resume=True)
+        spell("resume", path)                    --resume PATH | trainer.train(resume='PATH')
+        spell("train.overwrite_output_dir")      --overwrite_output_dir | args={"train": {"overwrite_output_dir": True}}
+    """
+    section, _, option = name.rpartition(".")
+    if _COMMAND_LINE:
+        return f"--{option}" if value is True else f"--{option} {value}"
+    if name in TRAIN_ARGUMENTS:
+        return f"trainer.train({name}={value if value is True else str(value)!r})"
+    return f'args={{"{section}": {{"{option}": {value!r}}}}}'
+
+
+@contextmanager
+def on_the_command_line():
+    """Messages spell options as the command line takes them, for the duration of the block."""
+    global _COMMAND_LINE
+    before, _COMMAND_LINE = _COMMAND_LINE, True
+    try:
+        yield
+    finally:
+        _COMMAND_LINE = before

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import UsageError, spell
 
 # `.NAME.tmp-PID@HOST-XXXX` (and `.old-`); a host name holds letters, digits, dots and dashes.
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)@(?P<host>[A-Za-z0-9._-]+)-[^-]+$")
@@ -82,7 +82,7 @@ def refuse_symlink(target: Path) -> None:
         what = f"a symbolic link (to {os.readlink(target)})" if target.is_symlink() else "a file"
         raise UsageError(
             f"{target} is {what}, not a folder hydrappo wrote: it is neither followed nor replaced. Move it out of "
-            f"{target.parent} and run again (a training run continues with --resume)."
+            f"{target.parent} and run again (a training run continues with {spell('resume')})."
         )
 
 

@@ -41,7 +41,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from ..config.resume import resume_changes
-from ..errors import UsageError, plain_write_errors
+from ..errors import UsageError, plain_write_errors, spell
 from .atomic import refuse_symlink, rename_to_sibling, temporary_prefix, write_directory
 
 logger = logging.getLogger("hydrappo")
@@ -246,7 +246,9 @@ def resolve_resume(resume: str | Path | bool, output_dir: str | Path, set_aside:
     if resume in (True, "latest", ""):
         found = checkpoint_dirs(output_dir)
         if not found:
-            raise CheckpointError(f"--resume: no checkpoint found in {output_dir}; start without --resume.")
+            raise CheckpointError(
+                f"{spell('resume')}: no checkpoint found in {output_dir}; start without {spell('resume')}."
+            )
         for folder in reversed(found):
             problems = checkpoint_problems(folder)
             if not problems:
@@ -255,27 +257,31 @@ def resolve_resume(resume: str | Path | bool, output_dir: str | Path, set_aside:
                 continue
             aside = set_aside_damaged(folder)
             logger.warning(
-                "--resume: skipping the damaged checkpoint %s (%s); it was moved to %s",
+                "%s: skipping the damaged checkpoint %s (%s); it was moved to %s",
+                spell("resume"),
                 folder,
                 "; ".join(problems),
                 aside.name,
             )
         raise CheckpointError(
-            f"--resume: every checkpoint in {output_dir} is damaged (moved aside as checkpoint-<step>.damaged-*); "
-            "start a new run with --overwrite_output_dir, or resume from a copy with --resume PATH."
+            f"{spell('resume')}: every checkpoint in {output_dir} is damaged (moved aside as "
+            f"checkpoint-<step>.damaged-*); start a new run with {spell('train.overwrite_output_dir')}, or resume from "
+            f"a copy with {spell('resume', 'PATH')}."
         )
     path = Path(resume).expanduser()
     if not path.is_dir():
         raise CheckpointError(
-            f"--resume {path}: no such checkpoint folder; give a checkpoint-<step> folder, or --resume alone for the latest."
+            f"{spell('resume', path)}: no such checkpoint folder; give a checkpoint-<step> folder, or "
+            f"{spell('resume')} for the latest."
         )
     if not is_checkpoint_folder(path):
         raise CheckpointError(
-            f"--resume {path}: not a checkpoint folder (no {WEIGHTS_NAME}, {TRAINER_STATE_NAME}); give a checkpoint-<step> folder."
+            f"{spell('resume', path)}: not a checkpoint folder (no {WEIGHTS_NAME}, {TRAINER_STATE_NAME}); give a "
+            "checkpoint-<step> folder."
         )
     problems = checkpoint_problems(path)
     if problems:
-        raise _damaged(path, problems, "--resume: checkpoint")
+        raise _damaged(path, problems, f"{spell('resume', path)}: the checkpoint")
     return path
 
 
@@ -285,7 +291,7 @@ def resume_check(checkpoint: Path, config) -> list[str]:
     asks before the model is built, the harness again before the checkpoint's weights load."""
     refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config)
     if refusals:
-        raise CheckpointError(f"--resume {checkpoint}: " + " ".join(f"{refusal}." for refusal in refusals))
+        raise CheckpointError(f"{spell('resume', checkpoint)}: " + " ".join(f"{refusal}." for refusal in refusals))
     return changes
 
 
@@ -368,7 +374,7 @@ def run_write_errors(what: str, where: Path):
         what,
         where,
         f"the run's checkpoints are intact (the newest: {newest.name}), and so is metrics.jsonl",
-        "and continue with --resume",
+        f"and continue with {spell('resume')}",
     )
 
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from ..config import input_paths, startup_inputs, writable_folder_problem
-from ..errors import UsageError
+from ..errors import UsageError, spell
 from .atomic import rename_to_sibling
 from .checkpoint import CheckpointError, checkpoint_dirs, resolve_resume, resume_check
 
@@ -276,18 +276,19 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, 
     if resume and resumes_in(resume, output_dir):
         if overwrite:
             raise OutputDirError(
-                f"--resume continues the run in {option}={str(output_dir)!r} and --overwrite_output_dir would move it "
-                "aside: give one of them."
+                f"{spell('resume')} continues the run in {option}={str(output_dir)!r} and "
+                f"{spell('train.overwrite_output_dir')} would move it aside: give one of them."
             )
         if resume in (True, "latest", "") and not checkpoint_dirs(output_dir):  # (the same test as resolve_resume's)
             raise CheckpointError(
-                f"--resume: no checkpoint found in {option}={str(output_dir)!r}, so there is nothing to continue; "
+                f"{spell('resume')}: no checkpoint found in {option}={str(output_dir)!r}, so there is nothing to "
+                "continue; "
                 + (
                     f"it holds the files of a run that ended before its first checkpoint ({shown}): start without "
-                    f"--resume (they are moved to {previous_folder(output_dir)}, not deleted), or choose another "
+                    f"{spell('resume')} (they are moved to {previous_folder(output_dir)}, not deleted), or choose another "
                     "output_dir."
                     if found
-                    else "start without --resume."
+                    else f"start without {spell('resume')}."
                 )
             )
         return None
@@ -295,10 +296,11 @@ def _claim_locked(output_dir, resume, overwrite: bool, option: str, move: bool, 
         return None
     failed = not holds_weights(output_dir)  # the logs of a run that failed before its first checkpoint
     if not overwrite and not failed:
+        overwrite = spell("train.overwrite_output_dir")
         how = (
-            "Continue it with --resume, start a new run over it with --overwrite_output_dir"
+            f"Continue it with {spell('resume')}, start a new run over it with {overwrite}"
             if checkpoint_dirs(output_dir)
-            else "Start a new run over it with --overwrite_output_dir"
+            else f"Start a new run over it with {overwrite}"
         )
         raise OutputDirError(
             f"{option}={str(output_dir)!r} already holds a run ({shown}). {how} (the earlier run is moved to "

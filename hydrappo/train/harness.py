@@ -31,7 +31,7 @@ import yaml
 
 from ..config import ConfigError, input_paths, startup_inputs, validate
 from .. import usercode
-from ..errors import HydrappoError
+from ..errors import HydrappoError, spell
 from ..storage.atomic import remove_orphaned_temporaries
 from ..storage.checkpoint import (
     latest_checkpoint,
@@ -309,7 +309,9 @@ class Harness:
     def load(self, path: Path, loop) -> None:
         changes = resume_check(path, self.config)
         if changes and self.dist.is_main:
-            logger.warning("--resume %s: options changed, in effect from the next step: %s", path, "; ".join(changes))
+            logger.warning(
+                "%s: options changed, in effect from the next step: %s", spell("resume", path), "; ".join(changes)
+            )
         load_trainable_weights(loop.trained_module, path)
         training_state, trainer_state = load_training_state(path)
         load_optimizer_state(self.optimizer, training_state["optimizer"])

@@ -22,7 +22,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from ..errors import HydrappoError
+from ..errors import HydrappoError, spell
 
 logger = logging.getLogger("hydrappo")
 
@@ -80,7 +80,7 @@ class StopOnSignal:
         return TrainingInterrupted(
             f"stopped by a second {signal_name(error.signum)} during {self.describe_step()}; that step was abandoned "
             f"and nothing of it was written. The last checkpoint is {last or 'none (no checkpoint was written yet)'}"
-            f"{': continue with --resume' if last else ''}.",
+            f"{': continue with ' + spell('resume') if last else ''}.",
             error.signum,
         )
 
@@ -102,6 +102,6 @@ class StopOnSignal:
         signum = signum or self.requested
         return TrainingInterrupted(
             f"stopped by {signal_name(signum)} after step {step}; checkpoint {checkpoint} holds it: "
-            "continue with --resume.",
+            f"continue with {spell('resume')}.",
             signum,
         )

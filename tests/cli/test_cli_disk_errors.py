@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 
 from hydrappo.cli import main
-from hydrappo.errors import WriteError, describe_os_error
+from hydrappo.errors import WriteError, describe_os_error, on_the_command_line
 from hydrappo.storage import checkpoint as checkpoint_module
 from hydrappo.storage.checkpoint import checkpoint_dirs, checkpoint_problems, save_checkpoint
 
@@ -65,7 +65,7 @@ def test_a_full_disk_during_a_checkpoint_names_the_step_the_folder_and_what_surv
         raise DISK_FULL
 
     monkeypatch.setattr(checkpoint_module, "save_file", full)
-    with pytest.raises(WriteError) as failed:
+    with pytest.raises(WriteError) as failed, on_the_command_line():  # (in Python: trainer.train(resume=True))
         _save(tmp_path, 3)
     assert str(failed.value) == (
         f"the checkpoint at step 3 could not be written to {tmp_path}: no space left on device; the run's "

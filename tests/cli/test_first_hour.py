@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hydrappo.cli import main
+from hydrappo.errors import on_the_command_line
 from hydrappo.storage.checkpoint import checkpoint_dirs
 from hydrappo.storage.rundir import LOCK_NAME, OutputDirError, claim_output_dir, release_output_dir
 
@@ -128,5 +129,7 @@ def test_a_run_with_a_checkpoint_is_still_refused_without_overwrite(tmp_path):
         match=r"already holds a run \(checkpoint-1\)\. Continue it with --resume, .*"
         r"moved to .*out\.previous, not deleted",
     ):
-        claim_output_dir(out)
+        # As `hydrappo train` claims it (Python's spelling: tests/storage/test_option_spelling.py).
+        with on_the_command_line():
+            claim_output_dir(out)
     assert not (tmp_path / "out.previous").exists()

@@ -100,8 +100,8 @@ def test_resume_refuses_a_changed_layer_count_and_applies_a_changed_learning_rat
     with pytest.raises(CheckpointError) as refused:
         tiny_trainer(run, *FAST_ONE_STEP, "--total_steps", "2", "--num_layers_unfrozen", "1").train(resume=True)
     assert str(refused.value) == (
-        f"--resume {run / 'checkpoint-1'}: model.num_layers_unfrozen: 2 in the checkpoint, 1 now; it decides which "
-        "weights the checkpoint holds; resume with 2 or start a new run."
+        f"trainer.train(resume={str(run / 'checkpoint-1')!r}): model.num_layers_unfrozen: 2 in the checkpoint, 1 now; "
+        "it decides which weights the checkpoint holds; resume with 2 or start a new run."
     )
     caplog.set_level(logging.WARNING, logger="hydrappo")
     trainer = tiny_trainer(
