@@ -185,7 +185,14 @@ def chat_template_needs(config, inputs) -> str | None:
 def prompt_lists(config, inputs) -> list[tuple[str, list]]:
     """(where, prompts) of each table a stage reads prompts from."""
     if hasattr(inputs, "prompts"):  # RL: train/inputs.RLInputs
-        return [("train_dataset", inputs.prompts), ("eval_dataset", inputs.eval_prompts)]
+        return [
+            ("data.prompts (train_dataset)", inputs.prompts),
+            ("data.eval_prompts (eval_dataset)", inputs.eval_prompts),
+        ]
     column = getattr(config.data, "prompt_column", None) or "prompt"
-    tables = [("train_dataset", inputs.train), ("eval_dataset", inputs.eval), ("data.stats_file", inputs.stats)]
+    tables = [
+        ("data.train_file (train_dataset)", inputs.train),
+        ("data.eval_file (eval_dataset)", inputs.eval),
+        ("data.stats_file", inputs.stats),
+    ]
     return [(where, table.get(column)) for where, table in tables if table]

@@ -410,7 +410,8 @@ def prepare(
     config's relative paths at `config_dir` and check it, read the stage's inputs (train/inputs.py:
     its data and reward functions, checked before a model loads) unless the command line read them
     already (`inputs`), seed, pick the device and precision, and build the hydra the config names
-    unless one is given (or wrap a transformers model given in `objects`). Sets the loop's config,
+    unless one is given (or wrap a transformers model given in `objects`), with the tokenizer given as
+    `processing_class` when there is one (checked: train/api.check_processing_class). Sets the loop's config,
     harness, device, hydra and tokenizer; returns the inputs."""
     loop.config, model, tokenizer = trainer_inputs(config_cls, config, objects, tokenizer)
     config = loop.config

@@ -152,7 +152,11 @@ def refuse_loading(monkeypatch):
     "data, dataset, why",
     [
         ({}, ROWS, "data.apply_chat_template is set"),
-        ({"apply_chat_template": False}, CONVERSATIONS, "the prompts of train_dataset are message lists"),
+        (
+            {"apply_chat_template": False},
+            CONVERSATIONS,
+            "the prompts of data.prompts \\(train_dataset\\) are message lists",
+        ),
     ],
 )
 def test_ppo_refuses_a_tokenizer_without_the_chat_template_it_needs(tmp_path, monkeypatch, data, dataset, why):
