@@ -80,6 +80,6 @@ def test_resolve_path_looks_beside_the_config_first(tmp_path, monkeypatch):
     (tmp_path / "config").mkdir()
     write(tmp_path / "config", "X = 1\n", "beside.py")
     monkeypatch.chdir(tmp_path)
-    assert usercode.resolve_path("beside.py", tmp_path / "config") == str((tmp_path / "config" / "beside.py"))
+    assert usercode.resolve_path("beside.py", tmp_path / "config") == str(tmp_path / "config" / "beside.py")
     assert usercode.resolve_path("elsewhere.py", tmp_path / "config") == "elsewhere.py"  # the current directory's
     assert usercode.resolve_path(None, tmp_path) is None
