@@ -75,7 +75,7 @@ def test_ppo_uses_the_given_tokenizer_with_a_model_path(tmp_path):
     tokenizer = chat_tokenizer()
     trainer = ppo(str(TINY / "model"), tmp_path, tokenizer)
     assert trainer.tokenizer is tokenizer
-    assert trainer.prompts.input_ids[0] == rendered(tokenizer, ROWS[0]["prompt"])
+    assert trainer.ppo_step.prompts.input_ids[0] == rendered(tokenizer, ROWS[0]["prompt"])
 
 
 def test_ppo_uses_the_given_tokenizer_with_a_loaded_model(tmp_path):
@@ -84,7 +84,7 @@ def test_ppo_uses_the_given_tokenizer_with_a_loaded_model(tmp_path):
     tokenizer = chat_tokenizer()
     trainer = ppo(model, tmp_path, tokenizer)
     assert trainer.hydra.model is model and trainer.tokenizer is tokenizer
-    assert trainer.prompts.input_ids[0] == rendered(tokenizer, ROWS[0]["prompt"])
+    assert trainer.ppo_step.prompts.input_ids[0] == rendered(tokenizer, ROWS[0]["prompt"])
 
 
 def add_snapshot(cache: Path, folder: Path, commit: str = "1" * 40) -> None:
@@ -112,7 +112,7 @@ def test_ppo_uses_the_given_tokenizer_with_a_hub_id(tmp_path, monkeypatch):
     tokenizer = chat_tokenizer()
     trainer = ppo(HUB_ID, tmp_path, tokenizer)
     assert trainer.tokenizer is tokenizer and trainer.config.model.name_or_path == HUB_ID
-    assert trainer.prompts.input_ids[0] == rendered(tokenizer, ROWS[0]["prompt"])
+    assert trainer.ppo_step.prompts.input_ids[0] == rendered(tokenizer, ROWS[0]["prompt"])
 
 
 def test_sft_uses_the_given_tokenizer_with_a_model_path(tmp_path):
