@@ -291,6 +291,13 @@ def checkpoint_reward(
     return None
 
 
+def first_rows(prompts: str, prompt_column: str, limit: int | None) -> tuple[list, dict]:
+    """(the prompts, the table's other columns) of a prompts file's first `limit` rows (all: None)."""
+    texts, table = load_prompt_table(prompts, prompt_column)
+    texts = texts[:limit] if limit else texts
+    return texts, {name: values[: len(texts)] for name, values in table.items()}
+
+
 def generate(
     checkpoint,
     prompts=None,
@@ -325,9 +332,7 @@ def generate(
     hydra, tokenizer = build_hydra(config.model, config.lora, device=device, value_head=config.ppo.uses_critic)
     reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
     data = config.data
-    texts, table = load_prompt_table(prompts or data.prompts, prompt_column or data.prompt_column)
-    texts = texts[:limit] if limit else texts
-    table = {name: values[: len(texts)] for name, values in table.items()}
+    texts, table = first_rows(prompts or data.prompts, prompt_column or data.prompt_column, limit)
     prompt_set = tokenize_prompts(
         texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
     )
@@ -396,9 +401,7 @@ def compare(
     else:
         reward_args = checkpoint_reward(Config(), reward_fn, False, None, reward_weights)
     reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
-    texts, table = load_prompt_table(prompts, prompt_column)
-    texts = texts[:limit] if limit else texts
-    table = {name: values[: len(texts)] for name, values in table.items()}
+    texts, table = first_rows(prompts, prompt_column, limit)
     max_prompt_length = max_prompt_length or defaults.data.max_prompt_length
 
     columns = {}
