@@ -59,3 +59,18 @@ def survive_lost_output() -> None:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, SurvivingStream):
             setattr(sys, name, SurvivingStream(stream))
+
+
+# Under torchrun / accelerate launch every process runs the command (train/distributed.py);
+# process 0 reports, and each process that fails prints its own error.
+
+
+def launcher_process() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) a launcher set; (0, 1) without one."""
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def report(text: str) -> None:
+    """Print `text` once per run: from process 0 of a launcher's processes (every process without one)."""
+    if launcher_process()[0] == 0:
+        print(text)

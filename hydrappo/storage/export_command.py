@@ -1,0 +1,225 @@
+"""`hydrappo export`: the command line of the three conversions storage/ does, beside them.
+
+    hydrappo export CHECKPOINT --out DIR       a checkpoint's policy -> a transformers model (export.py)
+    hydrappo export trlx SOURCE --out CKPT     a trlX hydra checkpoint -> a hydrappo checkpoint (trlx.py)
+    hydrappo export gguf SOURCE --out DIR      a GGUF model -> a safetensors model directory (models.py)
+
+Each conversion has its own parser and its own runner; `export_command` picks them by the first
+argument (no sub-command name: a checkpoint export). Every output path is claimed before anything
+is written (rundir.claim_output_path: never over an input, never over a run without --overwrite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from .. import usercode
+
+CONVERSIONS = ("checkpoint", "trlx", "gguf")
+
+EXPORT_EPILOG = (
+    "examples:\n  hydrappo export outputs/run/checkpoint-100 --out models/policy\n"
+    "  hydrappo export outputs/run --out models/policy --value-head models/value_head.safetensors\n"
+    "  hydrappo export CKPT --out DIR --base-model path/to/base --max-shard-size 2GB --dtype bfloat16\n\n"
+    "other conversions: hydrappo export trlx --help, hydrappo export gguf --help"
+)
+TRLX_EPILOG = (
+    "examples:\n  hydrappo export trlx trlx_ckpt/ --out converted/checkpoint-0 --write-base converted/base\n"
+    "  hydrappo export trlx trlx_ckpt/pytorch_model.bin --config base/config.json --out CKPT --base-model base/\n\n"
+    "The checkpoint holds the trained top layers and value head; --write-base writes the model it sits on (trlX's\n"
+    "trained trunk with the original top layers, i.e. trlX's reference). Point model.name_or_path at it, with\n"
+    "the num_layers_unfrozen / train_lm_head / train_final_norm printed here (also in the checkpoint's config.yaml),\n"
+    "and load the weights with hydrappo.storage.checkpoint.load_trainable_weights(hydra, CKPT)."
+)
+
+
+def _dtype_arg(text: str):
+    from ..config import ConfigError, torch_dtype
+
+    try:
+        return torch_dtype(text) if text != "auto" else None
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+# ---------------------------------------------------------------------------- the parsers
+
+
+def checkpoint_parser(prog: str) -> argparse.ArgumentParser:
+    parser = usercode.CommandParser(
+        prog=prog,
+        epilog=EXPORT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
+            "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone."
+        ),
+    )
+    parser.add_argument(
+        "checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)"
+    )
+    parser.add_argument("--out", required=True, help="output model directory (must be empty or new)")
+    parser.add_argument(
+        "--base-model", help="base model location, overriding the checkpoint's config.yaml (if it moved)"
+    )
+    parser.add_argument("--tokenizer", help="tokenizer location, overriding the checkpoint's config.yaml")
+    parser.add_argument("--dtype", type=_dtype_arg, help="dtype of the written weights (default: the training dtype)")
+    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 2GB (default 5GB)")
+    parser.add_argument("--value-head", help="also write the value head to this .safetensors file")
+    parser.add_argument("--reward-branch", help="also write the run's reward branch to this .safetensors file")
+    parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
+    return parser
+
+
+def trlx_parser(prog: str) -> argparse.ArgumentParser:
+    parser = usercode.CommandParser(
+        prog=prog,
+        epilog=TRLX_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Convert a trlX hydra checkpoint (AutoModelForCausalLMWithHydraValueHead: base_model.*, v_head.*, "
+            "frozen_head.*) to a hydrappo checkpoint, to keep training with hydrappo."
+        ),
+    )
+    parser.add_argument(
+        "source", help="trlX checkpoint: a directory (pytorch_model.bin, model.safetensors, shards) or a file"
+    )
+    parser.add_argument("--out", required=True, help="hydrappo checkpoint directory to write")
+    parser.add_argument("--write-base", help="write the base model directory (config, tokenizer, safetensors) here")
+    parser.add_argument("--base-model", help="the original model trlX started from (needed without a frozen head)")
+    parser.add_argument("--config", help="the model's config.json or its directory (default: next to SOURCE)")
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: SOURCE's directory)")
+    parser.add_argument("--num-layers-unfrozen", type=int, help="N, when the checkpoint has no frozen head to tell")
+    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard of --write-base")
+    return parser
+
+
+def gguf_parser(prog: str) -> argparse.ArgumentParser:
+    from .models import BUNDLED_MODELS
+
+    parser = usercode.CommandParser(
+        prog=prog,
+        description="Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer).",
+    )
+    parser.add_argument(
+        "source",
+        help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file",
+    )
+    parser.add_argument("--gguf-file", default=None, help="GGUF file inside the source directory")
+    parser.add_argument("--out", required=True, help="output model directory (created)")
+    return parser
+
+
+def export_parser(conversion: str, prog: str) -> argparse.ArgumentParser:
+    """The parser of one conversion, with the --overwrite every one of them takes."""
+    parsers = {"checkpoint": checkpoint_parser, "trlx": trlx_parser, "gguf": gguf_parser}
+    parser = parsers[conversion](prog)
+    parser.add_argument(
+        "--overwrite_output_dir",
+        "--overwrite",
+        dest="overwrite",
+        action="store_true",
+        help="write over a non-empty --out (and existing files): what is there is moved to a sibling "
+        "NAME.previous-<time>, never deleted",
+    )
+    return parser
+
+
+# ---------------------------------------------------------------------------- the runners
+
+
+def export_checkpoint_command(args: argparse.Namespace) -> None:
+    from ..config import is_device_name
+    from .checkpoint import find_checkpoint
+    from .export import ExportError, export_checkpoint, parse_shard_size
+    from .rundir import claim_output_path
+
+    checkpoint = find_checkpoint(args.checkpoint, for_resume=False)  # a damaged one is refused here
+    parse_shard_size(args.max_shard_size)
+    if not is_device_name(args.device) or args.device == "auto":
+        raise ExportError(f"--device={args.device!r} is not a device; use cpu, cuda or cuda:N.")
+    inputs = {"the checkpoint": checkpoint, "--base-model": args.base_model, "--tokenizer": args.tokenizer}
+    claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
+    for option, path in (("--value-head", args.value_head), ("--reward-branch", args.reward_branch)):
+        claim_output_path(path, overwrite=args.overwrite, option=option, folder=False, inputs=inputs)
+    out = export_checkpoint(
+        checkpoint,
+        args.out,
+        base_model=args.base_model,
+        tokenizer=args.tokenizer,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size,
+        value_head=args.value_head,
+        reward_branch=args.reward_branch,
+        device=args.device,
+    )
+    print(f"wrote the trained policy of {checkpoint} to {out}")
+    if args.value_head:
+        print(f"wrote the value head to {args.value_head}")
+
+
+def export_trlx_command(args: argparse.Namespace) -> None:
+    from .rundir import claim_output_path
+    from .trlx import convert_trlx
+
+    inputs = {"the trlX checkpoint": args.source, "--config": args.config, "--base-model": args.base_model}
+    claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
+    claim_output_path(args.write_base, overwrite=args.overwrite, option="--write-base", inputs=inputs)
+    result = convert_trlx(
+        args.source,
+        args.out,
+        config=args.config,
+        write_base=args.write_base,
+        base_model=args.base_model,
+        num_layers_unfrozen=args.num_layers_unfrozen,
+        tokenizer=args.tokenizer,
+        max_shard_size=args.max_shard_size,
+    )
+    print(
+        f"wrote hydrappo checkpoint {result.checkpoint} on base model {result.base_model}\n"
+        f"  model.name_or_path: {result.base_model}\n  model.num_layers_unfrozen: {result.num_layers_unfrozen}\n"
+        f"  model.train_lm_head: {str(result.train_lm_head).lower()}\n"
+        f"  model.train_final_norm: {str(result.train_final_norm).lower()}"
+    )
+
+
+def export_gguf_command(args: argparse.Namespace) -> None:
+    from .models import ModelLoadError, gguf_to_safetensors, resolve_model_source
+    from .rundir import claim_output_path
+
+    directory, gguf_file = resolve_model_source(args.source, args.gguf_file)
+    if gguf_file is None:
+        raise ModelLoadError(f"{args.source!r} is a model directory without a .gguf file: nothing to convert.")
+    claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs={"the GGUF source": directory})
+    out = gguf_to_safetensors(directory, gguf_file, args.out)
+    print(f"converted {Path(directory) / gguf_file} -> {out}")
+
+
+def _fetch_hub_options(args: argparse.Namespace) -> None:
+    """A Hub id given as --base-model or --tokenizer: cached or downloaded before anything is written."""
+    from .hub import hub_snapshot
+    from .models import is_hub_id
+
+    for option in ("base_model", "tokenizer"):
+        value = getattr(args, option, None)
+        if value and is_hub_id(value):
+            hub_snapshot(value, option="--" + option.replace("_", "-"))
+
+
+RUNNERS = {"checkpoint": export_checkpoint_command, "trlx": export_trlx_command, "gguf": export_gguf_command}
+
+
+def export_command(argv: list[str]) -> int:
+    """`hydrappo export [trlx | gguf] ...`."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    conversion = argv[0] if argv and argv[0] in CONVERSIONS else "checkpoint"
+    argv = argv[1:] if argv and argv[0] == conversion else argv
+    prog = "hydrappo export" if conversion == "checkpoint" else f"hydrappo export {conversion}"
+    args = export_parser(conversion, prog).parse_args(argv)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    _fetch_hub_options(args)
+    RUNNERS[conversion](args)
+    return 0
