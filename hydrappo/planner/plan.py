@@ -184,6 +184,79 @@ def _trainable_layers(s: TrainingSettings, num_layers: int) -> tuple[int, int]:
     return num_layers - n, n
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What both layouts' components are computed from: the model's counts, the settings, the
+    traced activations, and where the trainable layers sit (`split`: the first of `trained`)."""
+
+    counts: ParameterCounts
+    settings: TrainingSettings
+    trace: ActivationTrace
+    split: int
+    trained: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.counts.num_layers
+
+    @property
+    def above(self) -> int:
+        """Frozen layers above a band: the update's forward runs them and its backward passes the
+        gradient through them, so their activations are kept (their weights take no gradient)."""
+        return self.num_layers - self.split - self.trained
+
+    @property
+    def full(self) -> bool:
+        return self.trained == self.num_layers
+
+    @property
+    def lora(self) -> bool:
+        return self.settings.lora_rank > 0
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.settings.weight_bytes
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes per value of the trainable weights' optimizer state."""
+        return 4 if self.settings.uses_master_weights else self.weight_bytes
+
+    @property
+    def where(self) -> str:
+        if not self.above:
+            return f"top {self.trained} layers"
+        return f"band of {self.trained} layers ({self.split}:{self.split + self.trained})"
+
+    @property
+    def train_head(self) -> bool:
+        return (self.settings.train_lm_head or self.full) and not self.lora
+
+    @property
+    def train_norm(self) -> bool:
+        return (self.settings.train_final_norm or self.full) and not self.lora
+
+    def kv_cache(self, batch: int, length: int | None = None) -> int:
+        length = self.settings.seq_len if length is None else length
+        return 2 * self.num_layers * batch * self.counts.kv_size * length * self.weight_bytes
+
+    def layer_workspace(self, batch: int, length: int) -> int:
+        return _layer_workspace(self.counts, batch, length, self.weight_bytes)
+
+    @property
+    def dequantized(self) -> int:
+        """A quantized trunk's weight dequantized for its matmul: in every workspace of a frozen pass."""
+        if self.settings.trunk_quantization == "none":
+            return 0
+        return 2 * self.counts.largest_linear * self.weight_bytes
+
+    def generate_workspace(self) -> int:
+        """Prefill's MLP intermediates, the next-token logits, a dequantized weight."""
+        generation_batch = self.settings.generation_batch_size
+        prefill = self.layer_workspace(generation_batch, self.settings.prompt_length)
+        return prefill + generation_batch * self.counts.vocab_size * 4 + self.dequantized
+
+
 def plan_memory(
     config,
     settings: TrainingSettings,
@@ -194,209 +267,237 @@ def plan_memory(
     """Per-component memory of PPO with hydrappo and with the classic four-model layout. `counts`
     and `trace` reuse another plan's of the same model, shapes, dtype, LoRA rank and final norm."""
     counts = counts or count_parameters(config)
-    s = settings
-    h, v, L = counts.hidden_size, counts.vocab_size, counts.num_layers
-    split, n = _trainable_layers(s, L)
-    # A band leaves frozen layers above it: the update's forward runs them and its backward passes
-    # the gradient through them, so their activations are kept (their weights take no gradient).
-    above = L - split - n
-    full = n == L
-    w = s.weight_bytes
-    T, R = s.seq_len, s.response_length
-    micro, gen = s.micro_batch, s.generation_batch_size
-    lora = s.lora_rank > 0
-    trace = trace or trace_activations(config, micro, T, s.torch_dtype, s.lora_rank, s.train_final_norm or full)
-    top = sum(counts.layers[split : split + n])
-    branch = sum(counts.layers[split:])  # a reward branch copies every layer from the split up
-    where = f"top {n} layers" if not above else f"band of {n} layers ({split}:{split + n})"
-    train_head = (s.train_lm_head or full) and not lora
-    train_norm = (s.train_final_norm or full) and not lora
-    head_copy = counts.lm_head_size if train_head else 0  # hydra's reference (frozen) head / the untied trainable one
-    norm_copy = counts.final_norm if train_norm else 0
-    vh = value_head_parameters(h)
-    state_bytes = 4 if s.uses_master_weights else w
-    q = s.trunk_quantization
-    if q != "none" and full:
+    split, trained = _trainable_layers(settings, counts.num_layers)
+    if settings.trunk_quantization != "none" and trained == counts.num_layers:
         raise ValueError(
             "trunk quantization needs a frozen trunk: num_layers_unfrozen must be below the number of layers."
         )
-    # Frozen input embeddings are quantized when nothing ties them to the lm_head (a trained head is untied).
-    replaced, quantized = quantized_trunk(counts, split, q, embeddings=counts.lm_head > 0 or train_head)
-    dequantized = 2 * counts.largest_linear * w if q != "none" else 0  # a weight dequantized for its matmul
-
-    def kv_cache(batch, length=T):
-        return 2 * L * batch * counts.kv_size * length * w
-
-    # The graph sampler keeps one bucket's static KV cache (rows up to a power of two, length up
-    # to a multiple of 64, every layer at full length) and its split-state buffer between samples.
-    bucket_rows, bucket_length = bucket_of(gen, T)
-    graph = s.sampler == "graph"
-    held_kv = kv_cache(bucket_rows, bucket_length) + (bucket_rows * bucket_length * h * w if not full else 0)
-
-    logits_eval = _chunk_elements(gen * R, v) * 4 * CHUNK_COPIES_EVAL
-    logits_update = (
-        _chunk_elements(micro * R, v) * 4 * (CHUNK_COPIES_EVAL if s.entropy_in_update else CHUNK_COPIES_UPDATE)
+    trace = trace or trace_activations(
+        config,
+        settings.micro_batch,
+        settings.seq_len,
+        settings.torch_dtype,
+        settings.lora_rank,
+        settings.train_final_norm or trained == counts.num_layers,
     )
-    generate_workspace = _layer_workspace(counts, gen, s.prompt_length, w) + gen * v * 4 + dequantized
-    split_cache = s.batch_size * T * h * w
-    # generation.reuse_trunk_pass: sampling keeps every rollout's split hidden state; the
-    # last chunk's steps are concatenated before its rows are cut out (x2 of one chunk).
-    recorded = split_cache + 2 * gen * T * h * w if not full else 0
-    # Packing the recorded states (or, without a frozen split, torch.cat of the evaluation chunks).
-    cat_copy = split_cache if s.batch_size > gen or not full else 0
+    run = _Run(counts, settings, trace, split, trained)
+    return MemoryPlan(model_name, counts, settings, _hydra_layout(run), _classic_layout(run), trace)
 
-    # ---------------------------------------------------------------- hydrappo
-    untied_head = counts.lm_head_size if train_head and counts.lm_head == 0 and not full else 0
-    if lora:
-        adapters = n * lora_parameters(counts.layer_linears, s.lora_rank)
-        trainable_low, trainable_fp32 = 0, adapters + vh
-        reference = 0
-        reference_note = "LoRA adapters switched off: no copy"
-    elif full:
-        trainable_low, trainable_fp32 = counts.total, vh
-        reference = counts.total
-        reference_note = "the whole model (all layers train)"
-    else:
-        trainable_low = top + (counts.lm_head_size if train_head else 0) + norm_copy
-        trainable_fp32 = vh
-        reference = top + head_copy + norm_copy
-        reference_note = where + (" + lm_head" if head_copy else "") + (" + final norm" if norm_copy else "")
-    reward = (branch + norm_copy) * w + reward_head_parameters(h) * 4 if s.reward_model and not full and n else 0
-    run = n + above  # layers the update runs with autograd
-    layers_act = (run * trace.layer_input + trace.layer) if s.gradient_checkpointing else run * trace.layer
-    grads = trainable_low * w + trainable_fp32 * 4
-    hydra = [
+
+# --------------------------------------------------------------------------- hydrappo: one trunk
+
+
+@dataclass(frozen=True)
+class _Trainable:
+    """What trains in the hydra and what its frozen reference copies."""
+
+    low: int  # parameters in the weights dtype
+    fp32: int  # parameters kept in float32 (value head, LoRA adapters)
+    adapters: int  # LoRA parameters (0 without LoRA)
+    reference: int  # parameters of the frozen reference copy
+    reference_note: str
+
+
+def _hydra_trainable(run: _Run) -> _Trainable:
+    counts = run.counts
+    value_head = value_head_parameters(counts.hidden_size)
+    if run.lora:
+        adapters = run.trained * lora_parameters(counts.layer_linears, run.settings.lora_rank)
+        return _Trainable(0, adapters + value_head, adapters, 0, "LoRA adapters switched off: no copy")
+    if run.full:
+        return _Trainable(counts.total, value_head, 0, counts.total, "the whole model (all layers train)")
+    top = sum(counts.layers[run.split : run.split + run.trained])
+    head = counts.lm_head_size if run.train_head else 0  # the untied trainable head / hydra's frozen reference head
+    norm = counts.final_norm if run.train_norm else 0
+    note = run.where + (" + lm_head" if head else "") + (" + final norm" if norm else "")
+    return _Trainable(top + head + norm, value_head, 0, top + head + norm, note)
+
+
+def _weights_component(run: _Run) -> Component:
+    """The base model's weights, the bottom layers' linear maps quantized when asked."""
+    counts, quantization, weight_bytes = run.counts, run.settings.trunk_quantization, run.weight_bytes
+    untied_head = counts.lm_head_size if run.train_head and counts.lm_head == 0 and not run.full else 0
+    # Frozen input embeddings are quantized when nothing ties them to the lm_head (a trained head is untied).
+    replaced, quantized = quantized_trunk(
+        counts, run.split, quantization, embeddings=counts.lm_head > 0 or run.train_head
+    )
+    note = "the base model" + (" + its untied trainable lm_head" if untied_head else "")
+    if quantization != "none":
+        embeddings = " and input embeddings" if replaced > sum(counts.layer_linear_weights[: run.split]) else ""
+        note += f"; bottom {run.split} layers' linear maps{embeddings} in {quantization} ({quantized / GIB:.2f} GiB)"
+    stored = (counts.total + untied_head - replaced) * weight_bytes + quantized
+    return Component("weights", stored, "static", note)
+
+
+def _kv_cache_component(run: _Run) -> Component:
+    """The sampler's KV cache: the graph sampler keeps one bucket's static cache (rows up to a power
+    of two, length up to a multiple of 64, every layer at full length) and its split-state buffer
+    between samples; the others hold theirs only while generating."""
+    generation_batch, layers = run.settings.generation_batch_size, run.num_layers
+    if run.settings.sampler != "graph":
+        note = f"{generation_batch} sequences x {run.settings.seq_len} tokens, all {layers} layers"
+        return Component("KV cache", run.kv_cache(generation_batch), "generate", note)
+    rows, length = bucket_of(generation_batch, run.settings.seq_len)
+    split_buffer = rows * length * run.counts.hidden_size * run.weight_bytes if not run.full else 0
+    note = (
+        f"the graph sampler's bucket, {rows} rows x {length} positions, all {layers} layers, "
+        "and its split-state buffer, held between samples"
+    )
+    return Component("KV cache", run.kv_cache(rows, length) + split_buffer, "static", note)
+
+
+def _hydra_static(run: _Run, trainable: _Trainable) -> list[Component]:
+    """What lives all run long: weights, frozen copies, the heads, adapters, optimizer state."""
+    settings, counts = run.settings, run.counts
+    has_branch = settings.reward_model and not run.full and run.trained
+    branch = sum(counts.layers[run.split :])  # a reward branch copies every layer from the split up
+    norm_copy = counts.final_norm if run.train_norm else 0
+    reward = (
+        (branch + norm_copy) * run.weight_bytes + reward_head_parameters(counts.hidden_size) * 4 if has_branch else 0
+    )
+    master = settings.uses_master_weights
+    optimizer = _optimizer_bytes(trainable.low, settings.optimizer, run.state_bytes)
+    optimizer += _optimizer_bytes(trainable.fp32, settings.optimizer, 4)
+    lora_note = f"rank {settings.lora_rank} on the {run.where}' linear maps, float32" if run.lora else "none"
+    return [
+        _weights_component(run),
+        Component("reference copy", trainable.reference * run.weight_bytes, "static", trainable.reference_note),
         Component(
-            "weights",
-            (counts.total + untied_head - replaced) * w + quantized,
+            "reward branch",
+            reward,
             "static",
-            "the base model"
-            + (" + its untied trainable lm_head" if untied_head else "")
-            + (
-                f"; bottom {split} layers' linear maps{' and input embeddings' if replaced > sum(counts.layer_linear_weights[:split]) else ''} "
-                f"in {q} ({quantized / GIB:.2f} GiB)"
-                if q != "none"
-                else ""
-            ),
+            f"top {run.num_layers - run.split} layers + scalar head" if reward else "none",
         ),
-        Component("reference copy", reference * w, "static", reference_note),
-        Component("reward branch", reward, "static", f"top {L - split} layers + scalar head" if reward else "none"),
-        Component("value head", vh * 4, "static", "MLP h-2h-1, float32"),
-        Component(
-            "LoRA adapters",
-            (adapters if lora else 0) * 4,
-            "static",
-            f"rank {s.lora_rank} on the {where}' linear maps, float32" if lora else "none",
-        ),
+        Component("value head", value_head_parameters(counts.hidden_size) * 4, "static", "MLP h-2h-1, float32"),
+        Component("LoRA adapters", trainable.adapters * 4, "static", lora_note),
         Component(
             "fp32 master weights",
-            trainable_low * 4 if s.uses_master_weights else 0,
+            trainable.low * 4 if master else 0,
             "static",
-            "of the trainable weights" if s.uses_master_weights and trainable_low else "none",
+            "of the trainable weights" if master and trainable.low else "none",
         ),
+        Component("optimizer state", optimizer, "static", settings.optimizer),
+    ]
+
+
+def _hydra_step(run: _Run, trainable: _Trainable) -> list[Component]:
+    """The three phases of a step: generation, the experience pass, the update."""
+    settings, counts, trace = run.settings, run.counts, run.trace
+    hidden, vocab, weight_bytes = counts.hidden_size, counts.vocab_size, run.weight_bytes
+    seq_len, generation_batch, micro = settings.seq_len, settings.generation_batch_size, settings.micro_batch
+    split_cache = settings.batch_size * seq_len * hidden * weight_bytes
+    # generation.reuse_trunk_pass: sampling keeps every rollout's split hidden state; the
+    # last chunk's steps are concatenated before its rows are cut out (x2 of one chunk).
+    recorded = split_cache + 2 * generation_batch * seq_len * hidden * weight_bytes if not run.full else 0
+    # Packing the recorded states (or, without a frozen split, torch.cat of the evaluation chunks).
+    cat_copy = split_cache if settings.batch_size > generation_batch or not run.full else 0
+    logits_eval = _chunk_elements(generation_batch * settings.response_length, vocab) * 4 * CHUNK_COPIES_EVAL
+    update_copies = CHUNK_COPIES_EVAL if settings.entropy_in_update else CHUNK_COPIES_UPDATE
+    logits_update = _chunk_elements(micro * settings.response_length, vocab) * 4 * update_copies
+    evaluation = run.layer_workspace(generation_batch, seq_len) + 3 * generation_batch * seq_len * hidden * weight_bytes
+    with_autograd = run.trained + run.above  # layers the update runs with autograd
+    if settings.gradient_checkpointing:
+        layer_activations = with_autograd * trace.layer_input + trace.layer
+    else:
+        layer_activations = with_autograd * trace.layer
+    activations_note = (
+        (f"{run.where} + the {run.above} frozen above" if run.above else run.where)
+        + f", micro-batch {micro} x {seq_len}"
+        + (", checkpointed" if settings.gradient_checkpointing else "")
+    )
+    recorded_note = (
+        f"{settings.batch_size} rollouts, kept for the experience pass" if recorded else "none (no frozen split)"
+    )
+    packed_note = f"{settings.batch_size} rollouts" + (" (x2 while packed)" if cat_copy else "")
+    return [
+        _kv_cache_component(run),
         Component(
-            "optimizer state",
-            _optimizer_bytes(trainable_low, s.optimizer, state_bytes)
-            + _optimizer_bytes(trainable_fp32, s.optimizer, 4),
-            "static",
-            s.optimizer,
+            "generation workspace", run.generate_workspace(), "generate", "prefill MLP intermediates, next-token logits"
         ),
-        Component(
-            "KV cache",
-            held_kv if graph else kv_cache(gen),
-            "static" if graph else "generate",
-            f"the graph sampler's bucket, {bucket_rows} rows x {bucket_length} positions, all {L} layers, "
-            "and its split-state buffer, held between samples"
-            if graph
-            else f"{gen} sequences x {T} tokens, all {L} layers",
-        ),
-        Component(
-            "generation workspace", generate_workspace, "generate", "prefill MLP intermediates, next-token logits"
-        ),
-        Component(
-            "recorded split states",
-            recorded,
-            "generate",
-            f"{s.batch_size} rollouts, kept for the experience pass" if recorded else "none (no frozen split)",
-        ),
-        Component(
-            "split-hidden cache",
-            split_cache + cat_copy,
-            "evaluate",
-            f"{s.batch_size} rollouts" + (" (x2 while packed)" if cat_copy else ""),
-        ),
+        Component("recorded split states", recorded, "generate", recorded_note),
+        Component("split-hidden cache", split_cache + cat_copy, "evaluate", packed_note),
         Component(
             "evaluation workspace",
-            _layer_workspace(counts, gen, T, w) + 3 * gen * T * h * w + logits_eval + dequantized,
+            evaluation + logits_eval + run.dequantized,
             "evaluate",
             "one hydra pass, log-prob chunks with entropy",
         ),
         Component("split-hidden cache", split_cache, "update", "kept for the PPO epochs"),
-        Component("gradients", grads, "update", "trainable parameters"),
-        Component(
-            "activations",
-            layers_act + trace.tail,
-            "update",
-            (f"{where} + the {above} frozen above" if above else where)
-            + f", micro-batch {micro} x {T}"
-            + (", checkpointed" if s.gradient_checkpointing else ""),
-        ),
+        Component("gradients", trainable.low * weight_bytes + trainable.fp32 * 4, "update", "trainable parameters"),
+        Component("activations", layer_activations + trace.tail, "update", activations_note),
         Component("log-prob chunks", logits_update, "update", "chunked lm_head, fused with its gradient"),
         Component("backward workspace", trace.layer // 2, "update", "gradients of one layer's activations"),
     ]
-    hydra_plan = LayoutPlan("hydrappo", hydra, trainable_low + trainable_fp32)
 
-    # ---------------------------------------------------------------- classic: four full models
+
+def _hydra_layout(run: _Run) -> LayoutPlan:
+    trainable = _hydra_trainable(run)
+    components = _hydra_static(run, trainable) + _hydra_step(run, trainable)
+    return LayoutPlan("hydrappo", components, trainable.low + trainable.fp32)
+
+
+# --------------------------------------------------------------------------- classic: four full models
+
+
+def _classic_layout(run: _Run) -> LayoutPlan:
+    settings, counts, trace = run.settings, run.counts, run.trace
+    layers, weight_bytes, optimizer = run.num_layers, run.weight_bytes, settings.optimizer
+    generation_batch, seq_len = settings.generation_batch_size, settings.seq_len
+    reward_head = reward_head_parameters(counts.hidden_size)
     critic = counts.total - counts.lm_head  # a sequence-level model: no lm_head of its own
-    if lora:
-        adapters_classic = 2 * L * lora_parameters(counts.layer_linears, s.lora_rank)
-        low_classic, fp32_classic = 0, adapters_classic + 2 * reward_head_parameters(h)
-        ref_classic = 0
+    if run.lora:
+        adapters = 2 * layers * lora_parameters(counts.layer_linears, settings.lora_rank)
+        low, fp32, reference = 0, adapters + 2 * reward_head, 0
     else:
-        low_classic = counts.total + critic
-        fp32_classic = reward_head_parameters(h)
-        ref_classic = counts.total
-    full_trace_layers = trace.layer if not s.gradient_checkpointing else trace.layer_input
-    act_classic = 2 * L * full_trace_layers + (trace.layer if s.gradient_checkpointing else 0) + 2 * trace.tail
-    logits_bytes = (w + 8) if w != 4 else 8
-    classic = [
-        Component("policy weights", counts.total * w, "static", "full model"),
-        Component("reference model", ref_classic * w, "static", "full copy" if ref_classic else "LoRA off: no copy"),
-        Component("value model", critic * w + reward_head_parameters(h) * 4, "static", "full trunk + scalar head"),
+        adapters, low, fp32, reference = 0, counts.total + critic, reward_head, counts.total
+    checkpointed = settings.gradient_checkpointing
+    kept_per_layer = trace.layer_input if checkpointed else trace.layer
+    activations = 2 * layers * kept_per_layer + (trace.layer if checkpointed else 0) + 2 * trace.tail
+    logits_bytes = (weight_bytes + 8) if weight_bytes != 4 else 8  # logits, a float32 copy, the log-softmax
+    scalar_model = critic * weight_bytes + reward_head * 4
+    optimizer_bytes = _optimizer_bytes(low, optimizer, run.state_bytes) + _optimizer_bytes(fp32, optimizer, 4)
+    evaluation = (
+        run.layer_workspace(generation_batch, seq_len) + generation_batch * seq_len * counts.vocab_size * logits_bytes
+    )
+    components = [
+        Component("policy weights", counts.total * weight_bytes, "static", "full model"),
+        Component(
+            "reference model", reference * weight_bytes, "static", "full copy" if reference else "LoRA off: no copy"
+        ),
+        Component("value model", scalar_model, "static", "full trunk + scalar head"),
         Component(
             "reward model",
-            (critic * w + reward_head_parameters(h) * 4) if s.reward_model else 0,
+            scalar_model if settings.reward_model else 0,
             "static",
-            "full trunk + scalar head" if s.reward_model else "none",
+            "full trunk + scalar head" if settings.reward_model else "none",
         ),
         Component(
             "LoRA adapters",
-            (adapters_classic if lora else 0) * 4,
+            adapters * 4,
             "static",
-            f"rank {s.lora_rank} on all {L} layers of policy and critic" if lora else "none",
+            f"rank {settings.lora_rank} on all {layers} layers of policy and critic" if run.lora else "none",
         ),
-        Component("fp32 master weights", low_classic * 4 if s.uses_master_weights else 0, "static", "policy + critic"),
+        Component("fp32 master weights", low * 4 if settings.uses_master_weights else 0, "static", "policy + critic"),
+        Component("optimizer state", optimizer_bytes, "static", f"{optimizer}, policy + critic"),
         Component(
-            "optimizer state",
-            _optimizer_bytes(low_classic, s.optimizer, state_bytes) + _optimizer_bytes(fp32_classic, s.optimizer, 4),
-            "static",
-            f"{s.optimizer}, policy + critic",
+            "KV cache",
+            run.kv_cache(generation_batch),
+            "generate",
+            f"{generation_batch} sequences x {seq_len} tokens, all {layers} layers",
         ),
-        Component("KV cache", kv_cache(gen), "generate", f"{gen} sequences x {T} tokens, all {L} layers"),
-        Component("generation workspace", generate_workspace, "generate", ""),
+        Component("generation workspace", run.generate_workspace(), "generate", ""),
+        Component("evaluation workspace", evaluation, "evaluate", "full-vocabulary logits of the reference / policy"),
+        Component("gradients", low * weight_bytes + fp32 * 4, "update", "policy + critic"),
+        Component("activations", activations, "update", f"all {layers} layers of policy and critic"),
         Component(
-            "evaluation workspace",
-            _layer_workspace(counts, gen, T, w) + gen * T * v * logits_bytes,
-            "evaluate",
-            "full-vocabulary logits of the reference / policy",
+            "full-vocab logits",
+            settings.micro_batch * seq_len * counts.vocab_size * logits_bytes,
+            "update",
+            "logits, float32 copy, log-softmax",
         ),
-        Component("gradients", low_classic * w + fp32_classic * 4, "update", "policy + critic"),
-        Component("activations", act_classic, "update", f"all {L} layers of policy and critic"),
-        Component("full-vocab logits", micro * T * v * logits_bytes, "update", "logits, float32 copy, log-softmax"),
         Component("backward workspace", trace.layer // 2, "update", ""),
     ]
-    classic_plan = LayoutPlan("classic", classic, low_classic + fp32_classic)
-    return MemoryPlan(model_name, counts, settings, hydra_plan, classic_plan, trace)
+    return LayoutPlan("classic", components, low + fp32)
 
 
 # --------------------------------------------------------------------------- output

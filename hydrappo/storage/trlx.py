@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -151,6 +151,255 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return a.shape == b.shape and torch.equal(a.float(), b.float())
 
 
+@dataclass(frozen=True)
+class _TrlxParts:
+    """A trlX hydra state dict, split by owner."""
+
+    policy: dict  # base_model.*: the trained causal LM
+    value_head: dict  # v_head.*: MLP h -> 2h -> 1
+    frozen_head: dict  # frozen_head.*: the original top layers, final norm and lm_head (empty with N = -1)
+
+
+def _read_trlx_parts(source: Path) -> _TrlxParts:
+    """The checkpoint's three parts, refused when it is not a trlX hydra state dict hydrappo can convert."""
+    state = load_state_dict_files(source)
+    if any("lora_" in k for k in state):
+        raise ExportError(
+            "this is a trlX checkpoint with peft (LoRA) adapters: merge them into the model first "
+            "(PeftModel.merge_and_unload) and convert the merged model's state dict."
+        )
+    parts = _TrlxParts(
+        _split_prefix(state, "base_model."), _split_prefix(state, "v_head."), _split_prefix(state, "frozen_head.")
+    )
+    other = sorted(k for k in state if not k.startswith(("base_model.", "v_head.", "frozen_head.")))
+    if not parts.policy:
+        raise ExportError(
+            f"{source} has no base_model.* weights: not a trlX AutoModelForCausalLMWithHydraValueHead state dict "
+            f"(keys look like {sorted(state)[:3]})."
+        )
+    if other:
+        raise ExportError(f"{source}: unexpected keys outside base_model./v_head./frozen_head.: {other[:4]}.")
+    if set(parts.value_head) != {"0.weight", "0.bias", "2.weight", "2.bias"}:
+        raise ExportError(
+            f"{source}: the value head has keys {sorted(parts.value_head)[:6]}; hydrappo converts trlX's MLP value "
+            "head (v_head.0 and v_head.2). A value branch with its own layers (num_value_layers_unfrozen > 0) has no "
+            "hydrappo equivalent."
+        )
+    return parts
+
+
+@dataclass(frozen=True)
+class _ModelKeys:
+    """Where a model of the checkpoint's architecture keeps what the conversion moves."""
+
+    num_layers: int
+    layer_names: list[str]
+    norm_name: str | None
+    head_name: str
+    embed_key: str
+    tied: bool
+
+    @property
+    def head_key(self) -> str:
+        return f"{self.head_name}.weight"
+
+    def under(self, state: dict, prefix: str | None) -> dict:
+        """The entries of `state` inside module `prefix` (none when there is no such module)."""
+        return {k: v for k, v in state.items() if prefix is not None and k.startswith(prefix + ".")}
+
+    def in_trunk(self, key: str) -> bool:
+        """Whether a key is outside every layer, the final norm and the lm_head (the embeddings, mostly)."""
+        in_layer = any(key.startswith(name + ".") for name in self.layer_names)
+        in_norm = bool(self.norm_name) and key.startswith(f"{self.norm_name}.")
+        return not in_layer and not in_norm and key != self.head_key
+
+
+def _model_keys(model) -> _ModelKeys:
+    arch = locate(model)
+    names = _module_names(model)
+    return _ModelKeys(
+        num_layers=arch.num_layers,
+        layer_names=[names[id(layer)] for layer in arch.layers],
+        norm_name=names[id(arch.final_norm)] if arch.final_norm is not None else None,
+        head_name=names[id(output_embeddings(model))],
+        embed_key=f"{names[id(model.get_input_embeddings())]}.weight",
+        tied=output_embeddings(model).weight is model.get_input_embeddings().weight,
+    )
+
+
+def _original_state(base_model, dtype: torch.dtype, keys: _ModelKeys) -> dict:
+    """--base-model's state dict (a tied head written out under its own key)."""
+    from transformers import AutoModelForCausalLM
+
+    location = local_source(base_model, option="--base-model")  # a Hub id's snapshot, or its own message
+    try:
+        original = AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype).state_dict()
+    except (OSError, ValueError) as error:
+        raise ExportError(f"cannot load --base-model {base_model}: {error}") from error
+    if keys.tied and keys.head_key not in original:
+        original[keys.head_key] = original[keys.embed_key]
+    return original
+
+
+def _frozen_blocks(frozen: dict, source: Path) -> dict[int, dict]:
+    """frozen_head.decoder_blocks.I.* as {I: its state dict}, checked to number 0..N-1."""
+    blocks = {}
+    for key, value in frozen.items():
+        part, _, rest = key.partition(".")
+        if part == "decoder_blocks":
+            index, _, sub = rest.partition(".")
+            blocks.setdefault(int(index), {})[sub] = value
+        elif part not in ("final_norm", "lm_head") and not _ignorable(key):
+            raise ExportError(f"{source}: unexpected frozen_head key {key!r}.")
+    found = max(blocks) + 1 if blocks else 0
+    if sorted(blocks) != list(range(found)):
+        raise ExportError(
+            f"{source}: frozen_head.decoder_blocks has indices {sorted(blocks)}, expected 0..{found - 1}."
+        )
+    return blocks
+
+
+def _reference_from_frozen_head(
+    parts: _TrlxParts, keys: _ModelKeys, source: Path, num_layers_unfrozen: int | None
+) -> tuple[dict, int]:
+    """(reference state dict, N): the trained trunk with the original top from the frozen head."""
+    blocks = _frozen_blocks(parts.frozen_head, source)
+    trained = len(blocks)
+    if num_layers_unfrozen is not None and num_layers_unfrozen != trained:
+        raise ExportError(
+            f"--num-layers-unfrozen {num_layers_unfrozen} contradicts the checkpoint's frozen head ({trained} layers)."
+        )
+    reference = dict(parts.policy)
+    for offset, sub_state in blocks.items():
+        for sub, value in sub_state.items():
+            reference[f"{keys.layer_names[keys.num_layers - trained + offset]}.{sub}"] = value
+    for key, value in _split_prefix(parts.frozen_head, "final_norm.").items():
+        if keys.norm_name is None:
+            raise ExportError("the trlX checkpoint has a frozen final norm but the model has none.")
+        reference[f"{keys.norm_name}.{key}"] = value
+    for key, value in _split_prefix(parts.frozen_head, "lm_head.").items():
+        reference[f"{keys.head_name}.{key}"] = value
+    return {k: v for k, v in reference.items() if not _ignorable(k)}, trained
+
+
+def _check_against_base(reference: dict, original: dict) -> None:
+    """Without --write-base the converted checkpoint sits on --base-model: its reference must be that model."""
+    differing = sorted(k for k in reference if k in original and not _same(reference[k], original[k]))
+    if differing:
+        raise ExportError(
+            f"the trlX checkpoint's frozen trunk and reference differ from --base-model in {len(differing)} "
+            f"tensors (e.g. {differing[:3]}; trlX also trains the embeddings): pass --write-base DIR instead."
+        )
+
+
+def _layers_trained_against(reference: dict, policy: dict, keys: _ModelKeys, num_layers_unfrozen: int | None) -> int:
+    """N without a frozen head: how many top layers the policy changed relative to the original
+    (all of them when it changed the embeddings), or --num-layers-unfrozen when it covers them."""
+    first_changed = next(
+        (
+            index
+            for index, name in enumerate(keys.layer_names)
+            if any(not _same(value, reference.get(key)) for key, value in keys.under(policy, name).items())
+        ),
+        keys.num_layers,
+    )
+    trunk_changed = any(not _same(value, reference.get(key)) for key, value in policy.items() if keys.in_trunk(key))
+    inferred = keys.num_layers if trunk_changed else keys.num_layers - first_changed
+    if num_layers_unfrozen is None:
+        return inferred
+    if num_layers_unfrozen != -1 and num_layers_unfrozen < inferred:
+        raise ExportError(
+            f"--num-layers-unfrozen {num_layers_unfrozen}: the checkpoint changed {inferred} top layers (or the "
+            "embeddings) relative to --base-model."
+        )
+    return keys.num_layers if num_layers_unfrozen == -1 else num_layers_unfrozen
+
+
+def _reference(
+    parts: _TrlxParts, keys: _ModelKeys, source: Path, original: dict | None, on_base: bool, num_layers_unfrozen
+) -> tuple[dict, int]:
+    """(reference state dict, N): from the frozen head when trlX kept one (checked against
+    --base-model when the checkpoint is to sit on it: `on_base`), else --base-model itself."""
+    if parts.frozen_head:
+        reference, trained = _reference_from_frozen_head(parts, keys, source, num_layers_unfrozen)
+        if original is not None and on_base:
+            _check_against_base(reference, original)
+        return reference, trained
+    if original is None:
+        raise ExportError(
+            f"{source} has no frozen_head (trlX trained with num_layers_unfrozen=-1 and a separate reference): "
+            "pass --base-model, the original model trlX started from."
+        )
+    reference = {k: v for k, v in original.items() if not _ignorable(k)}
+    return reference, _layers_trained_against(reference, parts.policy, keys, num_layers_unfrozen)
+
+
+def _trainable_weights(hydra: HydraModel, parts: _TrlxParts, source: Path) -> dict[str, torch.Tensor]:
+    """The policy's values of every parameter the hydra trains (its top layers, value head, ...)."""
+    weights = {}
+    for name, param in hydra.named_parameters():
+        if not param.requires_grad:
+            continue
+        if name.startswith("model."):
+            value = parts.policy.get(name[len("model.") :])
+        elif name.startswith("value_head.mlp."):
+            value = parts.value_head.get(name[len("value_head.mlp.") :])
+        else:
+            value = None
+        if value is None or tuple(value.shape) != tuple(param.shape):
+            raise ExportError(f"no weights of the right shape for hydrappo's {name} in {source}.")
+        weights[name] = value.to(param.dtype).contiguous()
+    return weights
+
+
+def _run_config(
+    base_location: str,
+    dtype: torch.dtype,
+    tokenizer,
+    *,
+    full: bool,
+    trained: int,
+    train_lm_head: bool,
+    train_final_norm: bool,
+) -> Config:
+    """The checkpoint's config.yaml: the model section a run continuing from it needs (with every
+    layer trained: N = -1, the head and norm train anyway)."""
+    run = Config()
+    run.model.name_or_path = base_location
+    run.model.num_layers_unfrozen = -1 if full else trained
+    run.model.train_lm_head = bool(train_lm_head and not full)
+    run.model.train_final_norm = bool(train_final_norm and not full)
+    run.model.dtype = dtype_name(dtype)
+    if tokenizer:
+        run.model.tokenizer_name_or_path = str(Path(tokenizer).expanduser().absolute())
+    return run
+
+
+def _trainer_state(hydra: HydraModel, source: Path, frozen_head: bool) -> dict:
+    return {
+        "step": 0,
+        "hydra": {
+            "num_layers_unfrozen": hydra.num_layers_unfrozen,
+            "train_lm_head": hydra.train_lm_head,
+            "train_final_norm": hydra.train_final_norm,
+            "lora": False,
+        },
+        "converted_from": {"format": "trlx", "source": str(source.absolute()), "frozen_head": frozen_head},
+    }
+
+
+def _write_checkpoint(out: Path, weights: dict, trainer_state: dict, run: Config, overwrite: bool) -> None:
+    from safetensors.torch import save_file
+
+    def fill(tmp: Path) -> None:
+        save_file(weights, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / TRAINER_STATE_NAME).write_text(json.dumps(trainer_state, indent=2))
+        (tmp / CONFIG_NAME).write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
+        write_manifest(tmp)
+
+    write_directory(out, fill, replace=overwrite)
+
+
 def convert_trlx(
     source: str | os.PathLike,
     out: str | os.PathLike,
@@ -176,8 +425,6 @@ def convert_trlx(
     comparing layers. The policy's trained top layers (and lm_head / final norm where trlX
     changed them) become trainable.safetensors.
     """
-    from safetensors.torch import save_file
-
     source = Path(source).expanduser()
     out = check_output_dir(out, overwrite)
     if write_base is None and base_model is None:
@@ -186,187 +433,51 @@ def convert_trlx(
             "(the original model trlX started from, checked against the checkpoint)."
         )
     write_base = check_output_dir(write_base, overwrite) if write_base is not None else None
-    state = load_state_dict_files(source)
-    if any("lora_" in k for k in state):
-        raise ExportError(
-            "this is a trlX checkpoint with peft (LoRA) adapters: merge them into the model first "
-            "(PeftModel.merge_and_unload) and convert the merged model's state dict."
-        )
-    policy = _split_prefix(state, "base_model.")
-    v_head = _split_prefix(state, "v_head.")
-    frozen = _split_prefix(state, "frozen_head.")
-    other = sorted(k for k in state if not k.startswith(("base_model.", "v_head.", "frozen_head.")))
-    if not policy:
-        raise ExportError(
-            f"{source} has no base_model.* weights: not a trlX AutoModelForCausalLMWithHydraValueHead state dict "
-            f"(keys look like {sorted(state)[:3]})."
-        )
-    if other:
-        raise ExportError(f"{source}: unexpected keys outside base_model./v_head./frozen_head.: {other[:4]}.")
-    if set(v_head) != {"0.weight", "0.bias", "2.weight", "2.bias"}:
-        raise ExportError(
-            f"{source}: the value head has keys {sorted(v_head)[:6]}; hydrappo converts trlX's MLP value head "
-            "(v_head.0 and v_head.2). A value branch with its own layers (num_value_layers_unfrozen > 0) has no "
-            "hydrappo equivalent."
-        )
-
+    parts = _read_trlx_parts(source)
     hf_config = _load_hf_config(config, source)
-    floats = [v.dtype for v in policy.values() if v.is_floating_point()]
+    floats = [v.dtype for v in parts.policy.values() if v.is_floating_point()]
     dtype = max(set(floats), key=floats.count)
     model = _empty_model(hf_config, dtype)
-    arch = locate(model)
-    names = _module_names(model)
-    num_layers = arch.num_layers
-    layer_names = [names[id(layer)] for layer in arch.layers]
-    norm_name = names[id(arch.final_norm)] if arch.final_norm is not None else None
-    head_name = names[id(output_embeddings(model))]
-    head_key = f"{head_name}.weight"
-    embed_key = f"{names[id(model.get_input_embeddings())]}.weight"
-    tied = output_embeddings(model).weight is model.get_input_embeddings().weight
-    policy = {k: v for k, v in policy.items() if not _ignorable(k)}
-    if tied and head_key not in policy:
-        policy[head_key] = policy[embed_key]
+    keys = _model_keys(model)
+    policy = {k: v for k, v in parts.policy.items() if not _ignorable(k)}
+    if keys.tied and keys.head_key not in policy:
+        policy[keys.head_key] = policy[keys.embed_key]
+    parts = replace(parts, policy=policy)
+    original = _original_state(base_model, dtype, keys) if base_model is not None else None
 
-    def under(state_dict, prefix):
-        return {k: v for k, v in state_dict.items() if prefix is not None and k.startswith(prefix + ".")}
-
-    original = None
-    if base_model is not None:
-        from transformers import AutoModelForCausalLM
-
-        location = local_source(base_model, option="--base-model")  # a Hub id's snapshot, or its own message
-        try:
-            original = AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype).state_dict()
-        except (OSError, ValueError) as error:
-            raise ExportError(f"cannot load --base-model {base_model}: {error}") from error
-        if tied and head_key not in original:
-            original[head_key] = original[embed_key]
-
-    blocks = {}
-    if frozen:
-        for key, value in frozen.items():
-            part, _, rest = key.partition(".")
-            if part == "decoder_blocks":
-                index, _, sub = rest.partition(".")
-                blocks.setdefault(int(index), {})[sub] = value
-            elif part not in ("final_norm", "lm_head") and not _ignorable(key):
-                raise ExportError(f"{source}: unexpected frozen_head key {key!r}.")
-        found = max(blocks) + 1 if blocks else 0
-        if sorted(blocks) != list(range(found)):
-            raise ExportError(
-                f"{source}: frozen_head.decoder_blocks has indices {sorted(blocks)}, expected 0..{found - 1}."
-            )
-        if num_layers_unfrozen is not None and num_layers_unfrozen != found:
-            raise ExportError(
-                f"--num-layers-unfrozen {num_layers_unfrozen} contradicts the checkpoint's frozen head ({found} layers)."
-            )
-        n = found
-        # The reference: the trained trunk with the original top from the frozen head.
-        reference = dict(policy)
-        for offset, sub_state in blocks.items():
-            for sub, value in sub_state.items():
-                reference[f"{layer_names[num_layers - n + offset]}.{sub}"] = value
-        for key, value in _split_prefix(frozen, "final_norm.").items():
-            if norm_name is None:
-                raise ExportError("the trlX checkpoint has a frozen final norm but the model has none.")
-            reference[f"{norm_name}.{key}"] = value
-        for key, value in _split_prefix(frozen, "lm_head.").items():
-            reference[f"{head_name}.{key}"] = value
-        reference = {k: v for k, v in reference.items() if not _ignorable(k)}
-        if original is not None and write_base is None:
-            differing = sorted(k for k in reference if k in original and not _same(reference[k], original[k]))
-            if differing:
-                raise ExportError(
-                    f"the trlX checkpoint's frozen trunk and reference differ from --base-model in {len(differing)} "
-                    f"tensors (e.g. {differing[:3]}; trlX also trains the embeddings): pass --write-base DIR instead."
-                )
-    else:
-        if original is None:
-            raise ExportError(
-                f"{source} has no frozen_head (trlX trained with num_layers_unfrozen=-1 and a separate reference): "
-                "pass --base-model, the original model trlX started from."
-            )
-        reference = {k: v for k, v in original.items() if not _ignorable(k)}
-        first_changed = next(
-            (
-                i
-                for i, name in enumerate(layer_names)
-                if any(not _same(v, reference.get(k)) for k, v in under(policy, name).items())
-            ),
-            num_layers,
-        )
-        trunk_changed = any(
-            not _same(v, reference.get(k))
-            for k, v in policy.items()
-            if not any(k.startswith(name + ".") for name in layer_names)
-            and not (norm_name and k.startswith(norm_name + "."))
-            and k != head_key
-        )
-        inferred = num_layers if trunk_changed else num_layers - first_changed
-        if num_layers_unfrozen is not None and num_layers_unfrozen != -1 and num_layers_unfrozen < inferred:
-            raise ExportError(
-                f"--num-layers-unfrozen {num_layers_unfrozen}: the checkpoint changed {inferred} top layers (or the "
-                "embeddings) relative to --base-model."
-            )
-        n = (
-            inferred
-            if num_layers_unfrozen is None
-            else (num_layers if num_layers_unfrozen == -1 else num_layers_unfrozen)
-        )
-
-    full = n >= num_layers
-    train_final_norm = full or any(not _same(v, reference.get(k)) for k, v in under(policy, norm_name).items())
-    train_lm_head = full or not _same(policy.get(head_key), reference.get(head_key))
-    if tied and train_lm_head and not full:
+    reference, trained = _reference(parts, keys, source, original, write_base is None, num_layers_unfrozen)
+    full = trained >= keys.num_layers
+    train_final_norm = full or any(
+        not _same(value, reference.get(key)) for key, value in keys.under(policy, keys.norm_name).items()
+    )
+    train_lm_head = full or not _same(policy.get(keys.head_key), reference.get(keys.head_key))
+    if keys.tied and train_lm_head and not full:
         # The trunk keeps the trained embeddings, the reference keeps the original head:
         # the base model gets its own (untied) lm_head.
-        for cfg in {id(c): c for c in (hf_config, hf_config.get_text_config())}.values():
-            cfg.tie_word_embeddings = False
+        for text_config in {id(c): c for c in (hf_config, hf_config.get_text_config())}.values():
+            text_config.tie_word_embeddings = False
         model = _empty_model(hf_config, dtype)
-    elif tied:
-        reference.pop(head_key, None)
+    elif keys.tied:
+        reference.pop(keys.head_key, None)
     _load_exact(model, reference, f"the base model rebuilt from {source}")
 
-    hydra = HydraModel(model, -1 if full else n, train_lm_head=train_lm_head, train_final_norm=train_final_norm)
-    weights = {}
-    for name, param in hydra.named_parameters():
-        if not param.requires_grad:
-            continue
-        if name.startswith("model."):
-            value = policy.get(name[len("model.") :])
-        elif name.startswith("value_head.mlp."):
-            value = v_head.get(name[len("value_head.mlp.") :])
-        else:
-            value = None
-        if value is None or tuple(value.shape) != tuple(param.shape):
-            raise ExportError(f"no weights of the right shape for hydrappo's {name} in {source}.")
-        weights[name] = value.to(param.dtype).contiguous()
-
+    hydra = HydraModel(model, -1 if full else trained, train_lm_head=train_lm_head, train_final_norm=train_final_norm)
+    weights = _trainable_weights(hydra, parts, source)
     if write_base is not None:
         base_location = str(write_base)
     else:  # a Hub id as given, a path made absolute
         base_location = str(base_model) if is_hub_id(str(base_model)) else str(Path(base_model).expanduser().absolute())
-    run = Config()
-    run.model.name_or_path = base_location
-    run.model.num_layers_unfrozen = -1 if full else n
-    run.model.train_lm_head = bool(train_lm_head and not full)
-    run.model.train_final_norm = bool(train_final_norm and not full)
-    run.model.dtype = dtype_name(dtype)
     tokenizer_source = tokenizer or (source if source.is_dir() else source.parent)
     tok = _try_tokenizer(tokenizer_source)
-    if write_base is None and tokenizer:
-        run.model.tokenizer_name_or_path = str(Path(tokenizer).expanduser().absolute())
-
-    trainer_state = {
-        "step": 0,
-        "hydra": {
-            "num_layers_unfrozen": hydra.num_layers_unfrozen,
-            "train_lm_head": hydra.train_lm_head,
-            "train_final_norm": hydra.train_final_norm,
-            "lora": False,
-        },
-        "converted_from": {"format": "trlx", "source": str(source.absolute()), "frozen_head": bool(frozen)},
-    }
+    run = _run_config(
+        base_location,
+        dtype,
+        tokenizer if write_base is None else None,  # a written base holds the tokenizer
+        full=full,
+        trained=trained,
+        train_lm_head=train_lm_head,
+        train_final_norm=train_final_norm,
+    )
 
     if write_base is not None:  # the model as built: the reference, before any policy weight goes in
         write_directory(write_base, lambda tmp: save_pretrained_dir(model, tok, tmp, max_shard_size), replace=overwrite)
@@ -374,18 +485,16 @@ def convert_trlx(
             logger.warning(
                 "no tokenizer found at %s: the base model directory has none; pass --tokenizer", tokenizer_source
             )
-
-    def fill(tmp: Path) -> None:
-        save_file(weights, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        (tmp / TRAINER_STATE_NAME).write_text(json.dumps(trainer_state, indent=2))
-        (tmp / CONFIG_NAME).write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
-        write_manifest(tmp)
-
-    write_directory(out, fill, replace=overwrite)
+    _write_checkpoint(out, weights, _trainer_state(hydra, source, bool(parts.frozen_head)), run, overwrite)
     # The written checkpoint must load into a hydra built on the written base.
     load_trainable_weights(hydra, out)
     return TrlxConversion(
-        out, base_location, hydra.num_layers_unfrozen, hydra.train_lm_head, hydra.train_final_norm, bool(frozen)
+        out,
+        base_location,
+        hydra.num_layers_unfrozen,
+        hydra.train_lm_head,
+        hydra.train_final_norm,
+        bool(parts.frozen_head),
     )
 
 
