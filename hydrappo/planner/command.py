@@ -1,6 +1,6 @@
 """`hydrappo memory`: the planner's command line. Its options are the planner's TrainingSettings
 spelt with dashes (their defaults are the settings' defaults); the model is a preset name, a
-config.json or a model directory (counts.load_model_config).
+config.json, or anything `hydrappo train` takes as model.name_or_path (counts.load_model_config).
 
     hydrappo memory MODEL [options]          the plan, component by component
     hydrappo memory MODEL --gpu 24           which settings fit a 24 GiB card
@@ -115,7 +115,8 @@ def memory_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "model",
         nargs="?",
-        help="a preset name, a config.json or a model directory",
+        help="a preset name, a config.json, or a model as `hydrappo train` takes it (a model directory, a .gguf "
+        "file, a bundled name, a cached Hub id)",
     )
     _add_layer_options(parser)
     _add_step_options(parser)

@@ -15,7 +15,9 @@ from .presets import PRESETS, preset_config
 
 
 def load_model_config(spec: str):
-    """A transformers config from a preset name, a config.json file or a model directory."""
+    """A transformers config from a preset name, a config.json file, or a model as `hydrappo train`
+    takes it in model.name_or_path (a model directory, a .gguf file, a bundled name, a Hub id in
+    the cache): storage/models.py resolves it, so the planner plans the model the run would load."""
     from transformers import AutoConfig
 
     if spec.lower() in PRESETS:
@@ -27,12 +29,19 @@ def load_model_config(spec: str):
             raise ValueError(f"{spec}: config.json has no model_type.")
         model_type = data.pop("model_type")
         return AutoConfig.for_model(model_type, **data)
-    if path.is_dir() and (path / "config.json").is_file():
-        return AutoConfig.from_pretrained(str(path))
-    raise ValueError(
-        f"{spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a config.json file nor a model directory "
-        "with a config.json."
-    )
+    return _training_model_config(spec)
+
+
+def _training_model_config(spec: str):
+    from ..storage.models import ModelLoadError, resolve_model_source, source_config
+
+    try:
+        return source_config(*resolve_model_source(spec, option="the model"))
+    except ModelLoadError as error:
+        raise ValueError(
+            f"{spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a config.json file nor a model "
+            f"`hydrappo train` can load: {error}"
+        ) from None
 
 
 def meta_model(config):

@@ -338,6 +338,20 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     return dtype
 
 
+def source_config(directory: str | os.PathLike, gguf_file: str | None = None):
+    """The transformers config of a resolved model source (resolve_model_source): its config.json,
+    or a GGUF file's metadata, read without dequantising its weights."""
+    from transformers import AutoConfig
+
+    if gguf_file is None:
+        return AutoConfig.from_pretrained(str(directory))
+    _require_gguf()
+    config = AutoConfig.from_pretrained(str(directory), gguf_file=gguf_file)
+    if hasattr(config, "quantization_config"):  # the file's quantization, not one to load the weights with
+        delattr(config, "quantization_config")
+    return config
+
+
 def _load_tokenizer(name_or_path, gguf_file: str | None = None, option: str = "model.tokenizer_name_or_path"):
     from transformers import AutoTokenizer
 
@@ -370,19 +384,12 @@ def load_model_and_tokenizer(
     GGUF sources load from the converted cache (converted on first use). With
     `random_init` the model is built from the source's config with random weights (seed
     torch before calling)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     directory, gguf = resolve_model_source(model_config.name_or_path, model_config.gguf_file, model_config.revision)
     if model_config.random_init:
         try:
-            if gguf is not None:
-                _require_gguf()
-                config = AutoConfig.from_pretrained(str(directory), gguf_file=gguf)
-                if hasattr(config, "quantization_config"):
-                    delattr(config, "quantization_config")
-            else:
-                config = AutoConfig.from_pretrained(str(directory))
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = AutoModelForCausalLM.from_config(source_config(directory, gguf), dtype=dtype)
         except (OSError, ValueError, KeyError, TypeError) as error:
             if isinstance(error, ModelLoadError):
                 raise

