@@ -767,11 +767,24 @@ def measure_main(argv=None) -> int:
 
 
 COMMANDS = {"report": report_main, "measure": measure_main}
+USAGE = (
+    "usage: python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...]\n"
+    "       python tools/rl_study.py measure CHECKPOINT [CHECKPOINT ...] --prompts P --reward_fn R [--seeds S ...]\n"
+    "(`python tools/rl_study.py report --help` and `measure --help` list each one's options)"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """report | measure; --help prints the usage (exit 0), anything else prints it as an error."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.split("\n\n")[0] + "\n\n" + USAGE)
+        return 0
+    print(USAGE, file=sys.stderr)
+    return 1
+
 
 if __name__ == "__main__":
-    if sys.argv[1:2] and sys.argv[1] in COMMANDS:
-        sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))
-    sys.exit(
-        "usage: python tools/rl_study.py report OUT.md OUT.png DIR [DIR ...]\n"
-        "       python tools/rl_study.py measure CHECKPOINT [CHECKPOINT ...] --prompts P --reward_fn R [--seeds S ...]"
-    )
+    sys.exit(main())
