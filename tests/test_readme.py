@@ -1,6 +1,7 @@
-"""README.md against the tree it describes: the layout block names every module of the package
-and nothing that is gone, every relative link of README and docs/ lands on a file and, where it
-names one, a heading of that file, and README stays a README (at most 12,000 characters)."""
+"""README.md and docs/ against the tree they describe: the layout block (docs/architecture.md;
+README keeps the floors) names every module of the package and nothing that is gone, every
+relative link of README and docs/ lands on a file and, where it names one, a heading of that
+file, and README stays a README (at most 12,000 characters)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from runs import ROOT
 
 README = ROOT / "README.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"  # its layout block: every module
 ENTRY = re.compile(r"^( {0,12})(\S+?(?:\.py|/))(?:\s{2,}.*)?$")  # deeper indents continue a description
 
 
@@ -51,11 +53,11 @@ def package_paths() -> set[str]:
 
 
 def test_the_layout_block_names_every_module_and_nothing_that_is_gone():
-    entries = layout_entries(layout_block(README.read_text()))
+    entries = layout_entries(layout_block(ARCHITECTURE.read_text()))
     missing = sorted(package_paths() - entries)
-    assert not missing, f"README.md's layout block does not name: {missing}; add a line for each"
+    assert not missing, f"docs/architecture.md's layout block does not name: {missing}; add a line for each"
     gone = sorted(entry for entry in entries if not (ROOT / entry).exists())
-    assert not gone, f"README.md's layout block names what the tree does not hold: {gone}"
+    assert not gone, f"docs/architecture.md's layout block names what the tree does not hold: {gone}"
 
 
 def test_the_layout_parser_reads_nesting_and_skips_descriptions():
