@@ -47,8 +47,27 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     # every Hub id, cached or downloaded.
     stage_inputs = read_inputs(config)
     fetch_hub_models(config)
+    _plan_against_the_gpu(config)
     resume = start_run(config, args.resume, writer=launcher_process()[0] == 0)
     return config, resume, stage_inputs
+
+
+def _plan_against_the_gpu(config) -> None:
+    """A PPO run on one GPU: the planner's plan of it against the memory free there, before the
+    model loads; one that will not fit stops here (planner/preflight.py). On the CPU nothing runs.
+    Under a launcher, or with the trunk sharded (train.fsdp_trunk), each process holds a part of
+    the run the planner does not plan: not checked."""
+    from ..config import Config
+    from .precision import pick_device
+
+    if not isinstance(config, Config) or launcher_process()[1] > 1 or config.train.fsdp_trunk:
+        return
+    device = pick_device(config.train.device)
+    if device.type != "cuda":
+        return
+    from ..planner.preflight import check_run_fits
+
+    check_run_fits(config, device)
 
 
 def _trainer(stage: str):
