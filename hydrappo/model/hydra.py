@@ -175,6 +175,22 @@ class HydraModel(nn.Module):
         self._layer_tuple_len = 0
         disable_dropout(model)
 
+        self._build_reference(model, lora, lora_layers)
+
+        param = next(model.parameters())
+        # A critic-free run (GRPO, RLOO, REINFORCE++) has no value head: nothing built, trained or saved.
+        head_dtype = torch.promote_types(param.dtype, torch.float32)  # float32, or float64 with a float64 trunk
+        self.value_head = ValueHead(self.arch.hidden_size).to(param.device, head_dtype) if value_head else None
+        self.reward_branch: RewardBranch | None = None
+        if verify:
+            self._verify()
+
+    # ------------------------------------------------------------------ construction
+
+    def _build_reference(self, model: nn.Module, lora, lora_layers: str) -> None:
+        """Freeze the model, make trainable what trains, and build the reference: a whole frozen
+        copy (every layer trains), the adapters switched off (LoRA), or frozen copies of the
+        trainable layers (and of the head and norm where they train)."""
         model.requires_grad_(False)
         self.reference_model = None
         self.ref_layers = nn.ModuleList()
@@ -219,15 +235,6 @@ class HydraModel(nn.Module):
                     _untie_output_embeddings(model)
                 output_embeddings(model).requires_grad_(True)
 
-        param = next(model.parameters())
-        # A critic-free run (GRPO, RLOO, REINFORCE++) has no value head: nothing built, trained or saved.
-        head_dtype = torch.promote_types(param.dtype, torch.float32)  # float32, or float64 with a float64 trunk
-        self.value_head = ValueHead(self.arch.hidden_size).to(param.device, head_dtype) if value_head else None
-        self.reward_branch: RewardBranch | None = None
-        if verify:
-            self._verify()
-
-    # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(
         cls,
