@@ -151,7 +151,9 @@ def test_the_reader_sees_function_level_imports():
     """The rule holds for imports inside functions too (they once hid a cycle)."""
     # Every command imports its module inside its function, so that `hydrappo --help` is quick.
     assert {"hydrappo.evaluate", "hydrappo.storage.export_command", "hydrappo.planner.command"} <= GRAPH["hydrappo.cli"]
-    assert {"hydrappo.train.ppo", "hydrappo.train.reward_model", "hydrappo.train.sft"} <= GRAPH["hydrappo.train.command"]
+    assert {"hydrappo.train.ppo", "hydrappo.train.reward_model", "hydrappo.train.sft"} <= GRAPH[
+        "hydrappo.train.command"
+    ]
     assert "hydrappo.storage.models" in GRAPH["hydrappo.train.harness"]
 
 
