@@ -155,7 +155,7 @@ class FunctionReward:
         that takes them. `prompt_messages`: the message lists of conversational prompts (then
         `prompts` are their formatted texts), which TRL's convention gets in TRL's shapes.
         `row_names`: where each sample's row is ("data.prompts row 17"), for error messages. `context`: TRL's
-        trainer_state, log_metric, log_extra (reward_calls.RewardContext). An `async def` function's awaitable
+        trainer_state, log_metric, log_extra (rewards.context.RewardContext). An `async def` function's awaitable
         is awaited here, or with `defer` returned as (awaitable, finish) for RewardSources to await together."""
         if not len(samples) == len(prompts) == len(outputs):
             raise ValueError(
