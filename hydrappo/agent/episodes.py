@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ..config import GenerationArgs
 from ..generation.responses import Responses
 from . import calls as call_format
-from .toolbox import Environments, Tool, call_problem, ended, run_call, toolset
+from .toolbox import Environments, Request, Tool, call_problem, ended, run_calls, toolset
 
 
 @dataclass
@@ -131,7 +131,7 @@ def run_episodes(
             if record_split:
                 episode.split_hidden = turn.split_hidden[index]
             episode.final_text = tokenizer.decode(reply, skip_special_tokens=True)
-            episode.running = episode.ended and _continue(agent, episode, tokenizer, args, step)
+        _tool_turns(agent, live, tokenizer, args, step)
     return Responses(
         prompt_ids=[e.prompt_ids for e in episodes],
         response_ids=[e.tokens for e in episodes],
@@ -144,26 +144,36 @@ def run_episodes(
     )
 
 
-def _continue(agent: Agent, episode: Episode, tokenizer, args: GenerationArgs, step: int | None) -> bool:
-    """Execute the calls of the episode's last reply and append their tool turn; False when the
-    episode ends here (an answer, the round limit, the environment's `done`, the token budget)."""
+def _tool_turns(agent: Agent, live: list[Episode], tokenizer, args: GenerationArgs, step: int | None) -> None:
+    """Execute the calls of every live episode's last reply, all of the turn's calls together
+    (toolbox.run_calls: concurrent but for the calls on one environment instance), and append each
+    episode's tool turn; an episode that ends here stops running."""
+    plans = [(episode, _calls_to_execute(agent, episode) if episode.ended else None) for episode in live]
+    requests = [Request(c.call, episode.tools, c.problem) for episode, found in plans for c in found or ()]
+    outcomes = iter(run_calls(requests, timeout_s=agent.timeout_s, on_error=agent.on_error, step=step))
+    for episode, found in plans:
+        done = [next(outcomes) for _ in found] if found else None
+        episode.running = done is not None and _append_tool_turn(agent, episode, found, done, tokenizer, args)
+
+
+def _calls_to_execute(agent: Agent, episode: Episode) -> list | None:
+    """The calls of the episode's last reply to execute; None when it ends without any (an answer,
+    or the round limit reached: its calls are judged but not executed)."""
     found = agent.parse(episode.final_text)
     if not found:
-        return False  # an answer
+        return None  # an answer
     episode.calls += len(found)
-    if agent.max_iterations is not None and episode.rounds >= agent.max_iterations:  # not executed, still judged
+    if agent.max_iterations is not None and episode.rounds >= agent.max_iterations:
         episode.valid_calls += sum(call_problem(c.call, episode.tools, c.problem) is None for c in found)
-        return False
+        return None
+    return found
+
+
+def _append_tool_turn(agent: Agent, episode: Episode, found: list, outcomes: list, tokenizer, args) -> bool:
+    """Count the executed calls and append their tool turn; False when the episode ends here
+    (the environment's `done`, or the next turn would not fit in the token budget)."""
     results = []
-    for call in found:
-        outcome = run_call(
-            call.call,
-            episode.tools,
-            timeout_s=agent.timeout_s,
-            on_error=agent.on_error,
-            step=step,
-            problem=call.problem,
-        )
+    for call, outcome in zip(found, outcomes):
         episode.valid_calls += outcome.valid
         episode.failed_calls += outcome.failed
         results.append((call.call["name"] if call.call else "unknown", outcome.text))

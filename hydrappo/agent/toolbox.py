@@ -16,13 +16,20 @@ the step and the call, as a ToolError (no traceback of ours, and the checkpoints
 stay), or, with `on_error="result"`, the text of a failed tool turn the model reads and is scored
 on. A call the MODEL got wrong (an unknown tool, arguments that do not fit) is never the user's
 error: the model reads what was wrong, as TRL does.
+
+The calls of a turn run together (`run_calls`): standalone functions each in a thread, `async def`
+tools awaited together on one event loop, the calls on one environment instance in the order
+written (they share its state); results come back in the order written.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import inspect
 import json
 import numbers
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +70,6 @@ def tool_of(fn: Callable, what: str = "tool") -> Tool:
     if not callable(fn) or name is None:
         raise AgentSetupError(
             f"{what} {fn!r} is not a function; tools are plain Python functions (or methods of an environment)."
-        )
-    if inspect.iscoroutinefunction(fn):
-        raise AgentSetupError(
-            f"{what} {name!r} is async; hydrappo calls tools synchronously: make it a plain function."
         )
     try:
         schema = get_json_schema(fn)
@@ -213,6 +216,16 @@ class Outcome:
     failed: bool = False  # the tool itself failed (on_error="result")
 
 
+@dataclass(frozen=True)
+class Request:
+    """One call to execute: the parsed call {"name", "arguments"} (None: the model's call did not
+    parse, `problem` says why) and the tools of its episode."""
+
+    call: dict | None
+    tools: dict[str, Tool]
+    problem: str | None = None
+
+
 def run_call(
     call: dict | None,
     tools: dict[str, Tool],
@@ -223,13 +236,73 @@ def run_call(
     problem: str | None = None,
 ) -> Outcome:
     """Execute one parsed call {"name", "arguments"} (None: the model's call did not parse, `problem` says why)."""
-    mistake = call_problem(call, tools, problem)
-    if mistake:
-        return Outcome(f"Error: {mistake}.", valid=False)
-    name, arguments = call["name"], call.get("arguments", {})
+    return run_calls([Request(call, tools, problem)], timeout_s=timeout_s, on_error=on_error, step=step)[0]
+
+
+def run_calls(requests: list[Request], *, timeout_s: float | None, on_error: str, step: int | None) -> list[Outcome]:
+    """Execute calls together, each under `timeout_s`; their outcomes in the order written.
+
+    What runs beside what: the calls of one object's methods (an environment instance's tools)
+    run one after another in the order written, since they share its state (a move, then the
+    score it leaves); every other call (a standalone function) runs beside them, each in a
+    thread of its own, so the calls of a turn take about as long as the slowest. `async def`
+    tools are awaited together on one event loop (`event_loop`), TRL's way. A model's mistake is
+    answered without running anything. With on_error "stop", a failure ends the run: the first
+    one in the order written is raised once the calls already started have returned (each within
+    its time limit), and the calls after it on the same object are not made. When everything is
+    one sequence (one call, or one object's), it runs in the caller's thread, as one call always did."""
+    outcomes: list = [None] * len(requests)
+    lanes: dict = {}  # what must run in order: one object's calls, or a single call
+    for index, request in enumerate(requests):
+        mistake = call_problem(request.call, request.tools, request.problem)
+        if mistake:
+            outcomes[index] = Outcome(f"Error: {mistake}.", valid=False)
+            continue
+        owner = getattr(request.tools[request.call["name"]].fn, "__self__", None)
+        lanes.setdefault(("object", id(owner)) if owner is not None else ("call", index), []).append(index)
+
+    def run_lane(indices: list[int]) -> None:
+        for index in indices:
+            try:
+                outcomes[index] = _execute(requests[index], timeout_s, on_error, step)
+            except BaseException as error:  # raised in the caller's thread, below
+                outcomes[index] = error
+                return  # the run ends with it: nothing more on this object
+
+    if len(lanes) == 1:
+        run_lane(next(iter(lanes.values())))
+    elif lanes:
+        _in_threads(run_lane, list(lanes.values()))
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
+
+
+def _in_threads(run_lane: Callable, lanes: list[list[int]]) -> None:
+    """run_lane(lane) for every lane at once, each in a daemon thread (a call that hangs past its
+    time limit is left behind, never waited for at exit), with the caller's grad mode."""
+    import torch  # here: config/ imports usercode, and loads no torch
+
+    grad = torch.is_grad_enabled()
+
+    def target(lane):
+        with torch.set_grad_enabled(grad):
+            run_lane(lane)
+
+    threads = [threading.Thread(target=target, args=(lane,), name="hydrappo-tool-call", daemon=True) for lane in lanes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _execute(request: Request, timeout_s: float | None, on_error: str, step: int | None) -> Outcome:
+    """A valid call run as user code: its text, or (on_error "result") its failure as the text."""
+    name, arguments = request.call["name"], request.call.get("arguments", {})
     where = f"tool {name!r}{_at(step)}, called with {shortened(arguments)}"
     try:
-        result = call_user(tools[name].fn, where, timeout_s=timeout_s, **arguments)
+        result = call_user(request.tools[name].fn, where, timeout_s=timeout_s, **arguments)
         return Outcome(tool_text(result, where), valid=True)
     except ToolError as error:
         if on_error != "result":
@@ -268,8 +341,11 @@ def tool_text(result, where: str) -> str:
 
 
 def call_user(fn: Callable, where: str, *, timeout_s: float | None = None, **kwargs):
-    """fn(**kwargs) as user code: its failures become ToolErrors naming `where`."""
+    """fn(**kwargs) as user code: its failures become ToolErrors naming `where`. An `async def`
+    function is awaited on the tools' event loop (`awaited`)."""
     try:
+        if inspect.iscoroutinefunction(fn):
+            return awaited(fn, where, timeout_s, kwargs)
         return usercode.call_with_timeout(lambda **kw: usercode.call(fn, where, **kw), kwargs, timeout_s)
     except usercode.TimedOut:
         raise ToolError(
@@ -284,6 +360,40 @@ def call_user(fn: Callable, where: str, *, timeout_s: float | None = None, **kwa
             "agent.on_tool_error: result to show the model the error instead, or rerun with --debug for the traceback.",
             reason=f"{type(error).__name__}: {error}",
         ) from error
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """The event loop async tools run on: one per process, running in a daemon thread from its
+    first use on, so the coroutines of concurrent calls are awaited together, a loop-bound
+    resource a tool keeps (an HTTP session) stays usable from call to call, and the loop never
+    holds the process at exit. An async tool that blocks (time.sleep, not asyncio.sleep) stops
+    the loop for every async call: they then end by their time limits."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="hydrappo-tool-loop", daemon=True).start()
+        return _LOOP
+
+
+def awaited(fn: Callable, where: str, timeout_s: float | None, kwargs: dict):
+    """An async function's result, awaited on `event_loop()` as user code (sys.exit inside it is
+    its error); usercode.TimedOut (and the coroutine cancelled) past `timeout_s`."""
+
+    async def guarded():
+        with usercode.running(where):
+            return await fn(**kwargs)
+
+    future = asyncio.run_coroutine_threadsafe(guarded(), event_loop())
+    done, _ = concurrent.futures.wait([future], timeout=timeout_s)
+    if not done:  # not future.result(timeout): a TimeoutError the tool raises itself is its own error
+        future.cancel()
+        raise usercode.TimedOut
+    return future.result()
 
 
 def _at(step: int | None) -> str:

@@ -5,6 +5,8 @@ tokens (float64); the split states recorded while playing the episode (tool turn
 through the trunk) give the experience pass of a whole-sequence pass; and the episode ends for
 each of its reasons."""
 
+import time
+
 import pytest
 import torch
 
@@ -215,3 +217,30 @@ def test_tool_tokens_have_no_gradient_and_the_loss_is_the_hand_computed_one():
                 count += 1
     # float64: the hydra's log-probs equal the model's within ~1e-13; the loss sums ~50 such terms
     assert abs(loss.item() - terms / count) < 1e-10
+
+
+def test_the_calls_of_a_turn_run_together_across_its_episodes():
+    """Two episodes each write two calls of a 0.3 s tool in one turn: the four run together."""
+
+    def nap(word: str) -> str:
+        """Pause, then answer.
+
+        Args:
+            word: The word.
+        """
+        time.sleep(0.3)
+        return f"w4{word[-1]}"
+
+    tok = tokenizer()
+    sample, _ = scripted(tok, ["w5", "w7"])
+
+    def two_calls(text):
+        return [Call({"name": "nap", "arguments": {"word": w}}) for w in ("w1", "w2")] if "w5" in text else []
+
+    a = agent(tools=(nap,), parse=two_calls)
+    start = time.perf_counter()
+    out = run_episodes(a, episodes_of(tok, a, rows=2), sample, tok, GenerationArgs(max_new_tokens=4), step=1)
+    seconds = time.perf_counter() - start
+    # Both results in the order written, in each episode's tool turn.
+    assert tok.decode(out.response_ids[0]).split().count("w41") == 1 and out.episode_stats[1]["valid_calls"] == 2.0
+    assert seconds < 0.3 + 0.5, seconds  # one after another: 1.2 s

@@ -4,8 +4,10 @@ reset / methods / get_reward / per-row choice, and user code that fails (raises,
 something that is not text, calls sys.exit) ending with a message that names it, or, when asked,
 as a failed tool turn the model reads."""
 
+import asyncio
 import sys
 import threading
+import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -244,3 +246,127 @@ def test_the_tool_turn_is_the_templates_suffix_after_the_policys_end_of_turn():
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{{ messages | length }}{% endfor %}"
     with pytest.raises(AgentSetupError, match="does not preserve the conversation's prefix"):
         calls.tool_suffix_ids(tokenizer, [("add", "n7")])
+
+
+# ---------------------------------------------------------------- the calls of a turn run together
+def sleeper(seconds: float) -> str:
+    """Sleeps, then says how long.
+
+    Args:
+        seconds: How long.
+    """
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+async def async_sleeper(seconds: float) -> str:
+    """Sleeps without blocking the event loop, then says how long.
+
+    Args:
+        seconds: How long.
+    """
+    await asyncio.sleep(seconds)
+    return f"awaited {seconds}"
+
+
+async def async_exits(a: int) -> str:
+    """Ends the process from a coroutine.
+
+    Args:
+        a: Anything.
+    """
+    await asyncio.sleep(0)
+    sys.exit(4)
+
+
+def requests_of(tools, *calls):
+    return [toolbox.Request({"name": name, "arguments": arguments}, tools) for name, arguments in calls]
+
+
+def timed(requests, **options):
+    start = time.perf_counter()
+    outcomes = toolbox.run_calls(requests, step=1, **{"timeout_s": 5.0, "on_error": "stop", **options})
+    return outcomes, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("tool", [sleeper, async_sleeper])
+def test_slow_calls_of_one_turn_take_the_longest_not_the_sum_and_answer_in_order(tool):
+    tools = toolset([tool_of(tool)])
+    # Written longest first: they finish in the reverse order, and still answer in the written one.
+    outcomes, seconds = timed(requests_of(tools, *[(tool.__name__, {"seconds": s}) for s in (0.5, 0.4, 0.3)]))
+    word = "slept" if tool is sleeper else "awaited"
+    assert [o.text for o in outcomes] == [f"{word} 0.5", f"{word} 0.4", f"{word} 0.3"]
+    # One after another they take 1.2 s; together the longest, 0.5 s, plus thread start-up (ms):
+    # 1.0 s leaves half a second for a loaded machine and still fails a sequential run.
+    assert 0.5 <= seconds < 1.0, seconds
+
+
+def test_a_timeout_and_an_error_among_several_calls():
+    tools = toolset([tool_of(sleeper), tool_of(hangs), tool_of(raises), tool_of(async_sleeper)])
+    requests = requests_of(
+        tools,
+        ("sleeper", {"seconds": 0.2}),
+        ("hangs", {"a": 1}),
+        ("raises", {"a": 1}),
+        ("async_sleeper", {"seconds": 5}),
+        ("nope", {}),
+    )
+    outcomes, seconds = timed(requests, timeout_s=0.4, on_error="result")
+    assert [(o.text, o.valid, o.failed) for o in outcomes] == [
+        ("slept 0.2", True, False),
+        ("Error: the call did not return within 0.4 s", True, True),
+        ("Error: RuntimeError: the service is down", True, True),
+        ("Error: the call did not return within 0.4 s", True, True),
+        ("Error: there is no tool named 'nope'; the tools are sleeper, hangs, raises, async_sleeper.", False, False),
+    ]
+    assert seconds < 0.4 + 0.6, seconds  # the time limit once (the calls wait together), not twice
+    # on_error "stop": the first failure in the written order ends the run, whichever failed first in time.
+    with pytest.raises(ToolError, match=r"tool 'hangs' at step 1, called with \{'a': 1\} did not return within 0.4 s"):
+        timed(requests, timeout_s=0.4)
+    with pytest.raises(ToolError, match="tool 'raises' at step 1.* raised RuntimeError: the service is down"):
+        timed(requests[2:4] + requests[:1], timeout_s=0.4)
+
+
+def test_exits_from_threads_and_coroutines_are_the_tools_errors():
+    tools = toolset([tool_of(exits), tool_of(async_exits), tool_of(sleeper)])
+    for name in ("exits", "async_exits"):
+        requests = requests_of(tools, ("sleeper", {"seconds": 0.1}), (name, {"a": 1}))
+        with pytest.raises(ToolError, match=rf"tool '{name}' at step 1.* called sys.exit\(\d\) \(SystemExit\)"):
+            timed(requests)
+        outcomes, _ = timed(requests, on_error="result")
+        assert outcomes[1].text == "Error: the tool tried to end the process" and outcomes[0].text == "slept 0.1"
+
+
+class Ledger:
+    """An environment whose calls must stay in order: each reads what the previous one wrote."""
+
+    def reset(self, **row):
+        self.entries = []
+
+    def write(self, entry: str) -> str:
+        """Append an entry after a pause.
+
+        Args:
+            entry: What to write.
+        """
+        seen = list(self.entries)
+        time.sleep(0.2)
+        self.entries = seen + [entry]
+        return ",".join(self.entries)
+
+
+def test_calls_on_one_environment_instance_stay_in_order_and_others_run_beside_them():
+    envs = Environments(Ledger, [tool_of(sleeper)])
+    first, second = envs.instances([None, None])
+    for instance in (first, second):
+        envs.reset(instance, {}, step=1)
+    requests = [
+        *requests_of(envs.tools_of(first), ("write", {"entry": "a"}), ("write", {"entry": "b"})),
+        *requests_of(envs.tools_of(second), ("write", {"entry": "c"}), ("write", {"entry": "d"})),
+        *requests_of(envs.tools_of(first), ("sleeper", {"seconds": 0.4})),
+    ]
+    outcomes, seconds = timed(requests)
+    # Run together, the writes on one instance would each see an empty ledger and lose one another's entry.
+    assert [o.text for o in outcomes] == ["a", "a,b", "c", "c,d", "slept 0.4"]
+    # Each instance's two writes in sequence (0.4 s) beside the other's and the sleeper: not their sum, 1.2 s.
+    assert 0.4 <= seconds < 0.9, seconds
