@@ -15,12 +15,16 @@ are 0 there, so the loss and the KL never count them, while the policy's later t
 them as context. The episode always ends with a policy token (a call that is not executed adds no
 tool turn), so the last action token, where the score lands, is the episode's last token.
 
-The frozen bottom: each turn's sampling prefills the conversation so far, tool turns included,
-and records the split states of every token fed (generate_responses(record_split=True)); the
-last turn's states cover the whole episode, so the experience pass runs only the top branches.
-The KV cache is not carried from one turn to the next: each turn prefills its context again
-(one bottom pass over the context per turn, batched; the per-token decode dominates at the
-lengths of a tool episode).
+The frozen bottom: each turn's sampling records the split states of every token fed
+(generate_responses(record_split=True)); the last turn's states cover the whole episode, so the
+experience pass runs only the top branches.
+
+The KV cache: with a sampler that carries it (`carries_cache`: the decode loop), each episode keeps
+its cache after a turn and the next turn extends it by the previous reply's last token and the
+tool turn, instead of prefilling the conversation again; the cache's recorded split states come
+along, so the last turn's states still cover the episode. The first turn shares the prefill of a
+row's G episodes. Other samplers (generate, the graph step, the serving engines) prefill each
+turn's whole context again.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class Episode:
     final_text: str = ""  # the policy's last reply (the answer the rewards read)
     ended: bool = False  # the last turn ended with a stop (not cut by the token limit)
     running: bool = True
+    cache: object = None  # the KV cache its last turn left (a sampler that carries_cache), for the next
     rounds: int = 0  # rounds of calls executed
     calls: int = 0
     valid_calls: int = 0
@@ -119,10 +124,14 @@ def run_episodes(
 ) -> Responses:
     """Play `episodes` to their end, turn by turn; `sample(prompt_ids, args, greedy=, record_split=)`
     -> Responses is the trainer's sampler. Returns the episodes as Responses (one row each, with
-    policy_mask, final_texts and episode_stats)."""
+    policy_mask, final_texts and episode_stats). A `sample` that is the method of a sampler that
+    carries_cache gets each episode's cache and extends it (`carried=`)."""
+    carries = getattr(getattr(sample, "__self__", None), "carries_cache", False)
     while any(e.running for e in episodes):
         live = [e for e in episodes if e.running]
-        turn = sample([e.prompt_ids + e.tokens for e in live], args, greedy=greedy, record_split=record_split)
+        carried = {"carried": [e.cache for e in live]} if carries else {}
+        contexts = [e.prompt_ids + e.tokens for e in live]
+        turn = sample(contexts, args, greedy=greedy, record_split=record_split, **carried)
         for index, episode in enumerate(live):
             reply = turn.response_ids[index]
             episode.tokens += reply
@@ -131,7 +140,11 @@ def run_episodes(
             if record_split:
                 episode.split_hidden = turn.split_hidden[index]
             episode.final_text = tokenizer.decode(reply, skip_special_tokens=True)
+            episode.cache = turn.caches[index] if carries else None
         _tool_turns(agent, live, tokenizer, args, step)
+        for episode in live:
+            if not episode.running:
+                episode.cache = None  # an ended episode's cache is memory no turn will read
     return Responses(
         prompt_ids=[e.prompt_ids for e in episodes],
         response_ids=[e.tokens for e in episodes],

@@ -141,6 +141,16 @@ class PreallocatedLayer(DynamicLayer):
     def _expose(self) -> None:
         self.keys, self.values = (buffer[:, :, : self.length] for buffer in self._buffers)
 
+    @classmethod
+    def holding(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> PreallocatedLayer:
+        """A layer over buffers already filled up to `length` (responses.carried_prefill builds
+        them), without copying them again: (B, heads, capacity, head_dim) each."""
+        layer = cls(keys.shape[-2])
+        DynamicLayer.lazy_initialization(layer, keys, values)  # device and dtype, as a first update sets them
+        layer._buffers, layer.length = [keys, values], length
+        layer._expose()
+        return layer
+
 
 def with_room(cache, model, capacity: int):
     """A cache whose full-attention layers grow in place up to `capacity` positions: a new
@@ -163,6 +173,19 @@ class Decoded:
     # Per row, when recording: the split states of its prompt tokens and of every response token
     # fed back (all but the last, unless feed_last), (L_p + L_r [- 1], H).
     split_hidden: list[torch.Tensor] | None = None
+    # Per row, when asked (keep_cache): its KV cache for a next turn to extend.
+    caches: list[RowCache | None] | None = None
+
+
+@dataclass
+class RowCache:
+    """One row's KV cache over its real tokens (no padding), kept after a turn so that the
+    episode's next turn extends it (responses.carried_prefill) instead of prefilling again."""
+
+    ids: list[int]  # the tokens it covers, the row's first real token on
+    keys: list[torch.Tensor]  # per layer (heads, len(ids), head_dim)
+    values: list[torch.Tensor]
+    split: torch.Tensor | None  # (len(ids), H): the split states recorded for them, when recording
 
 
 @torch.no_grad()
@@ -181,6 +204,7 @@ def decode(
     feed_last: bool = False,
     cache=None,
     cached_split: torch.Tensor | None = None,
+    keep_cache: bool = False,
 ) -> Decoded:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt row.
 
@@ -190,7 +214,9 @@ def decode(
     `feed_last`: also feed each row's last token once (one more step for the rows at the limit),
     so its split state is recorded too (a reward branch reads it). `cache`, `cached_split`: a KV
     cache (and its recorded states) over the first prompt columns of every row (responses.py's shared
-    prefill): the loop starts after them."""
+    prefill, or a carried one): the loop starts after them. `keep_cache`: also return each row's
+    KV cache over its tokens (RowCache), taken as the row leaves the batch, so that an episode's
+    next turn extends it instead of prefilling its context again."""
     # A plain transformers model samples too (`hydrappo compare` of a model folder); only a hydra records.
     model, device = (hydra.model if isinstance(hydra, HydraModel) else hydra), input_ids.device
     # Only the last position's logits are needed (models without the argument return them all).
@@ -208,6 +234,7 @@ def decode(
     step_ids, mask = input_ids[:, start:], attention_mask
     positions = position_ids_from_mask(attention_mask)[:, start:]
     column = start  # where the states of this step's tokens go
+    kept = [None] * rows if keep_cache else None
     for step in range(max_new_tokens + 1):
         with hydra.recording_split() if record_split else nullcontext() as recorded:
             out = model(
@@ -251,18 +278,45 @@ def decode(
         done = int((~needed).sum())
         if done and done >= COMPACT_SHARE * len(batch):
             keep = needed.nonzero().squeeze(-1)
+            if keep_cache:  # the leaving rows' caches, before their rows are dropped
+                leaving = (~needed).nonzero().squeeze(-1)
+                keep_rows(kept, cache, leaving, batch, input_ids, attention_mask, tokens, lengths, states, column)
             cache.batch_select_indices(keep)
             batch, picked, mask = batch[keep], picked[keep], mask[keep]
         step_ids = picked.unsqueeze(-1)
         positions = mask.sum(-1, keepdim=True)  # the new token's position: the count of real tokens before it
         mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=-1)
+    if keep_cache:
+        every = torch.arange(len(batch), device=device)
+        keep_rows(kept, cache, every, batch, input_ids, attention_mask, tokens, lengths, states, column)
     tokens_out = [tokens[i, : int(lengths[i])].tolist() for i in range(rows)]
     split = None
     if record_split:
         fed = lengths if feed_last else (lengths - 1).clamp(min=0)
         real = attention_mask.sum(-1)
         split = [states[i, width - int(real[i]) : width + int(fed[i])].clone() for i in range(rows)]
-    return Decoded(tokens=tokens_out, ended=ended.tolist(), split_hidden=split)
+    return Decoded(tokens=tokens_out, ended=ended.tolist(), split_hidden=split, caches=kept)
+
+
+def keep_rows(kept: list, cache, leaving, batch, input_ids, attention_mask, tokens, lengths, states, column) -> None:
+    """kept[row] for the batch rows `leaving`: the KV cache (and recorded states) over the row's
+    real tokens so far, its prompt's and the sampled tokens fed back (`column - width` steps fed;
+    the left padding, and what a row that ended was fed after its stop, left out). Nothing when a
+    layer is not a full-attention PreallocatedLayer (a sliding window keeps only its last
+    positions): that row's next turn then prefills its context again."""
+    if not all(type(layer) is PreallocatedLayer and layer.is_initialized for layer in cache.layers):
+        return
+    width = input_ids.shape[1]
+    for index in leaving.tolist():
+        row = int(batch[index])
+        real, fed = int(attention_mask[row].sum()), min(column - width, int(lengths[row]))
+        columns = slice(width - real, width + fed)
+        kept[row] = RowCache(
+            ids=input_ids[row, width - real :].tolist() + tokens[row, :fed].tolist(),
+            keys=[layer.keys[index, :, columns].clone() for layer in cache.layers],
+            values=[layer.values[index, :, columns].clone() for layer in cache.layers],
+            split=states[row, columns].clone() if states is not None else None,
+        )
 
 
 def _has_stop_string(tokens, lengths, batch, live, stop_strings, tokenizer) -> torch.Tensor:

@@ -5,7 +5,9 @@ A chunk is sampled by transformers' `generate` or by hydrappo's decode loop (dec
 CHUNK_SAMPLERS); identical consecutive prompts (a prompt's G samples) are prefilled once
 (shared_prefill); the frozen bottom's output is recorded while sampling (record_split_hidden),
 so the experience pass runs only the top branches; rows are trimmed at their first stop
-(stops.py).
+(stops.py). With the decode loop, an episode's turns carry their KV cache: each row's cache is
+kept after a turn (Responses.caches) and the next turn extends it (carried_prefill) instead of
+prefilling the whole conversation again.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, StoppingCriteriaList
 
 from ..config import GenerationArgs
 from ..data import left_pad
 from ..model import HydraModel
 from ..model.arch import cache_argument, output_cache
 from ..model.split import position_ids_from_mask
-from .decode import SamplingRule, decode
+from .decode import PreallocatedLayer, RowCache, SamplingRule, decode
 from .stops import StopOnStrings, first_stop
 
 
@@ -42,6 +44,8 @@ class Responses:
     final_texts: list[str] | None = None
     environments: list | None = None
     episode_stats: list[dict] | None = None
+    # Per row, its KV cache for the next turn to extend (generate_responses(carried=...)); else None.
+    caches: list[RowCache | None] | None = None
 
 
 def generation_config(args: GenerationArgs, tokenizer, greedy: bool = False) -> GenerationConfig:
@@ -75,6 +79,7 @@ def generate_responses(
     share: bool | None = None,
     greedy: bool = False,
     loop: str = "generate",
+    carried: list[RowCache | None] | None = None,
 ) -> Responses:
     """Sample one response per prompt with the policy, in chunks of `generation_batch_size`.
     `loop`: "generate" (transformers' generate) or "decode" (hydrappo's own loop, decode.py: the
@@ -86,10 +91,16 @@ def generate_responses(
     sampling computes anyway (see record_split_hidden), so the experience pass can skip it.
     `share` (default: args.share_prompt_prefill): identical consecutive prompts are prefilled once.
     `greedy`: greedy decoding instead of sampling (see generation_config). `hydra` may be a plain
-    transformers model (`hydrappo compare`): it samples, but neither records nor shares."""
+    transformers model (`hydrappo compare`): it samples, but neither records nor shares.
+    `carried` (the decode loop only): per prompt, the KV cache its previous turn left (None: none),
+    whose tokens the prompt starts with; the prompt is then fed from where its cache ends
+    (carried_prefill), and Responses.caches holds each row's cache for its next turn."""
     is_hydra = isinstance(hydra, HydraModel)
     share = (args.share_prompt_prefill if share is None else share) and is_hydra and not synced
     sample_chunk = loop if callable(loop) else CHUNK_SAMPLERS[loop]
+    if carried is not None and sample_chunk is not _decode_chunk:
+        raise ValueError("only the decode loop carries a KV cache from turn to turn")
+    caches = [] if carried is not None else None
     stop_ids = {tokenizer.eos_token_id, *args.stop_token_ids}
     responses, ended, split_rows = [], [], []
     for start in range(0, len(prompts), args.generation_batch_size):
@@ -98,7 +109,13 @@ def generate_responses(
         input_ids, attention_mask = (t.to(hydra.device) for t in left_pad(chunk, tokenizer.pad_token_id))
         # G samples of one prompt sit in consecutive rows: run each distinct prompt once (all
         # but its last token) and hand the loop the cache, repeated for its rows.
-        shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split) if share else None
+        shared = None
+        if carried is not None:
+            rows_carried = carried[start : start + args.generation_batch_size]
+            shared = carried_prefill(chunk, rows_carried, input_ids, attention_mask, args.max_new_tokens, record_split)
+        if shared is None and share:
+            shared = shared_prefill(hydra, chunk, input_ids, attention_mask, record_split)
+        keep = {"caches": caches} if caches is not None else {}
         rows, states = sample_chunk(
             hydra,
             tokenizer,
@@ -109,6 +126,7 @@ def generate_responses(
             record_split=record_split,
             shared=shared,
             synced=synced,
+            **keep,
         )
         for index, row in enumerate(rows):
             length, stopped = first_stop(row, stop_ids, list(args.stop_strings), tokenizer)
@@ -121,6 +139,7 @@ def generate_responses(
         response_ids=responses,
         ended=ended,
         split_hidden=split_rows if record_split else None,
+        caches=caches,
     )
 
 
@@ -150,9 +169,12 @@ def _generate_chunk(hydra, tokenizer, input_ids, attention_mask, args, *, greedy
     return rows, record_split_hidden(hydra, steps, out, attention_mask, prompt_lengths, rows)
 
 
-def _decode_chunk(hydra, tokenizer, input_ids, attention_mask, args, *, greedy, record_split, shared, synced):
+def _decode_chunk(
+    hydra, tokenizer, input_ids, attention_mask, args, *, greedy, record_split, shared, synced, caches=None
+):
     """_generate_chunk's result from hydrappo's decode loop (decode.py; never synced). A reward
-    branch reads the last token's split state, so the loop then feeds every row's last token once more."""
+    branch reads the last token's split state, so the loop then feeds every row's last token once more.
+    `caches`: a list that each row's RowCache is appended to (the loop keeps them)."""
     rule = SamplingRule(greedy=greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     decoded = decode(
         hydra,
@@ -168,7 +190,10 @@ def _decode_chunk(hydra, tokenizer, input_ids, attention_mask, args, *, greedy, 
         feed_last=getattr(hydra, "reward_branch", None) is not None,
         cache=shared.cache if shared else None,
         cached_split=shared.split_hidden if shared else None,
+        keep_cache=caches is not None,
     )
+    if caches is not None:
+        caches.extend(decoded.caches)
     return decoded.tokens, decoded.split_hidden
 
 
@@ -203,6 +228,61 @@ def shared_prefill(hydra: HydraModel, chunk, input_ids, attention_mask, record_s
     cache = output_cache(out)
     cache.batch_select_indices(repeat)
     return SharedPrefill(cache=cache, split_hidden=steps[0][repeat] if record_split else None)
+
+
+def carried_prefill(
+    chunk, carried, input_ids, attention_mask, max_new_tokens: int, record_split: bool
+) -> SharedPrefill | None:
+    """A KV cache (and recorded states) over the first columns of a left-padded chunk, built from
+    each row's carried cache (RowCache: what its previous turn fed), so the decode loop feeds
+    only what follows: the previous reply's last token and the tool turn. The loop starts at one
+    column for every row, so the row with the most new tokens sets it and the others feed a few
+    cached tokens again (recomputed, the same numbers); a row without a usable cache has its
+    whole context fed. Positions come from the attention mask, so a row's cached keys (rotated
+    at their positions) sit at any column. None when no row has a usable cache (the first turn)."""
+    rows, width = input_ids.shape
+    usable = [_reusable(cache, row, record_split) for cache, row in zip(carried, chunk)]
+    start = width - max(len(row) - n for row, n in zip(chunk, usable))
+    if start <= 0:
+        return None
+    example = next(cache for cache, n in zip(carried, usable) if n)
+    capacity = width + max_new_tokens  # the decode loop's own room (decode.with_room)
+    layers = []
+    for depth in range(len(example.keys)):
+        buffers = []
+        for name in ("keys", "values"):
+            like = getattr(example, name)[depth]
+            buffer = like.new_empty(rows, like.shape[0], capacity, like.shape[-1])
+            buffer[:, :, :start].zero_()  # padding, masked, but finite (0 x NaN would poison attention)
+            for index, (cache, row) in enumerate(zip(carried, chunk)):
+                pad = width - len(row)
+                if start > pad:  # this row's tokens in the cached columns: all carried (start - pad <= its usable)
+                    buffer[index, :, pad:start] = getattr(cache, name)[depth][:, : start - pad]
+            buffers.append(buffer)
+        layers.append(PreallocatedLayer.holding(*buffers, start))
+    cache = DynamicCache()
+    cache.layers, cache.layer_class_to_replicate = layers, None  # every layer given: none made lazily
+    split = None
+    if record_split:
+        split = example.split.new_zeros(rows, start, example.split.shape[-1])
+        for index, (carried_row, row) in enumerate(zip(carried, chunk)):
+            pad = width - len(row)
+            if start > pad:
+                split[index, pad:start] = carried_row.split[: start - pad]
+    return SharedPrefill(cache=cache, split_hidden=split)
+
+
+def _reusable(cache: RowCache | None, row: list[int], record_split: bool) -> int:
+    """How many of the row's first tokens its carried cache covers: the tokens both start with,
+    at most all but the last (the loop must feed a token to sample the next), none without the
+    recorded states when recording."""
+    if cache is None or (record_split and cache.split is None):
+        return 0
+    limit = min(len(cache.ids), len(row) - 1)
+    common = 0
+    while common < limit and cache.ids[common] == row[common]:
+        common += 1
+    return common
 
 
 def record_split_hidden(hydra: HydraModel, steps, out, prompt_mask, prompt_lengths, rows) -> list[torch.Tensor]:

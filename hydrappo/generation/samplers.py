@@ -106,12 +106,27 @@ class GenerateSampler:
 
 class DecodeSampler(GenerateSampler):
     """hydrappo's decode loop (decode.py) on the hydra's model: generate's chunks, shared prefill
-    and recorded split states, with the loop's cheaper steps. Never synced."""
+    and recorded split states, with the loop's cheaper steps. Never synced. It carries an
+    episode's KV cache from turn to turn (`carries_cache`): sample(carried=...) feeds each prompt
+    from where its previous turn's cache ends and returns the caches in Responses.caches."""
 
     name = "decode"
+    carries_cache = True
 
     def __init__(self, hydra: HydraModel, tokenizer):
         super().__init__(hydra, tokenizer, synced=False)
+
+    def sample(self, prompt_ids, args, *, greedy=False, record_split=False, carried=None) -> Responses:
+        return generate_responses(
+            self.hydra,
+            self.tokenizer,
+            prompt_ids,
+            args,
+            record_split=record_split,
+            greedy=greedy,
+            loop=self.name,
+            carried=carried,
+        )
 
 
 class ContinuousBatchingSampler:

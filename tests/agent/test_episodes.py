@@ -16,6 +16,7 @@ from hydrappo.algo.losses import PolicyTokens, PPOLossSettings, SampledTokens, p
 from hydrappo.config import GenerationArgs
 from hydrappo.agent.episodes import Agent, run_episodes, start_episodes, summarize
 from hydrappo.generation.responses import Responses, generate_responses
+from hydrappo.generation.samplers import DecodeSampler
 from hydrappo.train.sequences import experience_pass, pack_sequences, pack_split_hidden
 
 from recorded import float64_hydra
@@ -244,3 +245,61 @@ def test_the_calls_of_a_turn_run_together_across_its_episodes():
     # Both results in the order written, in each episode's tool turn.
     assert tok.decode(out.response_ids[0]).split().count("w41") == 1 and out.episode_stats[1]["valid_calls"] == 2.0
     assert seconds < 0.3 + 0.5, seconds  # one after another: 1.2 s
+
+
+def calls_unless_a_multiple_of_three(text):
+    """A parser: a reply whose word count is not a multiple of 3 calls the tool (episodes of a
+    random model then end at different turns)."""
+    return [Call({"name": "lookup", "arguments": {"word": "w1"}})] if len(text.split()) % 3 else []
+
+
+def played_with_the_decode_loop(carry: bool):
+    """Sampled episodes of up to 4 turns (3 rounds of calls) from a float64 tiny hydra with the
+    decode loop's sampler, 4 prompts x 2 episodes (the first turn's prefill shared), chunks of 5;
+    `carry`: the sampler's own method (it carries the KV cache), else a plain function (each turn
+    prefills its context again). Returns the hydra, the episodes and the tokens fed to the model."""
+    tok = tokenizer()
+    hydra = float64_hydra(eos_boost=3.0)
+    a = agent(tools=(lookup_words(),), parse=calls_unless_a_multiple_of_three, max_iterations=3, max_tokens=200)
+    sampler = DecodeSampler(hydra, tok)
+
+    def prefilling(prompt_ids, args, greedy=False, record_split=False):
+        return sampler.sample(prompt_ids, args, greedy=greedy, record_split=record_split)
+
+    rows = [{"prompt": f"w{10 + i} w{20 + i}"} for i in range(4) for _ in range(2)]
+    episodes = start_episodes(a, tok, rows, [[{"role": "user", "content": r["prompt"]}] for r in rows], None, step=1)
+    args = GenerationArgs(max_new_tokens=8, generation_batch_size=5, stop_token_ids=STOPS)
+    fed: list[int] = []
+    hook = hydra.model.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].numel()), with_kwargs=True)
+    torch.manual_seed(0)
+    try:
+        out = run_episodes(a, episodes, sampler.sample if carry else prefilling, tok, args, record_split=True)
+    finally:
+        hook.remove()
+    return hydra, tok, out, sum(fed)
+
+
+def test_a_carried_kv_cache_plays_the_same_episodes_and_records_the_whole_pass():
+    """Carrying each episode's KV cache from turn to turn (the decode loop's sampler) samples the
+    episodes a prefill of every turn samples (the same random draws, float64: the same tokens),
+    feeds fewer tokens, and the states recorded give the whole-episode pass's log-probs, reference
+    log-probs and values (float64)."""
+    hydra, tok, carried, fed_carrying = played_with_the_decode_loop(carry=True)
+    _, _, prefilled, fed_prefilling = played_with_the_decode_loop(carry=False)
+    assert sorted({s["tool_rounds"] for s in carried.episode_stats}) == [0.0, 1.0, 2.0, 3.0]  # ended at every turn
+    assert carried.response_ids == prefilled.response_ids and carried.policy_mask == prefilled.policy_mask
+    for mine, theirs in zip(carried.split_hidden, prefilled.split_hidden):
+        assert torch.allclose(mine, theirs, rtol=0, atol=1e-10)
+    assert fed_carrying < fed_prefilling
+    ids, mask, action, width = pack_sequences(
+        carried.prompt_ids, carried.response_ids, tok.pad_token_id, carried.policy_mask
+    )
+    whole = experience_pass(hydra, ids, mask, width, chunk_size=4)
+    reused = experience_pass(
+        hydra, ids, mask, width, chunk_size=4, split_hidden=pack_split_hidden(carried, width, ids.shape[1])
+    )
+    for name in ("logprobs", "ref_logprobs", "values"):
+        a, b = getattr(whole, name), getattr(reused, name)
+        if a is not None:
+            # float64 sums over a few dozen terms of size ~1: 1e-10 is far above their rounding, far below any real difference
+            assert torch.allclose(a * action, b * action, rtol=0, atol=1e-10), name

@@ -215,3 +215,52 @@ def test_the_loop_runs_on_preallocated_layers():
         model = tiny_model(family)
         cache = with_room(None, model, capacity=16)
         assert {type(layer).__name__ for layer in cache.layers} == expected, family
+
+
+@pytest.mark.parametrize("family", first_family_quick(("llama", "gpt2", "gpt_neox", "opt", "mistral")))
+def test_a_carried_cache_is_extended_as_the_whole_context_would_be_prefilled(family):
+    """A second turn fed from where each row's first-turn cache ends (generate_responses(carried=))
+    samples what a prefill of the whole context samples, with the same split states: rows whose
+    contexts grow by different lengths, one without a cache, one whose context left its cache's
+    tokens midway (only the common start is reused), chunks of 3 rows. A model with sliding-window
+    layers (mistral's tiny config) keeps no cache: its turns prefill again, with the same results."""
+    hydra, tokenizer = hydra64(family), tiny_tokenizer()
+    args = GenerationArgs(max_new_tokens=5, generation_batch_size=3)
+    prompts = prompts_of([4, 6, 3, 5, 7], seed=2)
+    first = generate_responses(
+        hydra, tokenizer, prompts, args, record_split=True, greedy=True, loop="decode", carried=[None] * 5
+    )
+    sliding = family == "mistral"
+    assert all(c is None if sliding else len(c.ids) >= len(p) for c, p in zip(first.caches, prompts))
+    more = prompts_of([1, 4, 2, 3, 6], seed=5)
+    contexts = [p + r + m for p, r, m in zip(prompts, first.response_ids, more)]
+    contexts[3] = contexts[3][:6] + [7] + contexts[3][7:]  # within its cached tokens: the cache is reused up to there
+    carried = list(first.caches)
+    carried[1] = None  # its whole context is fed
+    fed: list[int] = []
+    hook = hydra.model.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].numel()), with_kwargs=True)
+    try:
+        extended = generate_responses(
+            hydra, tokenizer, contexts, args, record_split=True, greedy=True, loop="decode", carried=carried
+        )
+        fed_extending, fed[:] = sum(fed), []
+        again = generate_responses(hydra, tokenizer, contexts, args, record_split=True, greedy=True, loop="decode")
+        fed_again = sum(fed)
+    finally:
+        hook.remove()
+    assert extended.response_ids == again.response_ids and extended.ended == again.ended
+    for mine, theirs in zip(extended.split_hidden, again.split_hidden):
+        assert mine.shape == theirs.shape and torch.allclose(mine, theirs, rtol=0, atol=STATE_ATOL)
+    if sliding:
+        assert fed_extending == fed_again and extended.caches == [None] * 5
+    else:  # the same tokens sampled, fewer fed: the carried part was not fed again
+        assert fed_extending < fed_again
+        assert [c.ids[: len(ctx)] == ctx[: len(c.ids)] for c, ctx in zip(extended.caches, contexts)] == [True] * 5
+
+
+def test_only_the_decode_loop_carries_a_cache():
+    hydra, tokenizer = hydra64(), tiny_tokenizer()
+    with pytest.raises(ValueError, match="only the decode loop"):
+        generate_responses(
+            hydra, tokenizer, [[5, 6]], GenerationArgs(max_new_tokens=2), loop="generate", carried=[None]
+        )
