@@ -1,9 +1,9 @@
 """Multi-turn rollouts: an episode is a conversation between the policy and its tools.
 
 Each turn, the policy samples a reply to the conversation so far (any sampler: `sample` is the
-trainer's sampler.sample); its tool calls (agent/calls.py's format) are executed
-(agent/toolbox.py, as user code), their results appended as the chat template's tool turn, and
-the policy continues, until it answers without a call, its environment says it is done (its
+trainer's sampler.sample); its tool calls (agent/calls.py's format) are executed, the turn's
+calls of every episode together (agent/toolbox.py's run_calls, as user code), their results
+appended as the chat template's tool turn, and the policy continues, until it answers without a call, its environment says it is done (its
 `done` attribute), a turn is cut by `generation.max_new_tokens`, the episode has made
 `max_tool_calling_iterations` rounds of calls (TRL's option; the calls of a turn past it are not
 executed) or another turn would not fit in `max_episode_tokens`.
