@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .values import AT_LEAST_1, Range
+from .values import Range, tokens
 
 OnToolError = Literal["stop", "result"]
 
@@ -31,13 +31,13 @@ class AgentArgs:
     )
     max_tool_calling_iterations: int | None = field(
         default=None,
-        metadata={"help": "Rounds of tool calls per episode (None: until max_episode_tokens).", "range": AT_LEAST_1},
+        metadata={"help": "Rounds of tool calls per episode (None: until max_episode_tokens).", "range": tokens(1)},
     )
     max_episode_tokens: int = field(
         default=256,
         metadata={
             "help": "Tokens of an episode after its prompt, the policy's and the tool turns'.",
-            "range": AT_LEAST_1,
+            "range": tokens(1),
         },
     )
     tool_call_parser: str = field(

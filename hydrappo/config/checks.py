@@ -28,6 +28,7 @@ from .paths import check_paths
 from .reward_sources import check_reward_sources
 from .options import DTYPE_RULE, ConfigError, GenerationArgs, PPOArgs, canonical_dtype
 from .sections import Config, RewardConfig, SFTConfig, choices_of
+from .values import MAX_TOKENS
 
 logger = logging.getLogger("hydrappo")
 
@@ -93,6 +94,11 @@ def _optional(cls, name: str) -> bool:
     return type(None) in typing.get_args(typing.get_type_hints(cls).get(name))
 
 
+def _whole(cls, name: str) -> bool:
+    """Whether the field is declared `int` (or `int | None`)."""
+    return typing.get_type_hints(cls).get(name) in (int, int | None)
+
+
 def _sections(config):
     return [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)]
 
@@ -108,8 +114,10 @@ def _check_values(config, problems: Problems) -> None:
             if rule is not None and value is not None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     problems.add(label, value, "must be a number", f"use e.g. {default!r} (the default)")
+                elif not isinstance(value, int) and _whole(type(part), name):  # e.g. 1e29 through the Python API
+                    problems.add(label, value, "must be a whole number", f"use e.g. {default!r} (the default)")
                 elif not rule.holds(value):
-                    problems.add(label, value, rule.describe(), rule.fix or f"use e.g. {default!r} (the default)")
+                    problems.add(label, value, rule.describe(value), rule.fix or f"use e.g. {default!r} (the default)")
             elif choices is not None and value not in choices:
                 problems.add(
                     label, value, f"is not one of: {', '.join(choices)}", f"use e.g. {default!r} (the default)"
@@ -142,11 +150,11 @@ def _check_values(config, problems: Problems) -> None:
     generation = getattr(config, "generation", None)
     if generation is not None:
         for token_id in generation.stop_token_ids:
-            if not isinstance(token_id, int) or token_id < 0:
+            if not isinstance(token_id, int) or not 0 <= token_id <= MAX_TOKENS:
                 problems.add(
                     "generation.stop_token_ids",
                     generation.stop_token_ids,
-                    "must be token ids (integers >= 0)",
+                    f"must be token ids (integers from 0 to {MAX_TOKENS})",
                     "list the ids of the tokens that end a response, e.g. [13]",
                 )
                 break

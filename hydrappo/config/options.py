@@ -20,11 +20,15 @@ from pathlib import Path
 from ..errors import UsageError
 from .reward_sources import SOURCE_ORDER
 from .values import (
-    AT_LEAST_1,
     ESTIMATOR_HELP,
     FINITE,
+    LAYERS_PAST,
+    MAX_LAYERS,
+    MAX_ROWS,
+    MAX_STEPS,
     NOT_NEGATIVE,
     POSITIVE,
+    ROLLOUTS_PAST,
     UNIT,
     AdvantageEstimator,
     ImportanceSamplingLevel,
@@ -41,6 +45,9 @@ from .values import (
     ScoreNormalization,
     TrunkQuantization,
     ValueHeadInit,
+    rows,
+    steps,
+    tokens,
 )
 
 OPTIMIZER_HELP = (
@@ -133,7 +140,9 @@ class ModelConfig:
         default=2,
         metadata={
             "help": "Top decoder layers that train (0: heads only, -1: the whole model).",
-            "range": Range(-1, fix="use N >= 1 top layers (0: heads only, -1: the whole model)"),
+            "range": Range(
+                -1, MAX_LAYERS, fix="use N >= 1 top layers (0: heads only, -1: the whole model)", past=LAYERS_PAST
+            ),
         },
     )
     trainable_layers: str | None = field(
@@ -180,9 +189,9 @@ class ModelConfig:
 
 @dataclass
 class GenerationArgs:
-    max_new_tokens: int = field(default=32, metadata={"help": "Longest response, in tokens.", "range": AT_LEAST_1})
+    max_new_tokens: int = field(default=32, metadata={"help": "Longest response, in tokens.", "range": tokens(1)})
     min_new_tokens: int = field(
-        default=0, metadata={"help": "Shortest response (EOS is suppressed before it).", "range": NOT_NEGATIVE}
+        default=0, metadata={"help": "Shortest response (EOS is suppressed before it).", "range": tokens(0)}
     )
     temperature: float = field(
         default=1.0,
@@ -199,7 +208,7 @@ class GenerationArgs:
         default=0,
         metadata={
             "help": "Top-k sampling (0: off). PPO wants the full distribution: leave off.",
-            "range": Range(0, fix="use 0 (off)"),
+            "range": tokens(0, fix="use 0 (off)"),
         },
     )
     top_p: float = field(
@@ -211,14 +220,14 @@ class GenerationArgs:
         default_factory=list, metadata={"help": "Token ids that end a response, besides EOS."}
     )
     generation_batch_size: int = field(
-        default=16, metadata={"help": "Sequences per generate() call (on each process).", "range": AT_LEAST_1}
+        default=16, metadata={"help": "Sequences per generate() call (on each process).", "range": rows(1)}
     )
     samples_per_prompt: int = field(
         default=1,
         metadata={
             "help": "G: responses sampled for each prompt (consecutive rows of a batch; the group of a group "
             "baseline). ppo.batch_size counts responses and must be divisible by G.",
-            "range": AT_LEAST_1,
+            "range": rows(1),
         },
     )
     share_prompt_prefill: bool = field(
@@ -293,9 +302,9 @@ class OptimizerArgs:
     lr_scheduler: LrScheduler = field(
         default="constant", metadata={"help": "constant | linear | cosine (each with warmup)."}
     )
-    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup.", "range": NOT_NEGATIVE})
+    warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup.", "range": steps(0)})
     max_nonfinite_steps: int = field(
-        default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row.", "range": AT_LEAST_1}
+        default=5, metadata={"help": "Stop after this many non-finite losses/gradients in a row.", "range": steps(1)}
     )
 
 
@@ -310,17 +319,17 @@ class PPOArgs(OptimizerArgs):
         default=16,
         metadata={
             "help": "Rollouts (prompt + response) per PPO step, over all processes of a torchrun / accelerate launch run (each generates its share).",
-            "range": AT_LEAST_1,
+            "range": rows(1),
         },
     )
     mini_batch_size: int = field(
-        default=4, metadata={"help": "Rollouts per optimizer step, over all processes.", "range": AT_LEAST_1}
+        default=4, metadata={"help": "Rollouts per optimizer step, over all processes.", "range": rows(1)}
     )
     gradient_accumulation_steps: int = field(
         default=1,
-        metadata={"help": "Micro-batches each process splits its share of a mini-batch into.", "range": AT_LEAST_1},
+        metadata={"help": "Micro-batches each process splits its share of a mini-batch into.", "range": rows(1)},
     )
-    ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of experience.", "range": AT_LEAST_1})
+    ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of experience.", "range": steps(1)})
     gamma: float = field(default=1.0, metadata={"help": "Discount (1.0 as in trlX and TRL).", "range": UNIT})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda.", "range": UNIT})
     advantage_estimator: AdvantageEstimator = field(
@@ -358,7 +367,7 @@ class PPOArgs(OptimizerArgs):
         default=0,
         metadata={
             "help": "The first N steps train the value head only, on fresh rollouts: the policy does not move (its weights stay bit-identical). Counted by the step, so a resumed run continues the warm-up. Needs a value head (advantage_estimator: gae).",
-            "range": NOT_NEGATIVE,
+            "range": steps(0),
         },
     )
     vf_coef: float = field(
@@ -394,7 +403,11 @@ class PPOArgs(OptimizerArgs):
         metadata={"help": "Target KL of the adaptive and pi controllers (nats per sequence).", "range": POSITIVE},
     )
     kl_horizon: int = field(
-        default=10000, metadata={"help": "Adaptive controller's horizon (in rollouts).", "range": AT_LEAST_1}
+        default=10000,
+        metadata={
+            "help": "Adaptive controller's horizon (in rollouts).",
+            "range": Range(1, MAX_STEPS * MAX_ROWS, past=ROLLOUTS_PAST),
+        },
     )
     kl_pi_kp: float = field(
         default=2.0,
@@ -453,7 +466,8 @@ class RewardArgs:
         metadata={"help": "A sequence-classification model (directory or Hub id) scoring prompt+response."},
     )
     reward_model_label: int = field(
-        default=-1, metadata={"help": "Logit index used as the score (-1: the last one).", "range": FINITE}
+        default=-1,
+        metadata={"help": "Logit index used as the score (-1: the last one).", "range": Range(-MAX_ROWS, MAX_ROWS)},
     )
     use_reward_branch: bool = field(
         default=False, metadata={"help": "Score with the hydra reward branch (model.reward_branch_path)."}
@@ -469,7 +483,7 @@ class RewardArgs:
         metadata={
             "help": "DAPO's soft overlong penalty: over the last N tokens before generation.max_new_tokens the score "
             "falls linearly, to -overlong_penalty at the limit (0: off).",
-            "range": NOT_NEGATIVE,
+            "range": tokens(0),
         },
     )
     overlong_penalty: float = field(
@@ -521,7 +535,7 @@ class DataArgs:
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
     max_prompt_length: int = field(
         default=64,
-        metadata={"help": "Longer prompts are truncated from the left, with a warning.", "range": AT_LEAST_1},
+        metadata={"help": "Longer prompts are truncated from the left, with a warning.", "range": tokens(1)},
     )
     split: str = field(
         default="train",
@@ -568,12 +582,10 @@ class RunArgs:
         default=50,
         metadata={
             "help": "Checkpoint every N steps and at the end (0: only at the end).",
-            "range": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
+            "range": steps(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
         },
     )
-    keep_last: int = field(
-        default=2, metadata={"help": "Checkpoints kept; older ones are deleted.", "range": AT_LEAST_1}
-    )
+    keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted.", "range": rows(1)})
     progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
     dist_timeout_s: float = field(
         default=1800.0,
@@ -599,7 +611,7 @@ class RunArgs:
 class TrainArgs(RunArgs):
     total_steps: int = field(
         default=100,
-        metadata={"help": "PPO steps (each: one batch of rollouts, ppo_epochs of updates).", "range": AT_LEAST_1},
+        metadata={"help": "PPO steps (each: one batch of rollouts, ppo_epochs of updates).", "range": steps(1)},
     )
     fsdp_trunk: bool = field(
         default=False,
@@ -623,7 +635,7 @@ class TrainArgs(RunArgs):
         default=0,
         metadata={
             "help": "With data.eval_prompts: evaluate every N steps (0: only at step 0 and at the last step).",
-            "range": Range(
+            "range": steps(
                 0,
                 fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)",
             ),
@@ -640,17 +652,17 @@ class TrainArgs(RunArgs):
         metadata={
             "help": "Sampled answers to each held-out prompt (with eval_greedy: false); the eval/* numbers average "
             "all of them, so a curve's sampling noise shrinks by about the square root of this number.",
-            "range": Range(1, fix="use 1 (one answer per prompt) or more"),
+            "range": rows(1, fix="use 1 (one answer per prompt) or more"),
         },
     )
     log_samples_every: int = field(
         default=10,
         metadata={
             "help": "Write prompt/response/score samples to TensorBoard every N steps.",
-            "range": Range(0, fix="use N > 0, or 0 to log no samples"),
+            "range": steps(0, fix="use N > 0, or 0 to log no samples"),
         },
     )
-    num_log_samples: int = field(default=4, metadata={"help": "Samples per text summary.", "range": NOT_NEGATIVE})
+    num_log_samples: int = field(default=4, metadata={"help": "Samples per text summary.", "range": rows(0)})
 
 
 @dataclass
@@ -659,7 +671,7 @@ class LoraArgs:
 
     lora_r: int = field(
         default=0,
-        metadata={"help": "LoRA rank (0: no LoRA, train the top layers' full weights).", "range": NOT_NEGATIVE},
+        metadata={"help": "LoRA rank (0: no LoRA, train the top layers' full weights).", "range": tokens(0)},
     )
     lora_alpha: float = field(
         default=16.0, metadata={"help": "LoRA scaling numerator (scale = alpha / r).", "range": POSITIVE}

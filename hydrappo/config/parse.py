@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import decimal
 import difflib
 import functools
 import re
@@ -179,11 +180,11 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
                 if not isinstance(value, list):
                     raise ConfigError(f"{source}: {key}={value!r} must be a list, e.g. [{value!r}].")
                 typed[key] = [convert(v) if isinstance(v, str) or convert is not str else str(v) for v in value]
-            elif isinstance(value, (list, dict)) or (isinstance(value, bool) and convert in (int, float)):
+            elif isinstance(value, (list, dict)) or (isinstance(value, bool) and convert in (whole_number, float)):
                 raise ValueError(value)  # YAML's true/false are not numbers
-            elif isinstance(value, str) or (convert is float and isinstance(value, int)):
+            elif isinstance(value, str) or (convert in (float, whole_number) and isinstance(value, (int, float))):
                 typed[key] = convert(value)
-            elif convert is int and not isinstance(value, int) or convert is str and not isinstance(value, str):
+            elif convert is str and not isinstance(value, str):
                 raise ValueError(value)
             else:
                 typed[key] = value
@@ -194,6 +195,31 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
                 f"{source}: {key}={value!r} is not a valid {kind}; write a {kind} (see --help for every option)."
             ) from None
     return typed
+
+
+def whole_number(value) -> int:
+    """int(), that also reads a whole number in scientific notation (`1e4`, YAML's `1.0e+4`), so
+    that such a count reaches the range check, which names its bound, rather than failing here."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    text = str(value).strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        raise ValueError(value) from None
+    # (the exponent's bound keeps int() from building a number of a billion digits for 1e999999999)
+    if not number.is_finite() or number != number.to_integral_value() or number.adjusted() > 100:
+        raise ValueError(value)
+    return int(number)
+
+
+whole_number.__name__ = "int"  # argparse's message: "invalid int value: 'x'"
 
 
 # A negative number as the command line may spell it: argparse itself reads only -1 and -0.5 as
@@ -247,6 +273,8 @@ def _parser_class():
 
         def add_argument(self, *args, **kwargs):
             kwargs.pop("range", None)  # hydrappo's own field metadata (config/values.py), not argparse's
+            if kwargs.get("type") is int:
+                kwargs["type"] = whole_number
             choices = kwargs.pop("choices", None)
             if choices is not None:
                 kwargs.update(type=str, metavar=kwargs.get("metavar") or "{" + ",".join(map(str, choices)) + "}")

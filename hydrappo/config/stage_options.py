@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .options import OptimizerArgs, RunArgs, _with_default
-from .values import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, LrScheduler, Range, RewardPooling
+from .values import POSITIVE, LrScheduler, Range, RewardPooling, rows, steps, tokens
 
 
 @dataclass
@@ -20,23 +20,23 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
             "help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."
         },
     )
-    epochs: int = field(default=1, metadata={"help": "Passes over the training data.", "range": NOT_NEGATIVE})
+    epochs: int = field(default=1, metadata={"help": "Passes over the training data.", "range": steps(0)})
     max_steps: int = field(
         default=0,
         metadata={
             "help": "Stop after this many optimizer steps (0: after `epochs`).",
-            "range": Range(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
+            "range": steps(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
         },
     )
     batch_size: int = field(
         default=16,
         metadata={
             "help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.",
-            "range": AT_LEAST_1,
+            "range": rows(1),
         },
     )
     eval_batch_size: int = field(
-        default=32, metadata={"help": "Examples per evaluation forward pass.", "range": AT_LEAST_1}
+        default=32, metadata={"help": "Examples per evaluation forward pass.", "range": rows(1)}
     )
     adam_beta2: float = _with_default(OptimizerArgs, "adam_beta2", 0.999)
     lr_scheduler: LrScheduler = _with_default(OptimizerArgs, "lr_scheduler", "linear")
@@ -44,7 +44,7 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
         default=0,
         metadata={
             "help": "Evaluate every N steps (0: at the end of each epoch only).",
-            "range": Range(
+            "range": steps(
                 0,
                 fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)",
             ),
@@ -61,7 +61,7 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
         default=100,
         metadata={
             "help": "Checkpoint every N steps and at the end (0: only at the end).",
-            "range": Range(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
+            "range": steps(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
         },
     )
 
@@ -134,10 +134,10 @@ class PreferenceDataArgs:
     )
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
     max_prompt_length: int = field(
-        default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": AT_LEAST_1}
+        default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": tokens(1)}
     )
     max_response_length: int = field(
-        default=64, metadata={"help": "Longer responses keep their first tokens.", "range": AT_LEAST_1}
+        default=64, metadata={"help": "Longer responses keep their first tokens.", "range": tokens(1)}
     )
     append_eos: bool = field(
         default=True, metadata={"help": "End each response with EOS, as a finished PPO response does."}
@@ -153,10 +153,10 @@ class PreferenceDataArgs:
         default="response", metadata={"help": "Response column of stats_file, if it has one."}
     )
     stats_max_samples: int = field(
-        default=1024, metadata={"help": "At most this many texts for the score statistics.", "range": AT_LEAST_1}
+        default=1024, metadata={"help": "At most this many texts for the score statistics.", "range": rows(1)}
     )
     stats_max_new_tokens: int = field(
-        default=32, metadata={"help": "Response length when sampling for stats_file prompts.", "range": AT_LEAST_1}
+        default=32, metadata={"help": "Response length when sampling for stats_file prompts.", "range": tokens(1)}
     )
     stats_temperature: float = field(
         default=1.0, metadata={"help": "Sampling temperature for stats_file prompts (use PPO's).", "range": POSITIVE}
@@ -195,9 +195,9 @@ class SFTDataArgs:
     )
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
     max_prompt_length: int = field(
-        default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": AT_LEAST_1}
+        default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": tokens(1)}
     )
     max_response_length: int = field(
-        default=64, metadata={"help": "Longer responses keep their first tokens.", "range": AT_LEAST_1}
+        default=64, metadata={"help": "Longer responses keep their first tokens.", "range": tokens(1)}
     )
     append_eos: bool = field(default=True, metadata={"help": "Teach the model to end its response with EOS."})

@@ -59,24 +59,33 @@ ESTIMATOR_HELP = (
 @dataclass(frozen=True)
 class Range:
     """`low <= value <= high` (strict where `*_open`); None bounds are unbounded. `fix` says
-    what to set instead (default: the option's default value as an example)."""
+    what to set instead (default: the option's default value as an example). `past`, for a count
+    whose `high` only catches typos (1e29 steps), says what a value above it would be."""
 
     low: float | None = None
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
     fix: str | None = None
+    past: str | None = None
 
     def holds(self, value) -> bool:
         if isinstance(value, float) and not math.isfinite(value):
             return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
-            return False
-        return True
+        return not self._below(value) and not self._above(value)
 
-    def describe(self) -> str:
+    def _below(self, value) -> bool:
+        return self.low is not None and (value <= self.low if self.low_open else value < self.low)
+
+    def _above(self, value) -> bool:
+        return self.high is not None and (value >= self.high if self.high_open else value > self.high)
+
+    def describe(self, value=None) -> str:
+        """The rule `value` breaks (the whole rule without a value)."""
+        if self.past is not None and value is not None and self._above(value):
+            return f"must be at most {_num(self.high)}: more {self.past}"
+        if self.past is not None and value is not None and self._below(value):
+            return Range(self.low, low_open=self.low_open).describe()
         if self.low is not None and self.high is not None:
             return f"must be in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
         if self.low is not None:
@@ -88,6 +97,34 @@ class Range:
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+# Counts past these bounds are typos (1e29 steps, a response of 10^12 tokens), not runs: the check
+# refuses them by name, where the run would otherwise start and promise what it cannot do.
+MAX_STEPS = 10**7
+MAX_ROWS = 2**20
+MAX_TOKENS = 2**20
+STEPS_PAST = "steps than a run takes (at one second a step, 10000000 steps are four months)"
+ROWS_PAST = "than one step can hold at once"
+TOKENS_PAST = "tokens than any model's context window holds"
+MAX_LAYERS = 10**4
+LAYERS_PAST = "layers than any model has"
+ROLLOUTS_PAST = "rollouts than a run samples (its steps times its batch)"
+
+
+def steps(low: int, fix: str | None = None) -> Range:
+    """A count of steps (or of whole passes, each at least a step), from `low`."""
+    return Range(low, MAX_STEPS, fix=fix, past=STEPS_PAST)
+
+
+def rows(low: int, fix: str | None = None) -> Range:
+    """A count of rows, samples or things held at once, from `low`."""
+    return Range(low, MAX_ROWS, fix=fix, past=ROWS_PAST)
+
+
+def tokens(low: int, fix: str | None = None) -> Range:
+    """A count of tokens (or of ids in a vocabulary), from `low`."""
+    return Range(low, MAX_TOKENS, fix=fix, past=TOKENS_PAST)
 
 
 AT_LEAST_1 = Range(1)

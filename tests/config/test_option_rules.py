@@ -66,7 +66,7 @@ def test_negative_numbers_on_the_command_line_are_values():
         [1.0, -20.0],
     )
     assert (config.generation.stop_strings, config.ppo.init_kl_coef, config.train.seed) == (["-1e5", "x"], -1e-2, -1)
-    with pytest.raises(ConfigError, match=r"--stop_token_ids: invalid int value: '-1e3'\."):
-        parse_config(data=data, check=False, overrides=["--stop_token_ids", "-1e3"])
+    with pytest.raises(ConfigError, match=r"--stop_token_ids: invalid int value: '-1e-3'\."):
+        parse_config(data=data, check=False, overrides=["--stop_token_ids", "-1e-3"])
     with pytest.raises(ConfigError, match="unknown command-line option"):
         parse_config(data=data, check=False, overrides=["--learning_rate", "1", "-1e-4"])
