@@ -80,14 +80,23 @@ def _data_files(path: Path, setting: str, allow_text: bool) -> list[Path]:
     return files
 
 
-def _check_utf8(file: Path, setting: str) -> None:
-    """Text formats must be UTF-8: say where they are not, before pyarrow fails deep inside."""
+# The longest line a text data file may hold. datasets parses a line (a .jsonl row, a .csv row, a
+# .json file written on one line) whole, in memory, at several times its size: a line of hundreds
+# of MB gets the process killed by the OS instead of an error. A row of text a model reads is far
+# shorter (a million tokens are a few MB).
+MAX_LINE_BYTES = 64 << 20
+_BLOCK = 1 << 20  # bytes read at a time
+
+
+def _check_text(file: Path, setting: str) -> None:
+    """Text formats must be UTF-8 and hold no line over MAX_LINE_BYTES: say where they do not,
+    reading in blocks, before pyarrow fails deep inside or the OS kills the process."""
     import codecs
 
     decoder = codecs.getincrementaldecoder("utf-8")()
-    line, offset = 1, 0
+    line, offset, carried = 1, 0, 0  # carried: the bytes of the current line read so far
     with open(file, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        for block in iter(lambda: handle.read(_BLOCK), b""):
             try:
                 decoder.decode(block)
             except UnicodeDecodeError as error:
@@ -97,7 +106,13 @@ def _check_utf8(file: Path, setting: str) -> None:
                     f"{setting}: {file}: not UTF-8 text: byte 0x{bad:02x} at line {line} (byte {offset + error.start}). Save the "
                     "file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE > NEW`)."
                 ) from None
-            line += block.count(b"\n")
+            pieces = [len(piece) for piece in block.split(b"\n")]  # the last one may go on in the next block
+            pieces[0] += carried  # the line that earlier blocks began
+            for number, size in enumerate(pieces, start=line):
+                if size > MAX_LINE_BYTES:
+                    ends_here = number < line + len(pieces) - 1
+                    raise _line_too_long(file, setting, number, size if ends_here else _rest_of_line(handle, size))
+            line, carried = line + len(pieces) - 1, pieces[-1]
             offset += len(block)
         try:
             decoder.decode(b"", final=True)
@@ -105,6 +120,31 @@ def _check_utf8(file: Path, setting: str) -> None:
             raise DataError(
                 f"{setting}: {file}: not UTF-8 text: it ends inside a character (cut short?). Save it as UTF-8."
             ) from None
+
+
+def _rest_of_line(handle, size: int) -> int:
+    """The size of a line `size` bytes of which are read, reading on to its end in blocks."""
+    for block in iter(lambda: handle.read(_BLOCK), b""):
+        end = block.find(b"\n")
+        if end >= 0:
+            return size + end
+        size += len(block)
+    return size
+
+
+def _line_too_long(file: Path, setting: str, number: int, size: int) -> DataError:
+    mb = f"{size / 2**20:.1f} MB"
+    if file.suffix.lower() == ".json":
+        fix = (
+            "A .json file written on one line is parsed whole: write its rows as .jsonl, one JSON object per line "
+            f"(e.g. `jq -c '.[]' {file.name} > {file.stem}.jsonl`), and point {setting} at that file"
+        )
+    else:
+        fix = "A row is one line here, and no text a model reads is that long: split or shorten that row"
+    return DataError(
+        f"{setting}: {file}: line {number} is {mb} long ({size} bytes), past the {MAX_LINE_BYTES >> 20} MB that "
+        f"one line may hold (a longer one is read whole into memory, at several times its size). {fix}."
+    )
 
 
 def _empty(file: Path, setting: str, column: str) -> DataError:
@@ -125,8 +165,9 @@ def _unique_keys(pairs: list) -> dict:
 def _check_rows(file: Path, setting: str, column: str) -> None:
     """Name an empty file, or a .jsonl line that is no object, gives a key twice or holds a lone
     surrogate, before datasets fails on it."""
-    if not file.read_bytes().strip():
-        raise _empty(file, setting, column)
+    with open(file, "rb") as handle:  # in blocks: the file may be large
+        if not any(block.strip() for block in iter(lambda: handle.read(_BLOCK), b"")):
+            raise _empty(file, setting, column)
     if file.suffix.lower() != ".jsonl":
         return
     with open(file, encoding="utf-8") as handle:
@@ -226,7 +267,7 @@ def read_table(
         for file in _data_files(path, setting, allow_text):
             builder = BUILDERS[file.suffix.lower()]
             if builder != "parquet":
-                _check_utf8(file, setting)
+                _check_text(file, setting)
                 _check_rows(file, setting, columns[0])
             try:
                 with _quiet("datasets"):  # its builders log the error they then raise, with a traceback
