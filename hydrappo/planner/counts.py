@@ -24,7 +24,10 @@ def load_model_config(spec: str):
         return preset_config(spec)
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".json":
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as error:  # (UnicodeDecodeError is one): its message names no file
+            raise ValueError(f"{spec}: not a JSON config file ({error}); give a model's config.json.") from None
         if "model_type" not in data:
             raise ValueError(f"{spec}: config.json has no model_type.")
         model_type = data.pop("model_type")

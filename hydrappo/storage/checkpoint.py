@@ -212,7 +212,7 @@ def is_checkpoint_folder(path: Path) -> bool:
 def find_checkpoint(path: str | Path, what: str = "checkpoint", verify: bool = True, for_resume: bool = False) -> Path:
     """A checkpoint folder, or the newest checkpoint in an output_dir (or in a file's folder).
     With `verify`, a damaged checkpoint is a CheckpointError that names what is wrong."""
-    path = Path(path).expanduser()
+    given = path = Path(path).expanduser()
     if not path.exists():
         raise CheckpointError(f"{what} {str(path)!r} does not exist.")
     if path.is_file():
@@ -222,9 +222,12 @@ def find_checkpoint(path: str | Path, what: str = "checkpoint", verify: bool = T
     else:
         folder = latest_checkpoint(path)
         if folder is None:
+            # Name what the user gave: a file that is no checkpoint's file is the mistake, not its folder.
+            kind = f"a file, not a hydrappo {what} (a folder)" if given.is_file() else f"not a hydrappo {what}"
             raise CheckpointError(
-                f"{str(path)!r} is not a hydrappo {what}: it has no {WEIGHTS_NAME} and {TRAINER_STATE_NAME}, and no "
-                "checkpoint-<step> folders. Point at a run's output_dir or a checkpoint-<step> folder in it."
+                f"{str(given)!r} is {kind}: {'its folder' if given.is_file() else 'it'} has no {WEIGHTS_NAME} and "
+                f"{TRAINER_STATE_NAME}, and no checkpoint-<step> folders. Point at a run's output_dir or a "
+                "checkpoint-<step> folder in it."
             )
     if verify:
         problems = checkpoint_problems(folder, for_resume=for_resume)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import pickle
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from ..config import ConfigError, LoraArgs, ModelConfig, canonical_dtype, torch_dtype
 from ..config.parse import close_match
@@ -163,8 +165,29 @@ def resolve_model_source(
 ) -> tuple[Path, str | None]:
     """Return `(directory, gguf_file or None)` for a bundled name, a .gguf path, a
     directory plus `gguf_file`, a plain model directory, or a Hub id (its snapshot folder at
-    `revision`). An existing path wins over a bundled name or Hub id of the same spelling."""
-    text = str(name_or_path)
+    `revision`). An existing path wins over a bundled name or Hub id of the same spelling.
+    A GGUF file is checked by its first bytes."""
+    directory, gguf = _model_source(str(name_or_path), gguf_file, revision, option)
+    if gguf is not None:
+        check_gguf_file(directory / gguf)
+    return directory, gguf
+
+
+def check_gguf_file(path: Path) -> None:
+    """ModelLoadError naming `path` when it does not start as a GGUF file does (a download cut
+    short, another kind of file named .gguf): said here, not from deep inside transformers' reader."""
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"{path} is not a GGUF file: it starts with {magic!r}, not b'GGUF' (a download cut short, or another kind "
+            "of file named .gguf?). Give a .gguf model file, or a model directory."
+        )
+
+
+def _model_source(
+    text: str, gguf_file: str | None, revision: str | None, option: str | None
+) -> tuple[Path, str | None]:
     path = local_source(text, revision, gguf_file, option=option)
     if not path.exists():
         if text.lower() in BUNDLED_MODELS:
@@ -202,6 +225,26 @@ def resolve_model_source(
             "choose one with gguf_file."
         )
     raise ModelLoadError(f"{text!r} is not a model directory: it has no config.json and no .gguf file.")
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What makes `path` no safetensors file, naming it (None: its header reads). A safetensors
+    file starts with the length of its JSON header, 8 bytes little-endian, then the header."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if size < 8 or not 2 <= length <= size - 8:
+            problem = f"its first 8 bytes give a header of {length} bytes, in a file of {size} bytes"
+        else:
+            try:
+                json.loads(handle.read(length))
+                return None
+            except ValueError:
+                problem = "its header is not JSON"
+    return (
+        f"{path} is not a safetensors file ({problem}): damaged, cut short, or another kind of file under that "
+        "name. Replace it with the model's weights file (download it again, or save the model again)."
+    )
 
 
 # --------------------------------------------------------------------------- conversion
@@ -368,10 +411,38 @@ def _load_tokenizer(name_or_path, gguf_file: str | None = None, option: str = "m
     except (OSError, ValueError) as error:
         if isinstance(error, ModelLoadError):
             raise
+        unreadable = _unreadable_json(Path(directory))  # the tokenizers' own messages name no file
         raise ModelLoadError(
-            f"cannot load a tokenizer from {str(directory)!r} (point model.tokenizer_name_or_path at a folder with "
-            f"tokenizer files if it has none): {error}"
+            f"cannot load a tokenizer from {str(directory)!r}: {unreadable}"
+            if unreadable
+            else f"cannot load a tokenizer from {str(directory)!r} (point model.tokenizer_name_or_path at a folder "
+            f"with tokenizer files if it has none): {error}"
         ) from error
+
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+)
+
+
+def _unreadable_json(directory: Path) -> str | None:
+    """The first of a folder's tokenizer JSON files that is no UTF-8 JSON text, named, with the fix."""
+    for path in (directory / name for name in _TOKENIZER_FILES):
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as error:  # (UnicodeDecodeError is one)
+            return (
+                f"{path} is not JSON text ({type(error).__name__}: {str(error)[:120]}): damaged, or another kind of "
+                "file under that name. Replace it with the tokenizer's own file (download it again, or save the "
+                "tokenizer again)."
+            )
+    return None
 
 
 def load_model_and_tokenizer(
@@ -409,6 +480,11 @@ def load_model_and_tokenizer(
             model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
         except (OSError, ValueError) as error:
             raise ModelLoadError(f"cannot load a causal LM from {str(directory)!r}: {error}") from error
+        except SafetensorError as error:  # its message names no file: find the one whose header does not read
+            raise ModelLoadError(
+                next(filter(None, map(safetensors_problem, sorted(directory.glob("*.safetensors")))), None)
+                or f"cannot load a causal LM from {str(directory)!r}: its safetensors weights do not read ({error})"
+            ) from None
         except pickle.UnpicklingError as error:
             raise ModelLoadError(refused_pickle(error, directory, "model.name_or_path") or str(error)) from None
         tokenizer_source = (model_config.tokenizer_name_or_path or directory, None)
