@@ -7,7 +7,12 @@ The trainers are imported on first use, so `import hydrappo` (or any of its lowe
 does not pull in the training loops.
 """
 
-from .model import HydraModel, HydraOutput, RewardBranch, RewardHead, ValueHead
+# Before anything imports torch: its OpenMP runtime reads how threads wait when it loads (cpu_waits.py).
+from .cpu_waits import choose_waits
+
+choose_waits()
+
+from .model import HydraModel, HydraOutput, RewardBranch, RewardHead, ValueHead  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..cpu_waits import describe as describe_cpu_waits
 from ..storage.checkpoint import run_write_errors
 from .progress import ProgressBar, samples_markdown
 
@@ -40,6 +41,7 @@ class RunLog:
         self.bar = ProgressBar(loop.name, loop.progress, total_steps, start_step, run.progress_bar and write)
         if not write:
             return
+        logger.info("%s", describe_cpu_waits())  # a run slowed by a busy CPU shows here how its threads wait
         keep_metrics_up_to(self.path, start_step)
         self.writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
