@@ -309,7 +309,49 @@ def validate(config) -> None:
 
 
 def _check_ppo(config: Config, problems: Problems) -> None:
+    """`hydrappo train`'s own rules, by what they are about."""
     ppo, gen, reward = config.ppo, config.generation, config.reward
+    _check_batches(ppo, gen.samples_per_prompt, problems)
+    if ppo.advantage_estimator in ESTIMATORS:
+        problems.report(group_size_problem(ppo.advantage_estimator, gen.samples_per_prompt))
+    if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.uses_critic):
+        problems.add(
+            "model.value_head_init",
+            "reward_head",
+            "copies the reward head into the value head, so it needs "
+            "model.reward_branch_path and ppo.advantage_estimator: gae",
+            "set model.reward_branch_path, or use value_head_init: random",
+        )
+    if ppo.critic_warmup_steps > 0 and not ppo.uses_critic:
+        problems.add(
+            "ppo.critic_warmup_steps",
+            ppo.critic_warmup_steps,
+            f"warms up a value head, and ppo.advantage_estimator={ppo.advantage_estimator} has none",
+            "use critic_warmup_steps: 0, or advantage_estimator: gae",
+        )
+    if reward.overlong_buffer > gen.max_new_tokens >= 1:
+        problems.add(
+            "reward.overlong_buffer",
+            reward.overlong_buffer,
+            f"must be <= generation.max_new_tokens "
+            f"({gen.max_new_tokens}): the penalty starts that many tokens before the limit",
+            f"use e.g. {max(1, gen.max_new_tokens // 4)}",
+        )
+    _check_generation(config, problems)
+    _check_kl_controller(ppo, problems)
+    check_reward_sources(config, problems)
+    _check_evaluation(config, problems)
+    if config.data.prompts is None:
+        problems.add(
+            "data.prompts",
+            None,
+            "is required",
+            "name a jsonl/json/csv/parquet/txt file, a directory of them or a datasets name",
+        )
+
+
+def _check_batches(ppo: PPOArgs, group: int, problems: Problems) -> None:
+    """How a batch of `group` samples per prompt divides into minibatches, micro-batches and processes."""
     if ppo.batch_size >= 1 and ppo.mini_batch_size >= 1 and ppo.batch_size % ppo.mini_batch_size:
         problems.add(
             "ppo.mini_batch_size",
@@ -330,7 +372,6 @@ def _check_ppo(config: Config, problems: Problems) -> None:
             f"must be a multiple of gradient_accumulation_steps ({ppo.gradient_accumulation_steps})",
             f"use a divisor of {ppo.mini_batch_size}, e.g. 1",
         )
-    group = gen.samples_per_prompt
     if group >= 1 and ppo.batch_size >= 1 and ppo.batch_size % group:
         problems.add(
             "ppo.batch_size",
@@ -340,23 +381,11 @@ def _check_ppo(config: Config, problems: Problems) -> None:
         )
     processes = _launched_processes()
     check_process_shares(ppo, group, processes, problems, f"the {processes} processes of this launch (WORLD_SIZE)")
-    if ppo.advantage_estimator in ESTIMATORS:
-        problems.report(group_size_problem(ppo.advantage_estimator, group))
-    if config.model.value_head_init == "reward_head" and not (config.model.reward_branch_path and ppo.uses_critic):
-        problems.add(
-            "model.value_head_init",
-            "reward_head",
-            "copies the reward head into the value head, so it needs "
-            "model.reward_branch_path and ppo.advantage_estimator: gae",
-            "set model.reward_branch_path, or use value_head_init: random",
-        )
-    if ppo.critic_warmup_steps > 0 and not ppo.uses_critic:
-        problems.add(
-            "ppo.critic_warmup_steps",
-            ppo.critic_warmup_steps,
-            f"warms up a value head, and ppo.advantage_estimator={ppo.advantage_estimator} has none",
-            "use critic_warmup_steps: 0, or advantage_estimator: gae",
-        )
+
+
+def _check_generation(config: Config, problems: Problems) -> None:
+    """The sampler and the response lengths it is given."""
+    gen = config.generation
     if gen.min_new_tokens > gen.max_new_tokens >= 1:
         problems.add(
             "generation.min_new_tokens",
@@ -389,6 +418,10 @@ def _check_ppo(config: Config, problems: Problems) -> None:
             f"only sizes the engine of sampler: vllm, and generation.sampler is {gen.sampler!r}",
             "set sampler: vllm, or remove engine_gpu_memory",
         )
+
+
+def _check_kl_controller(ppo: PPOArgs, problems: Problems) -> None:
+    """Options of one KL controller given to another."""
     if ppo.kl_controller == "fixed":
         for name in ("kl_target", "kl_horizon"):
             value = getattr(ppo, name)
@@ -410,14 +443,6 @@ def _check_ppo(config: Config, problems: Problems) -> None:
                 f"only steers the {user} KL controller, and ppo.kl_controller is {ppo.kl_controller!r}",
                 f"set kl_controller: {user}, or remove {name}",
             )
-    if reward.overlong_buffer > gen.max_new_tokens >= 1:
-        problems.add(
-            "reward.overlong_buffer",
-            reward.overlong_buffer,
-            f"must be <= generation.max_new_tokens "
-            f"({gen.max_new_tokens}): the penalty starts that many tokens before the limit",
-            f"use e.g. {max(1, gen.max_new_tokens // 4)}",
-        )
     if ppo.kl_controller == "pi" and ppo.init_kl_coef == 0:
         problems.add(
             "ppo.init_kl_coef",
@@ -425,7 +450,10 @@ def _check_ppo(config: Config, problems: Problems) -> None:
             "cannot start the pi KL controller, which scales beta by factors (0 stays 0)",
             "use e.g. 0.05, or kl_controller: fixed for no KL term",
         )
-    check_reward_sources(config, problems)
+
+
+def _check_evaluation(config: Config, problems: Problems) -> None:
+    """The held-out evaluation's options, which need data.eval_prompts."""
     if config.train.eval_every > 0 and not config.data.eval_prompts:
         problems.add(
             "train.eval_every",
@@ -454,13 +482,6 @@ def _check_ppo(config: Config, problems: Problems) -> None:
             "is not supported with train.fsdp_trunk yet (a "
             "sharded trunk generates in lockstep, and the processes hold different numbers of held-out batches)",
             "evaluate the checkpoints afterwards with `hydrappo generate`, or train without fsdp_trunk",
-        )
-    if config.data.prompts is None:
-        problems.add(
-            "data.prompts",
-            None,
-            "is required",
-            "name a jsonl/json/csv/parquet/txt file, a directory of them or a datasets name",
         )
 
 

@@ -585,6 +585,17 @@ class RunArgs:
             "range": steps(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
         },
     )
+    eval_every: int = field(
+        default=0,
+        metadata={
+            "help": "Evaluate every N steps (0: only at the default points: in RL, with data.eval_prompts, step 0 "
+            "and the last step; in the supervised stages the end of each epoch).",
+            "range": steps(
+                0,
+                fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)",
+            ),
+        },
+    )
     keep_last: int = field(default=2, metadata={"help": "Checkpoints kept; older ones are deleted.", "range": rows(1)})
     progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar."})
     dist_timeout_s: float = field(
@@ -629,16 +640,6 @@ class TrainArgs(RunArgs):
             "update, micro-batches by doubling gradient_accumulation_steps) and retry, at most N times over the run "
             "(train/memory.py); 0: end the run with a message naming the phase and the options that shrink it.",
             "range": NOT_NEGATIVE,
-        },
-    )
-    eval_every: int = field(
-        default=0,
-        metadata={
-            "help": "With data.eval_prompts: evaluate every N steps (0: only at step 0 and at the last step).",
-            "range": steps(
-                0,
-                fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)",
-            ),
         },
     )
     eval_greedy: bool = field(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .options import OptimizerArgs, RunArgs, _with_default
+from .options import DataArgs, OptimizerArgs, RunArgs, _with_default
 from .values import POSITIVE, LrScheduler, Range, RewardPooling, rows, steps, tokens
 
 
@@ -14,12 +14,6 @@ from .values import POSITIVE, LrScheduler, Range, RewardPooling, rows, steps, to
 class StageTrainArgs(OptimizerArgs, RunArgs):
     """Options of the supervised stages (reward model, SFT) that are not about data."""
 
-    output_dir: str = field(
-        default="outputs/stage",
-        metadata={
-            "help": "Checkpoints, metrics.jsonl and TensorBoard logs go here (relative to the current directory)."
-        },
-    )
     epochs: int = field(default=1, metadata={"help": "Passes over the training data.", "range": steps(0)})
     max_steps: int = field(
         default=0,
@@ -40,16 +34,6 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
     )
     adam_beta2: float = _with_default(OptimizerArgs, "adam_beta2", 0.999)
     lr_scheduler: LrScheduler = _with_default(OptimizerArgs, "lr_scheduler", "linear")
-    eval_every: int = field(
-        default=0,
-        metadata={
-            "help": "Evaluate every N steps (0: at the end of each epoch only).",
-            "range": steps(
-                0,
-                fix="use N > 0, or 0 to evaluate only at the default points (epoch ends; in RL step 0 and the last step)",
-            ),
-        },
-    )
     cache_split_hidden: bool = field(
         default=False,
         metadata={
@@ -57,13 +41,7 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
             "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers."
         },
     )
-    save_every: int = field(
-        default=100,
-        metadata={
-            "help": "Checkpoint every N steps and at the end (0: only at the end).",
-            "range": steps(0, fix="use N > 0 to save every N steps, or 0 to save at the end only"),
-        },
-    )
+    save_every: int = _with_default(RunArgs, "save_every", 100)
 
 
 @dataclass
@@ -94,15 +72,19 @@ class SFTTrainArgs(StageTrainArgs):
 
 
 @dataclass
-class PreferenceDataArgs:
+class StageDataArgs:
+    """The data options both supervised stages share: where the rows are, what is held out, and how
+    prompt and response become tokens."""
+
     train_file: str | None = field(
         default=None,
         metadata={
-            "help": "Preference pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."
+            "help": "Training rows (hydrappo reward: preference pairs; hydrappo sft: prompt/response pairs): a "
+            "jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."
         },
     )
     eval_file: str | None = field(
-        default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."}
+        default=None, metadata={"help": "Held-out rows (default: eval_fraction of the training prompts)."}
     )
     eval_fraction: float = field(
         default=0.1,
@@ -115,24 +97,10 @@ class PreferenceDataArgs:
         default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."}
     )
     eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
-    subset: str | None = field(
-        default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."}
-    )
-    prompt_column: str | None = field(
-        default="prompt", metadata={"help": "Column of the prompt (null: chosen/rejected hold whole texts)."}
-    )
-    chosen_column: str = field(default="chosen", metadata={"help": "Column of the preferred response."})
-    rejected_column: str = field(default="rejected", metadata={"help": "Column of the other response."})
-    margin_column: str | None = field(
-        default=None, metadata={"help": "Optional column of margins m: loss -log sigmoid(r_c - r_r - m)."}
-    )
-    apply_chat_template: bool = field(
-        default=False,
-        metadata={
-            "help": "Wrap each prompt as a user turn with the tokenizer's chat template (as PPO's data.apply_chat_template)."
-        },
-    )
-    system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
+    # the same options as in an RL run's data section
+    subset: str | None = _with_default(DataArgs, "subset", None)
+    apply_chat_template: bool = _with_default(DataArgs, "apply_chat_template", False)
+    system_prompt: str | None = _with_default(DataArgs, "system_prompt", None)
     max_prompt_length: int = field(
         default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": tokens(1)}
     )
@@ -141,6 +109,20 @@ class PreferenceDataArgs:
     )
     append_eos: bool = field(
         default=True, metadata={"help": "End each response with EOS, as a finished PPO response does."}
+    )
+
+
+@dataclass
+class PreferenceDataArgs(StageDataArgs):
+    """`hydrappo reward`'s rows: a prompt, a chosen and a rejected response (train_file: preference pairs)."""
+
+    prompt_column: str | None = field(
+        default="prompt", metadata={"help": "Column of the prompt (null: chosen/rejected hold whole texts)."}
+    )
+    chosen_column: str = field(default="chosen", metadata={"help": "Column of the preferred response."})
+    rejected_column: str = field(default="rejected", metadata={"help": "Column of the other response."})
+    margin_column: str | None = field(
+        default=None, metadata={"help": "Optional column of margins m: loss -log sigmoid(r_c - r_r - m)."}
     )
     stats_file: str | None = field(
         default=None,
@@ -164,40 +146,8 @@ class PreferenceDataArgs:
 
 
 @dataclass
-class SFTDataArgs:
-    train_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "Prompt/response pairs: a jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."
-        },
-    )
-    eval_file: str | None = field(
-        default=None, metadata={"help": "Held-out pairs (default: eval_fraction of the training prompts)."}
-    )
-    eval_fraction: float = field(
-        default=0.1,
-        metadata={
-            "help": "Fraction of the prompts held out for evaluation when there is no eval_file.",
-            "range": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out"),
-        },
-    )
-    split: str = field(
-        default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."}
-    )
-    eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
-    subset: str | None = field(
-        default=None, metadata={"help": "Subset (configuration name) of a datasets name or Hub-layout folder."}
-    )
+class SFTDataArgs(StageDataArgs):
+    """`hydrappo sft`'s rows: a prompt and the response the model learns (train_file: prompt/response pairs)."""
+
     prompt_column: str = field(default="prompt", metadata={"help": "Column of the prompt (no loss on its tokens)."})
     response_column: str = field(default="response", metadata={"help": "Column of the response the model learns."})
-    apply_chat_template: bool = field(
-        default=False, metadata={"help": "Wrap each prompt as a user turn with the tokenizer's chat template."}
-    )
-    system_prompt: str | None = field(default=None, metadata={"help": "Optional system turn for the chat template."})
-    max_prompt_length: int = field(
-        default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": tokens(1)}
-    )
-    max_response_length: int = field(
-        default=64, metadata={"help": "Longer responses keep their first tokens.", "range": tokens(1)}
-    )
-    append_eos: bool = field(default=True, metadata={"help": "Teach the model to end its response with EOS."})
