@@ -9,7 +9,9 @@ loads it), quiet and then with a process spinning beside it (`while True: pass`)
     forward  a forward of 4 transformer layers (d_model 576, 9 heads, feed-forward 1536) on
              8 sequences of 64 tokens, no grad, the median of --steps calls.
 
-The last columns are the busy time over the quiet time of the same setting. On a machine others
+Each "x" column is the busy time over the quiet time of the same setting; "cpu" is the CPU time
+this process's threads spent per call (spinning counts, waiting for a core does not), which others'
+load moves less than the wall time. On a machine others
 share, "quiet" is only as quiet as they leave it: take several --rounds (the settings run in turn,
 medians over the rounds) and note the load average the tool prints.
 
@@ -50,22 +52,24 @@ def measure(reps: int, steps: int) -> dict:
     model = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).eval()
     x = torch.randn(8, 64, 576)
 
-    def median_ms(call, n: int) -> float:
+    def median_ms(call, n: int) -> tuple[float, float]:
+        """Wall and CPU milliseconds (this process, every thread) of one call, medians of `n`."""
         for _ in range(max(3, n // 10)):  # warm-up
             call()
-        times = []
+        wall, cpu = [], []
         for _ in range(n):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             call()
-            times.append(time.perf_counter() - start)
-        return 1000 * statistics.median(times)
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        return 1000 * statistics.median(wall), 1000 * statistics.median(cpu)
 
     with torch.no_grad():
-        return {
-            "matmul": median_ms(lambda: a @ b, reps),
-            "forward": median_ms(lambda: model(x), steps),
-            "threads": torch.get_num_threads(),
-        }
+        (matmul, matmul_cpu), (forward, forward_cpu) = (
+            median_ms(lambda: a @ b, reps),
+            median_ms(lambda: model(x), steps),
+        )
+    return {"matmul": matmul, "forward": forward, "matmul_cpu": matmul_cpu, "forward_cpu": forward_cpu}
 
 
 def child(env_extra: dict, threads: int | None, reps: int, steps: int, busy: bool) -> dict:
@@ -111,18 +115,11 @@ def main() -> None:
         f"cores: {os.cpu_count()}, OMP_NUM_THREADS: {args.threads or 'torch default'}, load average now: "
         f"{os.getloadavg()[0]:.1f}; median ms over {args.rounds} round(s)"
     )
-    print(
-        f"{'setting':<42} {'matmul quiet':>12} {'busy':>8} {'forward quiet':>14} {'busy':>8} {'matmul x':>9} {'forward x':>10}"
-    )
+    columns = ("matmul", "matmul_cpu", "forward", "forward_cpu")
+    print(f"{'setting':<36}" + "".join(f"{c + ' quiet':>18}{'busy':>8}{'x':>6}" for c in columns))
     for name in settings:
-        quiet, busy = (
-            {key: statistics.median(r[key] for r in times[name, b]) for key in ("matmul", "forward")}
-            for b in (False, True)
-        )
-        print(
-            f"{name:<42} {quiet['matmul']:>12.2f} {busy['matmul']:>8.2f} {quiet['forward']:>14.1f} "
-            f"{busy['forward']:>8.1f} {busy['matmul'] / quiet['matmul']:>9.1f} {busy['forward'] / quiet['forward']:>10.1f}"
-        )
+        quiet, busy = ({c: statistics.median(r[c] for r in times[name, b]) for c in columns} for b in (False, True))
+        print(f"{name:<36}" + "".join(f"{quiet[c]:>18.2f}{busy[c]:>8.2f}{busy[c] / quiet[c]:>6.1f}" for c in columns))
 
 
 if __name__ == "__main__":
