@@ -1,4 +1,4 @@
-"""hydrappo chooses how torch's OpenMP threads wait before torch loads them (hydrappo/cpu_waits.py):
+"""hydrappo chooses how torch's OpenMP threads wait before torch loads them (hydrappo/__init__.py):
 passive waits, where the user set none of the variables that say how. Checked in fresh processes
 through the runtime's own report of what it read (OMP_DISPLAY_ENV), so a choice made too late,
 after torch loaded its runtime, fails here."""
@@ -8,17 +8,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from hydrappo import cpu_waits
+import hydrappo
+from hydrappo.train import run_log
 
 from runs import ROOT
 
 
 def _runtime_report(**env) -> str:
     """What the OpenMP runtime of a fresh `python -m hydrappo --help` read from its environment."""
-    clean = {k: v for k, v in os.environ.items() if k not in cpu_waits.WAIT_VARIABLES}
+    clean = {k: v for k, v in os.environ.items() if k not in hydrappo.CPU_WAIT_VARIABLES}
     clean.update(env, OMP_DISPLAY_ENV="VERBOSE", PYTHONPATH=str(ROOT))
     done = subprocess.run(
         [sys.executable, "-m", "hydrappo", "--help"], env=clean, capture_output=True, text=True, timeout=300
@@ -50,39 +53,27 @@ def test_the_users_own_wait_settings_are_left_alone(env, shown):
     assert shown in report
 
 
-def test_choose_waits_sets_only_what_nobody_chose(monkeypatch):
+def test_choose_cpu_waits_sets_only_what_nobody_chose(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch")  # as before torch's first import (monkeypatch puts it back)
-    assert cpu_waits.choose_waits(environ := {}) == cpu_waits.WAITS and environ == cpu_waits.WAITS
-    for name in cpu_waits.WAIT_VARIABLES:
-        assert cpu_waits.choose_waits(environ := {name: "1"}) == {} and environ == {name: "1"}
+    assert hydrappo.choose_cpu_waits(environ := {}) == hydrappo.CPU_WAITS and environ == hydrappo.CPU_WAITS
+    for name in hydrappo.CPU_WAIT_VARIABLES:
+        assert hydrappo.choose_cpu_waits(environ := {name: "1"}) == {} and environ == {name: "1"}
 
 
 def test_too_late_when_torch_is_loaded():
     assert "torch" in sys.modules
-    assert cpu_waits.choose_waits(environ := {}) == {} and environ == {}
+    assert hydrappo.choose_cpu_waits(environ := {}) == {} and environ == {}
 
 
-def test_the_run_start_line_says_whose_choice_it_is(monkeypatch):
-    import torch
-
-    for name in cpu_waits.WAIT_VARIABLES:
+def test_a_run_starts_by_logging_its_threads_and_how_they_wait(tmp_path, caplog, monkeypatch):
+    assert run_log.WAIT_VARIABLES == hydrappo.CPU_WAIT_VARIABLES  # one list, written twice across a layer
+    for name in hydrappo.CPU_WAIT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    assert "waiting with the OpenMP runtime's defaults" in cpu_waits.describe()
+    assert "OpenMP waits: the runtime defaults (" in run_log.cpu_threads_line()
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    monkeypatch.setattr(cpu_waits, "_chosen", {"OMP_WAIT_POLICY": "PASSIVE"})
-    line = cpu_waits.describe()
-    assert line.startswith(f"CPU: {torch.get_num_threads()} threads, waiting with OMP_WAIT_POLICY=PASSIVE")
-    assert "(hydrappo's default; docs/troubleshooting.md" in line
-    monkeypatch.setattr(cpu_waits, "_chosen", {})
-    assert "(as set before the run;" in cpu_waits.describe()
-
-
-def test_a_run_starts_by_logging_how_its_threads_wait(tmp_path, caplog):
-    from types import SimpleNamespace
-
-    from hydrappo.train.run_log import RunLog
-
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10")
     loop, run = SimpleNamespace(name="ppo", progress={}), SimpleNamespace(progress_bar=False)
     with caplog.at_level("INFO", logger="hydrappo"):
-        RunLog(tmp_path, 0, 1, loop, run).close()
-    assert cpu_waits.describe() in caplog.text
+        run_log.RunLog(tmp_path, 0, 1, loop, run).close()
+    line = f"CPU: {torch.get_num_threads()} threads, OpenMP waits: OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=10 ("
+    assert line in caplog.text and "docs/troubleshooting.md says how to change it" in caplog.text

@@ -22,7 +22,6 @@ PACKAGE = ROOT / "hydrappo"
 LAYERS = {  # module prefix -> rank; a module may import only modules of its rank or below
     "hydrappo.errors": 0,
     "hydrappo.usercode": 0,  # loading and calling user code (rewards, tools, environments): imports errors only
-    "hydrappo.cpu_waits": 0,  # how torch's CPU threads wait, set before torch loads
     "hydrappo.console": 0,  # the command's output streams
     "hydrappo.model": 1,
     "hydrappo.algo": 1,

@@ -1,5 +1,5 @@
 """How torch's CPU work slows when another process keeps a core busy, under the OpenMP runtime's
-default waits and under hydrappo's (hydrappo/cpu_waits.py), side by side.
+default waits and under hydrappo's (CPU_WAITS in hydrappo/__init__.py), side by side.
 
 Each setting runs in a fresh subprocess (the runtime reads how its threads wait once, when torch
 loads it), quiet and then with a process spinning beside it (`while True: pass`), and times
@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hydrappo.cpu_waits import WAIT_VARIABLES, WAITS  # noqa: E402 (imports no torch)
+from hydrappo import CPU_WAIT_VARIABLES as WAIT_VARIABLES  # noqa: E402
+from hydrappo import CPU_WAITS as WAITS  # noqa: E402
 
 SETTINGS = {
     "runtime default": {},

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
 import torch
 
-from ..cpu_waits import describe as describe_cpu_waits
 from ..storage.checkpoint import run_write_errors
 from .progress import ProgressBar, samples_markdown
 
@@ -41,7 +41,7 @@ class RunLog:
         self.bar = ProgressBar(loop.name, loop.progress, total_steps, start_step, run.progress_bar and write)
         if not write:
             return
-        logger.info("%s", describe_cpu_waits())  # a run slowed by a busy CPU shows here how its threads wait
+        logger.info("%s", cpu_threads_line())  # a run slowed by a busy CPU shows here how its threads wait
         keep_metrics_up_to(self.path, start_step)
         self.writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
@@ -70,6 +70,21 @@ class RunLog:
         self.bar.close()
         if self.writes:
             self.writer.close()
+
+
+# The OpenMP variables that say how torch's CPU threads wait (hydrappo/__init__.py's CPU_WAIT_VARIABLES,
+# which this layer may not import).
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def cpu_threads_line() -> str:
+    """torch's CPU thread count and how its threads wait, for the start of a run."""
+    waits = ", ".join(f"{name}={os.environ[name]}" for name in WAIT_VARIABLES if name in os.environ)
+    return (
+        f"CPU: {torch.get_num_threads()} threads, OpenMP waits: {waits or 'the runtime defaults'} (hydrappo sets "
+        "OMP_WAIT_POLICY=PASSIVE before torch loads where none of these is set; docs/troubleshooting.md says how "
+        "to change it)"
+    )
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:
