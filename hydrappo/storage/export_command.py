@@ -193,7 +193,9 @@ def export_gguf_command(args: argparse.Namespace) -> None:
     directory, gguf_file = resolve_model_source(args.source, args.gguf_file)
     if gguf_file is None:
         raise ModelLoadError(f"{args.source!r} is a model directory without a .gguf file: nothing to convert.")
-    claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs={"the GGUF source": directory / gguf_file})
+    claim_output_path(
+        args.out, overwrite=args.overwrite, option="--out", inputs={"the GGUF source": directory / gguf_file}
+    )
     out = gguf_to_safetensors(directory, gguf_file, args.out)
     print(f"converted {Path(directory) / gguf_file} -> {out}")
 
