@@ -314,12 +314,16 @@ def run_hydrappo(args, lockstep: Lockstep, num_layers_unfrozen: int) -> None:
             train_dataset=[{"prompt": text} for text in args.prompt_texts],
             args=options,
         )
-        trainer.generate = Timed(trainer.generate, lambda responses, prompts: [len(r) for r in responses.response_ids])
+        trainer.ppo_step.generate = Timed(
+            trainer.ppo_step.generate, lambda responses, prompts: [len(r) for r in responses.response_ids]
+        )
         lockstep.ready(trainer.prompts.input_ids)
         for _ in range(args.steps + 1):
             lockstep.wait()
             trainer.train_step()
-            lockstep.step_done({"generate": trainer.generate.seconds, "new_tokens": trainer.generate.measured})
+            lockstep.step_done(
+                {"generate": trainer.ppo_step.generate.seconds, "new_tokens": trainer.ppo_step.generate.measured}
+            )
     lockstep.finish(baseline)
 
 

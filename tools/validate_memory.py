@@ -198,9 +198,9 @@ def _measure_child(name: str, settings: dict, device: str = "cpu") -> dict:
 
         steps_peak = peak.read() - baseline
         # The trainer's phases are methods: wrap them on this instance.
-        trainer.generate = measured(trainer.generate, "generate")
-        trainer.evaluate = measured(trainer.evaluate, "evaluate")
-        trainer.ppo_update = measured(trainer.ppo_update, "update")
+        trainer.ppo_step.generate = measured(trainer.ppo_step.generate, "generate")
+        trainer.ppo_step.experience_pass = measured(trainer.ppo_step.experience_pass, "evaluate")
+        trainer.ppo_step.ppo_update = measured(trainer.ppo_step.ppo_update, "update")
         trainer.train_step()
         steps_peak = max(steps_peak, *phases.values())
     else:

@@ -123,9 +123,9 @@ def test_trainer_records_only_where_a_frozen_split_exists(tmp_path):
     def trainer(*extra):
         return tiny_trainer(tmp_path / str(len(extra)), *extra)
 
-    assert trainer().records_split
-    assert not trainer("--reuse_trunk_pass", "false").records_split
-    assert not trainer("--num_layers_unfrozen", "-1").records_split
+    assert trainer().ppo_step.records_split
+    assert not trainer("--reuse_trunk_pass", "false").ppo_step.records_split
+    assert not trainer("--num_layers_unfrozen", "-1").ppo_step.records_split
 
 
 @pytest.mark.slow

@@ -148,7 +148,7 @@ def kill_after_next_save(trainer, monkeypatch) -> None:
 
     def save_then_die(loop):
         real_save(loop)
-        monkeypatch.setattr(trainer, "ppo_update", lambda experience, plan: (_ for _ in ()).throw(Killed()))
+        monkeypatch.setattr(trainer.ppo_step, "ppo_update", lambda experience, plan: (_ for _ in ()).throw(Killed()))
 
     monkeypatch.setattr(trainer.harness, "save", save_then_die)
 

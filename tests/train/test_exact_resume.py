@@ -78,8 +78,8 @@ def ppo_dead_line(folder: Path) -> None:
 
 
 def ppo_check(straight, resumed, folder: Path) -> None:
-    assert straight.kl_controller.value == resumed.kl_controller.value
-    assert straight.score_moments.state_dict() == resumed.score_moments.state_dict()
+    assert straight.ppo_step.kl_controller.value == resumed.ppo_step.kl_controller.value
+    assert straight.ppo_step.score_moments.state_dict() == resumed.ppo_step.score_moments.state_dict()
     lines = (folder / "out" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
     # The dead run's line was moved aside, not lost.
@@ -144,7 +144,7 @@ def interrupt_in_step_3(trainer, monkeypatch) -> None:
             raise KeyboardInterrupt
         return real_update(experience, plan)
 
-    monkeypatch.setattr(trainer, "ppo_update", die_in_step_3)
+    monkeypatch.setattr(trainer.ppo_step, "ppo_update", die_in_step_3)
 
 
 QUANTIZED = [*FOUR_STEPS, "--ppo_epochs", "2", "--trunk_quantization", "int8", "--optimizer", "adamw8bit"]
@@ -167,7 +167,7 @@ def pi_check(straight, resumed, folder: Path) -> None:
     coefs = [row["objective/kl_coef"] for row in straight.history]
     assert coefs[0] == 0.05 and len(set(coefs)) == 4, coefs  # steered every step
     assert all(0.0 <= row["env/degenerate_frac"] <= 1.0 for row in straight.history)
-    assert resumed.kl_controller.state_dict() == straight.kl_controller.state_dict()
+    assert resumed.ppo_step.kl_controller.state_dict() == straight.ppo_step.kl_controller.state_dict()
 
 
 # Held-out evaluation with sampled answers (they draw random numbers) at every step: the resumed
