@@ -33,6 +33,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.agent": 3,  # tools, environments, the tool-call format: user code through usercode
     "hydrappo.storage": 3,
     "hydrappo.planner": 3,
+    "hydrappo.tasks": 3,  # a reasoning-gym task: prompts (prompts.py) and a reward source (rewards/)
     "hydrappo.train": 4,
     "hydrappo.evaluate": 4,
     "hydrappo.cli": 5,

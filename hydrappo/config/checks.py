@@ -26,6 +26,7 @@ from ..model.lora import lora_problems
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
+from .task import check_task, has_held_out, has_prompts
 from .options import DTYPE_RULE, ConfigError, GenerationArgs, PPOArgs, canonical_dtype
 from .sections import Config, RewardConfig, SFTConfig, choices_of
 from .values import MAX_TOKENS
@@ -340,13 +341,14 @@ def _check_ppo(config: Config, problems: Problems) -> None:
     _check_generation(config, problems)
     _check_kl_controller(ppo, problems)
     check_reward_sources(config, problems)
+    check_task(config, problems)  # a reasoning-gym task: the prompts, held-out items and a reward source
     _check_evaluation(config, problems)
-    if config.data.prompts is None:
+    if not has_prompts(config):
         problems.add(
             "data.prompts",
             None,
             "is required",
-            "name a jsonl/json/csv/parquet/txt file, a directory of them or a datasets name",
+            "name a jsonl/json/csv/parquet/txt file, a directory of them or a datasets name (or set task.task_name)",
         )
 
 
@@ -453,15 +455,15 @@ def _check_kl_controller(ppo: PPOArgs, problems: Problems) -> None:
 
 
 def _check_evaluation(config: Config, problems: Problems) -> None:
-    """The held-out evaluation's options, which need data.eval_prompts."""
-    if config.train.eval_every > 0 and not config.data.eval_prompts:
+    """The held-out evaluation's options, which need held-out prompts (data.eval_prompts or a task's)."""
+    if config.train.eval_every > 0 and not has_held_out(config):
         problems.add(
             "train.eval_every",
             config.train.eval_every,
-            "has nothing to evaluate without data.eval_prompts",
+            "has nothing to evaluate without data.eval_prompts (or task.task_eval_size)",
             "set data.eval_prompts to a held-out prompts file or datasets name, or remove eval_every",
         )
-    if config.train.eval_samples_per_prompt > 1 and not config.data.eval_prompts:
+    if config.train.eval_samples_per_prompt > 1 and not has_held_out(config):
         problems.add(
             "train.eval_samples_per_prompt",
             config.train.eval_samples_per_prompt,

@@ -149,6 +149,8 @@ def _flat_option(key: str, value, every: set, sections: dict, source: str) -> tu
 # Text options that also take a YAML list (on the command line: comma-separated).
 TEXT_LISTS = {"reward_fn", "tools"}
 TEXT_MAPS = {"environment_factory"}  # {name: text}: one of several environments per row
+# Mappings kept as YAML gives them (on the command line: YAML text); config/task.py checks them.
+YAML_MAPS = {"task_config", "tasks"}
 
 
 def _typed_defaults(parser, values: dict, source: str) -> dict:
@@ -171,6 +173,8 @@ def _typed_defaults(parser, values: dict, source: str) -> dict:
             elif key in TEXT_LISTS and isinstance(value, list):  # several values of a text option
                 if not all(isinstance(v, str) for v in value):
                     raise ValueError(value)
+                typed[key] = value
+            elif key in YAML_MAPS and isinstance(value, dict):
                 typed[key] = value
             elif key in TEXT_MAPS and isinstance(value, dict):
                 if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):

@@ -50,11 +50,13 @@ def reward_source_names(reward) -> list[tuple[str, str]]:
     return [(row.kind, what) for row in SOURCE_KINDS for what in row.named(reward)]
 
 
-SOURCE_ORDER = ", then ".join(row.order for row in SOURCE_KINDS)  # of reward.reward_weights
+# A task section (config/task.py) is one more source, the last: its tasks' verifiers, each task's
+# scores logged apart (env/reward/<task>), share its one weight (rewards/sources.py).
+SOURCE_ORDER = ", then ".join([*(row.order for row in SOURCE_KINDS), "the task"])  # of reward.reward_weights
 _HOW = [row.how for row in SOURCE_KINDS]
 NO_REWARD_SOURCE = (
-    f"reward: no reward source is set. Set {', '.join(_HOW[:-1])} or {_HOW[-1]}; several combine as a weighted sum "
-    "(reward_weights)."
+    f"reward: no reward source is set. Set {', '.join(_HOW)} or a task (task.task_name); several combine as a "
+    "weighted sum (reward_weights)."
 )
 
 
@@ -75,7 +77,8 @@ def check_reward_sources(config, problems) -> None:
     """Problems of reward.reward_fn / reward_model / use_reward_branch, reward_weights, timeout_s and
     the reference score statistics, added to `problems` (config/checks.py's Problems)."""
     reward = config.reward
-    sources = len(reward_source_names(reward))
+    task = getattr(config, "task", None)
+    sources = len(reward_source_names(reward)) + bool(task is not None and task.enabled)
     if not sources:
         problems.note(NO_REWARD_SOURCE)
     if reward.reward_weights is not None:

@@ -2,8 +2,8 @@
 read (options.py, stage_options.py, agent.py), their dict form and path anchoring, and the
 tables of sections the parser and the checks walk.
 
-`hydrappo train` reads `model:`, `lora:`, `generation:`, `ppo:`, `reward:`, `data:`, `train:` and
-`agent:`; `hydrappo reward` reads `model:`, `data:` and `train:`; `hydrappo sft` reads `model:`,
+`hydrappo train` reads `model:`, `lora:`, `generation:`, `ppo:`, `reward:`, `data:`, `train:`,
+`agent:` and `task:`; `hydrappo reward` reads `model:`, `data:` and `train:`; `hydrappo sft` reads `model:`,
 `lora:`, `data:` and `train:`.
 """
 
@@ -29,6 +29,7 @@ from .options import (
     resolve_path,
 )
 from .stage_options import PreferenceDataArgs, RewardTrainArgs, SFTDataArgs, SFTTrainArgs
+from .task import TaskArgs
 
 
 # --------------------------------------------------------------------------- one config per command
@@ -96,6 +97,7 @@ class Config(_Sections):
     train: TrainArgs = field(default_factory=TrainArgs)
     lora: LoraArgs = field(default_factory=LoraArgs)
     agent: AgentArgs = field(default_factory=AgentArgs)  # multi-turn episodes with tools (config/agent.py)
+    task: TaskArgs = field(default_factory=TaskArgs)  # a reasoning-gym task as prompts and reward (config/task.py)
 
 
 _STAGE_DATA_PATHS = ("data.train_file", "data.eval_file", "data.stats_file")

@@ -85,18 +85,29 @@ def build_reward_source(
 ) -> RewardSources:
     """Every reward source `RewardArgs` names (`reward_source_names`), weighted by
     reward.reward_weights (1 each by default), as one RewardSources. `functions` are ones
-    `reward_functions` already loaded."""
+    `reward_functions` already loaded, and a task's verifiers (rewards/reasoning_gym.py, kind
+    "task"): together one more source, the last, whose weight each task's verifier takes."""
     sources = reward_source_names(reward_args)
-    if not sources:
+    functions = list(functions) if functions is not None else reward_functions(reward_args, base_dir, columns)
+    verifiers = [function for function in functions if function.kind == "task"]
+    functions = [function for function in functions if function.kind != "task"]
+    count = len(sources) + bool(verifiers)
+    if not count:
         raise RewardError(NO_REWARD_SOURCE)
     weights = getattr(reward_args, "reward_weights", None) or None  # none or an empty list: 1 each
-    if (problem := weights_problem(weights, len(sources))) is not None:
+    if (problem := weights_problem(weights, count)) is not None:
         raise RewardError(str(problem))
-    weights = list(weights or [1.0] * len(sources))
-    functions = list(functions) if functions is not None else reward_functions(reward_args, base_dir, columns)
+    weights = list(weights or [1.0] * count)
+    sources += [("task", verifier) for verifier in verifiers]
+    weights += [weights[-1]] * (len(verifiers) - 1)  # one weight for every task of the mix
     entries, used = [], set()
     for (kind, what), weight in zip(sources, weights):
-        source = SOURCE_CLASSES[kind].build(what, reward_args, base_dir=base_dir, device=device, functions=functions)
+        if kind == "task":
+            source = what  # loaded with the task's items (train/inputs.py)
+        else:
+            source = SOURCE_CLASSES[kind].build(
+                what, reward_args, base_dir=base_dir, device=device, functions=functions
+            )
         unique, n = source.name, 2
         while unique in used:
             unique, n = f"{source.name}_{n}", n + 1

@@ -113,6 +113,7 @@ OBJECTS = (
     "environment_factory",
     "args",
     "processing_class",
+    "task",  # a reasoning-gym task (tasks/): the prompts, held-out items and a reward source
 )
 
 
@@ -137,6 +138,8 @@ def trainer_inputs(config_cls, config, objects: dict, tokenizer=None) -> tuple[o
     elif any(objects.get(name) is not None for name in OBJECTS):
         config = copy.deepcopy(config)
     loaded = apply_objects(config, **{name: objects.get(name) for name in OBJECTS[:7]})
+    if objects.get("task") is not None:  # it fills the config's task section, which the run records
+        objects["task"].configure(config)
     return config, loaded, tokenizer if tokenizer is not None else objects.get("processing_class")
 
 

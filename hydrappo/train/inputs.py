@@ -18,6 +18,8 @@ from ..data import DataError, load_prompt_table, read_preference_table, read_sft
 from ..rewards import is_missing
 from ..rewards import reward_functions
 from ..agent.rollouts import load_agent_code
+from ..tasks.reasoning_gym import COLUMNS as TASK_COLUMNS
+from ..tasks.reasoning_gym import ReasoningGymTask
 
 
 def table_label(setting: str, value) -> str:
@@ -38,6 +40,7 @@ class RLInputs:
     eval_prompts: list
     eval_columns: dict[str, list]
     agent_code: dict | None = None  # tools, environments, parser (agent/rollouts.py), loaded and checked
+    task: object = None  # the reasoning-gym task that made the prompts and a reward source (tasks/), or None
 
 
 @dataclass
@@ -53,6 +56,8 @@ class StageInputs:
 
 
 def read_rl_inputs(config) -> RLInputs:
+    if config.task.enabled:
+        return read_task_inputs(config)
     data = config.data
     prompts, columns = load_prompt_table(data.prompts, data.prompt_column, data.split, data.subset)
     setting = table_label("data.prompts", data.prompts)
@@ -70,6 +75,25 @@ def read_rl_inputs(config) -> RLInputs:
             function.check_columns(list(eval_columns) + extra, setting=setting)
         check_needed_values(functions, eval_columns, setting)
     return RLInputs(prompts, columns, functions, eval_prompts, eval_columns, load_agent_code(config))
+
+
+def read_task_inputs(config) -> RLInputs:
+    """A task's: its items as the prompts and held-out prompts, its verifiers besides the reward
+    functions (which may read the task's columns: task, answer, item)."""
+    task = ReasoningGymTask.from_args(config.task)
+    columns = [*TASK_COLUMNS, *(["transcripts", "environments"] if config.agent.enabled else [])]
+    functions = reward_functions(config.reward, columns=columns, setting="task")
+    functions += task.reward_sources(columns)
+    train, held_out = task.rows("train"), task.rows("eval")
+    return RLInputs(
+        [row["prompt"] for row in train],
+        {name: [row[name] for row in train] for name in TASK_COLUMNS},
+        functions,
+        [row["prompt"] for row in held_out],
+        {name: [row[name] for row in held_out] for name in TASK_COLUMNS} if held_out else {},
+        load_agent_code(config),
+        task=task,
+    )
 
 
 def check_needed_values(functions, columns: dict[str, list], setting: str) -> None:

@@ -82,6 +82,8 @@ class PPOTrainer(TrainingLoop):
 
         rewards = build_reward_source(config.reward, device=str(self.device), functions=self.inputs.functions)
         data = config.data
+        if self.inputs.task is not None:  # a task's prompts are never cut: max_prompt_length grows to fit them
+            self.inputs.task.fit_prompt_length(data, tokenizer)
         self.eval_columns = self.inputs.eval_columns
         prompts = tokenize_prompts(
             self.inputs.prompts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
@@ -90,7 +92,7 @@ class PPOTrainer(TrainingLoop):
         self.agent = build_agent(config, tokenizer, self.inputs.agent_code)
         self.backoff = BackOff(train.oom_backoff)  # train/memory.py
         self.held_out = None
-        if data.eval_prompts:
+        if self.inputs.eval_prompts:  # data.eval_prompts, or a task's held-out items
             self.held_out = HeldOutEvaluation(
                 tokenize_prompts(
                     self.inputs.eval_prompts,
