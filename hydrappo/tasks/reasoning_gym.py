@@ -32,8 +32,9 @@ logger = logging.getLogger("hydrappo")
 
 VERSION = "0.1.25"  # the reasoning-gym release these rules were read from (setup.cfg's `reasoning` extra)
 INSTALL = (
-    f"pip install 'hydrappo[reasoning]' (or reasoning-gym=={VERSION}); its dependency pycosat builds from source "
-    "and needs a C compiler (gcc: apt-get install build-essential; macOS: xcode-select --install)"
+    f"pip install 'hydrappo[reasoning]' (or reasoning-gym=={VERSION}); pip compiles its dependency pycosat from "
+    "source, which needs a C compiler and Python's headers (apt-get install build-essential python3-dev; macOS: "
+    "xcode-select --install)"
 )
 SEED_STRIDE = 10_000_000  # seeds between two ranges of items (module docstring); < 2**32 over ~200 tasks
 COLUMNS = ("task", "answer", "item")  # a task row's columns besides the prompt (reward functions may read them)

@@ -1,0 +1,81 @@
+"""A model's held-out accuracy on reasoning-gym tasks before any training: which task can an RL
+run on it learn? (A base accuracy of 0 gives GRPO no signal; near 1 leaves nothing to learn.)
+
+    python tools/task_baseline.py chain_sum basic_arithmetic --n 50
+
+For each task, one at a time: the task's first N held-out items (tasks/reasoning_gym.py, the items
+a run with `task_eval_size: N` and the same seed and options evaluates on), each through the
+model's chat template, answered greedily (train.eval_greedy's answers) with up to --max-new-tokens
+tokens, and scored by the task's verifier (the answer between <answer> tags, the task's own
+score_answer). Prints per task: the mean score, the share of answers that score 1, the share that
+carry <answer> tags at all, and the seconds taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import yaml
+
+from hydrappo.config import ModelConfig
+from hydrappo.prompts import format_prompt
+from hydrappo.storage.models import load_model_and_tokenizer
+from hydrappo.tasks import ReasoningGymTask
+
+
+def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+    """Greedy answers, in batches of left-padded prompts."""
+    texts = []
+    for start in range(0, len(prompts), batch_size):
+        batch = tokenizer(
+            prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+        )
+        with torch.no_grad():
+            out = model.generate(
+                **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+        texts += tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    return texts
+
+
+def measure(model, tokenizer, name: str, options: dict, args) -> dict:
+    task = ReasoningGymTask(name, size=1, seed=args.seed, eval_size=args.n, **options)
+    rows, (verify,) = task.eval_dataset, task.reward_funcs
+    started = time.perf_counter()
+    prompts = [format_prompt(row["prompt"], tokenizer, True) for row in rows]
+    completions = answers(model, tokenizer, prompts, args.max_new_tokens, args.batch_size)
+    scores = verify(completions, task=[row["task"] for row in rows], item=[row["item"] for row in rows])
+    return {
+        "task": name,
+        "options": options,
+        "n": len(rows),
+        "mean_score": sum(scores) / len(scores),
+        "solved": sum(score == 1.0 for score in scores) / len(scores),
+        "tagged": sum("<answer>" in c and "</answer>" in c for c in completions) / len(completions),
+        "seconds": round(time.perf_counter() - started, 1),
+        "example": completions[0][:200],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tasks", nargs="+", help="reasoning-gym task names")
+    parser.add_argument("--config", default="{}", help="YAML mapping {task: {option: value}} of task options")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="model.name_or_path")
+    parser.add_argument("--n", type=int, default=50, help="held-out items per task")
+    parser.add_argument("--seed", type=int, default=0, help="task.task_seed")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=25)
+    args = parser.parse_args()
+    options = yaml.safe_load(args.config) or {}
+    torch.set_grad_enabled(False)
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
+    for name in args.tasks:
+        print(json.dumps(measure(model, tokenizer, name, options.get(name, {}), args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
