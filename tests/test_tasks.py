@@ -13,6 +13,7 @@ import yaml
 
 from hydrappo import PPOTrainer
 from hydrappo.config import ConfigError, parse_config
+from hydrappo.rewards.reasoning_gym import TaskReward
 from hydrappo.tasks import ReasoningGymTask
 
 from runs import TINY
@@ -48,6 +49,22 @@ def test_the_verifier_scores_the_answer_between_tags_with_the_tasks_own_scorer()
     assert scores[:4] == [1.0, 0.0, 0.0, 1.0] and scores[5] == 1.0
     assert scores[4] == pytest.approx(len(answer) / len(f"x = {answer}"))
     assert verify([f"<answer>{answer}</answer>"], task=["basic_arithmetic"], item=[0]) == [None]  # not its row
+
+
+def test_an_answer_start_is_the_assistant_turn_the_model_continues_and_the_verifier_reads():
+    task = ReasoningGymTask("chain_sum", size=2, answer_start="<answer>", **SMALL)
+    row = task.train_dataset[0]
+    assert row["prompt"][-1] == {"role": "assistant", "content": "<answer>"} and row["prompt"][0]["role"] == "user"
+    (verify,) = task.reward_funcs
+    reward = TaskReward(verify, columns=["task", "answer", "item"])
+    scores = reward(
+        ["", ""],
+        ["", ""],
+        [f"{row['answer']}</answer>", "0 </answer>"],
+        columns={"task": ["chain_sum"] * 2, "item": [0, 0], "answer": [row["answer"]] * 2},
+        prompt_messages=[row["prompt"]] * 2,
+    )
+    assert scores.tolist() == [1.0, float(row["answer"] == "0")]
 
 
 def test_a_seed_one_higher_is_the_same_items_shifted_so_held_out_items_come_from_their_own_seeds():

@@ -6,7 +6,7 @@ run on it learn? (A base accuracy of 0 gives GRPO no signal; near 1 leaves nothi
 For each task, one at a time: the task's first N held-out items (tasks/reasoning_gym.py, the items
 a run with `task_eval_size: N` and the same seed and options evaluates on), each through the
 model's chat template, answered greedily (train.eval_greedy's answers) with up to --max-new-tokens
-tokens, and scored by the task's verifier (the answer between <answer> tags, the task's own
+tokens (after --answer-start, task.task_answer_start, if given), and scored by the task's verifier (the answer between <answer> tags, the task's own
 score_answer). Prints per task: the mean score, the share of answers that score 1, the share that
 carry <answer> tags at all, and the seconds taken.
 """
@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from hydrappo.config import ModelConfig
-from hydrappo.prompts import format_prompt
+from hydrappo.prompts import format_prompt, trl_arguments
 from hydrappo.storage.models import load_model_and_tokenizer
 from hydrappo.tasks import ReasoningGymTask
 
@@ -42,11 +42,13 @@ def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_siz
 
 
 def measure(model, tokenizer, name: str, options: dict, args) -> dict:
-    task = ReasoningGymTask(name, size=1, seed=args.seed, eval_size=args.n, **options)
+    task = ReasoningGymTask(name, size=1, seed=args.seed, eval_size=args.n, answer_start=args.answer_start, **options)
     rows, (verify,) = task.eval_dataset, task.reward_funcs
     started = time.perf_counter()
     prompts = [format_prompt(row["prompt"], tokenizer, True) for row in rows]
     completions = answers(model, tokenizer, prompts, args.max_new_tokens, args.batch_size)
+    if args.answer_start:  # as a run scores them: the continued assistant turn, its start included
+        completions = [turns[0]["content"] for turns in trl_arguments([row["prompt"] for row in rows], completions)[1]]
     scores = verify(completions, task=[row["task"] for row in rows], item=[row["item"] for row in rows])
     return {
         "task": name,
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model.name_or_path")
     parser.add_argument("--n", type=int, default=50, help="held-out items per task")
     parser.add_argument("--seed", type=int, default=0, help="task.task_seed")
+    parser.add_argument("--answer-start", default=None, help="task.task_answer_start, e.g. '<answer>'")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=25)
     args = parser.parse_args()

@@ -23,7 +23,8 @@ import yaml
 from ..errors import Problem
 from .values import AT_LEAST_1, NOT_NEGATIVE
 
-DEFAULT_INSTRUCTION = "Give only your final answer between <answer> and </answer> tags, e.g. <answer>42</answer>."
+# No example answer in it: SmolLM2-135M-Instruct copied "e.g. <answer>42</answer>" as its answer to every question.
+DEFAULT_INSTRUCTION = "Give only your final answer, between <answer> and </answer> tags."
 
 
 @dataclass
@@ -71,6 +72,14 @@ class TaskArgs:
         metadata={
             "help": "Appended to every question: how to give the answer so that reasoning-gym's extract_answer "
             "reads it (the <answer> tags)."
+        },
+    )
+    task_answer_start: str | None = field(
+        default=None,
+        metadata={
+            "help": "Text the response starts with, e.g. '<answer>': written as the start of the assistant's turn "
+            "(the prompts become message lists, which need the tokenizer's chat template), so the model writes the "
+            "answer and the closing tag; the verifier reads the start and the response together."
         },
     )
 

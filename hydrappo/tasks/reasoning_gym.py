@@ -110,9 +110,22 @@ class ReasoningGymTask:
     Checked when made: reasoning-gym installed, every name a task, every option one of its options."""
 
     def __init__(
-        self, name, *, size: int = 1000, seed: int = 0, eval_size: int = 0, instruction: str | None = None, **options
+        self,
+        name,
+        *,
+        size: int = 1000,
+        seed: int = 0,
+        eval_size: int = 0,
+        instruction: str | None = None,
+        answer_start: str | None = None,
+        **options,
     ):
         if isinstance(name, (list, tuple)):  # reasoning-gym's composite form: [{name, weight, config}]
+            if not all(isinstance(entry, dict) and isinstance(entry.get("name"), str) for entry in name):
+                raise ConfigError(
+                    f"ReasoningGymTask: a list of tasks holds {{name, weight, config}} mappings, not {name!r}; e.g. "
+                    '[{"name": "chain_sum", "weight": 2, "config": {"max_terms": 3}}].'
+                )
             name = {entry["name"]: {k: v for k, v in entry.items() if k != "name"} for entry in name}
         if isinstance(name, dict) and options:
             raise ConfigError("ReasoningGymTask: give a mix's options in each task's `config`, not as keywords.")
@@ -124,6 +137,7 @@ class ReasoningGymTask:
             task_eval_size=eval_size,
             task_seed=seed,
             task_instruction=DEFAULT_INSTRUCTION if instruction is None else instruction,
+            task_answer_start=answer_start or None,
         )
         specs, problems = task_specs(self.args)
         if problems:
@@ -158,6 +172,7 @@ class ReasoningGymTask:
             seed=args.task_seed,
             eval_size=args.task_eval_size,
             instruction=args.task_instruction,
+            answer_start=args.task_answer_start,
             **options,
         )
 
@@ -225,13 +240,18 @@ class ReasoningGymTask:
             f"(to at most {len(found)}) or task_size, or widen the task's options."
         )
 
-    def prompt(self, entry: dict) -> str:
+    def prompt(self, entry: dict) -> str | list[dict]:
+        """The question and the instruction; with an answer start, as TRL's conversational prompt whose
+        last turn, the assistant's, is continued (prompts.py)."""
         instruction = self.args.task_instruction
-        return f"{entry['question']}\n\n{instruction}" if instruction else entry["question"]
+        text = f"{entry['question']}\n\n{instruction}" if instruction else entry["question"]
+        start = self.args.task_answer_start
+        return [{"role": "user", "content": text}, {"role": "assistant", "content": start}] if start else text
 
     def rows(self, split: str = "train") -> list[dict]:
         """The items as prompt-table rows, {"prompt", "task", "answer", "item"} (`item`: the item's
-        number, training items first), e.g. a `train_dataset` for TRL's own GRPOTrainer."""
+        number, training items first; `prompt`: text, or a message list with an answer start), e.g.
+        a `train_dataset` for TRL's own GRPOTrainer."""
         train, held_out = self.items()
         first, chosen = (0, train) if split == "train" else (len(train), held_out)
         return [
