@@ -65,6 +65,9 @@ def test_an_answer_start_is_the_assistant_turn_the_model_continues_and_the_verif
         prompt_messages=[row["prompt"]] * 2,
     )
     assert scores.tolist() == [1.0, float(row["answer"] == "0")]
+    # The start opened the tag: a response that ends without closing it is the answer to its end.
+    assert verify([f"<answer> {row['answer']}"], task=["chain_sum"], item=[0]) == [1.0]
+    assert verify([f"{row['answer']}"], task=["chain_sum"], item=[0]) == [0.0]  # (without the start: no tags)
 
 
 def test_a_seed_one_higher_is_the_same_items_shifted_so_held_out_items_come_from_their_own_seeds():

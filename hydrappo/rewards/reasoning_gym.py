@@ -31,10 +31,10 @@ class TaskVerifier:
     """One task's scores in TRL's reward-function convention, `fn(completions, task, item, **kwargs)`:
     `task` and `item` are columns of the task's rows (its name, and the item's number in `entries`)."""
 
-    def __init__(self, name: str, score_answer, entries: dict[int, dict]):
+    def __init__(self, name: str, score_answer, entries: dict[int, dict], answer_start: str | None = None):
         self.__name__ = name  # the source's name: env/reward/<task>
         self.__qualname__ = f"TaskVerifier({name})"
-        self.score_answer, self.entries = score_answer, entries
+        self.score_answer, self.entries, self.answer_start = score_answer, entries, answer_start
         self._warned = False
 
     def __call__(self, completions, task, item, **kwargs) -> list[float | None]:
@@ -45,7 +45,12 @@ class TaskVerifier:
     def score(self, completion, entry: dict) -> float:
         from reasoning_gym.utils import extract_answer
 
-        answer = extract_answer(completion_text(completion))
+        text = completion_text(completion)
+        answer = extract_answer(text)
+        if answer is None and self.answer_start and text.startswith(self.answer_start):
+            # The answer start opened the tag for the model: a response that ends without closing it
+            # (SmolLM2-135M ends its turn after the number) is its answer to the end.
+            answer = extract_answer(f"{text}</answer>") if self.answer_start.rstrip().endswith("<answer>") else None
         if answer is None:  # no <answer> tags: nothing to score
             return 0.0
         try:

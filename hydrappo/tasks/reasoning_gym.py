@@ -276,6 +276,7 @@ class ReasoningGymTask:
                 name,
                 self.datasets[name].score_answer,
                 {i: entry for i, (task, entry) in enumerate(train + held_out) if task == name},
+                self.args.task_answer_start,
             )
             for name in self.names
         ]
