@@ -6,12 +6,10 @@ model loads."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 import torch
 
-import hydrappo.config
 from hydrappo.cli import main
 from hydrappo.config import Config, parse_config
 from hydrappo.planner import preflight
@@ -46,27 +44,18 @@ def variant_peaks() -> list[preflight.Variant]:
 
 
 def test_a_run_that_will_not_fit_stops_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    """Free memory between the lightest variant's need and the run's own: refused within 5 s of the
-    config being read, with the plan's table and the options that would fit, and no output folder."""
+    """Free memory between the lightest variant's need and the run's own: refused after the config is
+    read and before any model loads (no_model_loads), with the plan's table and the options that
+    would fit, and no output folder. (How long that takes is measured, not asserted: timed
+    assertions stay out of the tests.)"""
     variants = variant_peaks()
     as_given, lightest = variants[0].peak, min(row.peak for row in variants)
     assert lightest < as_given
     pretend_free(monkeypatch, int(lightest * FRAGMENTATION) + 1)
     no_model_loads(monkeypatch)
-    read_at = []
-    real_parse = hydrappo.config.parse_config
-
-    def timed_parse(*args, **kwargs):
-        parsed = real_parse(*args, **kwargs)
-        read_at.append(time.monotonic())
-        return parsed
-
-    monkeypatch.setattr(hydrappo.config, "parse_config", timed_parse)
     code = main(["train", CONFIG, "--device", "cuda", "--output_dir", str(tmp_path / "out")])
-    elapsed = time.monotonic() - read_at[0]
     err = capsys.readouterr().err
     assert code == 2, err
-    assert elapsed < 5, f"refused {elapsed:.1f} s after the config was read"
     assert "the run will not fit on cuda" in err and "Stopped before the model loads" in err
     assert "hydrappo (one trunk)" in err  # the plan's table
     assert "What would fit" in err and "the first that fits: --" in err
