@@ -40,9 +40,9 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ..config.resume import resume_changes
 from ..errors import UsageError, plain_write_errors, spell
 from .atomic import refuse_symlink, rename_to_sibling, temporary_prefix, write_directory
+from .resume import resume_changes
 
 logger = logging.getLogger("hydrappo")
 
@@ -289,7 +289,7 @@ def resolve_resume(resume: str | Path | bool, output_dir: str | Path, set_aside:
 
 
 def resume_check(checkpoint: Path, config) -> list[str]:
-    """The options of `config` that differ from those `checkpoint` was trained with (config/resume.py);
+    """The options of `config` that differ from those `checkpoint` was trained with (storage/resume.py);
     CheckpointError naming them when one of them may not change. Nothing loads: the command line
     asks before the model is built, the harness again before the checkpoint's weights load."""
     refusals, changes = resume_changes(Path(checkpoint) / CONFIG_NAME, config)

@@ -8,7 +8,7 @@ import pytest
 
 from hydrappo.config import Config, ConfigError, parse_config
 from hydrappo.config.parse import load_yaml
-from hydrappo.config.resume import resume_differences
+from hydrappo.storage.resume import resume_differences
 
 from runs import TINY
 

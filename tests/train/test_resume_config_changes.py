@@ -1,6 +1,6 @@
 """--resume compares the checkpoint's config.yaml with this run's options: a changed option
 the checkpoint cannot be resumed with is refused by name, the others are listed in a warning
-and take effect (config/resume.py)."""
+and take effect (storage/resume.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from hydrappo.config import Config
-from hydrappo.config.resume import resume_differences
+from hydrappo.storage.resume import resume_differences
 from hydrappo.storage.checkpoint import CheckpointError
 
 from runs import FAST_ONE_STEP, tiny_trainer
