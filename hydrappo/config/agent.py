@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .options import spec_list
 from .values import Range, tokens
 
 OnToolError = Literal["stop", "result"]
@@ -66,10 +67,4 @@ class AgentArgs:
 
     @property
     def tool_specs(self) -> list:
-        value = self.tools
-        if not value:
-            return []
-        if callable(value):
-            return [value]
-        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-        return [item if callable(item) else str(item).strip() for item in items if callable(item) or str(item).strip()]
+        return spec_list(self.tools)

@@ -95,6 +95,17 @@ def resolve_path(path: str | None, base_dir: Path | None) -> str | None:
     return str(candidate.absolute()) if candidate.exists() else path
 
 
+def spec_list(value) -> list:
+    """A `file.py:name` option (reward_fn, tools) as a list: a YAML list, text of comma-separated
+    specs, or a function given through the Python API."""
+    if not value:
+        return []
+    if callable(value):
+        return [value]
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [item if callable(item) else str(item).strip() for item in items if callable(item) or str(item).strip()]
+
+
 def _plain(value):
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
@@ -510,14 +521,8 @@ class RewardArgs:
 
     @property
     def function_specs(self) -> list[str]:
-        """reward_fn as a list: a YAML list, or text of comma-separated specs."""
-        value = self.reward_fn
-        if not value:
-            return []
-        if callable(value):
-            return [value]
-        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-        return [item if callable(item) else str(item).strip() for item in items if callable(item) or str(item).strip()]
+        """reward_fn as a list (spec_list)."""
+        return spec_list(self.reward_fn)
 
 
 @dataclass
