@@ -4,9 +4,9 @@ preference pairs) and `hydrappo sft`. They share the model and LoRA sections of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .options import DataArgs, OptimizerArgs, RunArgs, _with_default
+from .options import DataArgs, OptimizerArgs, RunArgs, _with_default, option
 from .values import POSITIVE, LrScheduler, Range, RewardPooling, rows, steps, tokens
 
 
@@ -14,60 +14,44 @@ from .values import POSITIVE, LrScheduler, Range, RewardPooling, rows, steps, to
 class StageTrainArgs(OptimizerArgs, RunArgs):
     """Options of the supervised stages (reward model, SFT) that are not about data."""
 
-    epochs: int = field(default=1, metadata={"help": "Passes over the training data.", "range": steps(0)})
-    max_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Stop after this many optimizer steps (0: after `epochs`).",
-            "range": steps(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
-        },
+    epochs: int = option(1, "Passes over the training data.", steps(0))
+    max_steps: int = option(
+        0,
+        "Stop after this many optimizer steps (0: after `epochs`).",
+        steps(0, fix="use N > 0 to stop after N steps, or 0 to run `epochs` passes"),
     )
-    batch_size: int = field(
-        default=16,
-        metadata={
-            "help": "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.",
-            "range": rows(1),
-        },
+    batch_size: int = option(
+        16, "Examples (preference pairs, or prompt/response pairs) per optimizer step, over all processes.", rows(1)
     )
-    eval_batch_size: int = field(
-        default=32, metadata={"help": "Examples per evaluation forward pass.", "range": rows(1)}
-    )
+    eval_batch_size: int = option(32, "Examples per evaluation forward pass.", rows(1))
     adam_beta2: float = _with_default(OptimizerArgs, "adam_beta2", 0.999)
     lr_scheduler: LrScheduler = _with_default(OptimizerArgs, "lr_scheduler", "linear")
-    cache_split_hidden: bool = field(
-        default=False,
-        metadata={
-            "help": "Keep the frozen bottom layers' output of every example in memory after the first epoch "
-            "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers."
-        },
+    cache_split_hidden: bool = option(
+        False,
+        "Keep the frozen bottom layers' output of every example in memory after the first epoch "
+        "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers.",
     )
     save_every: int = _with_default(RunArgs, "save_every", 100)
 
 
 @dataclass
 class RewardTrainArgs(StageTrainArgs):
-    output_dir: str = field(
-        default="outputs/reward",
-        metadata={
-            "help": "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs (relative to the current directory)."
-        },
+    output_dir: str = option(
+        "outputs/reward",
+        "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs (relative to the current directory).",
     )
     learning_rate: float = _with_default(OptimizerArgs, "learning_rate", 5e-5)
-    pooling: RewardPooling = field(
-        default="last",
-        metadata={
-            "help": "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with."
-        },
+    pooling: RewardPooling = option(
+        "last",
+        "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with.",
     )
 
 
 @dataclass
 class SFTTrainArgs(StageTrainArgs):
-    output_dir: str = field(
-        default="outputs/sft",
-        metadata={
-            "help": "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs), relative to the current directory."
-        },
+    output_dir: str = option(
+        "outputs/sft",
+        "The fine-tuned model directory (plus checkpoints, metrics.jsonl and TensorBoard logs), relative to the current directory.",
     )
 
 
@@ -76,78 +60,50 @@ class StageDataArgs:
     """The data options both supervised stages share: where the rows are, what is held out, and how
     prompt and response become tokens."""
 
-    train_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "Training rows (hydrappo reward: preference pairs; hydrappo sft: prompt/response pairs): a "
-            "jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name."
-        },
+    train_file: str | None = option(
+        None,
+        "Training rows (hydrappo reward: preference pairs; hydrappo sft: prompt/response pairs): a "
+        "jsonl/json/csv/parquet file or directory, a save_to_disk or Hub-layout folder, or a datasets name.",
     )
-    eval_file: str | None = field(
-        default=None, metadata={"help": "Held-out rows (default: eval_fraction of the training prompts)."}
+    eval_file: str | None = option(None, "Held-out rows (default: eval_fraction of the training prompts).")
+    eval_fraction: float = option(
+        0.1,
+        "Fraction of the prompts held out for evaluation when there is no eval_file.",
+        Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out"),
     )
-    eval_fraction: float = field(
-        default=0.1,
-        metadata={
-            "help": "Fraction of the prompts held out for evaluation when there is no eval_file.",
-            "range": Range(0, 1, high_open=True, fix="use e.g. 0.1, or 0 to hold nothing out"),
-        },
-    )
-    split: str = field(
-        default="train", metadata={"help": "Split of train_file when it is a datasets name or Hub-layout folder."}
-    )
-    eval_split: str | None = field(default=None, metadata={"help": "Split of eval_file (default: the same as split)."})
+    split: str = option("train", "Split of train_file when it is a datasets name or Hub-layout folder.")
+    eval_split: str | None = option(None, "Split of eval_file (default: the same as split).")
     # the same options as in an RL run's data section
     subset: str | None = _with_default(DataArgs, "subset", None)
     apply_chat_template: bool = _with_default(DataArgs, "apply_chat_template", False)
     system_prompt: str | None = _with_default(DataArgs, "system_prompt", None)
-    max_prompt_length: int = field(
-        default=64, metadata={"help": "Longer prompts keep their last tokens.", "range": tokens(1)}
-    )
-    max_response_length: int = field(
-        default=64, metadata={"help": "Longer responses keep their first tokens.", "range": tokens(1)}
-    )
-    append_eos: bool = field(
-        default=True, metadata={"help": "End each response with EOS, as a finished PPO response does."}
-    )
+    max_prompt_length: int = option(64, "Longer prompts keep their last tokens.", tokens(1))
+    max_response_length: int = option(64, "Longer responses keep their first tokens.", tokens(1))
+    append_eos: bool = option(True, "End each response with EOS, as a finished PPO response does.")
 
 
 @dataclass
 class PreferenceDataArgs(StageDataArgs):
     """`hydrappo reward`'s rows: a prompt, a chosen and a rejected response (train_file: preference pairs)."""
 
-    prompt_column: str | None = field(
-        default="prompt", metadata={"help": "Column of the prompt (null: chosen/rejected hold whole texts)."}
+    prompt_column: str | None = option("prompt", "Column of the prompt (null: chosen/rejected hold whole texts).")
+    chosen_column: str = option("chosen", "Column of the preferred response.")
+    rejected_column: str = option("rejected", "Column of the other response.")
+    margin_column: str | None = option(None, "Optional column of margins m: loss -log sigmoid(r_c - r_r - m).")
+    stats_file: str | None = option(
+        None,
+        "Reference set for the score mean/std stored with the checkpoint: prompts (responses are sampled "
+        "from the base model) or prompt/response rows. Default: chosen and rejected of the training pairs.",
     )
-    chosen_column: str = field(default="chosen", metadata={"help": "Column of the preferred response."})
-    rejected_column: str = field(default="rejected", metadata={"help": "Column of the other response."})
-    margin_column: str | None = field(
-        default=None, metadata={"help": "Optional column of margins m: loss -log sigmoid(r_c - r_r - m)."}
-    )
-    stats_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "Reference set for the score mean/std stored with the checkpoint: prompts (responses are sampled "
-            "from the base model) or prompt/response rows. Default: chosen and rejected of the training pairs."
-        },
-    )
-    stats_response_column: str = field(
-        default="response", metadata={"help": "Response column of stats_file, if it has one."}
-    )
-    stats_max_samples: int = field(
-        default=1024, metadata={"help": "At most this many texts for the score statistics.", "range": rows(1)}
-    )
-    stats_max_new_tokens: int = field(
-        default=32, metadata={"help": "Response length when sampling for stats_file prompts.", "range": tokens(1)}
-    )
-    stats_temperature: float = field(
-        default=1.0, metadata={"help": "Sampling temperature for stats_file prompts (use PPO's).", "range": POSITIVE}
-    )
+    stats_response_column: str = option("response", "Response column of stats_file, if it has one.")
+    stats_max_samples: int = option(1024, "At most this many texts for the score statistics.", rows(1))
+    stats_max_new_tokens: int = option(32, "Response length when sampling for stats_file prompts.", tokens(1))
+    stats_temperature: float = option(1.0, "Sampling temperature for stats_file prompts (use PPO's).", POSITIVE)
 
 
 @dataclass
 class SFTDataArgs(StageDataArgs):
     """`hydrappo sft`'s rows: a prompt and the response the model learns (train_file: prompt/response pairs)."""
 
-    prompt_column: str = field(default="prompt", metadata={"help": "Column of the prompt (no loss on its tokens)."})
-    response_column: str = field(default="response", metadata={"help": "Column of the response the model learns."})
+    prompt_column: str = option("prompt", "Column of the prompt (no loss on its tokens).")
+    response_column: str = option("response", "Column of the response the model learns.")
