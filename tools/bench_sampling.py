@@ -43,11 +43,11 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hydrappo.config import GenerationArgs, ModelConfig  # noqa: E402
-from hydrappo.generation.graph_decode import GraphSampler  # noqa: E402
 from hydrappo.generation.samplers import (  # noqa: E402
     ContinuousBatchingSampler,
     DecodeSampler,
     GenerateSampler,
+    GraphSampler,
     build_sampler,
 )
 from hydrappo.model import HydraModel  # noqa: E402

@@ -50,7 +50,6 @@ from ..model import HydraModel
 from ..model.arch import cache_argument
 from ..model.split import position_ids_from_mask
 from .decode import SamplingRule, next_tokens
-from .responses import Responses, generate_responses
 
 LENGTH_STEP = 64  # the cache's length is rounded up to a multiple of this (one graph per length bucket)
 SYNC_EVERY = 8  # token steps between two looks of the host at the device (have all rows ended?)
@@ -350,31 +349,3 @@ class GraphDecoding:
         fed = [n if feed_last else max(n - 1, 0) for n in lengths]
         real = attention_mask.sum(-1).tolist()
         return tokens, [decoder.states[i, width - real[i] : width + fed[i]].clone() for i in range(rows)]
-
-
-class GraphSampler:
-    """generate_responses' chunks, shared prefill and recorded split states, each chunk decoded by a
-    StaticDecoder of its bucket (a CUDA graph replayed per token on CUDA, the same step eagerly
-    elsewhere). Never synced."""
-
-    name = "graph"
-    records_split = True
-
-    def __init__(self, hydra: HydraModel, tokenizer):
-        self.hydra, self.tokenizer = hydra, tokenizer
-        self.decoding = GraphDecoding(hydra)
-
-    def sample(self, prompt_ids, args, *, greedy=False, record_split=False) -> Responses:
-        self.decoding.check_weights()
-        return generate_responses(
-            self.hydra,
-            self.tokenizer,
-            prompt_ids,
-            args,
-            record_split=record_split,
-            greedy=greedy,
-            loop=self.decoding.chunk,
-        )
-
-    def weights_changed(self) -> None:
-        pass  # the graphs read the hydra's own weights, updated in place; sample() checks their storage

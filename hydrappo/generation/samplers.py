@@ -88,7 +88,8 @@ class GenerateSampler:
     def __init__(self, hydra: HydraModel, tokenizer, synced: bool = False):
         self.hydra, self.tokenizer, self.synced = hydra, tokenizer, synced
 
-    def sample(self, prompt_ids, args, *, greedy=False, record_split=False) -> Responses:
+    def sample(self, prompt_ids, args, *, greedy=False, record_split=False, carried=None) -> Responses:
+        """`carried`: only where the loop carries caches (DecodeSampler)."""
         return generate_responses(
             self.hydra,
             self.tokenizer,
@@ -97,11 +98,16 @@ class GenerateSampler:
             synced=self.synced,
             record_split=record_split,
             greedy=greedy,
-            loop=self.name,
+            loop=self.loop(),
+            carried=carried,
         )
 
+    def loop(self):
+        """generate_responses' `loop`: a name, or a chunk function (GraphSampler)."""
+        return self.name
+
     def weights_changed(self) -> None:
-        pass  # generate runs the hydra's own weights
+        pass  # the loop runs the hydra's own weights
 
 
 class DecodeSampler(GenerateSampler):
@@ -116,17 +122,27 @@ class DecodeSampler(GenerateSampler):
     def __init__(self, hydra: HydraModel, tokenizer):
         super().__init__(hydra, tokenizer, synced=False)
 
+
+class GraphSampler(GenerateSampler):
+    """generate_responses' chunks, shared prefill and recorded split states, each chunk decoded by a
+    StaticDecoder of its bucket (a CUDA graph replayed per token on CUDA, the same step eagerly
+    elsewhere). Never synced. The graphs read the hydra's own weights, updated in place; sample()
+    checks their storage."""
+
+    name = "graph"
+
+    def __init__(self, hydra: HydraModel, tokenizer):
+        from .graph_decode import GraphDecoding  # CUDA graph capture: loaded when this sampler is chosen
+
+        super().__init__(hydra, tokenizer, synced=False)
+        self.decoding = GraphDecoding(hydra)
+
     def sample(self, prompt_ids, args, *, greedy=False, record_split=False, carried=None) -> Responses:
-        return generate_responses(
-            self.hydra,
-            self.tokenizer,
-            prompt_ids,
-            args,
-            record_split=record_split,
-            greedy=greedy,
-            loop=self.name,
-            carried=carried,
-        )
+        self.decoding.check_weights()
+        return super().sample(prompt_ids, args, greedy=greedy, record_split=record_split, carried=carried)
+
+    def loop(self):
+        return self.decoding.chunk
 
 
 class ContinuousBatchingSampler:
@@ -204,8 +220,6 @@ def build_sampler(args: GenerationArgs, hydra: HydraModel, tokenizer, *, synced:
     if name == "decode":
         return DecodeSampler(hydra, tokenizer)
     if name == "graph":
-        from .graph_decode import GraphSampler
-
         return GraphSampler(hydra, tokenizer)
     if name == "continuous_batching":
         return ContinuousBatchingSampler(hydra, tokenizer)

@@ -16,9 +16,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
 from hydrappo.generation.decode import SamplingRule, filtered_logits
-from hydrappo.generation.graph_decode import GraphDecoding, GraphSampler, StaticDecoder, bucket_of, weights_fingerprint
+from hydrappo.generation.graph_decode import GraphDecoding, StaticDecoder, bucket_of, weights_fingerprint
 from hydrappo.generation.responses import generate_responses
-from hydrappo.generation.samplers import build_sampler, resolve_sampler
+from hydrappo.generation.samplers import GraphSampler, build_sampler, resolve_sampler
 
 from recorded import float64_hydra, prompts_of, stop_string_case
 from tiny import VOCAB, first_family_quick, left_padded_batch, tiny_model, tiny_tokenizer
