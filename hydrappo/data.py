@@ -398,18 +398,9 @@ def _columns(
 def load_prompt_texts(
     path: str, column: str = "prompt", split: str = "train", subset: str | None = None, setting: str = "data.prompts"
 ) -> list[str]:
-    """All prompts of `path` (see `read_table`); for .txt files each line is a prompt.
-    `setting` names the option in errors."""
-    return read_table(
-        path,
-        [column],
-        setting=setting,
-        split=split,
-        subset=subset,
-        allow_text=True,
-        nonempty=True,
-        options={column: "data.prompt_column"},
-    )[column]
+    """All prompts of `path` as texts (load_prompt_table without message lists or other columns);
+    for .txt files each line is a prompt. `setting` names the option in errors."""
+    return load_prompt_table(path, column, split, subset, setting, texts_only=True)[0]
 
 
 def load_prompt_table(
@@ -419,9 +410,12 @@ def load_prompt_table(
     subset: str | None = None,
     setting: str = "data.prompts",
     option: str = "data.prompt_column",
+    *,
+    texts_only: bool = False,
 ) -> tuple[list, dict[str, list]]:
     """(prompts: texts or message lists, {other column: values, row-aligned}) of `path`: the
-    other columns go to the reward functions as keyword arguments. `option` names the column."""
+    other columns go to the reward functions as keyword arguments. `option` names the column.
+    `texts_only`: text prompts only (see read_table's `conversations`) and no other columns."""
     table = read_table(
         path,
         [column],
@@ -430,9 +424,9 @@ def load_prompt_table(
         subset=subset,
         allow_text=True,
         nonempty=True,
-        others=True,
+        others=not texts_only,
         options={column: option},
-        conversations=True,
+        conversations=not texts_only,
     )
     texts = table.pop(column)
     return texts, table
