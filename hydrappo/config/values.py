@@ -1,5 +1,5 @@
 """What an option's value may be, declared with the option in config/options.py: the words of a
-`Literal[...]` type, or a `Range` in the field's metadata (`metadata={"help": ..., "range": Range(...)}`).
+`Literal[...]` type, or a `Range` in the field's metadata (`option(default, help, Range(...))`, its "range").
 config/checks.py reads both from the fields and reports every value outside them at once."""
 
 from __future__ import annotations
