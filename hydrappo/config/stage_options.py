@@ -77,7 +77,7 @@ class StageDataArgs:
     subset: str | None = _with_default(DataArgs, "subset", None)
     apply_chat_template: bool = _with_default(DataArgs, "apply_chat_template", False)
     system_prompt: str | None = _with_default(DataArgs, "system_prompt", None)
-    max_prompt_length: int = option(64, "Longer prompts keep their last tokens.", tokens(1))
+    max_prompt_length: int = _with_default(DataArgs, "max_prompt_length", 64)  # tokenize_prompts cuts both the same way
     max_response_length: int = option(64, "Longer responses keep their first tokens.", tokens(1))
     append_eos: bool = option(True, "End each response with EOS, as a finished PPO response does.")
 
