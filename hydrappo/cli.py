@@ -62,7 +62,7 @@ def _add_seed_and_output_options(parser: argparse.ArgumentParser, output_help: s
 
 
 def generate_command(argv: list[str]) -> int:
-    from .evaluate import add_reward_options, check_arguments, generate, side_by_side_text, write_comparison
+    from .evaluate import add_reward_options, check_arguments, generate
 
     parser = usercode.CommandParser(
         prog="hydrappo generate",
@@ -97,11 +97,11 @@ def generate_command(argv: list[str]) -> int:
         trust_checkpoint_code=args.trust_checkpoint_code,
         reward_weights=args.reward_weights,
     )
-    return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
+    return _show(columns, args)
 
 
 def compare_command(argv: list[str]) -> int:
-    from .evaluate import add_reward_options, check_arguments, compare, side_by_side_text, write_comparison
+    from .evaluate import add_reward_options, check_arguments, compare
 
     parser = usercode.CommandParser(
         prog="hydrappo compare",
@@ -143,14 +143,17 @@ def compare_command(argv: list[str]) -> int:
         trust_checkpoint_code=args.trust_checkpoint_code,
         reward_weights=args.reward_weights,
     )
-    return _show(columns, args.output, side_by_side_text, functools.partial(write_comparison, overwrite=args.overwrite))
+    return _show(columns, args)
 
 
-def _show(columns, output, as_text, write) -> int:
-    print(as_text(columns))
-    if output:
-        write(columns, Path(output))
-        print(f"wrote {output}")
+def _show(columns, args) -> int:
+    """generate's and compare's table, printed, and written to --output if given."""
+    from .evaluate import side_by_side_text, write_comparison
+
+    print(side_by_side_text(columns))
+    if args.output:
+        write_comparison(columns, Path(args.output), overwrite=args.overwrite)
+        print(f"wrote {args.output}")
     return 0
 
 
