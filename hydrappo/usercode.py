@@ -17,9 +17,11 @@ process: through the Python API, `trainer.train()` warns at its end, naming the 
 program ends when they do. Daemon threads are left alone: they never block the exit.
 
 Every `file.py:name` or `package.module:name` a config names (reward functions, tools,
-environments, tool-call parsers) is loaded by `load_object`, the one loader: a file is imported
-once and is then one module, whatever names it, so a reward function and an environment class
-from the same file share its module-level state and its classes (`isinstance` holds).
+environments, tool-call parsers) is loaded by `load_object`, the one loader. While a run's code
+loads (`one_module_per_file`, around train/inputs.read_inputs) a file is imported once and is then
+one module, whatever names it, so a reward function and an environment class from the same file
+share its module-level state and its classes (`isinstance` holds). Each run imports its files
+afresh: two runs in one process do not share a file's module state.
 """
 
 from __future__ import annotations
@@ -239,8 +241,23 @@ def split_spec(spec: str, what: str, error: type[HydrappoError] = UsageError) ->
     return target, name
 
 
-# A file's module by its resolved path, with the digest of the text it was imported from.
-_FILE_MODULES: dict[Path, tuple[str, object]] = {}
+# While a run's code loads: a file's module by its resolved path, with the digest of the text it
+# was imported from (None outside `one_module_per_file`: every load imports the file again).
+_FILE_MODULES: dict[Path, tuple[str, object]] | None = None
+
+
+@contextmanager
+def one_module_per_file():
+    """Within the block, every load of a file gives the module of its first import (unless its text
+    changed); the outermost block decides, so nested loaders share it."""
+    global _FILE_MODULES
+    outer = _FILE_MODULES
+    if outer is None:
+        _FILE_MODULES = {}
+    try:
+        yield
+    finally:
+        _FILE_MODULES = outer
 
 
 def load_module(target: str, base_dir: str | Path | None, what: str, error: type[HydrappoError] = UsageError):
@@ -254,6 +271,8 @@ def load_module(target: str, base_dir: str | Path | None, what: str, error: type
         where = f" (looked in {base_dir} and the current directory)" if base_dir is not None else ""
         raise error(f"{what} file {str(path)!r} does not exist{where}.")
     path = path.resolve()
+    if _FILE_MODULES is None:
+        return _import_file(path, what, error)
     text_digest = hashlib.sha1(path.read_bytes()).hexdigest()
     loaded = _FILE_MODULES.get(path)
     if loaded is not None and loaded[0] == text_digest:  # the same file, unchanged: the same module

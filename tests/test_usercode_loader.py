@@ -1,6 +1,7 @@
-"""The one user-code loader (usercode.load_object): every `file.py:name` a config names is imported
-once per file, so a reward function and an environment named from the same file share one module
-(its classes and its module-level state), whichever loads it first."""
+"""The one user-code loader (usercode.load_object): while a run's code loads (one_module_per_file,
+around train/inputs.read_inputs) every `file.py:name` a config names is imported once per file, so a
+reward function and an environment named from the same file share one module (its classes and its
+module-level state), whichever loads it first; the next run imports its files afresh."""
 
 import textwrap
 
@@ -42,8 +43,9 @@ def write(folder, text, name="task.py"):
 
 def test_a_reward_and_an_environment_from_one_file_share_its_module(tmp_path):
     path = write(tmp_path, TASK)
-    reward = FunctionReward(f"{path}:score")
-    game_class = load_object(f"{path}:Game", None, "agent.environment_factory")
+    with usercode.one_module_per_file():
+        reward = FunctionReward(f"{path}:score")
+        game_class = load_object(f"{path}:Game", None, "agent.environment_factory")
     assert reward.fn.__globals__ is vars(__import__("sys").modules[game_class.__module__])
     game = game_class()
     game.reset()
@@ -55,16 +57,28 @@ def test_a_reward_and_an_environment_from_one_file_share_its_module(tmp_path):
 def test_the_same_file_by_another_path_is_the_same_module(tmp_path, monkeypatch):
     path = write(tmp_path, TASK)
     monkeypatch.chdir(tmp_path)
-    by_relative = load_object("task.py:Game", None, "agent.tools")
-    by_config_dir = load_object("task.py:Game", tmp_path, "agent.tools")
-    assert by_relative is by_config_dir is load_object(f"{path}:Game", None, "x")
+    with usercode.one_module_per_file():
+        by_relative = load_object("task.py:Game", None, "agent.tools")
+        by_config_dir = load_object("task.py:Game", tmp_path, "agent.tools")
+        assert by_relative is by_config_dir is load_object(f"{path}:Game", None, "x")
+    assert load_object(f"{path}:Game", None, "x") is not by_relative  # the next run imports the file afresh
+
+
+def test_a_run_reads_its_inputs_with_one_module_per_file(tmp_path, monkeypatch):
+    from hydrappo.train import inputs
+
+    seen = []
+    monkeypatch.setattr(inputs, "read_rl_inputs", lambda config: seen.append(usercode._FILE_MODULES) or "read")
+    assert inputs.read_inputs(__import__("hydrappo.config", fromlist=["Config"]).Config()) == "read"
+    assert seen == [{}] and usercode._FILE_MODULES is None
 
 
 def test_a_changed_file_is_imported_again(tmp_path):
     path = write(tmp_path, "VALUE = 1\ndef value(prompts, completions, **kw):\n    return [VALUE]\n")
-    first = load_reward_function(f"{path}:value")
-    write(tmp_path, "VALUE = 2\ndef value(prompts, completions, **kw):\n    return [VALUE]\n")
-    second = load_reward_function(f"{path}:value")
+    with usercode.one_module_per_file():
+        first = load_reward_function(f"{path}:value")
+        write(tmp_path, "VALUE = 2\ndef value(prompts, completions, **kw):\n    return [VALUE]\n")
+        second = load_reward_function(f"{path}:value")
     assert first is not second and second(["p"], ["c"]) == [2]
 
 

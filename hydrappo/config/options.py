@@ -474,7 +474,7 @@ class TrainArgs(RunArgs):
         "On running out of memory, halve the chunk of the phase that ran out (generation_batch_size; in the "
         "update, micro-batches by doubling gradient_accumulation_steps) and retry, at most N times over the run "
         "(train/memory.py); 0: end the run with a message naming the phase and the options that shrink it.",
-        NOT_NEGATIVE,
+        steps(0, fix="use e.g. 3, or 0 to end the run at the first out-of-memory error"),
     )
     eval_greedy: bool = option(
         True,

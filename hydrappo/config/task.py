@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ..errors import Problem
-from .values import AT_LEAST_1, NOT_NEGATIVE
+from .values import Range, rows
 
 # No example answer in it: SmolLM2-135M-Instruct copied "e.g. <answer>42</answer>" as its answer to every question.
 DEFAULT_INSTRUCTION = "Give only your final answer, between <answer> and </answer> tags."
@@ -51,20 +51,20 @@ class TaskArgs:
             "{min_terms: 2, max_terms: 3} (on the command line: --task_config '{max_terms: 3}')."
         },
     )
-    task_size: int = field(default=1000, metadata={"help": "Training items.", "range": AT_LEAST_1})
+    task_size: int = field(default=1000, metadata={"help": "Training items.", "range": rows(1)})
     task_eval_size: int = field(
         default=0,
         metadata={
             "help": "Held-out items (0: none), answered at step 0, every train.eval_every steps and at the end; "
             "drawn from seeds training never uses, and none is a training question.",
-            "range": NOT_NEGATIVE,
+            "range": rows(0),
         },
     )
     task_seed: int = field(
         default=0,
         metadata={
             "help": "Seed of the items (not train.seed: runs of different train.seed see the same questions).",
-            "range": NOT_NEGATIVE,
+            "range": Range(0, 2**32 - 1),
         },
     )
     task_instruction: str = field(

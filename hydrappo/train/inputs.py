@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass
 
 from ..data import DataError, load_prompt_table, read_preference_table, read_sft_table, read_table, split_by_prompt
-from ..rewards import is_missing
-from ..rewards import reward_functions
+from .. import usercode
+from ..rewards import is_missing, reward_functions
 from ..agent.rollouts import load_agent_code
 from ..tasks.reasoning_gym import COLUMNS as TASK_COLUMNS
 from ..tasks.reasoning_gym import ReasoningGymTask
@@ -155,4 +155,5 @@ def read_sft_inputs(config) -> StageInputs:
 def read_inputs(config):
     """The inputs of the stage `config` configures (a Config, RewardConfig or SFTConfig)."""
     readers = {"Config": read_rl_inputs, "RewardConfig": read_reward_inputs, "SFTConfig": read_sft_inputs}
-    return readers[type(config).__name__](config)
+    with usercode.one_module_per_file():  # a reward and an environment from one file share its module
+        return readers[type(config).__name__](config)
