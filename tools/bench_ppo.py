@@ -187,7 +187,7 @@ def generation_args(args) -> GenerationArgs:
 
 
 # ---------------------------------------------------------------------------- the classic layout's PPO pieces
-# (hydrappo's side runs the trainer's own step: PPOTrainer.make_experience and ppo_update.)
+# (hydrappo's side runs the trainer's own step: PPOStep.make_experience and ppo_update.)
 def advantages_of(scores, logprobs, ref_logprobs, values, action_mask):
     """Shaped rewards (KL in the reward), GAE and whitened advantages, as the trainer does."""
     rewards, _ = shape_rewards(

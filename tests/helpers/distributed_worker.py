@@ -18,6 +18,7 @@ from hydrappo.generation.responses import Responses
 from hydrappo.train.distributed import end_process_group
 from hydrappo.train.harness import Harness
 from hydrappo.train.ppo import PPOTrainer
+from hydrappo.train.ppo.step import PPOStep
 
 from runs import TINY
 
@@ -160,8 +161,8 @@ def die_after_first_save(argv: list[str]) -> int:
         os._exit(3)  # killed in the middle of the step after the checkpoint
 
     Harness.save = save
-    real_update = PPOTrainer.ppo_update
-    PPOTrainer.ppo_update = lambda self, *args: update(self, *args) if saved else real_update(self, *args)
+    real_update = PPOStep.ppo_update
+    PPOStep.ppo_update = lambda self, *args: update(self, *args) if saved else real_update(self, *args)
     return main(argv)
 
 
