@@ -179,7 +179,9 @@ class PPOTrainer(TrainingLoop):
     def run_step_backing_off(self) -> tuple[dict, list[dict]]:
         """PPOStep.run; out of memory before the update with train.oom_backoff left, the chunk is
         halved and the step starts again from the state it started from (train/memory.py)."""
-        started = rng_state(), copy.deepcopy(self.ppo_step.state_dict())
+        # The state to start again from, kept only while a back-off is left (a snapshot each step costs
+        # the random states of every device and a copy of the step's own state).
+        started = (rng_state(), copy.deepcopy(self.ppo_step.state_dict())) if self.backoff.left else None
         while True:
             try:
                 stats, samples = self.ppo_step.run()
