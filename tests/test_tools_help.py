@@ -1,9 +1,11 @@
 """Every script in tools/ answers --help with its usage and exit status 0, without running
 anything: a benchmark or a study that starts on `--help` (or fails on it) is a bug.
 
-Most scripts import torch before they parse their arguments (a few seconds each), so they run
-a few at a time, each in its own process, in a scratch folder (a script that writes where it
-runs writes there)."""
+Each script reads its arguments before it imports torch, transformers or hydrappo (whose package
+loads torch), so --help takes a fraction of a second: importing torch and transformers took
+~240 s for the scripts together on a loaded CI machine. `python -X importtime` lists what a
+script imported, and one that loads them for --help fails here. They run a few at a time, each
+in its own process, in a scratch folder (a script that writes where it runs writes there)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from runs import ROOT
 
 TOOLS = sorted((ROOT / "tools").glob("*.py"))
 TIMEOUT_S = 120
+HEAVY = ("torch", "transformers", "hydrappo")  # hydrappo/__init__.py imports torch
 AT_ONCE = min(4, os.cpu_count() or 1)
 
 
@@ -26,7 +29,7 @@ def help_problem(script, scratch) -> str | None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     try:
         done = subprocess.run(
-            [sys.executable, str(script), "--help"],
+            [sys.executable, "-X", "importtime", str(script), "--help"],
             cwd=scratch,
             env=env,
             capture_output=True,
@@ -37,7 +40,15 @@ def help_problem(script, scratch) -> str | None:
         return f"still running after {TIMEOUT_S} s: --help must not start the work"
     if done.returncode != 0 or "usage" not in done.stdout.lower():
         return f"exit {done.returncode}; stdout {done.stdout[-300:]!r}; stderr {done.stderr[-500:]!r}"
+    heavy = sorted(set(HEAVY) & imported(done.stderr))
+    if heavy:
+        return f"imports {', '.join(heavy)} for --help: read the arguments first, import them after"
     return None
+
+
+def imported(importtime: str) -> set[str]:
+    """The modules `python -X importtime` reported (its lines end with `| module.name`)."""
+    return {line.rsplit("|", 1)[1].strip() for line in importtime.splitlines() if line.startswith("import time:")}
 
 
 @pytest.mark.slow

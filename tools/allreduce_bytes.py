@@ -20,10 +20,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hydrappo.config import Config, parse_config  # noqa: E402
-from hydrappo.planner import TrainingSettings, count_parameters, load_model_config, plan_memory  # noqa: E402
-from hydrappo.planner.counts import value_head_parameters  # noqa: E402
-
 PRESET_OF = {"smollm2-135m-instruct": "smollm2-135m"}
 MIB = 2**20
 
@@ -33,6 +29,11 @@ def main() -> None:
     parser.add_argument("config", help="a hydrappo train config (YAML)")
     parser.add_argument("--model", help="planner preset, config.json or model directory (default: the config's model)")
     args = parser.parse_args()
+    # hydrappo loads torch: imported once the arguments are read, so that --help answers at once
+    from hydrappo.config import Config, parse_config
+    from hydrappo.planner import TrainingSettings, count_parameters, load_model_config, plan_memory
+    from hydrappo.planner.counts import value_head_parameters
+
     config = parse_config(args.config, [], Config)
     name = args.model or PRESET_OF.get(config.model.name_or_path, config.model.name_or_path)
     model_config = load_model_config(name)

@@ -33,14 +33,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hydrappo import CPU_WAIT_VARIABLES as WAIT_VARIABLES  # noqa: E402
-from hydrappo import CPU_WAITS as WAITS  # noqa: E402
 
-SETTINGS = {
-    "runtime default": {},
-    "hydrappo (" + ", ".join(f"{k}={v}" for k, v in WAITS.items()) + ")": WAITS,
-    "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
-}
+def wait_settings() -> dict:
+    """Setting name -> the wait variables it puts into a child's environment. In the parent only:
+    `import hydrappo` loads torch, and in a child it would also put hydrappo's waits into the
+    environment before torch loads, whatever the setting."""
+    from hydrappo import CPU_WAITS
+
+    return {
+        "runtime default": {},
+        "hydrappo (" + ", ".join(f"{k}={v}" for k, v in CPU_WAITS.items()) + ")": CPU_WAITS,
+        "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
+    }
 
 
 def measure(reps: int, steps: int) -> dict:
@@ -74,7 +78,9 @@ def measure(reps: int, steps: int) -> dict:
 
 
 def child(env_extra: dict, threads: int | None, reps: int, steps: int, busy: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in WAIT_VARIABLES}
+    from hydrappo import CPU_WAIT_VARIABLES
+
+    env = {k: v for k, v in os.environ.items() if k not in CPU_WAIT_VARIABLES}
     env.update(env_extra)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -106,7 +112,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.reps, args.steps)))
         return
-    settings = {name: extra for name, extra in SETTINGS.items() if args.spincount or "GOMP_SPINCOUNT" not in extra}
+    settings = {
+        name: extra for name, extra in wait_settings().items() if args.spincount or "GOMP_SPINCOUNT" not in extra
+    }
     times = {(name, busy): [] for name in settings for busy in (False, True)}
     for round_ in range(args.rounds):  # the settings in turn, so that the machine's other load falls on each
         for name, extra in list(settings.items())[:: 1 if round_ % 2 == 0 else -1]:

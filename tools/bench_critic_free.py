@@ -22,18 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_memory import _current_peak, _reset_peak  # noqa: E402
+from validate_memory import _current_peak, _reset_peak  # noqa: E402 (imports no torch)
 
-from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs  # noqa: E402
-from hydrappo.model import HydraModel  # noqa: E402
-from hydrappo.planner.presets import preset_config  # noqa: E402
-from hydrappo.planner.tokenizer import tokenizer_for_vocab  # noqa: E402
-from hydrappo.train.ppo import PPOTrainer  # noqa: E402
-
+# torch, transformers and hydrappo are imported where they are used, so that --help answers at once.
 MIB = 2**20
 
 
@@ -42,7 +35,14 @@ def length_reward(samples, prompts, outputs):
 
 
 def build(args, name: str, estimator: str, kl_coef: float, kl_penalty: str, group: int, prompts: str, out: str):
+    import torch
     from transformers import AutoModelForCausalLM
+
+    from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs
+    from hydrappo.model import HydraModel
+    from hydrappo.planner.presets import preset_config
+    from hydrappo.planner.tokenizer import tokenizer_for_vocab
+    from hydrappo.train.ppo import PPOTrainer
 
     torch.manual_seed(0)
     config = preset_config(args.model, **({"num_hidden_layers": args.num_layers} if args.num_layers else {}))
@@ -76,6 +76,8 @@ def build(args, name: str, estimator: str, kl_coef: float, kl_penalty: str, grou
 
 
 def static_bytes(trainer) -> dict:
+    import torch
+
     params = [p for p in trainer.hydra.parameters() if p.requires_grad]
     state = [t for s in trainer.harness.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     size = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)  # noqa: E731
@@ -96,9 +98,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
+    import torch
+    import transformers
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    import transformers
 
     transformers.logging.set_verbosity_error()
     tmp = tempfile.mkdtemp()

@@ -36,24 +36,21 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Passive OpenMP waits: spinning threads on a busy machine measure its load (tools/bench_sampling.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_sampling import load  # noqa: E402
+from bench_sampling import load  # noqa: E402 (imports no torch)
 
-from hydrappo.agent.calls import Call  # noqa: E402
-from hydrappo.agent.episodes import Agent, Episode, run_episodes  # noqa: E402
-from hydrappo.agent.toolbox import tool_of, toolset  # noqa: E402
-from hydrappo.config import GenerationArgs  # noqa: E402
-from hydrappo.generation import decode as decode_module  # noqa: E402
-from hydrappo.generation import responses as responses_module  # noqa: E402
-from hydrappo.generation.samplers import DecodeSampler  # noqa: E402
+if TYPE_CHECKING:
+    from hydrappo.agent.episodes import Agent
+    from hydrappo.config import GenerationArgs
+
+# torch and hydrappo are imported where they are used, so that --help answers at once.
 
 TEMPLATE = (  # for the tiny model's word-level tokenizer, which has none
     "{% for m in messages %}t4 {{ m['role'] }} {{ m['content'] }} t2 {% endfor %}"
@@ -84,10 +81,18 @@ class Script:
     the reply's last step (the step count restarts with every decode call)."""
 
     def __init__(self, word: int, eos: int):
+        from hydrappo.generation import decode as decode_module
+        from hydrappo.generation import responses as responses_module
+
         self.word, self.eos, self.length, self.step = word, eos, 1, 0
+        self.modules = decode_module, responses_module
         self.draw, self.decode = decode_module.next_tokens, responses_module.decode
 
     def __enter__(self):
+        import torch
+
+        decode_module, responses_module = self.modules
+
         def next_tokens(logits, rule):
             drawn = self.draw(logits, rule)  # the draw's cost stays in
             self.step += 1
@@ -101,10 +106,15 @@ class Script:
         return self
 
     def __exit__(self, *exc):
+        decode_module, responses_module = self.modules
         decode_module.next_tokens, responses_module.decode = self.draw, self.decode
 
 
 def make_agent(tokenizer, args, generation: GenerationArgs) -> Agent:
+    from hydrappo.agent.calls import Call
+    from hydrappo.agent.episodes import Agent
+    from hydrappo.agent.toolbox import tool_of
+
     result = " ".join(["done"] * args.tool_words)
 
     def lookup(word: str) -> str:
@@ -131,6 +141,13 @@ def make_agent(tokenizer, args, generation: GenerationArgs) -> Agent:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import torch
+
+    from hydrappo.agent.episodes import Episode, run_episodes
+    from hydrappo.agent.toolbox import toolset
+    from hydrappo.config import GenerationArgs
+    from hydrappo.generation.samplers import DecodeSampler
+
     if args.threads:
         torch.set_num_threads(args.threads)
     hydra, tokenizer = load(args)

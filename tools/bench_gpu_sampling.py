@@ -8,16 +8,12 @@ import argparse
 import sys
 import time
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-from hydrappo import HydraModel
-from hydrappo.config import GenerationArgs
-from hydrappo.generation.graph_decode import GraphDecoding
-from hydrappo.generation.responses import generate_responses
+# torch, transformers and hydrappo are imported where they are used, so that --help answers at once.
 
 
 def timed(label, fn, repeats=3):
+    import torch
+
     start = time.perf_counter()
     fn()
     torch.cuda.synchronize()
@@ -36,6 +32,8 @@ def timed(label, fn, repeats=3):
 
 def time_generate(model, tokenizer, prompts) -> None:
     """transformers' generate, dynamic cache and static cache (compiled by generate itself)."""
+    import torch
+
     tokenizer.padding_side = "left"  # a left-padded batch for generate
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -59,6 +57,13 @@ def time_generate(model, tokenizer, prompts) -> None:
 
 def time_hydrappo(model, tokenizer, prompts) -> None:
     """hydrappo's graph sampler and its eager decode loop, both recording split states."""
+    import torch
+
+    from hydrappo import HydraModel
+    from hydrappo.config import GenerationArgs
+    from hydrappo.generation.graph_decode import GraphDecoding
+    from hydrappo.generation.responses import generate_responses
+
     hydra = HydraModel(model, 2)
     args = GenerationArgs(max_new_tokens=64, min_new_tokens=64, generation_batch_size=32, temperature=0.7)
     graph = GraphDecoding(hydra)
@@ -77,6 +82,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\nusage:")[0])
     parser.add_argument("model_dir", help="a folder with a config.json and a tokenizer (as bench_gpu's s1p7)")
     args = parser.parse_args(argv)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()

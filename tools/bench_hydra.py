@@ -17,15 +17,14 @@ import copy
 import statistics
 import time
 
-import torch
-
-from hydrappo import HydraModel
-from hydrappo.planner.counts import unique_bytes
-from hydrappo.planner.presets import PRESETS, preset_config
+# torch, transformers and hydrappo are imported where they are used, so that --help answers at once.
 
 
 def build_model(name: str):
+    import torch
     from transformers import AutoModelForCausalLM
+
+    from hydrappo.planner.presets import PRESETS, preset_config
 
     if name.lower() in PRESETS:
         torch.manual_seed(0)
@@ -34,6 +33,8 @@ def build_model(name: str):
 
 
 def param_bytes(module) -> int:
+    from hydrappo.planner.counts import unique_bytes
+
     return unique_bytes(module.parameters())
 
 
@@ -51,6 +52,10 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     args = parser.parse_args(argv)
+    import torch
+
+    from hydrappo import HydraModel
+
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -34,14 +34,29 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-from torch.utils.checkpoint import checkpoint
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from profile_step import MATMUL_OPS, flop_floors, step_shape_arguments  # noqa: E402 (imports no torch)
+
+
+# ---------------------------------------------------------------------------- options
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    step_shape_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    parser.add_argument("--skip-update", action="store_true", help="only the lm_head alone")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler's top operators of one update each")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and a wrong option answer here, before torch and hydrappo load below
+
+import torch  # noqa: E402
 from bench_ppo import HydraLayout, build_base_model, configure  # noqa: E402
-from profile_step import MATMUL_OPS, flop_floors, step_shape_arguments  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 import hydrappo.model.hydra as hydra_module  # noqa: E402
 from hydrappo.model.heads import widened  # noqa: E402
@@ -116,16 +131,6 @@ CANDIDATES = {"before": previous_token_logprobs, "after": token_logprobs}
 
 
 # ---------------------------------------------------------------------------- measuring
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    step_shape_arguments(parser)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    parser.add_argument("--skip-update", action="store_true", help="only the lm_head alone")
-    parser.add_argument("--profile", action="store_true", help="torch.profiler's top operators of one update each")
-    return parser.parse_args(argv)
-
-
 RATE = "matmul 1024^3"  # timed in every round, beside the candidates: the load moves it by 2x within minutes
 
 

@@ -54,38 +54,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-import transformers
-from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-from hydrappo import HydraModel  # noqa: E402
-from hydrappo.algo.advantages import gae  # noqa: E402
-from hydrappo.algo.losses import PolicyTokens, PPOLossSettings, ppo_loss  # noqa: E402
-from hydrappo.algo.masked import whiten  # noqa: E402
-from hydrappo.algo.scores import shape_rewards  # noqa: E402
-from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs  # noqa: E402
-from hydrappo.data import left_pad  # noqa: E402
-from hydrappo.generation.responses import generate_responses, generation_config  # noqa: E402
-from hydrappo.model.arch import locate, logits_transform, output_embeddings  # noqa: E402
-from hydrappo.model.hydra import disable_dropout  # noqa: E402
-from hydrappo.model.logprobs import token_logprobs  # noqa: E402
-from hydrappo.model.split import last_token_index, position_ids_from_mask  # noqa: E402
-from hydrappo.planner.counts import unique_bytes  # noqa: E402
-from hydrappo.planner.presets import PRESETS, preset_config  # noqa: E402
-from hydrappo.planner.tokenizer import tokenizer_for_vocab  # noqa: E402
-from hydrappo.rewards import build_reward_source  # noqa: E402
-from hydrappo.train.ppo.experience import Experience  # noqa: E402
-from hydrappo.train.ppo import PPOTrainer  # noqa: E402
-from hydrappo.train.sequences import pack_sequences  # noqa: E402
-
-MIB = 2**20
-PPO = PPOArgs()  # the library's defaults: clip ranges, vf_coef, KL coefficient, GAE, AdamW
-
-
-# ---------------------------------------------------------------------------- setup
+# ---------------------------------------------------------------------------- options
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="a preset name or a local model directory")
@@ -126,6 +96,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+if __name__ == "__main__":
+    parse_args()  # --help and a wrong option answer here, before torch and hydrappo load below
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hydrappo import HydraModel  # noqa: E402
+from hydrappo.algo.advantages import gae  # noqa: E402
+from hydrappo.algo.losses import PolicyTokens, PPOLossSettings, ppo_loss  # noqa: E402
+from hydrappo.algo.masked import whiten  # noqa: E402
+from hydrappo.algo.scores import shape_rewards  # noqa: E402
+from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs  # noqa: E402
+from hydrappo.data import left_pad  # noqa: E402
+from hydrappo.generation.responses import generate_responses, generation_config  # noqa: E402
+from hydrappo.model.arch import locate, logits_transform, output_embeddings  # noqa: E402
+from hydrappo.model.hydra import disable_dropout  # noqa: E402
+from hydrappo.model.logprobs import token_logprobs  # noqa: E402
+from hydrappo.model.split import last_token_index, position_ids_from_mask  # noqa: E402
+from hydrappo.planner.counts import unique_bytes  # noqa: E402
+from hydrappo.planner.presets import PRESETS, preset_config  # noqa: E402
+from hydrappo.planner.tokenizer import tokenizer_for_vocab  # noqa: E402
+from hydrappo.rewards import build_reward_source  # noqa: E402
+from hydrappo.train.ppo.experience import Experience  # noqa: E402
+from hydrappo.train.ppo import PPOTrainer  # noqa: E402
+from hydrappo.train.sequences import pack_sequences  # noqa: E402
+
+MIB = 2**20
+PPO = PPOArgs()  # the library's defaults: clip ranges, vf_coef, KL coefficient, GAE, AdamW
+
+
+# ---------------------------------------------------------------------------- setup
 def configure(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # OpenMP threads that spin while they wait make a 2-thread run on a busy machine (more runnable
 # threads than cores) up to 50x slower in the main thread, and not in continuous batching's own
@@ -36,22 +37,13 @@ from pathlib import Path
 # OMP_WAIT_POLICY yourself to measure otherwise. It must be set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hydrappo.config import GenerationArgs, ModelConfig  # noqa: E402
-from hydrappo.generation.samplers import (  # noqa: E402
-    ContinuousBatchingSampler,
-    DecodeSampler,
-    GenerateSampler,
-    GraphSampler,
-    build_sampler,
-)
-from hydrappo.model import HydraModel  # noqa: E402
-from hydrappo.model.hydra import disable_dropout  # noqa: E402
+if TYPE_CHECKING:
+    from hydrappo.config import GenerationArgs
+
+# torch, transformers and hydrappo are imported where they are used, so that --help answers at once
+# (and bench_episodes.py imports load() without them).
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 ATTENTION = (
@@ -96,6 +88,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load(args):
     """(hydra, tokenizer): the policy as the trainer builds it (float32, N top layers)."""
+    import torch
+    import transformers
+
+    from hydrappo.config import ModelConfig
+    from hydrappo.model import HydraModel
+    from hydrappo.model.hydra import disable_dropout
+
     if args.model == "tiny":
         from tokenizers import Tokenizer, models
         from transformers import LlamaConfig, PreTrainedTokenizerFast
@@ -133,20 +132,32 @@ def make_prompts(args, vocab_size: int, tokenizer=None) -> list[list[int]]:
 
         texts, _ = load_prompt_table(args.prompts_file, "prompt", None, None)
         return tokenize_prompts(texts[: args.prompts], tokenizer, 256, True, None).input_ids
+    import torch
+
     low, high = (int(x) for x in args.prompt_len.split("-"))
     generator = torch.Generator().manual_seed(1)
     lengths = torch.randint(low, high + 1, (args.prompts,), generator=generator).tolist()
     return [torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n in lengths]
 
 
-class DefaultCacheSampler(ContinuousBatchingSampler):
-    """Continuous batching with transformers' own cache sizing (what `generate_batch` does when given nothing)."""
-
-    def cache_config(self, prompt_ids, max_new_tokens):
-        return None
-
-
 def candidates(args, hydra, tokenizer, prompts, gen: GenerationArgs) -> dict:
+    import torch
+
+    from hydrappo.config import GenerationArgs
+    from hydrappo.generation.samplers import (
+        ContinuousBatchingSampler,
+        DecodeSampler,
+        GenerateSampler,
+        GraphSampler,
+        build_sampler,
+    )
+
+    class DefaultCacheSampler(ContinuousBatchingSampler):
+        """Continuous batching with transformers' own cache sizing (what `generate_batch` does when given nothing)."""
+
+        def cache_config(self, prompt_ids, max_new_tokens):
+            return None
+
     record = hydra.has_frozen_split  # as the trainer samples (generation.reuse_trunk_pass)
     greedy = args.temperature == 0
 
@@ -193,6 +204,9 @@ def interleaved_medians(functions: dict, repeats: int) -> tuple[dict, dict, dict
 def operator_times(function) -> tuple[dict[str, float], str]:
     """Seconds of one call by operator kind (self CPU time, every thread) and the wall time; the
     largest other operators."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
     # Every thread: continuous batching runs the model in a thread of its own while the caller waits.
     config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
     start = time.perf_counter()
@@ -215,6 +229,11 @@ def operator_times(function) -> tuple[dict[str, float], str]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    import torch
+    import transformers
+
+    from hydrappo.config import GenerationArgs
+
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()

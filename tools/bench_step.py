@@ -28,17 +28,9 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_logprobs import previous_token_logprobs  # noqa: E402
-from bench_ppo import HydraLayout, build_base_model, configure  # noqa: E402
-from profile_step import step_shape_arguments  # noqa: E402
-
-import hydrappo.model.hydra as hydra_module  # noqa: E402
-from hydrappo.generation.samplers import GenerateSampler  # noqa: E402
-from hydrappo.model.logprobs import token_logprobs  # noqa: E402
+from profile_step import step_shape_arguments  # noqa: E402 (imports no torch)
 
 PHASES = ("generate", "experience", "update", "total")
 
@@ -53,6 +45,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    # torch, the other benchmarks and hydrappo load once the options are read: --help answers at once
+    import torch
+    from bench_logprobs import previous_token_logprobs
+    from bench_ppo import HydraLayout, build_base_model, configure
+
+    import hydrappo.model.hydra as hydra_module
+    from hydrappo.generation.samplers import GenerateSampler
+    from hydrappo.model.logprobs import token_logprobs
+
     configure(args)
     # The learning-rate schedule belongs to the trainer's optimizer; with the other one swapped in it
     # warns that it steps without its optimizer (the rate is constant here).

@@ -23,17 +23,15 @@ import statistics
 import sys
 import time
 from pathlib import Path
-
-import torch
-from torch.profiler import ProfilerActivity, profile
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_ppo import HydraLayout, build_base_model, configure, generation_args  # noqa: E402
+if TYPE_CHECKING:
+    from bench_ppo import HydraLayout
 
-from hydrappo.generation.responses import generate_responses  # noqa: E402
-from hydrappo.generation.stops import first_stop  # noqa: E402
-from hydrappo.train.sequences import pack_sequences  # noqa: E402
+# torch, bench_ppo and hydrappo are imported where they are used, so that --help answers at once
+# (and bench_logprobs.py takes step_shape_arguments without them).
 
 MATMUL_OPS = (
     "aten::mm",
@@ -90,6 +88,8 @@ def median_seconds(function, repeats: int) -> float:
 
 
 def matmul_gflops(m: int, k: int, n: int, repeats: int = 20) -> float:
+    import torch
+
     a, b = torch.randn(m, k), torch.randn(k, n)
     seconds = median_seconds(lambda: [a @ b for _ in range(repeats)], 3) / repeats
     return 2 * m * k * n / seconds / 1e9
@@ -133,6 +133,8 @@ def flop_floors(layout: HydraLayout, args, response_tokens: int) -> dict[str, fl
 
 def operator_shares(layout: HydraLayout) -> dict[str, float]:
     """Self CPU time of generation's operators by kind, as shares of the wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         layout.rollout()
@@ -153,6 +155,13 @@ def operator_shares(layout: HydraLayout) -> dict[str, float]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    import torch
+    from bench_ppo import HydraLayout, build_base_model, configure, generation_args
+
+    from hydrappo.generation.responses import generate_responses
+    from hydrappo.generation.stops import first_stop
+    from hydrappo.train.sequences import pack_sequences
+
     configure(args)
     layout = HydraLayout(build_base_model(args), args)
     model = layout.hydra.model

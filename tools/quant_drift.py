@@ -18,14 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
-import torch
-
-from hydrappo.config import GenerationArgs, ModelConfig
-from hydrappo.data import tokenize_prompts
-from hydrappo.generation.responses import generate_responses
-from hydrappo.storage.checkpoint import seed_everything
-from hydrappo.storage.models import build_hydra
-from hydrappo.train.sequences import pack_sequences
+# torch and hydrappo are imported in drift(), so that --help answers at once.
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {
@@ -46,6 +39,15 @@ MODELS = {
 def drift(
     model: str, num_layers_unfrozen: int | None, prompts: int, new_tokens: int, device: str, dtype: str
 ) -> list[dict]:
+    import torch
+
+    from hydrappo.config import GenerationArgs, ModelConfig
+    from hydrappo.data import tokenize_prompts
+    from hydrappo.generation.responses import generate_responses
+    from hydrappo.storage.checkpoint import seed_everything
+    from hydrappo.storage.models import build_hydra
+    from hydrappo.train.sequences import pack_sequences
+
     values, chat = MODELS[model] if model in MODELS else (dict(name_or_path=model, num_layers_unfrozen=4), True)
     if num_layers_unfrozen is not None:
         values = {**values, "num_layers_unfrozen": num_layers_unfrozen}

@@ -17,6 +17,7 @@ bigrams over all bigrams of all responses, Li et al. 2016).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -26,24 +27,26 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    from hydrappo.config import Config
 
-from hydrappo.algo.degeneration import degeneration_flags
-from hydrappo.algo.masked import masked_sum
-from hydrappo.config import Config, RewardArgs
-from hydrappo.data import load_prompt_table, tokenize_prompts
-from hydrappo.generation.responses import generate_responses
-from hydrappo.rewards import build_reward_source
-from hydrappo.storage.checkpoint import (
-    CheckpointError,
-    find_checkpoint,
-    load_checkpoint_config,
-    load_trainable_weights,
-    seed_everything,
-)
-from hydrappo.storage.models import build_hydra
-from hydrappo.train.sequences import experience_pass, pack_sequences
+# torch and hydrappo are imported where they are used: `--help` answers at once, and a report or a
+# study's bookkeeping loads them only when it measures or reads a checkpoint.
+
+
+def no_grad(function):
+    """torch.no_grad() as a decorator, torch imported at the first call rather than at this module's."""
+
+    @functools.wraps(function)
+    def without_grad(*args, **kwargs):
+        import torch
+
+        with torch.no_grad():
+            return function(*args, **kwargs)
+
+    return without_grad
 
 
 @dataclass
@@ -138,7 +141,7 @@ def distinct_n(token_rows: list[list[int]], n: int = 2) -> float:
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
-@torch.no_grad()
+@no_grad
 def heldout(
     run_dir: Path | None,
     prompts: Path,
@@ -160,6 +163,15 @@ def heldout(
 def load_policy(run_dir: Path | None, base_config: Path | None = None, base_options: list[str] | None = None):
     """(hydra, tokenizer, config) of the latest checkpoint of `run_dir` (or a checkpoint folder),
     or with run_dir None of the base model of `base_config` with `base_options`."""
+    from hydrappo.config import Config
+    from hydrappo.storage.checkpoint import (
+        find_checkpoint,
+        load_checkpoint_config,
+        load_trainable_weights,
+        seed_everything,
+    )
+    from hydrappo.storage.models import build_hydra
+
     if run_dir is not None:
         checkpoint = find_checkpoint(run_dir)
         config = load_checkpoint_config(checkpoint, Config)
@@ -174,12 +186,22 @@ def load_policy(run_dir: Path | None, base_config: Path | None = None, base_opti
     return hydra, tokenizer, config
 
 
-@torch.no_grad()
+@no_grad
 def measure_heldout(
     hydra, tokenizer, config: Config, prompts: Path, reward_fn: str, *, limit=None, seed=1234, samples=4
 ) -> dict:
     """heldout() on a hydra already built: its policy against its reference, with the config's data
     and generation settings."""
+    import torch
+
+    from hydrappo.algo.degeneration import degeneration_flags
+    from hydrappo.algo.masked import masked_sum
+    from hydrappo.config import RewardArgs
+    from hydrappo.data import load_prompt_table, tokenize_prompts
+    from hydrappo.generation.responses import generate_responses
+    from hydrappo.rewards import build_reward_source
+    from hydrappo.train.sequences import experience_pass, pack_sequences
+
     hydra.eval()
     data, generation = config.data, config.generation
     texts, columns = load_prompt_table(str(prompts), data.prompt_column)  # the other columns go to the reward
@@ -531,6 +553,9 @@ def held_out_curve(run_dir: Path, key: str) -> dict[int, float]:
 
 def checkpoint_config(run_dir: Path) -> Config:
     """The config a run's newest checkpoint keeps (its config file and command line together)."""
+    from hydrappo.config import Config
+    from hydrappo.storage.checkpoint import CheckpointError, find_checkpoint, load_checkpoint_config
+
     try:
         return load_checkpoint_config(find_checkpoint(run_dir), Config)
     except CheckpointError as error:  # a study folder whose run never saved: say which
@@ -729,6 +754,8 @@ def measure_main(argv=None) -> int:
     done = []
     if args.output is not None and args.output.exists():
         done = [json.loads(line) for line in args.output.read_text().splitlines() if line.strip()]
+    from hydrappo.storage.checkpoint import CheckpointError, find_checkpoint
+
     measured: dict[str, list[dict]] = {}
     for checkpoint in args.checkpoints:
         try:

@@ -17,17 +17,15 @@ import argparse
 import json
 import time
 
-import torch
 import yaml
 
-from hydrappo.config import ModelConfig
-from hydrappo.prompts import format_prompt, trl_arguments
-from hydrappo.storage.models import load_model_and_tokenizer
-from hydrappo.tasks import ReasoningGymTask
+# torch and hydrappo are imported where they are used, so that --help answers at once.
 
 
 def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
     """Greedy answers, in batches of left-padded prompts."""
+    import torch
+
     texts = []
     for start in range(0, len(prompts), batch_size):
         batch = tokenizer(
@@ -42,6 +40,9 @@ def answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_siz
 
 
 def measure(model, tokenizer, name: str, options: dict, args) -> dict:
+    from hydrappo.prompts import format_prompt, trl_arguments
+    from hydrappo.tasks import ReasoningGymTask
+
     task = ReasoningGymTask(name, size=1, seed=args.seed, eval_size=args.n, answer_start=args.answer_start, **options)
     rows, (verify,) = task.eval_dataset, task.reward_funcs
     started = time.perf_counter()
@@ -74,6 +75,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=25)
     args = parser.parse_args()
     options = yaml.safe_load(args.config) or {}
+    import torch
+
+    from hydrappo.config import ModelConfig
+    from hydrappo.storage.models import load_model_and_tokenizer
+
     torch.set_grad_enabled(False)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
     for name in args.tasks:

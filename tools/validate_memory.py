@@ -24,16 +24,13 @@ import os
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    from hydrappo.planner.settings import TrainingSettings
 
-from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs
-from hydrappo.model import HydraModel
-from hydrappo.planner.plan import format_plan, plan_memory
-from hydrappo.planner.presets import preset_config
-from hydrappo.planner.settings import TrainingSettings
-from hydrappo.planner.tokenizer import tokenizer_for_vocab
-from hydrappo.train.ppo import PPOTrainer
+# torch, transformers and hydrappo are imported where they are used, so that --help answers at once
+# (and bench_critic_free.py imports the peak readers below without them).
 
 VALIDATION_MODELS = {
     # SmolLM2-135M's shape (preset), and a ~400M Llama.
@@ -56,6 +53,8 @@ VALIDATION_MODELS = {
 def validation_config(name: str):
     from transformers import AutoConfig
 
+    from hydrappo.planner.presets import preset_config
+
     values = VALIDATION_MODELS[name]
     if values is None:
         return preset_config(name)
@@ -73,6 +72,8 @@ VARIANTS = {
 
 def validation_settings(**overrides) -> TrainingSettings:
     """What --validate runs on the CPU: float32, one PPO step of hydrappo's trainer."""
+    from hydrappo.planner.settings import TrainingSettings
+
     values = dict(
         num_layers_unfrozen=2,
         dtype="float32",
@@ -97,6 +98,8 @@ class _Peak:
 
     def reset(self) -> bool:
         if self.cuda:
+            import torch
+
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             return True
@@ -105,6 +108,8 @@ class _Peak:
 
     def read(self) -> int:
         if self.cuda:
+            import torch
+
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated()
         return _current_peak()
@@ -125,9 +130,15 @@ def _measure_child(name: str, settings: dict, device: str = "cpu") -> dict:
     after imports on the CPU; allocated memory on a GPU)."""
     import tempfile
 
+    import torch
     from transformers import AutoModelForCausalLM
 
+    from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs
+    from hydrappo.model import HydraModel
     from hydrappo.model.quantize import quantize_frozen_trunk
+    from hydrappo.planner.settings import TrainingSettings
+    from hydrappo.planner.tokenizer import tokenizer_for_vocab
+    from hydrappo.train.ppo import PPOTrainer
 
     s = TrainingSettings(**settings)
     cuda = device.startswith("cuda")
@@ -272,6 +283,8 @@ def validate(
     device: str = "cpu",
 ) -> list[dict]:
     """Planner's hydrappo peak against the measured peak of two PPO steps, per model and variant."""
+    from hydrappo.planner.plan import plan_memory
+
     settings = settings or validation_settings()
     rows = []
     for name in models or list(VALIDATION_MODELS):
@@ -348,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{planned / measured - 1:+7.1%}"
             )
     if args.plans:
+        from hydrappo.planner.plan import format_plan
+
         for row in rows:
             print()
             print(format_plan(row["plan"]).split("\n\nclassic")[0])
