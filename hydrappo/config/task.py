@@ -16,11 +16,12 @@ before any model loads (train/inputs.py); this module checks what the options al
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import yaml
 
 from ..errors import Problem
+from .options import option
 from .values import Range, rows
 
 # No example answer in it: SmolLM2-135M-Instruct copied "e.g. <answer>42</answer>" as its answer to every question.
@@ -29,58 +30,44 @@ DEFAULT_INSTRUCTION = "Give only your final answer, between <answer> and </answe
 
 @dataclass
 class TaskArgs:
-    task_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "A reasoning-gym task (e.g. chain_sum, basic_arithmetic) as the run's prompts and reward: its "
-            "questions are the prompts, its own score_answer the reward. Needs `pip install hydrappo[reasoning]`."
-        },
+    task_name: str | None = option(
+        None,
+        "A reasoning-gym task (e.g. chain_sum, basic_arithmetic) as the run's prompts and reward: its "
+        "questions are the prompts, its own score_answer the reward. Needs `pip install hydrappo[reasoning]`.",
     )
-    tasks: str | None = field(
-        default=None,
-        metadata={
-            "help": "Several reasoning-gym tasks mixed, instead of task_name: a YAML mapping "
-            "{name: {weight: w, config: {...}}} (or {name: weight}); items are dealt in proportion to the weights "
-            "and each task's reward is logged as env/reward/<name> and eval/reward/<name>."
-        },
+    tasks: str | None = option(
+        None,
+        "Several reasoning-gym tasks mixed, instead of task_name: a YAML mapping "
+        "{name: {weight: w, config: {...}}} (or {name: weight}); items are dealt in proportion to the weights "
+        "and each task's reward is logged as env/reward/<name> and eval/reward/<name>.",
     )
-    task_config: str | None = field(
-        default=None,
-        metadata={
-            "help": "The task's own options (reasoning-gym's config fields), a YAML mapping, e.g. "
-            "{min_terms: 2, max_terms: 3} (on the command line: --task_config '{max_terms: 3}')."
-        },
+    task_config: str | None = option(
+        None,
+        "The task's own options (reasoning-gym's config fields), a YAML mapping, e.g. "
+        "{min_terms: 2, max_terms: 3} (on the command line: --task_config '{max_terms: 3}').",
     )
-    task_size: int = field(default=1000, metadata={"help": "Training items.", "range": rows(1)})
-    task_eval_size: int = field(
-        default=0,
-        metadata={
-            "help": "Held-out items (0: none), answered at step 0, every train.eval_every steps and at the end; "
-            "drawn from seeds training never uses, and none is a training question.",
-            "range": rows(0),
-        },
+    task_size: int = option(1000, "Training items.", rows(1))
+    task_eval_size: int = option(
+        0,
+        "Held-out items (0: none), answered at step 0, every train.eval_every steps and at the end; "
+        "drawn from seeds training never uses, and none is a training question.",
+        rows(0),
     )
-    task_seed: int = field(
-        default=0,
-        metadata={
-            "help": "Seed of the items (not train.seed: runs of different train.seed see the same questions).",
-            "range": Range(0, 2**32 - 1),
-        },
+    task_seed: int = option(
+        0,
+        "Seed of the items (not train.seed: runs of different train.seed see the same questions).",
+        Range(0, 2**32 - 1),
     )
-    task_instruction: str = field(
-        default=DEFAULT_INSTRUCTION,
-        metadata={
-            "help": "Appended to every question: how to give the answer so that reasoning-gym's extract_answer "
-            "reads it (the <answer> tags)."
-        },
+    task_instruction: str = option(
+        DEFAULT_INSTRUCTION,
+        "Appended to every question: how to give the answer so that reasoning-gym's extract_answer "
+        "reads it (the <answer> tags).",
     )
-    task_answer_start: str | None = field(
-        default=None,
-        metadata={
-            "help": "Text the response starts with, e.g. '<answer>': written as the start of the assistant's turn "
-            "(the prompts become message lists, which need the tokenizer's chat template), so the model writes the "
-            "answer and the closing tag; the verifier reads the start and the response together."
-        },
+    task_answer_start: str | None = option(
+        None,
+        "Text the response starts with, e.g. '<answer>': written as the start of the assistant's turn "
+        "(the prompts become message lists, which need the tokenizer's chat template), so the model writes the "
+        "answer and the closing tag; the verifier reads the start and the response together.",
     )
 
     @property
@@ -168,13 +155,13 @@ def check_task(config, problems) -> None:
         return
     specs, found = task_specs(task)
     problems.report(*found)
-    for option, what in (("prompts", "the prompts"), ("eval_prompts", "the held-out prompts (task.task_eval_size)")):
-        if getattr(config.data, option):
+    for name, what in (("prompts", "the prompts"), ("eval_prompts", "the held-out prompts (task.task_eval_size)")):
+        if getattr(config.data, name):
             problems.add(
-                f"data.{option}",
-                getattr(config.data, option),
+                f"data.{name}",
+                getattr(config.data, name),
                 f"and the task section both give {what}",
-                f"remove data.{option} (the task's questions are the prompts), or the task section",
+                f"remove data.{name} (the task's questions are the prompts), or the task section",
             )
     if specs and 0 < task.task_eval_size < len(specs):
         problems.add(
