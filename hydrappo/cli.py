@@ -7,8 +7,8 @@ Nothing imports this module (the layering test checks it); `python -m hydrappo` 
     hydrappo train CONFIG.yaml [--resume [PATH]] [--option value ...]      PPO
     hydrappo reward CONFIG.yaml [--resume [PATH]] [--option value ...]     a reward branch
     hydrappo sft CONFIG.yaml [--resume [PATH]] [--option value ...]        supervised fine-tuning
-    hydrappo generate CHECKPOINT --prompts FILE                            base vs trained, scored
-    hydrappo compare A B ... --prompts FILE                                several models, scored
+    hydrappo generate CHECKPOINT [--prompts FILE]                          base vs trained, scored
+    hydrappo compare A B ... [--prompts FILE]                              several models, scored
     hydrappo export CHECKPOINT --out DIR | export trlx ... | export gguf ...
     hydrappo memory MODEL | --largest | --validate                        the GPU memory planner
 
@@ -72,7 +72,9 @@ def generate_command(argv: list[str]) -> int:
     parser.add_argument(
         "checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)"
     )
-    parser.add_argument("--prompts", help="prompts file (default: the training prompts)")
+    parser.add_argument(
+        "--prompts", help="prompts file (default: the held-out items of the run's task, else its training prompts)"
+    )
     parser.add_argument("--prompt_column", default=None)
     add_reward_options(parser)
     _add_sampling_options(parser)
@@ -111,7 +113,10 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument(
         "models", nargs="+", help="checkpoint or run folders, model directories or Hub ids, optionally NAME=PATH"
     )
-    parser.add_argument("--prompts", required=True, help="prompts file (jsonl/csv/parquet/txt)")
+    parser.add_argument(
+        "--prompts",
+        help="prompts file (jsonl/csv/parquet/txt); without it, the held-out items of the first checkpoint's task",
+    )
     parser.add_argument("--prompt_column", default="prompt")
     add_reward_options(parser)
     parser.add_argument(

@@ -6,6 +6,11 @@ comparison); the base model's answers come from the same trunk before the checkp
 weights are loaded into it, so only one model is in memory. `hydrappo compare A B C`
 does the same for any number of checkpoints and model directories.
 
+A run with a reasoning-gym task (its config's `task:` section) is answered on the task's held-out
+items, the ones a training run evaluates on, unless `--prompts` names other prompts; the task's
+own verifier scores them (reasoning-gym's scorer: no code the checkpoint names), beside whatever
+reward functions the command line names or trusts, weighted as the run weighed them.
+
 A checkpoint is data: its config.yaml names the reward function the run used, but that code
 runs only when the user asks for it, by naming a reward function on the command line
 (`--reward_fn`) or with `--trust_checkpoint_code`. Otherwise the responses are shown unscored,
@@ -22,11 +27,21 @@ from pathlib import Path
 
 import torch
 
-from .config import Config, GenerationArgs, ModelConfig, Problems, RewardArgs, check_reward_fn, looks_like_a_path
+from .config import (
+    Config,
+    ConfigError,
+    GenerationArgs,
+    ModelConfig,
+    Problems,
+    RewardArgs,
+    check_reward_fn,
+    looks_like_a_path,
+)
 from .config.paths import check_model_location, writable_folder_problem
 from .data import PromptSet, load_prompt_table, tokenize_prompts
 from .generation.samplers import build_sampler
-from .rewards import build_reward_source
+from .rewards import build_reward_source, reward_functions
+from .config.reward_sources import reward_source_names
 from .storage.checkpoint import (
     CheckpointError,
     find_checkpoint,
@@ -40,6 +55,8 @@ from .storage.export import load_checkpoint_hydra
 from .train.heldout import answer_and_score
 from .storage.models import build_hydra, load_model_and_tokenizer
 from .storage.rundir import move_aside, refuse_own_inputs, with_run_folders
+from .tasks.reasoning_gym import COLUMNS as TASK_COLUMNS
+from .tasks.reasoning_gym import ReasoningGymTask
 from .train.precision import pick_device
 
 logger = logging.getLogger("hydrappo")
@@ -279,10 +296,10 @@ def checkpoint_reward(
         )
     if named:
         logger.warning(
-            "not scoring: %s names the reward function %r, and code a checkpoint names is never run unless you say so. "
-            "Read it, then pass --reward_fn %s (or --trust_checkpoint_code) to score the responses.",
-            Path(checkpoint) / "config.yaml",
+            "not scoring with %r, the reward function %s names: code a checkpoint names is never run unless you say "
+            "so. Read it, then pass --reward_fn %s (or --trust_checkpoint_code) to score the responses with it.",
             named,
+            Path(checkpoint) / "config.yaml",
             named,
         )
         return None
@@ -298,6 +315,32 @@ def first_rows(prompts: str, prompt_column: str, limit: int | None) -> tuple[lis
     return texts, {name: values[: len(texts)] for name, values in table.items()}
 
 
+def task_held_out(config: Config, limit: int | None) -> tuple[ReasoningGymTask, list, dict]:
+    """(the run's task, its held-out items as prompts, their columns task / answer / item): the
+    items a training run with this config evaluates on (tasks/reasoning_gym.py), the first `limit`."""
+    task = ReasoningGymTask.from_args(config.task)
+    rows = task.rows("eval")[:limit] if limit else task.rows("eval")
+    if not rows:
+        raise ConfigError(
+            "the run's task has no held-out items (task.task_eval_size is 0): pass --prompts FILE to answer other "
+            "prompts."
+        )
+    return task, [row["prompt"] for row in rows], {name: [row[name] for row in rows] for name in TASK_COLUMNS}
+
+
+def task_reward_source(task: ReasoningGymTask, reward_args: RewardArgs | None, device: str):
+    """The task's verifiers as the last reward source, as a training run builds them (train/inputs.py),
+    beside the sources `reward_args` names (None: the verifiers alone). --reward_weights given one
+    per --reward_fn weigh those, and the task weighs 1."""
+    reward_args = reward_args or RewardArgs()
+    weights = reward_args.reward_weights
+    if weights and len(weights) == len(reward_source_names(reward_args)):
+        reward_args = dataclasses.replace(reward_args, reward_weights=[*weights, 1.0])
+    columns = list(TASK_COLUMNS)
+    functions = reward_functions(reward_args, columns=columns, setting="task") + task.reward_sources(columns)
+    return build_reward_source(reward_args, device=device, functions=functions)
+
+
 def generate(
     checkpoint,
     prompts=None,
@@ -311,7 +354,8 @@ def generate(
     trust_checkpoint_code=False,
     reward_weights=None,
 ) -> dict[str, list[dict]]:
-    """The base model's and a checkpoint's trained policy's scored responses, by column name."""
+    """The base model's and a checkpoint's trained policy's scored responses, by column name: for
+    `prompts`, else the run's task's held-out items, else its training prompts."""
     check_arguments(
         prompts=prompts,
         reward_fn=reward_fn,
@@ -324,15 +368,22 @@ def generate(
     config = load_checkpoint_config(checkpoint, Config)
     generation = _generation(config.generation, max_new_tokens, temperature)
     reward_args = checkpoint_reward(config, reward_fn, trust_checkpoint_code, checkpoint, reward_weights)
-    if prompts is None and not config.data.prompts:
+    task = None
+    if prompts is None and config.task.enabled:  # checked (reasoning-gym, the items) before any model loads
+        task, texts, table = task_held_out(config, limit)
+    elif prompts is None and not config.data.prompts:
         raise CheckpointError(f"{checkpoint} names no training prompts: pass --prompts FILE.")
     device = pick_device(config.train.device)
     # Random-init models are rebuilt from the run's seed, exactly as the trainer built them.
     seed_everything(config.train.seed)
     hydra, tokenizer = build_hydra(config.model, config.lora, device=device, value_head=config.ppo.uses_critic)
-    reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
     data = config.data
-    texts, table = first_rows(prompts or data.prompts, prompt_column or data.prompt_column, limit)
+    if task is not None:
+        reward_source = task_reward_source(task, reward_args, str(device))
+        task.fit_prompt_length(data, tokenizer)  # as the run: a task prompt is never cut
+    else:
+        reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
+        texts, table = first_rows(prompts or data.prompts, prompt_column or data.prompt_column, limit)
     prompt_set = tokenize_prompts(
         texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
     )
@@ -347,14 +398,21 @@ def generate(
     return columns
 
 
+def model_location(spec: str) -> tuple[str, str, Path]:
+    """(the name given or "", the path, where it points): a run folder points at its newest checkpoint,
+    as generate and export take it."""
+    name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    location = Path(path).expanduser()
+    if location.is_dir() and not is_checkpoint_folder(location) and latest_checkpoint(location) is not None:
+        location = find_checkpoint(location)
+    return name, path, location
+
+
 def load_for_generation(spec: str, device):
     """A model to sample from: a hydrappo checkpoint (its trained policy; a run folder: its newest
     checkpoint), or a model directory / bundled name (loaded as is). Returns (name, model, tokenizer,
     config|None)."""
-    name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-    location = Path(path).expanduser()
-    if location.is_dir() and not is_checkpoint_folder(location) and latest_checkpoint(location) is not None:
-        location = find_checkpoint(location)  # a run folder, as generate and export take it
+    name, path, location = model_location(spec)
     if location.is_dir() and is_checkpoint_folder(location):
         hydra, tokenizer, config = load_checkpoint_hydra(location, device=str(device))
         return name or f"{location.parent.name}/{location.name}", hydra, tokenizer, config
@@ -364,7 +422,7 @@ def load_for_generation(spec: str, device):
 
 def compare(
     models: list[str],
-    prompts: str,
+    prompts: str | None = None,
     prompt_column="prompt",
     reward_fn=None,
     chat_template="auto",
@@ -376,7 +434,8 @@ def compare(
     trust_checkpoint_code=False,
     reward_weights=None,
 ) -> dict[str, list[dict]]:
-    """Several models on the same prompts with the same sampling seed, scored, by column name."""
+    """Several models on the same prompts with the same sampling seed, scored, by column name.
+    Without `prompts`: the held-out items of the first checkpoint's task."""
     check_arguments(
         prompts=prompts,
         reward_fn=reward_fn,
@@ -387,10 +446,27 @@ def compare(
         models=models,
         reward_weights=reward_weights,
     )
+    # The first checkpoint's config, read before any model loads: its sampling, reward and task.
+    locations = [(spec, model_location(spec)[2]) for spec in models]
+    trained = next(
+        (
+            (spec, load_checkpoint_config(at, Config))
+            for spec, at in locations
+            if at.is_dir() and is_checkpoint_folder(at)
+        ),
+        None,
+    )
+    trained_config = trained[1] if trained else None
+    task = None
+    if prompts is None:
+        if trained_config is None or not trained_config.task.enabled:
+            raise ConfigError(
+                "compare needs --prompts FILE: no checkpoint among the models names a task (task:) whose held-out "
+                "items to answer."
+            )
+        task, texts, table = task_held_out(trained_config, limit)
     device = pick_device("auto")
     loaded = [load_for_generation(spec, device) for spec in models]
-    trained = next(((spec, config) for spec, (*_, config) in zip(models, loaded) if config is not None), None)
-    trained_config = trained[1] if trained else None
     defaults = trained_config or Config()
     generation = _generation(defaults.generation, max_new_tokens, temperature)
     chat = {"yes": True, "no": False, "auto": defaults.data.apply_chat_template}[chat_template]
@@ -400,12 +476,19 @@ def compare(
         )
     else:
         reward_args = checkpoint_reward(Config(), reward_fn, False, None, reward_weights)
-    reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
-    texts, table = first_rows(prompts, prompt_column, limit)
+    if task is not None:
+        reward_source = task_reward_source(task, reward_args, str(device))
+    else:
+        reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
+        texts, table = first_rows(prompts, prompt_column, limit)
     max_prompt_length = max_prompt_length or defaults.data.max_prompt_length
 
     columns = {}
     for name, model, tokenizer, _ in loaded:
+        if task is not None:  # as the run: a task prompt is never cut
+            data = dataclasses.replace(defaults.data, max_prompt_length=max_prompt_length, apply_chat_template=chat)
+            task.fit_prompt_length(data, tokenizer)
+            max_prompt_length = data.max_prompt_length
         prompt_set = tokenize_prompts(texts, tokenizer, max_prompt_length, chat, defaults.data.system_prompt)
         columns[name] = generate_and_score(model, tokenizer, prompt_set, generation, reward_source, seed, table)
     return columns

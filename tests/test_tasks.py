@@ -247,3 +247,29 @@ def test_a_ppo_run_from_python_with_a_task_object(tmp_path):
     assert trainer.evaluate()["eval/prompts"] == 4.0
     saved = yaml.safe_load((tmp_path / "run" / "checkpoint-2" / "config.yaml").read_text())
     assert saved["task"]["task_name"] == "chain_sum" and saved["task"]["task_config"] == SMALL
+
+
+@pytest.mark.slow
+def test_generate_and_compare_answer_the_task_s_held_out_items_scored_by_its_verifier(tmp_path):
+    from hydrappo.evaluate import compare, generate
+
+    config = task_config(tmp_path, train={"total_steps": 1})
+    PPOTrainer(parse_config(write(tmp_path, config))).train()
+    held_out = ReasoningGymTask("chain_sum", size=16, eval_size=4, **SMALL).eval_dataset
+    (verify,) = ReasoningGymTask("chain_sum", size=16, eval_size=4, **SMALL).reward_funcs
+
+    def scored_by_the_verifier(rows):
+        assert [row["prompt"] for row in rows] == [item["prompt"] for item in held_out]  # the run's held-out items
+        scores = verify([row["response"] for row in rows], task=["chain_sum"] * 4, item=[i["item"] for i in held_out])
+        assert [row["score"] for row in rows] == scores  # no --reward_fn: the task's own verifier scores
+
+    columns = generate(tmp_path / "run")  # no --prompts: the task's held-out items, not its training ones
+    assert list(columns) == ["base", "trained (checkpoint-1)"]
+    for rows in columns.values():
+        scored_by_the_verifier(rows)
+    (rows,) = generate(tmp_path / "run", limit=2, no_base=True).values()
+    assert [row["prompt"] for row in rows] == [item["prompt"] for item in held_out[:2]]
+    (rows,) = compare([str(tmp_path / "run")]).values()
+    scored_by_the_verifier(rows)
+    with pytest.raises(ConfigError, match="--prompts FILE: no checkpoint among the models names a task"):
+        compare([str(TINY / "model")], None)  # refused before the model loads
