@@ -642,6 +642,18 @@ def read_report_table(text: str) -> list[dict]:
     return rows
 
 
+def study_folder_problem(folder: Path) -> str | None:
+    """Why `folder` is not a study folder (one a study wrote, holding its study.json), or None."""
+    if not folder.exists():
+        return f"report: {folder} does not exist; give the study folders (each holds a study.json)"
+    if not folder.is_dir():
+        hint = " (a table this command wrote goes after --earlier)" if folder.suffix == ".md" else ""
+        return f"report: {folder} is a file, not a study folder; give the folders that hold a study.json{hint}"
+    if not (folder / "study.json").is_file():
+        return f"report: {folder} holds no study.json, so no study ran there; give the folders a study wrote"
+    return None
+
+
 def study_folder_rows(folder: Path, curve_key: str) -> list[dict]:
     """The report's rows for the runs of one study folder (its study.json): each run's settings
     read from its checkpoint, its held-out curve from its metrics, the planner's figure for its
@@ -693,6 +705,9 @@ def report_main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.dirs and not args.earlier:
         parser.error("give study folders, --earlier tables, or both")
+    for folder in args.dirs:  # each checked before anything is read or written
+        if (problem := study_folder_problem(folder)) is not None:
+            raise SystemExit(problem)
     rows = [row for folder in args.dirs for row in study_folder_rows(folder, args.curve)]
     new = {(r["setting"], r["rate"]) for r in rows}
     for earlier_table in args.earlier:

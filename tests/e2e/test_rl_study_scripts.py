@@ -234,6 +234,21 @@ def test_report_says_which_run_left_no_checkpoint(tmp_path):
         rl_study.report_main([str(tmp_path / "t.md"), str(tmp_path / "t.png"), str(tmp_path / "study")])
 
 
+def test_report_refuses_a_file_or_a_folder_without_a_study_in_one_line(tmp_path):
+    table, png = tmp_path / "t.md", tmp_path / "t.png"
+    table.write_text("| setting | lr | curve |\n")
+    (tmp_path / "empty").mkdir()
+    for folder, words in (
+        (table, r"t\.md is a file, not a study folder; .* goes after --earlier"),
+        (tmp_path / "empty", r"empty holds no study\.json"),
+        (tmp_path / "missing", r"missing does not exist"),
+    ):
+        with pytest.raises(SystemExit, match=words) as refused:
+            rl_study.report_main([str(tmp_path / "new.md"), str(png), str(folder)])
+        assert "\n" not in str(refused.value.code)
+    assert not (tmp_path / "new.md").exists() and not png.exists()
+
+
 def test_measure_refuses_one_seed_and_a_folder_without_a_checkpoint(tmp_path):
     common = ["--prompts", str(TINY / "prompts.jsonl"), "--reward_fn", DEFAULTS["reward_fn"]]
     with pytest.raises(SystemExit, match="at least two different seeds"):
