@@ -230,6 +230,8 @@ def test_a_grpo_run_from_the_task_section_with_an_extra_reward_logs_each_and_res
     evaluated = [r for r in records if "eval/reward_mean" in r]
     assert [r["step"] for r in evaluated] == [0, 1, 2]
     assert {"eval/reward/chain_sum", "eval/reward/basic_arithmetic"} <= set(evaluated[-1])
+    for name in ("chain_sum", "basic_arithmetic"):  # the share of its held-out items solved outright
+        assert 0.0 <= evaluated[-1][f"eval/solved/{name}"] <= evaluated[-1][f"eval/reward/{name}"] + 1e-12
     saved = yaml.safe_load((tmp_path / "run" / "checkpoint-2" / "config.yaml").read_text())
     assert saved["task"]["tasks"]["basic_arithmetic"] == 1  # the run records its task
     history = PPOTrainer(parse_config(path, ["--total_steps", "3"])).train(resume=True)

@@ -41,11 +41,14 @@ def held_out_statistics(
     degenerate: list[bool],
     parts: dict[str, list[float]] | None = None,
     answers_per_prompt: int = 1,
+    solved_parts: tuple[str, ...] = (),
 ) -> dict:
     """The eval/* scalars of one evaluation, over every answer (`answers_per_prompt` to each
     prompt). `eval/solve_rate` appears where every score is 0 or 1 (a verifiable reward): the
     share of answers that solve their prompt (with one answer each, of prompts solved). `parts`:
-    each reward's own scores, logged as its mean under eval/reward/<name>."""
+    each reward's own scores, logged as its mean under eval/reward/<name>. `solved_parts`: the
+    rewards whose full score, 1, means solved (a reasoning-gym task's verifier, which gives partial
+    credit below it): the share of their scored answers that solve, eval/solved/<name>."""
     unscored = sum(score != score for score in scores)  # NaN: no reward scored it (TRL's None)
     scores, count = [score for score in scores if score == score] or [0.0], len(scores)
     stats = {
@@ -64,6 +67,9 @@ def held_out_statistics(
         stats["eval/unscored_frac"] = unscored / count
     for name, values in (parts or {}).items():
         stats[f"eval/reward/{name}"] = statistics.fmean([v for v in values if v == v] or [0.0])
+        if name in solved_parts:
+            scored = [v for v in values if v == v]
+            stats[f"eval/solved/{name}"] = sum(v >= 1.0 for v in scored) / (len(scored) or 1)
     return stats
 
 
@@ -123,9 +129,18 @@ class HeldOutEvaluation:
     samples and scores exactly as training does."""
 
     def __init__(
-        self, prompts: PromptSet, tokenizer, *, batch_size: int, greedy: bool, seed: int, samples_per_prompt: int = 1
+        self,
+        prompts: PromptSet,
+        tokenizer,
+        *,
+        batch_size: int,
+        greedy: bool,
+        seed: int,
+        samples_per_prompt: int = 1,
+        solved_parts: tuple[str, ...] = (),
     ):
         self.prompts, self.tokenizer = prompts, tokenizer
+        self.solved_parts = solved_parts  # held_out_statistics' eval/solved/<name>
         self.batch_size, self.greedy, self.seed = batch_size, greedy, seed
         self.samples_per_prompt = samples_per_prompt
 
@@ -153,6 +168,7 @@ class HeldOutEvaluation:
             [row["degenerate"] for row in rows],
             {name: [row["parts"][name] for row in rows] for name in names},
             self.samples_per_prompt,
+            self.solved_parts,
         )
         if rows and rows[0]["agent"] is not None:  # multi-turn episodes: their tool calls (agent/episodes.py)
             stats |= summarize([row["agent"] for row in rows], "eval/agent/")

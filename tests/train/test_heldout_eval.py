@@ -41,6 +41,19 @@ def test_statistics_by_hand():
     assert "eval/solve_rate" not in held_out_statistics([0.5, 1.0], [1, 1], [True, True], [False, False])
 
 
+def test_solved_share_of_a_partial_credit_reward():
+    """A task's verifier gives partial credit; eval/solved/<task> counts only full scores, over the
+    answers that task scored (NaN: another task's item)."""
+    nan = float("nan")
+    parts = {"chain_sum": [1.0, 0.25, nan, 1.0, 0.0], "gcd": [nan, nan, 0.5, nan, nan]}
+    stats = held_out_statistics(
+        [1.0, 0.25, 0.5, 1.0, 0.0], [2] * 5, [True] * 5, [False] * 5, parts, solved_parts=("chain_sum", "gcd")
+    )
+    assert stats["eval/solved/chain_sum"] == 0.5  # 2 of its 4 answers
+    assert stats["eval/solved/gcd"] == 0.0 and stats["eval/reward/gcd"] == 0.5
+    assert "eval/solved/chain_sum" not in held_out_statistics([1.0], [2], [True], [False], {"chain_sum": [1.0]})
+
+
 class _Tokens:
     def batch_decode(self, ids, skip_special_tokens=True):
         return [" ".join(map(str, row)) for row in ids]

@@ -106,6 +106,8 @@ class PPOTrainer(TrainingLoop):
                 greedy=train.eval_greedy,
                 seed=train.seed,
                 samples_per_prompt=train.eval_samples_per_prompt,
+                # A task's verifiers give partial credit: eval/solved/<task> counts the answers scoring 1.
+                solved_parts=tuple(self.inputs.task.names) if self.inputs.task is not None else (),
             )
         self._check_process_count()
 
@@ -291,7 +293,8 @@ class PPOTrainer(TrainingLoop):
             row_names=[f"data.eval_prompts row {i}" for i in rows],
             responses=responses,
         )
-        return scored.total, scored.parts if len(scored.parts) > 1 else None
+        several = len(scored.parts) > 1 or self.held_out.solved_parts  # one task's part: its eval/solved/<task>
+        return scored.total, scored.parts if several else None
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
