@@ -10,7 +10,7 @@
     cached and `HF_HUB_OFFLINE` is not set.
 An existing local path always wins over a bundled name or a Hub id of the same spelling.
 
-transformers dequantises a GGUF file on every load (~25 s for SmolLM2-135M). GGUF
+transformers dequantises a GGUF file on every load (~25 s for SmolLM2-135M, ~60 s for Gemma 3 270M). GGUF
 sources are therefore converted once to a float32 safetensors directory in a cache
 (`$HYDRAPPO_CACHE`, default `~/.cache/hydrappo/converted`) and loaded from there
 afterwards (about a second). The conversion is written to a temporary sibling folder
@@ -47,6 +47,9 @@ logger = logging.getLogger("hydrappo.models")
 # Bump when the conversion itself changes, so old cache entries are not reused.
 _CONVERSION_VERSION = "1"
 _DIGEST_BYTES = 4 << 20
+# What a conversion takes, per MB of GGUF file: SmolLM2-135M's 98 MB in ~25 s, Gemma 3 270M's 253 MB in
+# 57.5 s (issue 48; 111 s on a 2-core CPU shared with a training run): about 0.23 s per MB on a quiet CPU.
+SECONDS_PER_MB = 0.23
 
 
 @dataclass(frozen=True)
@@ -345,8 +348,15 @@ def cached_gguf_conversion(directory: str | os.PathLike, gguf_file: str) -> Path
     if _is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    megabytes = source.stat().st_size / 1e6
     logger.info(
-        "converting %s to safetensors in %s (once, about half a minute; later runs reuse the cache)", source, target
+        "converting %s (%.0f MB) to safetensors in %s, once: every weight is dequantised, roughly %.0f s on a quiet "
+        "CPU and longer on a busy one (%.2f s per MB); later runs reuse the cache",
+        source,
+        megabytes,
+        target,
+        megabytes * SECONDS_PER_MB,
+        SECONDS_PER_MB,
     )
     start = time.perf_counter()
     try:

@@ -156,6 +156,7 @@ class ReasoningGymTask:
             where = "task.task_name" if self.args.task_name else f"task.tasks.{task_name}"
             check_spec(task_name, task_options, tasks, where)
         self.specs, self._tasks, self._items = specs, tasks, None
+        self.plain_text = None  # None: prompts for a chat template; else the system prompt (or "") of plain text
 
     @classmethod
     def from_args(cls, args: TaskArgs) -> ReasoningGymTask:
@@ -242,11 +243,37 @@ class ReasoningGymTask:
 
     def prompt(self, entry: dict) -> str | list[dict]:
         """The question and the instruction; with an answer start, as TRL's conversational prompt whose
-        last turn, the assistant's, is continued (prompts.py)."""
+        last turn, the assistant's, is continued (prompts.py). As plain text (use_plain_text): the
+        system prompt, the instruction, the question and the answer start, for a model without a chat
+        template."""
         instruction = self.args.task_instruction
-        text = f"{entry['question']}\n\n{instruction}" if instruction else entry["question"]
         start = self.args.task_answer_start
+        if self.plain_text is not None:
+            paragraphs = [part for part in (self.plain_text, instruction, entry["question"]) if part]
+            return "\n\n".join(paragraphs) + "\n" + (start or "")
+        text = f"{entry['question']}\n\n{instruction}" if instruction else entry["question"]
         return [{"role": "user", "content": text}, {"role": "assistant", "content": start}] if start else text
+
+    def use_plain_text(self, tokenizer, data) -> bool:
+        """Whether the prompts are plain text: when the tokenizer has no chat template (a base model),
+        they are rendered without one (prompt), whatever data.apply_chat_template says, and this is
+        logged. Call before rows(): the rows are made anew."""
+        if getattr(tokenizer, "chat_template", None):
+            self.plain_text = None
+            return False
+        self.plain_text = data.system_prompt or ""
+        start = self.args.task_answer_start
+        parts = ["data.system_prompt"] * bool(data.system_prompt) + ["the instruction", "the question"]
+        then = f", then the answer start {start!r} on a line of its own" if start else ", then a new line"
+        ignored = " (data.apply_chat_template does not apply)" if data.apply_chat_template else ""
+        logger.warning(
+            "the tokenizer has no chat template (a base model): the task's prompts are plain text%s: %s, a paragraph "
+            "each%s.",
+            ignored,
+            ", ".join(parts),
+            then,
+        )
+        return True
 
     def rows(self, split: str = "train") -> list[dict]:
         """The items as prompt-table rows, {"prompt", "task", "answer", "item"} (`item`: the item's
@@ -290,7 +317,8 @@ class ReasoningGymTask:
         """Raise data.max_prompt_length to the longest task prompt (as formatted): a task prompt cut
         from the left loses its question, or the chat template's system turn."""
         texts = [row["prompt"] for row in self.rows("train") + self.rows("eval")]
-        prompts = tokenize_prompts(texts, tokenizer, 10**9, data.apply_chat_template, data.system_prompt)
+        chat = data.apply_chat_template and self.plain_text is None
+        prompts = tokenize_prompts(texts, tokenizer, 10**9, chat, data.system_prompt if chat else None)
         longest = max(len(ids) for ids in prompts.input_ids)
         if longest > data.max_prompt_length:
             logger.info(

@@ -173,16 +173,42 @@ def check_processing_class(config, inputs, tokenizer, option: str = "processing_
 
 
 def chat_template_needs(config, inputs) -> str | None:
-    """Why this run renders text with the tokenizer's chat template (None: it does not)."""
+    """Why this run renders text with the tokenizer's chat template (None: it does not). A reasoning-gym
+    task does not need one: without it, its prompts are plain text (tasks/reasoning_gym.py plain_prompts)."""
     agent = getattr(config, "agent", None)
     if agent is not None and agent.enabled:
         return "multi-turn episodes (the agent section, or tools= / environment_factory=) render every turn with it"
+    task = getattr(config, "task", None)
+    if task is not None and task.enabled:
+        return None
     if config.data.apply_chat_template:
         return "data.apply_chat_template is set"
     for where, prompts in prompt_lists(config, inputs):
         if any(isinstance(prompt, (list, tuple)) for prompt in prompts or ()):
             return f"the prompts of {where} are message lists, which only a chat template turns into text"
     return None
+
+
+def refuse_without_chat_template(config, inputs) -> None:
+    """Refuse, before any weights load or any GGUF file is converted, a run that renders text with the
+    chat template when the tokenizer the config names has none (a base model): read from the GGUF
+    file's metadata or the tokenizer's files (storage/gguf_metadata.py)."""
+    from ..storage.gguf_metadata import source_chat_template
+
+    needs = chat_template_needs(config, inputs)
+    if not needs or source_chat_template(config.model):
+        return
+    model = config.model
+    named = (
+        f"model.tokenizer_name_or_path={model.tokenizer_name_or_path!r}"
+        if model.tokenizer_name_or_path
+        else f"model.name_or_path={model.name_or_path!r}"
+    )
+    raise UsageError(
+        f"{named} has no chat template (a base model's tokenizer has none), and {needs}. Give the prompts as plain "
+        "text (data.apply_chat_template: false; a reasoning-gym task renders its prompts as plain text by itself), "
+        "or a tokenizer with a chat template (model.tokenizer_name_or_path, e.g. the instruct model's)."
+    )
 
 
 def prompt_lists(config, inputs) -> list[tuple[str, list]]:

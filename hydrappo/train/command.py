@@ -41,12 +41,14 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
     config = parse_config(args.config, overrides, config_cls)
     from ..storage.models import fetch_hub_models
     from ..storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
+    from .api import refuse_without_chat_template
     from .inputs import read_inputs
 
     # Before anything is written: the data and reward functions, checked (train/inputs.py), and
     # every Hub id, cached or downloaded.
     stage_inputs = read_inputs(config)
     fetch_hub_models(config)
+    refuse_without_chat_template(config, stage_inputs)  # before a GGUF file converts (a minute)
     _plan_against_the_gpu(config)
     resume = start_run(config, args.resume, writer=launcher_process()[0] == 0)
     return config, resume, stage_inputs

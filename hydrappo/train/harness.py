@@ -48,7 +48,7 @@ from ..storage.checkpoint import (
 )
 from ..storage.models import build_hydra, check_tokenizer_fits, fetch_hub_models
 from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir
-from .api import check_processing_class, trainer_inputs
+from .api import check_processing_class, refuse_without_chat_template, trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
 from .interrupt import StopNow, StopOnSignal
@@ -420,12 +420,15 @@ def prepare(
     validate(config)
     # The Python API's first chance (the command line checked before): no model loads for a run that would be refused.
     refuse_own_inputs(run.output_dir, input_paths(config), "train.output_dir")
+    read_here = inputs is None  # (the command line read them, and checked the chat template, already)
     inputs = inputs if inputs is not None else read_inputs(config)
     given = objects.get("processing_class") is not None  # TRL's name of the tokenizer given in Python
     if given:  # refused now, before any model loads, if it cannot serve this run
         check_processing_class(config, inputs, tokenizer)
     if hydra is None and model is None:
         fetch_hub_models(config)  # a Hub id that cannot be had fails here, before any weights load
+        if read_here and not given:
+            refuse_without_chat_template(config, inputs)
     harness = Harness(run, config, max_nonfinite_steps=getattr(config, config.OPTIMIZER).max_nonfinite_steps)
     loaded = (model, None) if model is not None else None
     if hydra is None and getattr(run, "fsdp_trunk", False) and harness.dist.enabled:

@@ -82,12 +82,16 @@ class PPOTrainer(TrainingLoop):
 
         rewards = build_reward_source(config.reward, device=str(self.device), functions=self.inputs.functions)
         data = config.data
-        if self.inputs.task is not None:  # a task's prompts are never cut: max_prompt_length grows to fit them
-            self.inputs.task.fit_prompt_length(data, tokenizer)
+        chat, system_prompt = data.apply_chat_template, data.system_prompt
+        task = self.inputs.task
+        if task is not None:
+            if task.use_plain_text(tokenizer, data):  # no chat template (a base model): plain-text prompts
+                self.inputs.prompts = [row["prompt"] for row in task.rows("train")]
+                self.inputs.eval_prompts = [row["prompt"] for row in task.rows("eval")]
+                chat, system_prompt = False, None
+            task.fit_prompt_length(data, tokenizer)  # a task's prompts are never cut: max_prompt_length grows
         self.eval_columns = self.inputs.eval_columns
-        prompts = tokenize_prompts(
-            self.inputs.prompts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
-        )
+        prompts = tokenize_prompts(self.inputs.prompts, tokenizer, data.max_prompt_length, chat, system_prompt)
         # Multi-turn episodes with tools / environments (agent:, or tools= / environment_factory= objects).
         self.agent = build_agent(config, tokenizer, self.inputs.agent_code)
         self.backoff = BackOff(train.oom_backoff)  # train/memory.py
@@ -98,8 +102,8 @@ class PPOTrainer(TrainingLoop):
                     self.inputs.eval_prompts,
                     tokenizer,
                     data.max_prompt_length,
-                    data.apply_chat_template,
-                    data.system_prompt,
+                    chat,
+                    system_prompt,
                 ),
                 tokenizer,
                 batch_size=config.generation.generation_batch_size,
