@@ -5,6 +5,7 @@ train/optimizers.py).
 
     python tools/validate_memory.py              # a SmolLM2-135M-shaped and a ~400M Llama, 3 settings (minutes)
     python tools/validate_memory.py --variants none/adamw --models smollm2-135m
+    python tools/validate_memory.py --variants none/adamw --models path/to/model.gguf   # any model train takes
     python tools/validate_memory.py --device cuda   # bf16 on a GPU: torch.cuda.max_memory_allocated
     hydrappo memory --validate                   # the same, from a source checkout
 
@@ -51,10 +52,15 @@ VALIDATION_MODELS = {
 
 
 def validation_config(name: str):
+    """The config of a validation model, or of any model `hydrappo memory` takes (a preset, a config.json,
+    whatever model.name_or_path takes: planner/counts.load_model_config); measured with random weights."""
     from transformers import AutoConfig
 
+    from hydrappo.planner.counts import load_model_config
     from hydrappo.planner.presets import preset_config
 
+    if name not in VALIDATION_MODELS:
+        return load_model_config(name)
     values = VALIDATION_MODELS[name]
     if values is None:
         return preset_config(name)
@@ -297,7 +303,7 @@ def validate(
             error = predicted / measured["peak"] - 1
             rows.append(
                 {
-                    "model": name,
+                    "model": name if name in VALIDATION_MODELS else Path(name).name,
                     "variant": variant,
                     "parameters": plan.counts.total,
                     "predicted": predicted,
@@ -325,7 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         _measure_main()
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", choices=list(VALIDATION_MODELS), default=list(VALIDATION_MODELS))
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list(VALIDATION_MODELS),
+        help=f"{', '.join(VALIDATION_MODELS)} (the default), or any model `hydrappo memory` takes: a preset, a "
+        "config.json, a model folder, a .gguf file, a bundled name (measured with random weights of its shape)",
+    )
     parser.add_argument(
         "--variants",
         nargs="+",

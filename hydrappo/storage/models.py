@@ -338,13 +338,17 @@ def _is_complete(directory: Path) -> bool:
     return (directory / "config.json").is_file() and any(directory.glob("*.safetensors"))
 
 
+def conversion_folder(source: Path) -> Path:
+    """Where the cache holds (or will hold) the conversion of the GGUF file `source`."""
+    return cache_root() / f"{source.stem.lower().replace(' ', '_')}-{gguf_fingerprint(source)}"
+
+
 def cached_gguf_conversion(directory: str | os.PathLike, gguf_file: str) -> Path:
     """The safetensors conversion of a GGUF file, made once in the cache and reused."""
     source = Path(directory).expanduser() / gguf_file
     if not source.is_file():
         raise ModelLoadError(f"GGUF file {str(source)!r} does not exist.")
-    name = Path(gguf_file).stem.lower().replace(" ", "_")
-    target = cache_root() / f"{name}-{gguf_fingerprint(source)}"
+    target = conversion_folder(source)
     if _is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -396,8 +400,9 @@ def source_config(directory: str | os.PathLike, gguf_file: str | None = None):
     or a GGUF file's metadata, read without dequantising its weights."""
     from transformers import AutoConfig
 
-    if gguf_file is None:
-        return AutoConfig.from_pretrained(str(directory))
+    converted = conversion_folder(Path(directory) / gguf_file) if gguf_file is not None else None
+    if gguf_file is None or _is_complete(converted):  # a converted file's config.json: no parse of the whole file
+        return AutoConfig.from_pretrained(str(converted or directory))
     _require_gguf()
     config = AutoConfig.from_pretrained(str(directory), gguf_file=gguf_file)
     if hasattr(config, "quantization_config"):  # the file's quantization, not one to load the weights with
