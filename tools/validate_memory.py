@@ -90,6 +90,7 @@ def validation_settings(**overrides) -> TrainingSettings:
         prompt_length=64,
         response_length=64,
         reward_model=False,
+        device="cpu",  # the log-prob pass's blocks on the CPU (planner/settings.py)
     )
     values.update(overrides)
     return TrainingSettings(**values)
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     cuda = args.device.startswith("cuda")
-    s = validation_settings(dtype="bfloat16") if cuda else validation_settings()
+    s = validation_settings(dtype="bfloat16", device="cuda") if cuda else validation_settings()
     rows = validate(args.models, s, variants=args.variants, device=args.device)
     print(
         f"two PPO steps (the second measured phase by phase) on {'this GPU' if cuda else 'this CPU'}: {s.dtype}, "

@@ -50,8 +50,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+import torch
+
 from ..model.band import band_problem, parse_band, resolve_band
-from ..model.logprobs import CHUNK_ELEMENTS
+from ..model.logprobs import CHUNK_ELEMENTS, vocab_block
 from ..generation.graph_decode import bucket_of
 from .activations import ActivationTrace, trace_activations
 from .counts import (
@@ -120,9 +122,11 @@ class MemoryPlan:
     activation: ActivationTrace = field(repr=False)
 
 
-def _chunk_elements(positions: int, vocab: int) -> int:
-    chunk_tokens = max(1, CHUNK_ELEMENTS // max(1, vocab))
-    return min(chunk_tokens, positions) * vocab
+def _chunk_elements(positions: int, vocab: int, device: str = "cuda") -> int:
+    """Logits of one block of the log-prob pass: a chunk's rows times the block's vocabulary columns
+    (model/logprobs.py: the whole vocabulary on a GPU, 2048 columns on the CPU)."""
+    rows = min(max(1, CHUNK_ELEMENTS // max(1, vocab)), positions)
+    return rows * vocab_block(rows, vocab, torch.device(device))
 
 
 def _optimizer_bytes(params: int, optimizer: str, state_bytes: int) -> int:
@@ -391,9 +395,11 @@ def _hydra_step(run: _Run, trainable: _Trainable) -> list[Component]:
     recorded = split_cache + 2 * generation_batch * seq_len * hidden * weight_bytes if not run.full else 0
     # Packing the recorded states (or, without a frozen split, torch.cat of the evaluation chunks).
     cat_copy = split_cache if settings.batch_size > generation_batch or not run.full else 0
-    logits_eval = _chunk_elements(generation_batch * settings.response_length, vocab) * 4 * CHUNK_COPIES_EVAL
+    logits_eval = (
+        _chunk_elements(generation_batch * settings.response_length, vocab, settings.device) * 4 * CHUNK_COPIES_EVAL
+    )
     update_copies = CHUNK_COPIES_EVAL if settings.entropy_in_update else CHUNK_COPIES_UPDATE
-    logits_update = _chunk_elements(micro * settings.response_length, vocab) * 4 * update_copies
+    logits_update = _chunk_elements(micro * settings.response_length, vocab, settings.device) * 4 * update_copies
     evaluation = run.layer_workspace(generation_batch, seq_len) + 3 * generation_batch * seq_len * hidden * weight_bytes
     with_autograd = run.trained + run.above  # layers the update runs with autograd
     if settings.gradient_checkpointing:

@@ -17,6 +17,7 @@ FRAGMENTATION = 1.10
 CUDA_CONTEXT_GIB = 0.75
 DTYPES = tuple(name for canonical, aliases in DTYPE_NAMES.items() for name in (canonical, *aliases))
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
+DEVICES = ("cuda", "cpu")
 SAMPLERS = ("decode", "generate", "graph")  # the ones whose memory differs: graph holds its KV cache
 # Float32 copies of one logits chunk alive at the peak of a log-prob chunk, as counted for the
 # chunked code before the fused pass over the vocabulary (commit 27cf8e9): forward with entropy
@@ -55,12 +56,18 @@ class TrainingSettings:
     gradient_checkpointing: bool = False
     entropy_in_update: bool = False  # ppo.ent_coef != 0
     sampler: str = "decode"  # graph: the static KV cache of the graph sampler's bucket is held between samples
+    # Where the run computes: the log-prob pass takes a chunk's whole vocabulary in one block on a GPU and
+    # blocks of 2048 columns on the CPU (model/logprobs.vocab_block). The planner plans GPUs; the CPU is
+    # what tools/validate_memory.py measures on.
+    device: str = "cuda"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of: {', '.join(DTYPES)}.")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer {self.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}.")
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r} is not one of: {', '.join(DEVICES)}.")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler {self.sampler!r} is not one of: {', '.join(SAMPLERS)}.")
         if self.trunk_quantization not in TRUNK_QUANTIZATIONS:
