@@ -243,15 +243,16 @@ class ReasoningGymTask:
 
     def prompt(self, entry: dict) -> str | list[dict]:
         """The question and the instruction; with an answer start, as TRL's conversational prompt whose
-        last turn, the assistant's, is continued (prompts.py). As plain text (use_plain_text): the
-        system prompt, the instruction, the question and the answer start, for a model without a chat
-        template."""
+        last turn, the assistant's, is continued (prompts.py). As plain text (use_plain_text), for a
+        model without a chat template: the system prompt, the question and the instruction, a paragraph
+        each, then the answer start on a line of its own (without a system prompt or an answer start,
+        the same text as with a chat template's input)."""
         instruction = self.args.task_instruction
         start = self.args.task_answer_start
-        if self.plain_text is not None:
-            paragraphs = [part for part in (self.plain_text, instruction, entry["question"]) if part]
-            return "\n\n".join(paragraphs) + "\n" + (start or "")
         text = f"{entry['question']}\n\n{instruction}" if instruction else entry["question"]
+        if self.plain_text is not None:  # the user turn's text, after the system prompt; the answer start below
+            text = f"{self.plain_text}\n\n{text}" if self.plain_text else text
+            return f"{text}\n{start}" if start else text
         return [{"role": "user", "content": text}, {"role": "assistant", "content": start}] if start else text
 
     def use_plain_text(self, tokenizer, data) -> bool:
@@ -263,8 +264,8 @@ class ReasoningGymTask:
             return False
         self.plain_text = data.system_prompt or ""
         start = self.args.task_answer_start
-        parts = ["data.system_prompt"] * bool(data.system_prompt) + ["the instruction", "the question"]
-        then = f", then the answer start {start!r} on a line of its own" if start else ", then a new line"
+        parts = ["data.system_prompt"] * bool(data.system_prompt) + ["the question", "the instruction"]
+        then = f", then the answer start {start!r} on a line of its own" if start else ""
         ignored = " (data.apply_chat_template does not apply)" if data.apply_chat_template else ""
         logger.warning(
             "the tokenizer has no chat template (a base model): the task's prompts are plain text%s: %s, a paragraph "

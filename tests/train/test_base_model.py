@@ -84,7 +84,7 @@ def test_a_gguf_file_without_a_chat_template_is_refused_before_it_converts(tmp_p
 def test_a_task_runs_on_a_base_model_with_plain_text_prompts(tmp_path, caplog):
     """The task's config as an instruct model would take it (the chat template on, an answer start
     continued as the assistant's turn) on a model without a chat template: the prompts are the
-    instruction, the question and the answer start as plain text, logged; a step runs, and generate
+    question, the instruction and the answer start as plain text, logged; a step runs, and generate
     answers the held-out items in the same plain text."""
     task = {
         "task_name": "chain_sum",
@@ -101,9 +101,9 @@ def test_a_task_runs_on_a_base_model_with_plain_text_prompts(tmp_path, caplog):
     instruction = trainer.config.task.task_instruction
     for prompts in (trainer.inputs.prompts, trainer.inputs.eval_prompts):
         for prompt in prompts:
-            assert isinstance(prompt, str) and prompt.startswith(instruction + "\n\n") and prompt.endswith("\n<answer>")
+            assert isinstance(prompt, str) and prompt.endswith(f"\n\n{instruction}\n<answer>")
     question = trainer.inputs.task.items()[0][0][1]["question"]
-    assert trainer.inputs.prompts[0] == f"{instruction}\n\n{question}\n<answer>"
+    assert trainer.inputs.prompts[0] == f"{question}\n\n{instruction}\n<answer>"
     history = trainer.train()
     assert history[-1]["step"] == 1 and 0.0 <= history[-1]["env/reward/chain_sum"] <= 1.0
     # generate answers the run's held-out items as the run rendered them
