@@ -43,7 +43,8 @@ most its memory. Sizes are GiB, as GPU memory is sold.
 Checked against reality with tools/validate_memory.py (`hydrappo memory --validate`): the peak resident memory of two PPO steps of
 hydrappo's trainer on the CPU (float32, N=2, batch 8, 64 + 64 tokens), planned with the CPU's
 log-prob blocks (settings.device) plus the ~155 MiB the process holds once it computes: SmolLM2-135M's
-shape 863 planned / 881 MiB measured, Gemma 3 270M's (vocabulary 262,144) GEMMA_PLAN (2026-11-28).
+shape 863 planned / 881 MiB measured, Gemma 3 270M's (vocabulary 262,144)
+1476 / 1463 MiB (2026-11-28).
 """
 
 from __future__ import annotations
