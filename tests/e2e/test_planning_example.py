@@ -70,16 +70,33 @@ def test_the_transcripts_chain_one_call_per_number(tmp_path):
 
 
 def test_the_rewards_and_measures():
-    reward = {
-        name: load_object(f"{EXAMPLE / 'reward.py'}:{name}", None, "example")
-        for name in ("accuracy", "calls", "called_when_needed", "called_when_not_needed", "solved_with_tool")
+    names = ("accuracy", "plan", "wasted_calls", "calls", "called_when_needed", "called_when_not_needed")
+    reward = {name: load_object(f"{EXAMPLE / 'reward.py'}:{name}", None, "example") for name in names}
+
+    def call(a, b):
+        return f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+
+    prompts = [
+        "What is 10000 + 20000 + 40000 + 50000?",
+        [{"role": "user", "content": "What is 3 + 4?"}],  # a conversational prompt: its user turn
+        "What is 10000 + 20000 + 40000 + 50000?",
+    ]
+    transcripts = [  # the whole chain; a call on a one-digit sum; the first step, then the wrong number
+        f"{call(10000, 20000)}\ntool\n30000\n{call(30000, 40000)}\ntool\n70000\n{call(70000, 50000)}\ntool\n"
+        "120000\nThe sum is 120,000.",
+        f"{call(3, 4)}\ntool\n7\n7",
+        f"{call(10000, 20000)}\ntool\n30000\n{call(30000, 20000)}\ntool\n50000\n{call(1, 2)}\n{call(1, 2)}\n",
+    ]
+    columns = {
+        "answer": ["120000", "7", "120000"],
+        "needs_tool": [True, False, True],
+        "calls_needed": [3, 0, 3],
+        "transcripts": transcripts,
     }
-    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-    transcripts = [f"assistant\n{call}\ntool\n3\nassistant\n{call}\ntool\n3\nassistant\nThe sum is 1,042.", "3 + 4 = 7"]
-    columns = {"answer": ["1042", "8"], "needs_tool": [True, False], "transcripts": transcripts}
-    completions = ["The sum is 1,042.", "3 + 4 = 7"]
-    assert reward["accuracy"](completions, **columns) == [1.0, 0.0]
-    assert reward["calls"](completions, **columns) == [-2.0, -0.0]
-    assert reward["called_when_needed"](completions, **columns) == [1.0, None]
-    assert reward["called_when_not_needed"](completions, **columns) == [None, 0.0]
-    assert reward["solved_with_tool"](completions, **columns) == [1.0, None]
+    completions = ["The sum is 120,000.", "7", call(1, 2)]
+    assert reward["accuracy"](prompts, completions, **columns) == [1.0, 1.0, 0.0]
+    assert reward["plan"](prompts, completions, **columns) == [1.0, None, 1 / 3]
+    assert reward["wasted_calls"](prompts, completions, **columns) == [0.0, -1.0, -1.0]
+    assert reward["calls"](prompts, completions, **columns) == [3.0, 1.0, 4.0]
+    assert reward["called_when_needed"](prompts, completions, **columns) == [1.0, None, 1.0]
+    assert reward["called_when_not_needed"](prompts, completions, **columns) == [None, 1.0, None]
