@@ -204,8 +204,14 @@ def measure_heldout(
 
     hydra.eval()
     data, generation = config.data, config.generation
-    texts, columns = load_prompt_table(str(prompts), data.prompt_column)  # the other columns go to the reward
-    texts, columns = texts[:limit], {name: values[:limit] for name, values in columns.items()}
+    task = None
+    if prompts is None:  # a run of a reasoning-gym task: its held-out items, scored by its verifiers
+        from hydrappo.evaluate import task_held_out
+
+        task, texts, columns = task_held_out(config, limit)
+    else:
+        texts, columns = load_prompt_table(str(prompts), data.prompt_column)  # the other columns go to the reward
+        texts, columns = texts[:limit], {name: values[:limit] for name, values in columns.items()}
     prompt_set = tokenize_prompts(
         texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
     )
@@ -225,18 +231,27 @@ def measure_heldout(
     )
     kl = masked_sum(out.logprobs.float() - out.ref_logprobs.float(), action_mask.to(out.logprobs.device), dim=-1).cpu()
     response_texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
-    source = build_reward_source(RewardArgs(reward_fn=reward_fn))
-    samples_text = [p + r for p, r in zip(texts, response_texts)]
-    scores = [
-        float(s)
-        for s in source(
-            samples_text, texts, response_texts, columns=columns, completion_ids=responses.response_ids
-        ).total
-    ]
+    if task is not None:  # each verifier scores its own task's items (None elsewhere), as in training
+        from hydrappo.prompts import trl_arguments
+
+        conversational = texts and not isinstance(texts[0], str)  # an answer start: the turn it opened
+        completions = trl_arguments(texts, response_texts)[1] if conversational else response_texts
+        by_task = [verify(completions, **columns) for verify in task.reward_funcs]
+        scores = [next(s for s in item if s is not None) for item in zip(*by_task)]
+    else:
+        source = build_reward_source(RewardArgs(reward_fn=reward_fn))
+        samples_text = [p + r for p, r in zip(texts, response_texts)]
+        scores = [
+            float(s)
+            for s in source(
+                samples_text, texts, response_texts, columns=columns, completion_ids=responses.response_ids
+            ).total
+        ]
     flags = degeneration_flags(responses.response_ids, responses.ended)
     eos = [s for s, ended in zip(responses.response_ids, responses.ended) if ended]
     return {
         "reward": statistics.fmean(scores),
+        "solved": statistics.fmean(float(score >= 1.0) for score in scores),  # a verifier's full score
         "kl": kl.mean().item(),
         "eos_frac": statistics.fmean(map(float, responses.ended)),
         "degenerate_frac": statistics.fmean(map(float, flags)),
@@ -756,15 +771,19 @@ def measure_main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description="held-out measurements of checkpoints at several sampling seeds")
     parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint folders, or output_dirs (the newest)")
-    parser.add_argument("--prompts", type=Path, required=True, help="the held-out prompts file")
-    parser.add_argument("--reward_fn", required=True, help="the held-out reward, 'file.py:function'")
+    parser.add_argument(
+        "--prompts", type=Path, default=None, help="the held-out prompts file (none: the run's task's held-out items)"
+    )
+    parser.add_argument("--reward_fn", default=None, help="the held-out reward, 'file.py:function' (with --prompts)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1234, 1, 2, 3])
     parser.add_argument("--limit", type=int, default=None, help="held-out prompts to use (default: all)")
     parser.add_argument("--output", type=Path, default=None, help="JSON lines, one per measurement (appended)")
     args = parser.parse_args(argv)
     if len(set(args.seeds)) < 2:
         raise SystemExit("--seeds: give at least two different seeds; one measurement has no spread to show")
-    if not args.prompts.is_file():
+    if (args.prompts is None) != (args.reward_fn is None):
+        raise SystemExit("measure: give --prompts and --reward_fn together, or neither (a task run's held-out items)")
+    if args.prompts is not None and not args.prompts.is_file():
         raise SystemExit(f"--prompts {args.prompts}: no such file; give the held-out prompts file (.jsonl, .csv, ...)")
     done = []
     if args.output is not None and args.output.exists():
@@ -785,7 +804,8 @@ def measure_main(argv=None) -> int:
                 m = measure_heldout(
                     hydra, tokenizer, config, args.prompts, args.reward_fn, limit=args.limit, seed=seed, samples=0
                 )
-                row = {"checkpoint": name, "seed": seed, **{k: m[k] for k in ("reward", "kl", "distinct2", "prompts")}}
+                kept = ("reward", "solved", "kl", "distinct2", "prompts")
+                row = {"checkpoint": name, "seed": seed, **{k: m[k] for k in kept}}
                 rows.append(row)
                 if args.output is not None:
                     with args.output.open("a") as file:

@@ -28,7 +28,14 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = _load_tokenizer("smollm2-135m-instruct")
     task = ReasoningGymTask(
-        "chain_sum", size=args.size, seed=1, answer_start="<answer>", min_terms=2, max_terms=2, min_digits=2, max_digits=2
+        "chain_sum",
+        size=args.size,
+        seed=1,
+        answer_start="<answer>",
+        min_terms=2,
+        max_terms=2,
+        min_digits=2,
+        max_digits=2,
     )
     rows = [  # the prompt as the RL stage formats it (chat template, the assistant's turn opened with <answer>)
         {"prompt": format_prompt(row["prompt"], tokenizer, True), "response": f"{row['answer']}</answer>"}
