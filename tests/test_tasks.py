@@ -284,3 +284,19 @@ def test_generate_and_compare_answer_the_task_s_held_out_items_scored_by_its_ver
     rows = [json.loads(line) for line in measured.read_text().splitlines()]
     assert [row["seed"] for row in rows] == [1, 2] and all(row["prompts"] == 4 for row in rows)
     assert all(0.0 <= row["solved"] <= row["reward"] <= 1.0 and row["kl"] == row["kl"] for row in rows)
+
+
+def test_partial_credit_off_scores_only_full_marks():
+    """reasoning-gym's scorers pay part of a point to an answer that contains the right one; with
+    partial_credit=False (task.task_partial_credit: false) such an answer scores 0, full marks 1."""
+    scores = {}
+    for partial in (True, False):
+        task = ReasoningGymTask("chain_sum", size=2, partial_credit=partial, **SMALL)
+        (verify,) = task.reward_funcs
+        (row, _) = task.train_dataset
+        answers = [f"<answer>{row['answer']}</answer>", f"<answer>= {row['answer']}</answer>", "<answer>x</answer>"]
+        scores[partial] = verify(answers, task=["chain_sum"] * 3, item=[row["item"]] * 3)
+    assert scores[True][0] == scores[False][0] == 1.0
+    assert 0.0 < scores[True][1] < 1.0 and scores[False][1] == 0.0  # "= 7" contains 7: partial credit only
+    assert scores[True][2] == scores[False][2] == 0.0
+    assert ReasoningGymTask.from_args(task.args).args.task_partial_credit is False  # the config section carries it

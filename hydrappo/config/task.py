@@ -70,6 +70,13 @@ class TaskArgs:
         "answer and the closing tag; the verifier reads the start and the response together.",
     )
 
+    task_partial_credit: bool = option(
+        True,
+        "Keep the scorer's partial credit (reasoning-gym's default scorer pays len(answer) / len(reply) to a reply "
+        "that contains the answer). false: an answer scores 1 when the scorer gives it full marks, else 0 (a small "
+        "model paid for containing the answer learns to write strings of numbers: examples/reasoning).",
+    )
+
     @property
     def enabled(self) -> bool:
         return bool(self.task_name or self.tasks)

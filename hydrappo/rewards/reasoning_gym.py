@@ -31,10 +31,18 @@ class TaskVerifier:
     """One task's scores in TRL's reward-function convention, `fn(completions, task, item, **kwargs)`:
     `task` and `item` are columns of the task's rows (its name, and the item's number in `entries`)."""
 
-    def __init__(self, name: str, score_answer, entries: dict[int, dict], answer_start: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        score_answer,
+        entries: dict[int, dict],
+        answer_start: str | None = None,
+        partial_credit: bool = True,
+    ):
         self.__name__ = name  # the source's name: env/reward/<task>
         self.__qualname__ = f"TaskVerifier({name})"
         self.score_answer, self.entries, self.answer_start = score_answer, entries, answer_start
+        self.partial_credit = partial_credit  # False: full marks score 1, anything less 0
         self._warned = False
 
     def __call__(self, completions, task, item, **kwargs) -> list[float | None]:
@@ -54,7 +62,8 @@ class TaskVerifier:
         if answer is None:  # no <answer> tags: nothing to score
             return 0.0
         try:
-            return float(self.score_answer(answer, entry))
+            score = float(self.score_answer(answer, entry))
+            return score if self.partial_credit or score >= 1.0 else 0.0
         except Exception as error:  # the library's scorer on an answer it cannot parse: a wrong answer
             if not self._warned:
                 self._warned = True

@@ -118,6 +118,7 @@ class ReasoningGymTask:
         eval_size: int = 0,
         instruction: str | None = None,
         answer_start: str | None = None,
+        partial_credit: bool = True,
         **options,
     ):
         if isinstance(name, (list, tuple)):  # reasoning-gym's composite form: [{name, weight, config}]
@@ -138,6 +139,7 @@ class ReasoningGymTask:
             task_seed=seed,
             task_instruction=DEFAULT_INSTRUCTION if instruction is None else instruction,
             task_answer_start=answer_start or None,
+            task_partial_credit=bool(partial_credit),
         )
         specs, problems = task_specs(self.args)
         if problems:
@@ -174,6 +176,7 @@ class ReasoningGymTask:
             eval_size=args.task_eval_size,
             instruction=args.task_instruction,
             answer_start=args.task_answer_start,
+            partial_credit=args.task_partial_credit,
             **options,
         )
 
@@ -305,6 +308,7 @@ class ReasoningGymTask:
                 self.datasets[name].score_answer,
                 {i: entry for i, (task, entry) in enumerate(train + held_out) if task == name},
                 self.args.task_answer_start,
+                self.args.task_partial_credit,
             )
             for name in self.names
         ]
