@@ -66,9 +66,9 @@ def held_out_statistics(
     if unscored:
         stats["eval/unscored_frac"] = unscored / count
     for name, values in (parts or {}).items():
-        stats[f"eval/reward/{name}"] = statistics.fmean([v for v in values if v == v] or [0.0])
+        scored = [v for v in values if v == v]  # NaN: an answer this reward did not score
+        stats[f"eval/reward/{name}"] = statistics.fmean(scored or [0.0])
         if name in solved_parts:
-            scored = [v for v in values if v == v]
             stats[f"eval/solved/{name}"] = sum(v >= 1.0 for v in scored) / (len(scored) or 1)
     return stats
 

@@ -111,7 +111,7 @@ class PPOTrainer(TrainingLoop):
                 seed=train.seed,
                 samples_per_prompt=train.eval_samples_per_prompt,
                 # A task's verifiers give partial credit: eval/solved/<task> counts the answers scoring 1.
-                solved_parts=tuple(self.inputs.task.names) if self.inputs.task is not None else (),
+                solved_parts=tuple(task.names) if task is not None else (),
             )
         self._check_process_count()
 
