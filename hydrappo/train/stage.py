@@ -56,7 +56,12 @@ class SupervisedStage(TrainingLoop):
         """Each process of a distributed run caches every example: its shares of later batches
         are other examples."""
         with self.harness.dist.phase("caching the frozen trunk's outputs"):
-            self.split_cache.fill(self.cache_examples(), self.tokenizer.pad_token_id, self.config.train.eval_batch_size)
+            self.split_cache.fill(
+                self.cache_examples(),
+                self.tokenizer.pad_token_id,
+                self.config.train.eval_batch_size,
+                progress=self.config.train.progress_bar and self.harness.dist.is_main,
+            )
         return self.harness.run(self, self.total_steps, resume)
 
 
@@ -106,21 +111,26 @@ class SplitCache:
         self.hydra, self.enabled = hydra, enabled
         self.rows: dict = {}
 
-    def fill(self, examples: dict, pad_token_id: int, chunk_size: int) -> None:
+    def fill(self, examples: dict, pad_token_id: int, chunk_size: int, progress: bool = False) -> None:
         """Compute every example's split hidden state now ({key: (prompt ids, response ids)}),
         in key order and fixed chunks. A row's numbers depend (in the last bits) on the batch
         it was computed in, so filling the cache the same way every time makes its contents
         independent of how training happened to batch the examples: a resumed run then
-        computes exactly what an uninterrupted one did."""
+        computes exactly what an uninterrupted one did. `progress`: a bar of examples cached (on a
+        CPU, hundreds of long examples take minutes before the first step)."""
         if not self.enabled:
             return
+        from tqdm.auto import tqdm
+
         keys = sorted(key for key in examples if key not in self.rows)
-        for start in range(0, len(keys), chunk_size):
-            chunk = keys[start : start + chunk_size]
-            input_ids, attention_mask, _, _ = pack_sequences(
-                [examples[key][0] for key in chunk], [examples[key][1] for key in chunk], pad_token_id
-            )
-            self(chunk, input_ids.to(self.hydra.device), attention_mask.to(self.hydra.device))
+        with tqdm(total=len(keys), desc="caching the frozen trunk", unit="example", disable=not progress) as bar:
+            for start in range(0, len(keys), chunk_size):
+                chunk = keys[start : start + chunk_size]
+                input_ids, attention_mask, _, _ = pack_sequences(
+                    [examples[key][0] for key in chunk], [examples[key][1] for key in chunk], pad_token_id
+                )
+                self(chunk, input_ids.to(self.hydra.device), attention_mask.to(self.hydra.device))
+                bar.update(len(chunk))
 
     def __call__(self, keys: list | None, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Split hidden states (B, T, H) of a batch; `keys` name its rows (None: not cached)."""
