@@ -17,6 +17,7 @@ bigrams over all bigrams of all responses, Li et al. 2016).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -205,16 +206,19 @@ def measure_heldout(
     hydra.eval()
     data, generation = config.data, config.generation
     task = None
+    chat, system_prompt = data.apply_chat_template, data.system_prompt
     if prompts is None:  # a run of a reasoning-gym task: its held-out items, scored by its verifiers
         from hydrappo.evaluate import task_held_out
 
         task, texts, columns = task_held_out(config, limit)
+        data = copy.deepcopy(data)  # fitted below as the run fits it; the caller's config stays as it was
+        if task.use_plain_text(tokenizer, data):  # as the run: no chat template (a base model), plain text
+            texts, chat, system_prompt = [row["prompt"] for row in task.rows("eval")][: limit or None], False, None
+        task.fit_prompt_length(data, tokenizer)  # as the run: a task prompt is never cut
     else:
         texts, columns = load_prompt_table(str(prompts), data.prompt_column)  # the other columns go to the reward
         texts, columns = texts[:limit], {name: values[:limit] for name, values in columns.items()}
-    prompt_set = tokenize_prompts(
-        texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
-    )
+    prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, chat, system_prompt)
     torch.manual_seed(seed)
     responses = generate_responses(hydra, tokenizer, prompt_set.input_ids, generation)
     input_ids, attention_mask, action_mask, prompt_width = pack_sequences(
