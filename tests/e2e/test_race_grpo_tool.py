@@ -45,6 +45,7 @@ def test_both_sides_get_the_example_s_group_batch_tokens_temperature_rewards_ste
     assert [name for name, _, _ in matched] == [
         "answers per question (G)",
         "answers per step",
+        "optimizer steps per step",
         "new tokens at most",
         "temperature",
         "reward weights",
@@ -55,11 +56,12 @@ def test_both_sides_get_the_example_s_group_batch_tokens_temperature_rewards_ste
     values = {name: ours for name, _, ours in matched}
     assert values["answers per question (G)"] == 4 and values["answers per step"] == 32
     assert values["new tokens at most"] == 32 and values["steps"] == 7 and values["seed"] == 3
+    assert values["optimizer steps per step"] == 4  # 2 epochs x 2 mini-batches of 16, on both sides
     full = race_grpo.trl_config_kwargs("trl-full", args, 3, Path("out"))
     lora = race_grpo.trl_config_kwargs("trl-lora", args, 3, Path("out"))
     assert (full["learning_rate"], lora["learning_rate"]) == (1e-5, 1e-4)
-    # TRL's own defaults stay: nothing sets beta, the loss, reward scaling, iterations or checkpointing
-    for name in ("beta", "loss_type", "scale_rewards", "num_iterations", "gradient_checkpointing"):
+    # TRL's own defaults stay: nothing sets beta, the loss, reward scaling or checkpointing
+    for name in ("beta", "loss_type", "scale_rewards", "gradient_checkpointing"):
         assert name not in full
     assert full["bf16"] is False and full["use_cpu"] is True
     top4 = race_grpo.example_config(race_grpo.hydrappo_options("hydrappo-top4", 0))
@@ -103,7 +105,8 @@ def test_the_table_leaves_out_each_run_s_first_step_and_gives_trl_s_multiples():
 def test_a_side_s_result_is_kept_and_a_result_of_other_steps_is_refused(tmp_path, monkeypatch):
     without_trl(monkeypatch)
     args = race_grpo.parse_args(["--sides", "hydrappo", "--steps", "3", "--output-dir", str(tmp_path)])
-    folder = tmp_path / "hydrappo" / "seed-0"
+    folder = tmp_path / "hydrappo-lr3e-05" / "seed-0"  # the config's rate names the run
+    assert race_grpo.run_folder(args, "hydrappo", 0) == folder
     folder.mkdir(parents=True)
     kept = result("hydrappo", 0, [1.0, 2.0, 3.0], [10, 10, 10], 100.0, 0.5, 1.0)
     (folder / "result.json").write_text(json.dumps(kept))
