@@ -517,6 +517,13 @@ def per_batch(seconds: list[float], steps_per_batch: int) -> list[float]:
     return [sum(seconds[i : i + steps_per_batch]) for i in range(0, len(seconds), steps_per_batch)]
 
 
+def trl_saved_at(args, side: str) -> dict[int, int]:
+    """{TRL's optimizer step: the sampled batches done by then} of the held-out curve's points but the last
+    (the final policy, model/): its policy is saved after the same batches as hydrappo's checkpoints."""
+    each = optimizer_steps_per_batch(args, side)
+    return {step * each: step for step in curve_steps(args)[:-1]}
+
+
 def trl_child(args) -> int:
     """Train one TRL side, save its final policy (a LoRA merged in) to model/ and its step log to train.json."""
     import os
@@ -535,7 +542,7 @@ def trl_child(args) -> int:
     configure(args)
     side, seed, folder = args.child, args.seeds[0], args.output_dir
     each = optimizer_steps_per_batch(args, side)
-    saved_at = {step * each: step for step in curve_steps(args)[:-1]}  # the last step's policy is model/
+    saved_at = trl_saved_at(args, side)
     config = race_config(args)
     policy, tokenizer = load_model_and_tokenizer(config.model)
     if policy.dtype != torch.float32:

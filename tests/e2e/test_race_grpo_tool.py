@@ -282,3 +282,171 @@ def test_sides_of_different_lengths_are_compared_after_the_steps_all_ran(monkeyp
     assert rows["held-out accuracy after the side's last step"] == ["0.50", "0.90"]
     assert "Held out after 2 steps" in text
     assert rows["s/step (median)"] == ["9.00", "3.00"] and rows["sampled tokens per step (mean)"] == ["100", "100"]
+
+
+def write_config(folder: Path, replace: dict[str, str]) -> Path:
+    """examples/arithmetic/config.yaml with `replace`'s edits, in `folder` beside copies of its files."""
+    folder.mkdir(parents=True)
+    example = ROOT / "examples" / "arithmetic"
+    for name in ("reward.py", "train_prompts.jsonl", "eval_prompts.jsonl"):
+        (folder / name).write_text((example / name).read_text())
+    text = (example / "config.yaml").read_text()
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = folder / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_config_that_cannot_race_is_refused_with_what_to_change(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(race_grpo, "has_trl", lambda python: True)  # the TRL sides' own checks
+    (tmp_path / "broken.yaml").write_text("model: [unclosed\n")
+    no_held_out = write_config(tmp_path / "a", {"  eval_prompts: ": "  # eval_prompts: ", "  eval_every: 10": ""})
+    for argv, message in (
+        (["--config", str(tmp_path / "missing.yaml")], "does not exist"),
+        (["--config", str(tmp_path / "broken.yaml")], "broken.yaml does not parse: config file"),
+        (["--config-options", "--seed 'unclosed"], "--config-options=\"--seed 'unclosed\" is not a command line"),
+        (["--config-options", "--no_such_option 3"], "does not parse"),
+        (["--config", str(no_held_out)], "needs data.eval_prompts and a reward.reward_fn"),
+        (["--trl-full-lr", "1e-5", "0"], "--trl-full-lr=1e-05 0.0 must be positive"),
+        (["--hydrappo-lr", "1e-5", "1e-05"], "--hydrappo-lr=1e-05 1e-05 names a rate twice"),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            race_grpo.parse_args(argv)
+        error = capsys.readouterr().err
+        assert stopped.value.code == 2 and message in error and "Traceback" not in error, (argv, error)
+
+
+def test_a_batch_trl_cannot_split_is_refused_when_a_trl_side_races(tmp_path, monkeypatch):
+    monkeypatch.setattr(race_grpo, "has_trl", lambda python: True)
+
+    class Parsed:  # what config_problem reads of a config hydrappo itself would refuse
+        def __init__(self, batch, mini, group):
+            self.agent = self.task = type("Off", (), {"enabled": False, "task_eval_size": 0})()
+            self.data = type("Data", (), {"prompts": "p.jsonl", "eval_prompts": "e.jsonl"})()
+            self.reward = type("Reward", (), {"function_specs": ["r.py:f"], "reward_model": None})()
+            self.reward.use_reward_branch = False
+            self.ppo = type("PPO", (), {"batch_size": batch, "mini_batch_size": mini})()
+            self.generation = type("Generation", (), {"samples_per_prompt": group})()
+
+    args = race_grpo.parse_args(["--sides", "trl-full", "hydrappo"])
+    for parsed, message in (
+        (Parsed(30, 10, 4), "ppo.batch_size=30 is not a multiple of generation.samples_per_prompt=4"),
+        (Parsed(32, 12, 4), "ppo.batch_size=32 is not a multiple of ppo.mini_batch_size=12"),
+        (Parsed(32, 16, 1), "TRL's GRPOTrainer needs num_generations >= 2"),
+    ):
+        monkeypatch.setattr(race_grpo, "example_config", lambda options, config, parsed=parsed: parsed)
+        assert message in race_grpo.config_problem(args)
+    args.trl_optimizer_steps = "default"  # TRL's one optimizer step of the whole batch: no mini-batches
+    monkeypatch.setattr(race_grpo, "example_config", lambda options, config: Parsed(32, 12, 4))
+    assert race_grpo.config_problem(args) is None
+    args.sides = ["hydrappo"]  # no TRL side: its batch rules do not apply
+    monkeypatch.setattr(race_grpo, "example_config", lambda options, config: Parsed(30, 10, 4))
+    assert race_grpo.config_problem(args) is None
+
+
+def reasoning_args(tmp_path, *argv):
+    """The reasoning example's config, its SFT model replaced by a tiny model saved in tmp_path."""
+    base = tmp_path / "base"
+    if not base.exists():
+        tiny_model("llama").save_pretrained(base)
+        tiny_tokenizer().save_pretrained(base)
+    config = ROOT / "examples" / "reasoning" / "config.yaml"
+    return race_grpo.parse_args(["--config", str(config), "--config-options", f"--name_or_path {base}", *argv])
+
+
+def test_matched_optimizer_steps_give_trl_hydrappo_s_epochs_and_mini_batches_on_the_reasoning_example(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("reasoning_gym")
+    without_trl(monkeypatch)
+    args = reasoning_args(tmp_path, "--sides", "hydrappo", "--steps", "5")
+    matched = race_grpo.trl_config_kwargs("trl-full", args, 0, Path("out"))
+    # batch_size 32 in mini-batches of 16, 2 epochs: 4 optimizer steps of 16 answers on each batch of 32
+    assert (matched["per_device_train_batch_size"], matched["steps_per_generation"], matched["num_iterations"]) == (
+        16,
+        2,
+        2,
+    )
+    assert matched["max_steps"] == 4 * 5 and matched["num_generations"] == 4
+    assert matched["max_completion_length"] == 16 and matched["reward_weights"] == [1.0]  # the task's verifier
+    rows = {name: (theirs, ours) for name, theirs, ours in race_grpo.matched_settings(args)}
+    assert all(theirs == ours for theirs, ours in rows.values()), rows
+    assert rows["optimizer steps per step"] == (4, 4) and rows["steps"] == (5, 5)
+    assert race_grpo.race_settings(args)["name"] == "examples/reasoning (chain_sum)"
+    args.trl_optimizer_steps = "default"  # TRL's own: one optimizer step of the whole batch
+    default = race_grpo.trl_config_kwargs("trl-full", args, 0, Path("out"))
+    assert (default["per_device_train_batch_size"], default["max_steps"]) == (32, 5)
+    assert "num_iterations" not in default and "steps_per_generation" not in default
+    rows = {name: (theirs, ours) for name, theirs, ours in race_grpo.matched_settings(args)}
+    assert rows["optimizer steps per step"] == (1, 4) and rows["steps"] == (5, 5)
+
+
+def test_trl_s_optimizer_steps_are_gathered_per_sampled_batch_and_saved_after_the_same_batches(monkeypatch):
+    without_trl(monkeypatch)
+    assert race_grpo.per_batch([9.0, 1.0, 1.0, 1.0, 8.0, 2.0, 2.0, 2.0], 4) == [12.0, 14.0]  # generation in the first
+    assert race_grpo.per_batch([3.0, 4.0], 1) == [3.0, 4.0]
+    with pytest.raises(ValueError, match="7 optimizer steps are not whole sampled batches of 4"):
+        race_grpo.per_batch([1.0] * 7, 4)
+    args = race_grpo.parse_args(["--sides", "hydrappo", "--steps", "3", "--curve-every", "1"])
+    assert race_grpo.trl_saved_at(args, "trl-full") == {4: 1, 8: 2}  # optimizer step -> batches; 3: model/
+    args.trl_optimizer_steps = "default"
+    assert race_grpo.trl_saved_at(args, "trl-full") == {1: 1, 2: 2}
+
+
+def test_each_side_and_rate_is_a_run_of_its_own_folder_and_column(tmp_path, monkeypatch):
+    monkeypatch.setattr(race_grpo, "has_trl", lambda python: True)
+    args = race_grpo.parse_args(
+        ["--sides", "hydrappo", "hydrappo-top4", "--hydrappo-lr", "1e-5", "3e-5", "--output-dir", str(tmp_path)]
+    )
+    assert race_grpo.race_runs(args) == [
+        ("hydrappo", 1e-5),
+        ("hydrappo", 3e-5),
+        ("hydrappo-top4", 1e-5),
+        ("hydrappo-top4", 3e-5),
+    ]
+    assert race_grpo.run_folder(args, "hydrappo-top4", 2, 3e-5) == tmp_path / "hydrappo-top4-lr3e-05" / "seed-2"
+    options = race_grpo.hydrappo_options("hydrappo-top4", 0, args, 3e-5)
+    config = race_grpo.race_config(args, options)
+    assert (config.model.num_layers_unfrozen, config.ppo.learning_rate) == (4, 3e-5)  # the swept rate wins
+    plain = race_grpo.parse_args(["--sides", "hydrappo", "hydrappo-top4", "trl-lora", "--trl-lora-lr", "1e-4", "3e-4"])
+    names = [race_grpo.run_name(side, rate) for side, rate in race_grpo.race_runs(plain)]
+    assert names == ["hydrappo-lr3e-05", "hydrappo-top4-lr0.0001", "trl-lora-lr0.0001", "trl-lora-lr0.0003"]
+    results = {
+        "trl-lora-lr0.0001": [result("trl-lora", 0, [9.0, 8.0], [100, 100], 4000.0, 0.5, 3.0)],
+        "hydrappo-lr3e-05": [result("hydrappo", 0, [3.0, 2.0], [100, 100], 1000.0, 0.6, 4.0)],
+    }
+    text = race_grpo.table(results)
+    assert text.splitlines()[0] == "| | trl-lora-lr0.0001 | hydrappo-lr3e-05 |"
+    assert "trl-lora-lr0.0001 / hydrappo-lr3e-05: 4.00x s/step, 4.00x peak RSS" in text
+
+
+def test_the_trl_rows_are_hydrappo_s_task_prompts_and_the_verifier_sees_the_answer_start(tmp_path, monkeypatch):
+    pytest.importorskip("reasoning_gym")
+    without_trl(monkeypatch)
+    args = reasoning_args(tmp_path, "--sides", "hydrappo")
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+    # a word-level tokenizer reads the task's text as unknown words; what counts is that both sides agree
+    config = race_grpo.race_config(args)
+    rows, rewards = race_grpo.trl_inputs(config, tokenizer)
+    from hydrappo.tasks import ReasoningGymTask
+
+    task_rows = ReasoningGymTask.from_args(config.task).rows("train")
+    assert len(rows) == len(task_rows) == 100
+    assert [row["item"] for row in rows] == [row["item"] for row in task_rows]
+    assert rows[0]["prompt_messages"] == task_rows[0]["prompt"]  # the answer start's message list
+    assert rows[0]["prompt"].endswith("w2 w1 <answer>")  # the assistant's turn continued, as hydrappo formats it
+    assert len(rewards) == 1 and rewards[0].__name__ == "chain_sum"
+    row = rows[0]
+    right, wrong = f"{row['answer']}</answer>", "99999</answer>"  # TRL's completions: after the answer start
+    scores = rewards[0](
+        prompts=[row["prompt"]] * 2,
+        completions=[right, wrong],
+        prompt_messages=[row["prompt_messages"]] * 2,
+        task=[row["task"]] * 2,
+        item=[row["item"]] * 2,
+        trainer_state=None,
+    )
+    assert scores == [1.0, 0.0]
