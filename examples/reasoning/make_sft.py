@@ -1,8 +1,10 @@
-"""The reasoning example's SFT rows: the answer FORMAT only, taught on questions the RL stage never
-asks. SmolLM2-135M-Instruct, started inside the <answer> tag, restates the problem ("3 - 0 = 3"),
-which reasoning-gym's chain_sum scorer pays 1/9 of a point (README); 300 chain_sum items with two
-TWO-digit terms, each answered "<answer>N</answer>", show it the form. The RL stage's questions
-(config.yaml) have one-digit terms, so no training or held-out question of the RL stage is here.
+"""The reasoning example's SFT rows: the answer FORMAT, taught on questions the RL stage never asks.
+SmolLM2-135M-Instruct computes a one-digit sum by writing it out ("6 + 3 = 9"; right for most sums,
+often wrong for differences below zero) but never puts its answer between <answer> tags, so the
+task's verifier scores it 0 (README). 300 chain_sum items with two TWO-digit terms, each answered
+with the sum written out and then its result in the tags ("42 - 25 = 17\n<answer>17</answer>"),
+show it the form. The RL stage's questions (config.yaml) have one-digit terms, so no training or
+held-out question of the RL stage is here.
 
     python examples/reasoning/make_sft.py        # writes sft.jsonl here
 """
@@ -11,9 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def worked_answer(row: dict) -> str:
+    """The reply SFT shows: the problem restated with its result, then the result alone in the tags
+    ("42 - 25 = 17\n<answer>17</answer>"): the model computes a sum by writing it out."""
+    expression = re.search(r"problem: (.+?) =", row["prompt"]).group(1)  # chain_sum's question ends "... 42 - 25 ="
+    return f"{expression} = {row['answer']}\n<answer>{row['answer']}</answer>"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "sft.jsonl")
     args = parser.parse_args(argv)
 
+    from hydrappo.config import parse_config
     from hydrappo.prompts import format_prompt
     from hydrappo.storage.models import _load_tokenizer
     from hydrappo.tasks import ReasoningGymTask
@@ -31,14 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         "chain_sum",
         size=args.size,
         seed=1,
-        answer_start="<answer>",
+        instruction=parse_config(HERE / "config.yaml", check=False).task.task_instruction,  # the RL stage's
         min_terms=2,
         max_terms=2,
         min_digits=2,
         max_digits=2,
     )
-    rows = [  # the prompt as the RL stage formats it (chat template, the assistant's turn opened with <answer>)
-        {"prompt": format_prompt(row["prompt"], tokenizer, True), "response": f"{row['answer']}</answer>"}
+    rows = [  # the prompt as the RL stage formats it (chat template, config.yaml's instruction)
+        {"prompt": format_prompt(row["prompt"], tokenizer, True), "response": worked_answer(row)}
         for row in task.train_dataset
     ]
     args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))

