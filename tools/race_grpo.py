@@ -127,7 +127,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="hydrappo options on top of --config for every side, one string, e.g. "
         "\"--name_or_path outputs/reasoning/sft\" (the model is then every side's and the base point's)",
     )
-    parser.add_argument("--steps", type=int, default=None, help="steps (sampled batches) a side (default: the config's)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps (sampled batches) a side (default: the config's)"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="a run per side and seed")
     parser.add_argument(
         "--hydrappo-steps",
@@ -191,7 +193,7 @@ def option_problem(args) -> str | None:
     ):
         if not all(rate > 0 for rate in rates):
             return f"{option}={' '.join(map(str, rates))} must be positive; use e.g. 1e-5 3e-5 1e-4."
-        if len({run_name('x', rate) for rate in rates}) != len(rates):
+        if len({run_name("x", rate) for rate in rates}) != len(rates):
             return f"{option}={' '.join(map(str, rates))} names a rate twice; name each once."
     if args.curve_every < 0:
         return f"--curve-every={args.curve_every} must be 0 or more; use e.g. 10 (0: the last step only)."
@@ -317,7 +319,7 @@ def example_settings(config: Path | str = CONFIG, options: tuple[str, ...] = ())
     return dict(_settings(str(config), tuple(options)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _settings(path: str, options: tuple[str, ...]) -> dict:
     config = example_config(list(options), path)
     ppo, group = config.ppo, config.generation.samples_per_prompt

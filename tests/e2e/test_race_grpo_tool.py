@@ -306,7 +306,7 @@ def test_a_config_that_cannot_race_is_refused_with_what_to_change(tmp_path, caps
     for argv, message in (
         (["--config", str(tmp_path / "missing.yaml")], "does not exist"),
         (["--config", str(tmp_path / "broken.yaml")], "broken.yaml does not parse: config file"),
-        (["--config-options", "--seed 'unclosed"], "--config-options=\"--seed 'unclosed\" is not a command line"),
+        (["--config-options", "--seed 'unclosed"], '--config-options="--seed \'unclosed" is not a command line'),
         (["--config-options", "--no_such_option 3"], "does not parse"),
         (["--config", str(no_held_out)], "needs data.eval_prompts and a reward.reward_fn"),
         (["--trl-full-lr", "1e-5", "0"], "--trl-full-lr=1e-05 0.0 must be positive"),
@@ -354,7 +354,9 @@ def reasoning_args(tmp_path, *argv, options: str = ""):
         tiny_model("llama").save_pretrained(base)
         tiny_tokenizer().save_pretrained(base)
     config = ROOT / "examples" / "reasoning" / "config.yaml"
-    return race_grpo.parse_args(["--config", str(config), "--config-options", f"--name_or_path {base} {options}", *argv])
+    return race_grpo.parse_args(
+        ["--config", str(config), "--config-options", f"--name_or_path {base} {options}", *argv]
+    )
 
 
 def test_matched_optimizer_steps_give_trl_hydrappo_s_epochs_and_mini_batches_on_the_reasoning_example(
