@@ -378,16 +378,15 @@ def generate(
     seed_everything(config.train.seed)
     hydra, tokenizer = build_hydra(config.model, config.lora, device=device, value_head=config.ppo.uses_critic)
     data = config.data
-    chat, system_prompt = data.apply_chat_template, data.system_prompt
     if task is not None:
         reward_source = task_reward_source(task, reward_args, str(device))
-        if task.use_plain_text(tokenizer, data):  # as the run: no chat template (a base model), plain text
-            texts, chat, system_prompt = [row["prompt"] for row in task.rows("eval")][: limit or None], False, None
-        task.fit_prompt_length(data, tokenizer)  # as the run: a task prompt is never cut
+        prompt_set = task.prompt_set("eval", tokenizer, data, limit)  # as the run formats them
     else:
         reward_source = build_reward_source(reward_args, device=str(device)) if reward_args is not None else None
         texts, table = first_rows(prompts or data.prompts, prompt_column or data.prompt_column, limit)
-    prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, chat, system_prompt)
+        prompt_set = tokenize_prompts(
+            texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
+        )
 
     columns = {}
     if not no_base:
@@ -486,14 +485,10 @@ def compare(
 
     columns = {}
     for name, model, tokenizer, _ in loaded:
-        model_texts, model_chat, system_prompt = texts, chat, defaults.data.system_prompt
-        if task is not None:  # as the run: a task prompt is never cut
+        if task is not None:  # as a run formats them, for this model's tokenizer
             data = dataclasses.replace(defaults.data, max_prompt_length=max_prompt_length, apply_chat_template=chat)
-            if task.use_plain_text(tokenizer, data):  # no chat template (a base model): plain-text prompts
-                model_texts = [row["prompt"] for row in task.rows("eval")][: limit or None]
-                model_chat, system_prompt = False, None
-            task.fit_prompt_length(data, tokenizer)
-            max_prompt_length = data.max_prompt_length
-        prompt_set = tokenize_prompts(model_texts, tokenizer, max_prompt_length, model_chat, system_prompt)
+            prompt_set = task.prompt_set("eval", tokenizer, data, limit)
+        else:
+            prompt_set = tokenize_prompts(texts, tokenizer, max_prompt_length, chat, defaults.data.system_prompt)
         columns[name] = generate_and_score(model, tokenizer, prompt_set, generation, reward_source, seed, table)
     return columns

@@ -486,12 +486,13 @@ def trl_inputs(config, tokenizer) -> tuple[list[dict], list]:
     from hydrappo.train.inputs import read_rl_inputs
 
     inputs, data = read_rl_inputs(config), copy.deepcopy(config.data)
-    texts, chat, system_prompt, task = inputs.prompts, data.apply_chat_template, data.system_prompt, inputs.task
-    if task is not None:  # as the trainer (train/ppo/trainer.py)
-        if task.use_plain_text(tokenizer, data):
-            texts, chat, system_prompt = [row["prompt"] for row in task.rows("train")], False, None
-        task.fit_prompt_length(data, tokenizer)
-    ours = tokenize_prompts(texts, tokenizer, data.max_prompt_length, chat, system_prompt)
+    task = inputs.task
+    if task is not None:  # as the trainer formats them
+        ours = task.prompt_set("train", tokenizer, data)
+    else:
+        ours = tokenize_prompts(
+            inputs.prompts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
+        )
     theirs = tokenizer(text=ours.formatted)["input_ids"]  # as GRPOTrainer tokenizes a plain-text prompt
     if [list(ids) for ids in ours.input_ids] != [list(ids) for ids in theirs]:
         raise RuntimeError(

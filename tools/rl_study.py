@@ -206,19 +206,19 @@ def measure_heldout(
     hydra.eval()
     data, generation = config.data, config.generation
     task = None
-    chat, system_prompt = data.apply_chat_template, data.system_prompt
     if prompts is None:  # a run of a reasoning-gym task: its held-out items, scored by its verifiers
         from hydrappo.evaluate import task_held_out
 
         task, texts, columns = task_held_out(config, limit)
-        data = copy.deepcopy(data)  # fitted below as the run fits it; the caller's config stays as it was
-        if task.use_plain_text(tokenizer, data):  # as the run: no chat template (a base model), plain text
-            texts, chat, system_prompt = [row["prompt"] for row in task.rows("eval")][: limit or None], False, None
-        task.fit_prompt_length(data, tokenizer)  # as the run: a task prompt is never cut
+        data = copy.deepcopy(data)  # the task fits its prompt length into it; the caller's config stays as it was
+        prompt_set = task.prompt_set("eval", tokenizer, data, limit)  # as the run formats them
+        texts = [row["prompt"] for row in task.rows("eval")][: limit or None]  # plain text for a base model
     else:
         texts, columns = load_prompt_table(str(prompts), data.prompt_column)  # the other columns go to the reward
         texts, columns = texts[:limit], {name: values[:limit] for name, values in columns.items()}
-    prompt_set = tokenize_prompts(texts, tokenizer, data.max_prompt_length, chat, system_prompt)
+        prompt_set = tokenize_prompts(
+            texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
+        )
     torch.manual_seed(seed)
     responses = generate_responses(hydra, tokenizer, prompt_set.input_ids, generation)
     input_ids, attention_mask, action_mask, prompt_width = pack_sequences(

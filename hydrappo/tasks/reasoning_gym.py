@@ -25,7 +25,7 @@ import textwrap
 
 from ..config.options import ConfigError
 from ..config.task import DEFAULT_INSTRUCTION, TaskArgs, task_specs
-from ..prompts import tokenize_prompts
+from ..prompts import PromptSet, tokenize_prompts
 from ..rewards.reasoning_gym import TaskReward, TaskVerifier
 
 logger = logging.getLogger("hydrappo")
@@ -265,6 +265,8 @@ class ReasoningGymTask:
         if getattr(tokenizer, "chat_template", None):
             self.plain_text = None
             return False
+        if self.plain_text == (data.system_prompt or ""):  # said already (a run formats both splits)
+            return True
         self.plain_text = data.system_prompt or ""
         start = self.args.task_answer_start
         parts = ["data.system_prompt"] * bool(data.system_prompt) + ["the question", "the instruction"]
@@ -278,6 +280,17 @@ class ReasoningGymTask:
             then,
         )
         return True
+
+    def prompt_set(self, split: str, tokenizer, data, limit: int | None = None) -> PromptSet:
+        """The split's prompts (its first `limit`) formatted and tokenized as a run sees them: plain text
+        when the tokenizer has no chat template (use_plain_text), else data's chat template and system
+        prompt; data.max_prompt_length first raised to the task's longest prompt (fit_prompt_length,
+        which writes it into `data`: pass a copy to keep the caller's)."""
+        plain = self.use_plain_text(tokenizer, data)
+        self.fit_prompt_length(data, tokenizer)
+        texts = [row["prompt"] for row in self.rows(split)][: limit or None]
+        chat = data.apply_chat_template and not plain
+        return tokenize_prompts(texts, tokenizer, data.max_prompt_length, chat, data.system_prompt if chat else None)
 
     def rows(self, split: str = "train") -> list[dict]:
         """The items as prompt-table rows, {"prompt", "task", "answer", "item"} (`item`: the item's

@@ -96,7 +96,8 @@ def test_a_task_runs_on_a_base_model_with_plain_text_prompts(tmp_path, caplog):
     path = config_file(tmp_path, str(TINY / "model"), task=task)
     with caplog.at_level(logging.WARNING, logger="hydrappo"):
         trainer = PPOTrainer(parse_config(path))
-    assert "no chat template (a base model): the task's prompts are plain text" in caplog.text
+    # said once, though both splits are formatted (tasks/reasoning_gym.py: prompt_set)
+    assert caplog.text.count("no chat template (a base model): the task's prompts are plain text") == 1
     assert "then the answer start '<answer>'" in caplog.text
     instruction = trainer.config.task.task_instruction
     for prompts in (trainer.inputs.prompts, trainer.inputs.eval_prompts):
@@ -104,6 +105,7 @@ def test_a_task_runs_on_a_base_model_with_plain_text_prompts(tmp_path, caplog):
             assert isinstance(prompt, str) and prompt.endswith(f"\n\n{instruction}\n<answer>")
     question = trainer.inputs.task.items()[0][0][1]["question"]
     assert trainer.inputs.prompts[0] == f"{question}\n\n{instruction}\n<answer>"
+    assert trainer.held_out.prompts.formatted == trainer.inputs.eval_prompts  # the text the model continues
     history = trainer.train()
     assert history[-1]["step"] == 1 and 0.0 <= history[-1]["env/reward/chain_sum"] <= 1.0
     # generate answers the run's held-out items as the run rendered them

@@ -82,29 +82,28 @@ class PPOTrainer(TrainingLoop):
 
         rewards = build_reward_source(config.reward, device=str(self.device), functions=self.inputs.functions)
         data = config.data
-        chat, system_prompt = data.apply_chat_template, data.system_prompt
         task = self.inputs.task
-        if task is not None:
-            if task.use_plain_text(tokenizer, data):  # no chat template (a base model): plain-text prompts
-                self.inputs.prompts = [row["prompt"] for row in task.rows("train")]
-                self.inputs.eval_prompts = [row["prompt"] for row in task.rows("eval")]
-                chat, system_prompt = False, None
-            task.fit_prompt_length(data, tokenizer)  # a task's prompts are never cut: max_prompt_length grows
+        held_out_prompts = None
+        if task is not None:  # formatted as every reader of a task formats it: plain text for a base model, never cut
+            prompts = task.prompt_set("train", tokenizer, data)
+            held_out_prompts = task.prompt_set("eval", tokenizer, data)
+            self.inputs.prompts = [row["prompt"] for row in task.rows("train")]  # the rows as formatted: plain text
+            self.inputs.eval_prompts = [row["prompt"] for row in task.rows("eval")]  # for a base model
+        else:
+            chat, system_prompt = data.apply_chat_template, data.system_prompt
+            prompts = tokenize_prompts(self.inputs.prompts, tokenizer, data.max_prompt_length, chat, system_prompt)
+            if self.inputs.eval_prompts:  # data.eval_prompts
+                held_out_prompts = tokenize_prompts(
+                    self.inputs.eval_prompts, tokenizer, data.max_prompt_length, chat, system_prompt
+                )
         self.eval_columns = self.inputs.eval_columns
-        prompts = tokenize_prompts(self.inputs.prompts, tokenizer, data.max_prompt_length, chat, system_prompt)
         # Multi-turn episodes with tools / environments (agent:, or tools= / environment_factory= objects).
         self.agent = build_agent(config, tokenizer, self.inputs.agent_code)
         self.backoff = BackOff(train.oom_backoff)  # train/memory.py
         self.held_out = None
-        if self.inputs.eval_prompts:  # data.eval_prompts, or a task's held-out items
+        if held_out_prompts:  # data.eval_prompts, or a task's held-out items
             self.held_out = HeldOutEvaluation(
-                tokenize_prompts(
-                    self.inputs.eval_prompts,
-                    tokenizer,
-                    data.max_prompt_length,
-                    chat,
-                    system_prompt,
-                ),
+                held_out_prompts,
                 tokenizer,
                 batch_size=config.generation.generation_batch_size,
                 greedy=train.eval_greedy,
