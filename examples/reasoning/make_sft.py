@@ -7,6 +7,9 @@ show it the form. The RL stage's questions (config.yaml) have one-digit terms, s
 held-out question of the RL stage is here.
 
     python examples/reasoning/make_sft.py        # writes sft.jsonl here
+    python examples/reasoning/make_sft.py --model GEMMA.gguf --out sft_gemma.jsonl
+                                                 # prompts as a run formats them for that model's tokenizer
+                                                 # (plain text for a base model without a chat template)
 """
 
 from __future__ import annotations
@@ -30,27 +33,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=300)
     parser.add_argument("--out", type=Path, default=HERE / "sft.jsonl")
+    parser.add_argument(
+        "--model", default="smollm2-135m-instruct", help="the model whose tokenizer formats the prompts (as train does)"
+    )
     args = parser.parse_args(argv)
 
     from hydrappo.config import parse_config
-    from hydrappo.prompts import format_prompt
     from hydrappo.storage.models import _load_tokenizer
     from hydrappo.tasks import ReasoningGymTask
 
-    tokenizer = _load_tokenizer("smollm2-135m-instruct")
+    config = parse_config(HERE / "config.yaml", check=False)  # the RL stage's instruction and data section
+    tokenizer = _load_tokenizer(args.model)
     task = ReasoningGymTask(
         "chain_sum",
         size=args.size,
         seed=1,
-        instruction=parse_config(HERE / "config.yaml", check=False).task.task_instruction,  # the RL stage's
+        instruction=config.task.task_instruction,
         min_terms=2,
         max_terms=2,
         min_digits=2,
         max_digits=2,
     )
-    rows = [  # the prompt as the RL stage formats it (chat template, config.yaml's instruction)
-        {"prompt": format_prompt(row["prompt"], tokenizer, True), "response": worked_answer(row)}
-        for row in task.train_dataset
+    prompts = task.prompt_set("train", tokenizer, config.data)  # as the RL stage formats them for this model
+    rows = [
+        {"prompt": prompt, "response": worked_answer(row)} for prompt, row in zip(prompts.formatted, task.train_dataset)
     ]
     args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     print(f"wrote {len(rows)} SFT rows to {args.out}")
