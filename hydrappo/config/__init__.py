@@ -4,7 +4,15 @@ command-line overrides (parse.py) and checked as a whole before anything loads (
 
 from .checks import Problems, is_device_name, validate
 from .parse import config_parser, parse_config
-from .paths import check_reward_fn, input_paths, looks_like_a_path, startup_inputs, writable_folder_problem
+from .paths import (
+    check_reward_fn,
+    input_paths,
+    looks_like_a_path,
+    names_run_tokenizer,
+    run_tokenizer_path,
+    startup_inputs,
+    writable_folder_problem,
+)
 from .options import (
     DTYPE_NAMES,
     ConfigError,
@@ -28,6 +36,8 @@ __all__ = [
     "Problems",
     "check_reward_fn",
     "input_paths",
+    "names_run_tokenizer",
+    "run_tokenizer_path",
     "startup_inputs",
     "is_device_name",
     "looks_like_a_path",

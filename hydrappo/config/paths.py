@@ -155,6 +155,22 @@ def check_reward_fn(spec, problems, label: str = "reward.reward_fn") -> None:
 
 
 # ---------------------------------------------------------------------------- what a run reads
+# The folder of a run's output_dir where a tokenizer given as an object (the Python API's processing_class)
+# is saved, and which model.tokenizer_name_or_path then names (storage/run_tokenizer.py).
+RUN_TOKENIZER = "tokenizer"
+
+
+def run_tokenizer_path(output_dir: str | os.PathLike) -> str:
+    """The absolute path of the tokenizer folder of the run in `output_dir`."""
+    return str(Path(output_dir).expanduser().absolute() / RUN_TOKENIZER)
+
+
+def names_run_tokenizer(config) -> bool:
+    """Whether model.tokenizer_name_or_path names the run's own saved tokenizer (run_tokenizer_path)."""
+    tokenizer = config.model.tokenizer_name_or_path
+    return bool(tokenizer) and str(tokenizer) == run_tokenizer_path(config.train.output_dir)
+
+
 def input_paths(config) -> dict[str, str]:
     """{option: path} of the inputs a run keeps reading (its config.PATHS): its output folder
     must never be, contain or lie inside one of them. Objects given through the Python API (a

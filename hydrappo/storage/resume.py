@@ -15,7 +15,8 @@ the trainer built its model):
   applies changed optimizer hyper-parameters over the ones the checkpoint's optimizer state
   carries); the few that only act at step 0 say that they change nothing.
 - silent: where the run writes and how it shows progress (output_dir, overwrite_output_dir,
-  progress_bar, dist_timeout_s).
+  progress_bar, dist_timeout_s), and model.tokenizer_name_or_path naming another run folder's copy of
+  the same saved tokenizer (storage/run_tokenizer.py: a run resumed from a checkpoint elsewhere).
 
 Options missing on one side (a checkpoint written by another version) are not compared.
 """
@@ -82,6 +83,21 @@ def _same_model(old, new) -> bool | None:
         return old_path.resolve() == new_path.resolve()
 
 
+def _same_run_tokenizer(old, new) -> bool:
+    """Whether two model.tokenizer_name_or_path values are run tokenizer folders (the tokenizer a run
+    was given in Python, saved in its output_dir: storage/run_tokenizer.py) with the same files: the
+    same tokenizer, saved in another run's folder (a run resumed from a checkpoint elsewhere)."""
+    from ..config.paths import RUN_TOKENIZER
+
+    folders = [Path(str(value)).expanduser() for value in (old, new)]
+    if not all(folder.name == RUN_TOKENIZER and folder.is_dir() for folder in folders):
+        return False
+    files = [{path.name: path for path in folder.iterdir() if path.is_file()} for folder in folders]
+    return files[0].keys() == files[1].keys() and all(
+        files[0][name].read_bytes() == files[1][name].read_bytes() for name in files[0]
+    )
+
+
 def resume_differences(saved: dict, now: dict, seeded_data: bool = False) -> tuple[list[str], list[str]]:
     """(refusals, warnings): one sentence per option that differs between a checkpoint's
     config (`saved`, as in its config.yaml) and this run's (`now`, `Config.to_dict()`).
@@ -91,6 +107,8 @@ def resume_differences(saved: dict, now: dict, seeded_data: bool = False) -> tup
     random_model = new.get("model.random_init") and old.get("model.random_init")
     for key, value in new.items():
         if key not in old or key in SILENT or old[key] == value:
+            continue
+        if key == "model.tokenizer_name_or_path" and old[key] and value and _same_run_tokenizer(old[key], value):
             continue
         before = old[key]
         change = f"{key}: {before!r} in the checkpoint, {value!r} now"

@@ -4,7 +4,7 @@ A training command that starts (not `--resume`) in an output_dir that already ho
 (checkpoint-<step> folders, a model written by sft) is refused, unless `--overwrite_output_dir`
 is given: then the earlier run is moved, whole, to the sibling folder `OUTPUT_DIR.previous`.
 A folder that holds only the logs of a run that failed before its first checkpoint
-(tensorboard/, metrics.jsonl, a stale lock) blocks nothing: the fixed command starts afresh and
+(tensorboard/, metrics.jsonl, the tokenizer/ a run given its tokenizer in Python saved, a stale lock) blocks nothing: the fixed command starts afresh and
 those logs move to `OUTPUT_DIR.previous` the same way. One such sibling at most: one that holds
 only logs is replaced (the message says so), one that holds checkpoints or a model is never
 deleted (the new run is refused until it is renamed or removed). `hydrappo export --out`
@@ -30,7 +30,7 @@ import socket
 import time
 from pathlib import Path
 
-from ..config import input_paths, startup_inputs, writable_folder_problem
+from ..config import input_paths, run_tokenizer_path, startup_inputs, writable_folder_problem
 from ..errors import UsageError, spell
 from .atomic import rename_to_sibling
 from .checkpoint import CheckpointError, checkpoint_dirs, resolve_resume, resume_check
@@ -38,9 +38,10 @@ from .checkpoint import CheckpointError, checkpoint_dirs, resolve_resume, resume
 logger = logging.getLogger("hydrappo")
 
 _RUN_FILES = re.compile(
-    r"^(checkpoint-\d+|metrics(\..+)?\.jsonl|tensorboard|config\.json|adapter_config\.json|sft_config\.yaml)$"
+    r"^(checkpoint-\d+|metrics(\..+)?\.jsonl|tensorboard|tokenizer|config\.json|adapter_config\.json|sft_config\.yaml)$"
 )
-_LOG_FILES = re.compile(r"^(metrics(\..+)?\.jsonl|tensorboard)$")  # what a run writes before any weights
+# What a run writes before any weights: its logs, and the tokenizer it was given in Python (run_tokenizer.py).
+_LOG_FILES = re.compile(r"^(metrics(\..+)?\.jsonl|tensorboard|tokenizer)$")
 
 
 class OutputDirError(UsageError):
@@ -238,6 +239,7 @@ def claim_output_dir(
     move: bool = True,
     inputs: dict | None = None,
     read_once: dict | None = None,
+    records_tokenizer: bool = False,
 ) -> Path | None:
     """Check, before a run writes anything, that `output_dir` is its own. Returns the folder
     the earlier run was moved to (with `overwrite`), else None. Resuming the run in
@@ -246,13 +248,19 @@ def claim_output_dir(
     checks, but an earlier run is left for process 0 to move. `inputs` ({option: path}, what
     the run keeps reading): output_dir must not be, contain or lie inside one. `read_once`
     (the config file, reward code; the checkpoint resumed from elsewhere is added here):
-    output_dir must not be or lie inside one, nor be moved aside while it holds one."""
+    output_dir must not be or lie inside one, nor be moved aside while it holds one. The run's own
+    tokenizer folder (config.run_tokenizer_path: the tokenizer a run was given in Python, saved there,
+    storage/run_tokenizer.py) is no input to keep out when the run continues in output_dir or
+    `records_tokenizer` (this run saves it there itself)."""
     problem = writable_folder_problem(output_dir)
     if problem:
         raise OutputDirError(
             f"{option}={str(output_dir)!r}: cannot hold the run's files: {problem}. Choose another folder."
         )
     inputs, read_once = dict(inputs or {}), dict(read_once or {})
+    if records_tokenizer or (resume and resumes_in(resume, output_dir)):
+        own = run_tokenizer_path(output_dir)
+        inputs = {name: path for name, path in inputs.items() if str(path) != own}
     if resume and not resumes_in(resume, output_dir):
         read_once["the checkpoint to resume from"] = str(resume)
     refuse_own_inputs(output_dir, inputs, option)

@@ -18,7 +18,7 @@ import copy
 import os
 from pathlib import Path
 
-from ..config import ConfigError
+from ..config import ConfigError, names_run_tokenizer
 from ..config.parse import parse_config
 from ..errors import UsageError
 
@@ -145,7 +145,8 @@ def trainer_inputs(config_cls, config, objects: dict, tokenizer=None) -> tuple[o
 
 def check_processing_class(config, inputs, tokenizer, option: str = "processing_class") -> None:
     """Refuse, before any model loads, a tokenizer given in Python that cannot serve this run: not a
-    tokenizer, given besides model.tokenizer_name_or_path, or without the chat template the run
+    tokenizer, given besides model.tokenizer_name_or_path (unless that names the folder where this run saves
+    the tokenizer it was given: storage/run_tokenizer.py), or without the chat template the run
     renders prompts or turns with. (Its vocabulary is checked against the model once that is
     loaded: storage/models.check_tokenizer_fits.)"""
     from transformers import PreTrainedTokenizerBase
@@ -157,7 +158,7 @@ def check_processing_class(config, inputs, tokenizer, option: str = "processing_
             f"{option}: a {type(tokenizer).__name__} is not a transformers tokenizer{hint}; give a tokenizer "
             "(AutoTokenizer.from_pretrained(...)), or leave it out to use the model's own."
         )
-    if config.model.tokenizer_name_or_path:
+    if config.model.tokenizer_name_or_path and not names_run_tokenizer(config):  # (that run's own: the same again)
         raise ConfigError(
             f"{option} and model.tokenizer_name_or_path={config.model.tokenizer_name_or_path!r} both name the "
             "tokenizer: give one of them."

@@ -39,6 +39,10 @@ def _config_command(argv: list[str], prog: str, description: str, config_cls):
         config_parser(config_cls).print_help()
         return 0 if args.help else 2
     config = parse_config(args.config, overrides, config_cls)
+    from ..storage.run_tokenizer import adopt_recorded_tokenizer
+
+    # A run given its tokenizer in Python saved it in its folder: resumed, it continues with that one.
+    adopt_recorded_tokenizer(args.resume, config)
     from ..storage.models import fetch_hub_models
     from ..storage.rundir import start_run  # before any model loads: output_dir claimed, --resume's checkpoint
     from .api import refuse_without_chat_template

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import ConfigError, input_paths, startup_inputs, validate
+from ..config import ConfigError, input_paths, run_tokenizer_path, startup_inputs, validate
 from .. import usercode
 from ..errors import HydrappoError, spell
 from ..storage.atomic import remove_orphaned_temporaries
@@ -48,6 +48,7 @@ from ..storage.checkpoint import (
 )
 from ..storage.models import build_hydra, check_tokenizer_fits, fetch_hub_models
 from ..storage.rundir import claim_output_dir, refuse_own_inputs, release_output_dir
+from ..storage.run_tokenizer import record_run_tokenizer
 from .api import check_processing_class, refuse_without_chat_template, trainer_inputs
 from .distributed import ProcessGroup, shard_frozen_trunk
 from .inputs import read_inputs
@@ -103,6 +104,9 @@ class Harness:
         self.fp16_overflows = 0
         self.trunk_sharded = False  # train.fsdp_trunk: the frozen layers are sharded over the processes
         self.log: RunLog | None = None  # while run() runs (its bar says what a loop does between steps)
+        # A tokenizer given as an object (processing_class): saved in the run folder once it is claimed
+        # (storage/run_tokenizer.py), where config.model.tokenizer_name_or_path names it (`prepare`).
+        self.given_tokenizer = None
 
     # ------------------------------------------------------------------ precision and optimizer
     def autocast(self):
@@ -222,7 +226,12 @@ class Harness:
                             overwrite=getattr(run, "overwrite_output_dir", False),
                             inputs=input_paths(self.config),
                             read_once=startup_inputs(self.config),
+                            records_tokenizer=self.given_tokenizer is not None,
                         )
+            if self.given_tokenizer is not None:
+                with dist.phase("saving the tokenizer given as processing_class"):
+                    if dist.is_main:  # (a resumed run: checked to be the one saved)
+                        record_run_tokenizer(self.output_dir, self.given_tokenizer)
             if resume:
                 with dist.phase("loading the checkpoint to resume from"):
                     self.load(resolve_resume(resume, self.output_dir, set_aside=dist.is_main), loop)
@@ -411,7 +420,9 @@ def prepare(
     its data and reward functions, checked before a model loads) unless the command line read them
     already (`inputs`), seed, pick the device and precision, and build the hydra the config names
     unless one is given (or wrap a transformers model given in `objects`), with the tokenizer given as
-    `processing_class` when there is one (checked: train/api.check_processing_class). Sets the loop's config,
+    `processing_class` when there is one (checked: train/api.check_processing_class), which the run then
+    records: model.tokenizer_name_or_path names the folder of the run where the harness saves it
+    (storage/run_tokenizer.py), so every checkpoint's config.yaml does. Sets the loop's config,
     harness, device, hydra and tokenizer; returns the inputs."""
     loop.config, model, tokenizer = trainer_inputs(config_cls, config, objects, tokenizer)
     config = loop.config
@@ -419,7 +430,10 @@ def prepare(
     config.resolve_paths(config_dir)
     validate(config)
     # The Python API's first chance (the command line checked before): no model loads for a run that would be refused.
-    refuse_own_inputs(run.output_dir, input_paths(config), "train.output_dir")
+    # (The run's own saved tokenizer, which a resumed run's config may name, is for the claim to judge: Harness.run.)
+    own = run_tokenizer_path(run.output_dir)
+    inputs_read = {name: path for name, path in input_paths(config).items() if str(path) != own}
+    refuse_own_inputs(run.output_dir, inputs_read, "train.output_dir")
     read_here = inputs is None  # (the command line read them, and checked the chat template, already)
     inputs = inputs if inputs is not None else read_inputs(config)
     given = objects.get("processing_class") is not None  # TRL's name of the tokenizer given in Python
@@ -460,5 +474,8 @@ def prepare(
         raise ConfigError("pass the tokenizer together with a hydra model.")
     elif given:
         check_tokenizer_fits(hydra.model, tokenizer)
+    if given:  # (as the hydra made it ready: its pad token and padding side, which a rebuilt run then reads)
+        harness.given_tokenizer = tokenizer
+        config.model.tokenizer_name_or_path = run_tokenizer_path(run.output_dir)
     loop.harness, loop.device, loop.hydra, loop.tokenizer = harness, harness.device, hydra, tokenizer
     return inputs
