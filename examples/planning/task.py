@@ -53,20 +53,25 @@ def question(rng: random.Random) -> dict:
 
 def transcript(row: dict) -> list[dict]:
     """The conversation the policy should have: for a large sum, one call per number after the
-    first, each on the last result, then the answer; for a small one, the answer at once."""
+    first, each on the last result, then the answer; for a small one, the answer at once. Each call
+    turn first writes the plan that is left ("Left to add: 49755 + 72468."), and its call adds the
+    first of those to the last result: the next number is then copied from the model's own last
+    turn, one number shorter each time, instead of being found again in the question (the SFT model
+    that had to find it re-added a number it had used, README)."""
     numbers = row["numbers"]
     turns = [{"role": "user", "content": row["prompt"]}]
     if not row["needs_tool"]:
         return turns + [{"role": "assistant", "content": f"{numbers[0]} + {numbers[1]} = {row['answer']}"}]
     total = numbers[0]
-    for number in numbers[1:]:
+    for k, number in enumerate(numbers[1:], start=1):
         call = json.dumps({"name": "add", "arguments": {"a": total, "b": number}})
+        left = " + ".join(map(str, numbers[k:]))
         total = add(total, number)
         turns += [
-            {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+            {"role": "assistant", "content": f"Left to add: {left}.\n<tool_call>\n{call}\n</tool_call>"},
             {"role": "tool", "content": str(total)},
         ]
-    return turns + [{"role": "assistant", "content": f"The sum is {row['answer']}."}]
+    return turns + [{"role": "assistant", "content": f"Nothing left to add. The sum is {row['answer']}."}]
 
 
 def sft_rows(rows: list[dict], tokenizer) -> list[dict]:
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", type=int, default=1024)
     parser.add_argument("--held-out", type=int, default=120, help="held-out questions (noise about +-0.09 at 0.5)")
-    parser.add_argument("--sft", type=int, default=300, help="synthetic transcripts for the SFT stage")
+    parser.add_argument("--sft", type=int, default=200, help="synthetic transcripts for the SFT stage")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args(argv)

@@ -58,13 +58,15 @@ def test_the_transcripts_chain_one_call_per_number(tmp_path):
         for k, row in enumerate(call_rows):
             (call,) = parse_tool_calls(row["response"])
             assert call.call["arguments"] == {"a": total, "b": numbers[k + 1]}  # the last result, the next number
+            # the plan left, written before the call: the call's b is its first number
+            assert row["response"].startswith(f"Left to add: {' + '.join(map(str, numbers[k + 1 :]))}.\n<tool_call>")
             result = run_call(call.call, tools, timeout_s=None, on_error="stop", step=None)
             total = int(result.text)
             assert result.valid and str(total) not in row["response"]  # a result is context, never a target
             following = call_rows[k + 1]["prompt"] if k + 1 < len(call_rows) else answer_row["prompt"]
             assert f"<|im_start|>tool\n{total}<|im_end|>" in following
         if call_rows:  # the last result is the sum, and the answer states it
-            assert total == sum(numbers) and answer_row["response"] == f"The sum is {total}."
+            assert total == sum(numbers) and answer_row["response"] == f"Nothing left to add. The sum is {total}."
         else:  # added in the head
             assert answer_row["response"] == f"{numbers[0]} + {numbers[1]} = {sum(numbers)}"
 
