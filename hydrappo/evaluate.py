@@ -400,10 +400,12 @@ def generate(
 
 def model_location(spec: str) -> tuple[str, str, Path]:
     """(the name given or "", the path, where it points): a run folder points at its newest checkpoint,
-    as generate and export take it."""
+    as generate and export take it, unless it holds the whole model the run wrote at its end (an SFT or
+    reward stage's folder: config.json beside its checkpoints), which loads as a model directory."""
     name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
     location = Path(path).expanduser()
-    if location.is_dir() and not is_checkpoint_folder(location) and latest_checkpoint(location) is not None:
+    whole_model = (location / "config.json").is_file()
+    if location.is_dir() and not is_checkpoint_folder(location) and not whole_model and latest_checkpoint(location):
         location = find_checkpoint(location)
     return name, path, location
 
