@@ -315,9 +315,10 @@ def first_rows(prompts: str, prompt_column: str, limit: int | None) -> tuple[lis
     return texts, {name: values[: len(texts)] for name, values in table.items()}
 
 
-def task_held_out(config: Config, limit: int | None) -> tuple[ReasoningGymTask, list, dict]:
-    """(the run's task, its held-out items as prompts, their columns task / answer / item): the
-    items a training run with this config evaluates on (tasks/reasoning_gym.py), the first `limit`."""
+def task_held_out(config: Config, limit: int | None) -> tuple[ReasoningGymTask, dict]:
+    """(the run's task, its held-out items' columns task / answer / item): the items a training run with
+    this config evaluates on (tasks/reasoning_gym.py), the first `limit`; their prompts as the run formats
+    them for a tokenizer: task.prompt_set("eval", ...)."""
     task = ReasoningGymTask.from_args(config.task)
     rows = task.rows("eval")[:limit] if limit else task.rows("eval")
     if not rows:
@@ -325,7 +326,7 @@ def task_held_out(config: Config, limit: int | None) -> tuple[ReasoningGymTask, 
             "the run's task has no held-out items (task.task_eval_size is 0): pass --prompts FILE to answer other "
             "prompts."
         )
-    return task, [row["prompt"] for row in rows], {name: [row[name] for row in rows] for name in TASK_COLUMNS}
+    return task, {name: [row[name] for row in rows] for name in TASK_COLUMNS}
 
 
 def task_reward_source(task: ReasoningGymTask, reward_args: RewardArgs | None, device: str):
@@ -370,7 +371,7 @@ def generate(
     reward_args = checkpoint_reward(config, reward_fn, trust_checkpoint_code, checkpoint, reward_weights)
     task = None
     if prompts is None and config.task.enabled:  # checked (reasoning-gym, the items) before any model loads
-        task, texts, table = task_held_out(config, limit)
+        task, table = task_held_out(config, limit)
     elif prompts is None and not config.data.prompts:
         raise CheckpointError(f"{checkpoint} names no training prompts: pass --prompts FILE.")
     device = pick_device(config.train.device)
@@ -466,7 +467,7 @@ def compare(
                 "compare needs --prompts FILE: no checkpoint among the models names a task (task:) whose held-out "
                 "items to answer."
             )
-        task, texts, table = task_held_out(trained_config, limit)
+        task, table = task_held_out(trained_config, limit)
     device = pick_device("auto")
     loaded = [load_for_generation(spec, device) for spec in models]
     defaults = trained_config or Config()

@@ -209,7 +209,7 @@ def measure_heldout(
     if prompts is None:  # a run of a reasoning-gym task: its held-out items, scored by its verifiers
         from hydrappo.evaluate import task_held_out
 
-        task, texts, columns = task_held_out(config, limit)
+        task, columns = task_held_out(config, limit)
         data = copy.deepcopy(data)  # the task fits its prompt length into it; the caller's config stays as it was
         prompt_set = task.prompt_set("eval", tokenizer, data, limit)  # as the run formats them
         texts = [row["prompt"] for row in task.rows("eval")][: limit or None]  # plain text for a base model

@@ -5,6 +5,7 @@ command-line overrides (parse.py) and checked as a whole before anything loads (
 from .checks import Problems, is_device_name, validate
 from .parse import config_parser, parse_config
 from .paths import (
+    besides_run_tokenizer,
     check_reward_fn,
     input_paths,
     looks_like_a_path,
@@ -36,6 +37,7 @@ __all__ = [
     "Problems",
     "check_reward_fn",
     "input_paths",
+    "besides_run_tokenizer",
     "names_run_tokenizer",
     "run_tokenizer_path",
     "startup_inputs",

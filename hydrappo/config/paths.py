@@ -165,6 +165,12 @@ def run_tokenizer_path(output_dir: str | os.PathLike) -> str:
     return str(Path(output_dir).expanduser().absolute() / RUN_TOKENIZER)
 
 
+def besides_run_tokenizer(inputs: dict[str, str], output_dir) -> dict[str, str]:
+    """`inputs` ({option: path}) without the run's own saved tokenizer folder, which output_dir holds by design."""
+    own = run_tokenizer_path(output_dir)
+    return {name: path for name, path in inputs.items() if str(path) != own}
+
+
 def names_run_tokenizer(config) -> bool:
     """Whether model.tokenizer_name_or_path names the run's own saved tokenizer (run_tokenizer_path)."""
     tokenizer = config.model.tokenizer_name_or_path

@@ -30,7 +30,7 @@ import socket
 import time
 from pathlib import Path
 
-from ..config import input_paths, run_tokenizer_path, startup_inputs, writable_folder_problem
+from ..config import besides_run_tokenizer, input_paths, startup_inputs, writable_folder_problem
 from ..errors import UsageError, spell
 from .atomic import rename_to_sibling
 from .checkpoint import CheckpointError, checkpoint_dirs, resolve_resume, resume_check
@@ -259,8 +259,7 @@ def claim_output_dir(
         )
     inputs, read_once = dict(inputs or {}), dict(read_once or {})
     if records_tokenizer or (resume and resumes_in(resume, output_dir)):
-        own = run_tokenizer_path(output_dir)
-        inputs = {name: path for name, path in inputs.items() if str(path) != own}
+        inputs = besides_run_tokenizer(inputs, output_dir)
     if resume and not resumes_in(resume, output_dir):
         read_once["the checkpoint to resume from"] = str(resume)
     refuse_own_inputs(output_dir, inputs, option)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import ConfigError, input_paths, run_tokenizer_path, startup_inputs, validate
+from ..config import ConfigError, besides_run_tokenizer, input_paths, run_tokenizer_path, startup_inputs, validate
 from .. import usercode
 from ..errors import HydrappoError, spell
 from ..storage.atomic import remove_orphaned_temporaries
@@ -431,9 +431,7 @@ def prepare(
     validate(config)
     # The Python API's first chance (the command line checked before): no model loads for a run that would be refused.
     # (The run's own saved tokenizer, which a resumed run's config may name, is for the claim to judge: Harness.run.)
-    own = run_tokenizer_path(run.output_dir)
-    inputs_read = {name: path for name, path in input_paths(config).items() if str(path) != own}
-    refuse_own_inputs(run.output_dir, inputs_read, "train.output_dir")
+    refuse_own_inputs(run.output_dir, besides_run_tokenizer(input_paths(config), run.output_dir), "train.output_dir")
     read_here = inputs is None  # (the command line read them, and checked the chat template, already)
     inputs = inputs if inputs is not None else read_inputs(config)
     given = objects.get("processing_class") is not None  # TRL's name of the tokenizer given in Python
