@@ -276,6 +276,12 @@ class PPOArgs(OptimizerArgs):
     gradient_accumulation_steps: int = option(
         1, "Micro-batches each process splits its share of a mini-batch into.", rows(1)
     )
+    share_prompts: bool = option(
+        True,
+        "Rows that share a prompt (its samples_per_prompt responses) pass it once through the trainable layers in the "
+        "experience pass and the update: the same numbers from fewer tokens (docs/hydra.md#shared-prompts). false: "
+        "every row passes its own copy. Models whose attention fails the check at load pass every row whole anyway.",
+    )
     ppo_epochs: int = option(4, "Passes over each batch of experience.", steps(1))
     gamma: float = option(1.0, "Discount (1.0 as in trlX and TRL).", UNIT)
     lam: float = option(0.95, "GAE lambda.", UNIT)

@@ -37,9 +37,11 @@ from .arch import (
     set_path,
 )
 from .band import trainable_range
-from .heads import RewardHead, ValueHead, widened
+from .heads import RewardHead, ValueHead
 from .logprobs import token_logprobs
 from .lora import lora_problems
+from .probe import verify
+from .shared_prompt import plan_packing
 from .split import SkipLayer, StopTrunk, last_token_index, position_ids_from_mask, split_hook
 
 
@@ -173,6 +175,10 @@ class HydraModel(nn.Module):
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self._logits_transform = logits_transform(model)
         self._layer_tuple_len = 0
+        # Whether rows that share a prompt may pass it once (model/shared_prompt.py): the probe in
+        # _verify decides; without verification every row passes whole.
+        self.shares_prompts = False
+        self.prompt_sharing_problem = "not checked (the hydra was built with verify=False)"
         disable_dropout(model)
 
         self._build_reference(model, lora, lora_layers)
@@ -337,6 +343,7 @@ class HydraModel(nn.Module):
         temperature: float = 1.0,
         logprobs_from: int = 0,
         split_hidden: torch.Tensor | None = None,
+        shared_prompt_width: int | None = None,
     ) -> HydraOutput:
         """Policy log-probs, reference log-probs, values and (with a reward branch) scores,
         from ONE pass of the embeddings and the bottom layers, or from none: `split_hidden`,
@@ -348,13 +355,19 @@ class HydraModel(nn.Module):
         k+1 columns: PPO never reads the prompt's log-probs, and each skipped position saves
         an lm_head row per branch. Skipped entries hold 0; shapes do not change. A reward
         branch with mean pooling averages over the tokens from column `logprobs_from+1` on
-        (the response, with the packing above)."""
+        (the response, with the packing above).
+
+        `shared_prompt_width=P` says that the first P columns are the prompt (left-padded) and
+        the rest the response: on a cached `split_hidden`, rows with the same prompt then pass it
+        once through the branches (model/shared_prompt.py), with the same result."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         if split_hidden is None or self.full_model:
             hidden, split_hidden = self._trunk_and_policy(input_ids, attention_mask, position_ids)
         else:
-            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, layers=None, norm=None)
+            hidden = self._branch_hidden(
+                split_hidden, input_ids, attention_mask, position_ids, None, None, shared_prompt_width
+            )
         out = self._policy_outputs(
             hidden, input_ids, attention_mask, return_entropy, return_logits, temperature, logprobs_from
         )
@@ -366,7 +379,9 @@ class HydraModel(nn.Module):
                     out.ref_logprobs = out.logprobs.detach().clone()
                     out.ref_logits = out.logits.detach().clone() if return_logits else None
                 else:
-                    ref_hidden, ref_head = self._reference_hidden(split_hidden, input_ids, attention_mask, position_ids)
+                    ref_hidden, ref_head = self._reference_hidden(
+                        split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width
+                    )
                     out.ref_logprobs = self._logprobs(
                         ref_hidden, input_ids, attention_mask, ref_head, temperature, logprobs_from=logprobs_from
                     )[0]
@@ -388,10 +403,12 @@ class HydraModel(nn.Module):
         return_logits: bool = False,
         temperature: float = 1.0,
         logprobs_from: int = 0,
+        shared_prompt_width: int | None = None,
     ) -> HydraOutput:
         """The policy outputs of `forward_hydra` from a cached `split_hidden`, without
         running the bottom layers (the PPO epochs use this). With the whole model
-        training there is no frozen split: pass None and the full model runs."""
+        training there is no frozen split: pass None and the full model runs.
+        `shared_prompt_width`: as forward_hydra's."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         if self.full_model or split_hidden is None:
@@ -399,7 +416,9 @@ class HydraModel(nn.Module):
                 raise ValueError("forward_top needs the split_hidden returned by forward_hydra.")
             hidden = self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
         else:
-            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, layers=None, norm=None)
+            hidden = self._branch_hidden(
+                split_hidden, input_ids, attention_mask, position_ids, None, None, shared_prompt_width
+            )
         return self._policy_outputs(
             hidden, input_ids, attention_mask, return_entropy, return_logits, temperature, logprobs_from
         )
@@ -551,27 +570,48 @@ class HydraModel(nn.Module):
         return hidden, captured["hidden"]
 
     # The reference's final hidden state and its output head, one way per kind of hydra (__init__ picks it).
-    def _reference_with_adapters_off(self, split_hidden, input_ids, attention_mask, position_ids):
+    def _reference_with_adapters_off(self, split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width):
         with self.peft_model.disable_adapter():
-            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, None, None)
+            hidden = self._branch_hidden(
+                split_hidden, input_ids, attention_mask, position_ids, None, None, shared_prompt_width
+            )
         return hidden, output_embeddings(self.model)
 
-    def _reference_of_model_copy(self, split_hidden, input_ids, attention_mask, position_ids):
+    def _reference_of_model_copy(self, split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width):
         ref = self.reference_model
         return self._decoder_hidden(locate(ref).decoder, input_ids, attention_mask, position_ids), output_embeddings(
             ref
         )
 
-    def _reference_of_top_copy(self, split_hidden, input_ids, attention_mask, position_ids):
+    def _reference_of_top_copy(self, split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width):
         hidden = self._branch_hidden(
-            split_hidden, input_ids, attention_mask, position_ids, self.ref_layers, self.ref_norm
+            split_hidden, input_ids, attention_mask, position_ids, self.ref_layers, self.ref_norm, shared_prompt_width
         )
         return hidden, self.ref_lm_head if self.ref_lm_head is not None else output_embeddings(self.model)
 
-    def _branch_hidden(self, split_hidden, input_ids, attention_mask, position_ids, layers, norm):
-        """Final hidden state of a top-layer branch (None = the policy's own) on a cached split."""
-        with self._branch_in_place(split_hidden, layers, norm):
-            return self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
+    def _branch_hidden(
+        self, split_hidden, input_ids, attention_mask, position_ids, layers, norm, shared_prompt_width=None
+    ):
+        """Final hidden state of a top-layer branch (None = the policy's own) on a cached split;
+        with `shared_prompt_width` (and a model that passed the probe), rows with the same
+        prompt pass it once (model/shared_prompt.py)."""
+        packing = None
+        if shared_prompt_width and self.shares_prompts:
+            packing = plan_packing(
+                self.model.config, input_ids, attention_mask, position_ids, shared_prompt_width, split_hidden.dtype
+            )
+        return self._branch_pass(split_hidden, input_ids, attention_mask, position_ids, layers, norm, packing)
+
+    def _branch_pass(self, split_hidden, input_ids, attention_mask, position_ids, layers, norm, packing):
+        """A branch's pass over the rows, or over their packed rows (then scattered back)."""
+        if packing is None:
+            with self._branch_in_place(split_hidden, layers, norm):
+                return self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
+        with self._branch_in_place(packing.pack(split_hidden), layers, norm):
+            packed = self._decoder_hidden(
+                self.arch.decoder, packing.input_ids, packing.attention_mask, packing.position_ids
+            )
+        return packing.unpack(packed)
 
     @contextmanager
     def _branch_in_place(self, split_hidden, layers, norm):
@@ -594,42 +634,10 @@ class HydraModel(nn.Module):
             if norm is not None:
                 set_path(self.arch.decoder, self.arch.norm_path, original_norm)
 
-    @torch.no_grad()
     def _verify(self) -> None:
-        """Check on a short probe that hydrappo's passes reproduce the model's own logits."""
-        vocab = output_embeddings(self.model).weight.shape[0]
-        generator = torch.Generator().manual_seed(0)
-        probe = torch.randint(0, vocab, (1, 6), generator=generator).to(self.device)
-        mask = torch.ones_like(probe)
-
-        first_layer_output = {}
-        handle = self.arch.layers[0].register_forward_hook(
-            lambda module, args, output: first_layer_output.setdefault("output", output)
-        )
-        try:
-            expected = widened(self.model(input_ids=probe, attention_mask=mask, use_cache=False).logits)
-        finally:
-            handle.remove()
-        output = first_layer_output.get("output")
-        self._layer_tuple_len = len(output) if isinstance(output, tuple) else 0
-
-        out = self.forward_hydra(probe, mask, return_logits=True)
-        wide = (torch.float32, torch.float64)
-        tolerance = 1e-4 if expected.dtype in wide and out.logits.dtype in wide else 5e-2
-        scale = expected.abs().max().clamp(min=1.0)
-        if not torch.allclose(out.logits.to(expected.dtype), expected, atol=tolerance * scale, rtol=0):
-            raise UnsupportedModelError(
-                f"hydrappo's policy logits differ from {type(self.model).__name__}'s own: the model post-processes "
-                "its logits in a way hydrappo does not know (see hydrappo/arch.py:logits_transform)."
-            )
-        if self.full_model:
-            return
-        top = self.forward_top(out.split_hidden, probe, mask, return_logits=True)
-        if not torch.allclose(top.logits.float(), out.logits.float(), atol=tolerance * scale, rtol=0):
-            raise UnsupportedModelError(
-                f"{type(self.model).__name__} carries state between decoder layers besides the hidden states, "
-                "so its trunk cannot be split and replayed from the top layers."
-            )
+        """The checks on a probe every new hydra runs (model/probe.py): refuses a model whose passes
+        hydrappo cannot reproduce, and decides whether rows that share a prompt may pass it once."""
+        verify(self)
 
 
 def _default_mask(input_ids, attention_mask):

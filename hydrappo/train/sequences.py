@@ -108,13 +108,15 @@ def experience_pass(
     autocast=None,
     with_reference: bool = True,
     split_hidden: torch.Tensor | None = None,
+    share_prompts: bool = False,
 ) -> HydraOutput:
     """forward_hydra over the batch in chunks: response-aligned log-probs, reference
     log-probs, values and entropy, the split hidden state (kept for the PPO epochs), plus
     reward-branch scores when a branch is attached. The prompt's log-probs are never computed,
     and without `with_reference` (a KL coefficient of 0) the reference branch never runs.
     With `split_hidden` (pack_split_hidden of states recorded while sampling) the frozen
-    bottom does not run again: only the branches do."""
+    bottom does not run again: only the branches do, and with `share_prompts` the rows of a
+    chunk that share a prompt pass it once (model/shared_prompt.py)."""
     device = hydra.device
     names = ("logprobs", "ref_logprobs", "values", "entropy", "split_hidden", "scores")
     parts: dict[str, list] = {name: [] for name in names}
@@ -130,6 +132,7 @@ def experience_pass(
                 temperature=temperature,
                 logprobs_from=prompt_width - 1,
                 split_hidden=split_hidden[start : start + chunk_size] if split_hidden is not None else None,
+                shared_prompt_width=prompt_width if share_prompts else None,
             )
         out = response_part(out, prompt_width)
         for name in names:

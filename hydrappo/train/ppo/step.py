@@ -304,6 +304,7 @@ class PPOStep:
             autocast=self.harness.autocast,
             with_reference=with_reference,
             split_hidden=split_hidden,
+            share_prompts=self.config.ppo.share_prompts,
         )
 
     # ------------------------------------------------------------------ 2. score
@@ -558,6 +559,7 @@ class PPOStep:
                 return_entropy=plan.entropy_bonus,
                 temperature=self.config.generation.temperature,
                 logprobs_from=batch.prompt_width - 1,
+                shared_prompt_width=batch.prompt_width if self.config.ppo.share_prompts else None,
             )
         new = response_part(out, batch.prompt_width)
         policy = PolicyTokens(logprobs=new.logprobs, values=new.values, entropy=new.entropy)
