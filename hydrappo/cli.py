@@ -50,6 +50,12 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     parser.add_argument("--max_new_tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument(
+        "--greedy",
+        action="store_true",
+        help="take the most likely token at every step, as held-out evaluation during training does "
+        "(train.eval_greedy), instead of sampling at the run's (or --temperature's) temperature",
+    )
 
 
 def _add_seed_and_output_options(parser: argparse.ArgumentParser, output_help: str) -> None:
@@ -98,6 +104,7 @@ def generate_command(argv: list[str]) -> int:
         args.seed,
         trust_checkpoint_code=args.trust_checkpoint_code,
         reward_weights=args.reward_weights,
+        greedy=args.greedy,
     )
     return _show(columns, args)
 
@@ -147,6 +154,7 @@ def compare_command(argv: list[str]) -> int:
         args.seed,
         trust_checkpoint_code=args.trust_checkpoint_code,
         reward_weights=args.reward_weights,
+        greedy=args.greedy,
     )
     return _show(columns, args)
 

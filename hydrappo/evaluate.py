@@ -70,14 +70,15 @@ def generate_and_score(
     reward_source,
     seed: int = 0,
     columns: dict | None = None,
+    greedy: bool = False,
 ):
-    """One sampled response per prompt, and its score (the reward functions get the prompts'
-    other `columns`). Seeded, so that two models compared on the same prompts see the same
-    random numbers."""
+    """One sampled (or with `greedy`, the most likely) response per prompt, and its score (the
+    reward functions get the prompts' other `columns`). Seeded, so that two models compared on the
+    same prompts see the same random numbers."""
     sampler = build_sampler(generation, hydra, tokenizer)
 
     def answer(prompt_ids, rows):
-        return sampler.sample(prompt_ids, generation)
+        return sampler.sample(prompt_ids, generation, greedy=greedy)
 
     def score(rows, prompt_texts, responses):
         texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
@@ -228,6 +229,7 @@ def check_arguments(
     inputs=None,
     overwrite: bool = False,
     reward_weights=None,
+    greedy: bool = False,
 ) -> None:
     """The options of `generate` and `compare`, all checked before any model loads. --output must
     not be or contain one of `inputs` ({option: path}), nor replace a file inside one (or inside
@@ -250,7 +252,14 @@ def check_arguments(
         if value is not None and value < 1:
             problems.add(option, value, "must be at least 1", f"give a positive number, or leave {option} out")
     if temperature is not None and not temperature > 0:
-        problems.add("--temperature", temperature, "must be > 0", "use e.g. 1.0, or leave it out for the run's own")
+        problems.add(
+            "--temperature",
+            temperature,
+            "must be > 0",
+            "use e.g. 1.0, --greedy for the most likely tokens, or leave it out",
+        )
+    if greedy and temperature is not None:
+        problems.add("--temperature", temperature, "does nothing with --greedy", "pass one of the two")
     if prompts is not None and not Path(prompts).expanduser().exists() and looks_like_a_path(prompts):
         problems.add("--prompts", prompts, "does not exist: no such file or folder", "fix the path")
     specs = reward_specs(reward_fn)
@@ -354,9 +363,11 @@ def generate(
     seed=0,
     trust_checkpoint_code=False,
     reward_weights=None,
+    greedy=False,
 ) -> dict[str, list[dict]]:
     """The base model's and a checkpoint's trained policy's scored responses, by column name: for
-    `prompts`, else the run's task's held-out items, else its training prompts."""
+    `prompts`, else the run's task's held-out items, else its training prompts. `greedy`: the most
+    likely tokens instead of samples."""
     check_arguments(
         prompts=prompts,
         reward_fn=reward_fn,
@@ -364,6 +375,7 @@ def generate(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         reward_weights=reward_weights,
+        greedy=greedy,
     )
     checkpoint = find_checkpoint(checkpoint)
     config = load_checkpoint_config(checkpoint, Config)
@@ -391,10 +403,12 @@ def generate(
 
     columns = {}
     if not no_base:
-        columns["base"] = generate_and_score(hydra, tokenizer, prompt_set, generation, reward_source, seed, table)
+        columns["base"] = generate_and_score(
+            hydra, tokenizer, prompt_set, generation, reward_source, seed, table, greedy
+        )
     load_trainable_weights(hydra, checkpoint)
     columns[f"trained ({checkpoint.name})"] = generate_and_score(
-        hydra, tokenizer, prompt_set, generation, reward_source, seed, table
+        hydra, tokenizer, prompt_set, generation, reward_source, seed, table, greedy
     )
     return columns
 
@@ -436,9 +450,11 @@ def compare(
     seed=0,
     trust_checkpoint_code=False,
     reward_weights=None,
+    greedy=False,
 ) -> dict[str, list[dict]]:
-    """Several models on the same prompts with the same sampling seed, scored, by column name.
-    Without `prompts`: the held-out items of the first checkpoint's task."""
+    """Several models on the same prompts with the same sampling seed (or with `greedy`, their most
+    likely tokens), scored, by column name. Without `prompts`: the held-out items of the first
+    checkpoint's task."""
     check_arguments(
         prompts=prompts,
         reward_fn=reward_fn,
@@ -448,6 +464,7 @@ def compare(
         max_prompt_length=max_prompt_length,
         models=models,
         reward_weights=reward_weights,
+        greedy=greedy,
     )
     # The first checkpoint's config, read before any model loads: its sampling, reward and task.
     locations = [(spec, model_location(spec)[2]) for spec in models]
@@ -493,5 +510,5 @@ def compare(
             prompt_set = task.prompt_set("eval", tokenizer, data, limit)
         else:
             prompt_set = tokenize_prompts(texts, tokenizer, max_prompt_length, chat, defaults.data.system_prompt)
-        columns[name] = generate_and_score(model, tokenizer, prompt_set, generation, reward_source, seed, table)
+        columns[name] = generate_and_score(model, tokenizer, prompt_set, generation, reward_source, seed, table, greedy)
     return columns

@@ -273,6 +273,15 @@ def test_generate_and_compare_answer_the_task_s_held_out_items_scored_by_its_ver
     assert [row["prompt"] for row in rows] == [item["prompt"] for item in held_out[:2]]
     (rows,) = compare([str(tmp_path / "run")]).values()
     scored_by_the_verifier(rows)
+    # --greedy: the most likely tokens, whatever the seed (sampled answers change with it).
+    (greedy,) = compare([str(tmp_path / "run")], greedy=True, seed=0).values()
+    (again,) = compare([str(tmp_path / "run")], greedy=True, seed=1).values()
+    (sampled,) = compare([str(tmp_path / "run")], seed=1).values()
+    scored_by_the_verifier(greedy)
+    responses = [[row["response"] for row in column] for column in (greedy, again, sampled, rows)]
+    assert responses[0] == responses[1] and responses[2] != responses[3]
+    (trained,) = generate(tmp_path / "run", no_base=True, greedy=True, seed=5).values()
+    assert [row["response"] for row in trained] == responses[0]
     with pytest.raises(ConfigError, match="--prompts FILE: no checkpoint among the models names a task"):
         compare([str(TINY / "model")], None)  # refused before the model loads
     # tools/rl_study.py measure on a task run: the same held-out items, scored by the verifier, with the KL.

@@ -825,6 +825,7 @@ def test_generate_and_compare_run_no_code_a_checkpoint_names_unless_told(ws, cap
 GENERATE_CASES = [
     (["generate", "WS/run", "--limit", "0"], ["--limit=0"]),
     (["generate", "WS/run", "--temperature", "0"], ["--temperature=0.0"]),
+    (["compare", "WS/run", "--greedy", "--temperature", "0.5"], ["--temperature=0.5", "does nothing with --greedy"]),
     (["generate", "WS/run", "--max_new_tokens", "-1"], ["--max_new_tokens=-1"]),
     (["generate", "WS/run", "--prompts", "WS/nothing.jsonl"], ["--prompts", "nothing.jsonl", "no such file"]),
     (["generate", "WS/run", "--reward_fn", "WS/none.py:f"], ["--reward_fn", "none.py"]),
