@@ -29,7 +29,9 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
     cache_split_hidden: bool = option(
         False,
         "Keep the frozen bottom layers' output of every example in memory after the first epoch "
-        "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers.",
+        "(tokens x hidden size floats each): later epochs and evaluations then run only the top layers. "
+        "An example whose tokens begin another's (a conversation's rows, one per assistant turn) is not "
+        "computed: it reads the first states of the longer one's.",
     )
     save_every: int = _with_default(RunArgs, "save_every", 100)
 

@@ -116,21 +116,31 @@ class SplitCache:
         in key order and fixed chunks. A row's numbers depend (in the last bits) on the batch
         it was computed in, so filling the cache the same way every time makes its contents
         independent of how training happened to batch the examples: a resumed run then
-        computes exactly what an uninterrupted one did. `progress`: a bar of examples cached (on a
-        CPU, hundreds of long examples take minutes before the first step)."""
+        computes exactly what an uninterrupted one did. An example whose tokens begin another's
+        (the rows of a conversation, one per assistant turn) is not computed: its states are the
+        first ones of the longer example's (causal attention: a token's state depends only on the
+        tokens before it), read as a view. `progress`: a bar of examples cached (on a CPU,
+        hundreds of long examples take minutes before the first step)."""
         if not self.enabled:
             return
         from tqdm.auto import tqdm
 
         keys = sorted(key for key in examples if key not in self.rows)
+        tokens = {key: (*examples[key][0], *examples[key][1]) for key in keys}
+        covering = covering_examples(tokens)
+        computed = [key for key in keys if covering[key] == key]
         with tqdm(total=len(keys), desc="caching the frozen trunk", unit="example", disable=not progress) as bar:
-            for start in range(0, len(keys), chunk_size):
-                chunk = keys[start : start + chunk_size]
+            for start in range(0, len(computed), chunk_size):
+                chunk = computed[start : start + chunk_size]
                 input_ids, attention_mask, _, _ = pack_sequences(
                     [examples[key][0] for key in chunk], [examples[key][1] for key in chunk], pad_token_id
                 )
                 self(chunk, input_ids.to(self.hydra.device), attention_mask.to(self.hydra.device))
                 bar.update(len(chunk))
+            for key in keys:
+                if covering[key] != key:
+                    self.rows[key] = self.rows[covering[key]][: len(tokens[key])]
+                    bar.update(1)
 
     def __call__(self, keys: list | None, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Split hidden states (B, T, H) of a batch; `keys` name its rows (None: not cached)."""
@@ -147,3 +157,20 @@ class SplitCache:
             for row, key in enumerate(keys):
                 self.rows[key] = split[row][real[row]].clone()
         return split
+
+
+def covering_examples(tokens: dict) -> dict:
+    """{key: the key of an example whose tokens begin with this one's (itself when none does)}.
+    In lexicographic order the sequences that begin with A follow A directly, so each sequence
+    is covered by whatever covers the next one, when the next one begins with it."""
+    order = sorted(tokens, key=tokens.__getitem__)
+    covering = {}
+    for index in range(len(order) - 1, -1, -1):
+        key = order[index]
+        if index + 1 < len(order):
+            following = order[index + 1]
+            if tokens[following][: len(tokens[key])] == tokens[key]:
+                covering[key] = covering[following]
+                continue
+        covering[key] = key
+    return covering
