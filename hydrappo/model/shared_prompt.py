@@ -16,10 +16,10 @@ gather's backward sums the gradient of a shared prompt position over the rows th
 which is the gradient of the unpacked computation.
 
 The saving is the repeated prompt tokens, and the responses' right padding (32 rows of 67 prompt
-and 24 response columns, in 8 groups, answers of about 17 tokens: about 1080 packed tokens
-instead of 2912). Attention grows with the packed row's length
-squared, so a group is cut into packed rows of at most `responses_per_row` responses, chosen
-so that no packed row costs more attention than the rows it replaces
+and 24 response columns in 8 groups, answers of about 17 tokens: 8 packed rows of about 140
+tokens, padded to the longest, instead of 2912 tokens). Attention grows with the packed row's
+length squared, so a group is cut into packed rows of at most `responses_per_row` responses,
+chosen so that no packed row costs more attention than the rows it replaces
 (responses_per_packed_row). plan_packing says whether a model's rows may be packed at all.
 """
 

@@ -8,8 +8,9 @@ reads: `PPOStep.train_step` runs
     3. shape    over the WHOLE batch (every process's rows gathered): score normalisation, the
                 overlong penalty, the KL penalty, advantages (and returns); each process keeps its
                 own rows of the result
-    4. update   ppo_epochs x minibatches of forward_top on the CACHED split hidden state,
-                clipped losses, an optimizer step each
+    4. update   ppo_epochs x minibatches of forward_top on the CACHED split hidden state
+                (rows that share a prompt pass it once: ppo.share_prompts), clipped losses,
+                an optimizer step each
     5. log      the batch's and the update's statistics; the KL controller takes the step's KL
 
 and the methods below follow in that order. The math is algo/'s pure functions; what the step
