@@ -362,12 +362,13 @@ class HydraModel(nn.Module):
         once through the branches (model/shared_prompt.py), with the same result."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
-        if split_hidden is None or self.full_model:
+        from_trunk = split_hidden is None or self.full_model
+        if from_trunk:
             hidden, split_hidden = self._trunk_and_policy(input_ids, attention_mask, position_ids)
-        else:
-            hidden = self._branch_hidden(
-                split_hidden, input_ids, attention_mask, position_ids, None, None, shared_prompt_width
-            )
+        # One packing serves the policy's branch and the reference's.
+        packing = self._prompt_packing(split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width)
+        if not from_trunk:
+            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, None, None, packing)
         out = self._policy_outputs(
             hidden, input_ids, attention_mask, return_entropy, return_logits, temperature, logprobs_from
         )
@@ -380,7 +381,7 @@ class HydraModel(nn.Module):
                     out.ref_logits = out.logits.detach().clone() if return_logits else None
                 else:
                     ref_hidden, ref_head = self._reference_hidden(
-                        split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width
+                        split_hidden, input_ids, attention_mask, position_ids, packing
                     )
                     out.ref_logprobs = self._logprobs(
                         ref_hidden, input_ids, attention_mask, ref_head, temperature, logprobs_from=logprobs_from
@@ -416,9 +417,8 @@ class HydraModel(nn.Module):
                 raise ValueError("forward_top needs the split_hidden returned by forward_hydra.")
             hidden = self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)
         else:
-            hidden = self._branch_hidden(
-                split_hidden, input_ids, attention_mask, position_ids, None, None, shared_prompt_width
-            )
+            packing = self._prompt_packing(split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width)
+            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, None, None, packing)
         return self._policy_outputs(
             hidden, input_ids, attention_mask, return_entropy, return_logits, temperature, logprobs_from
         )
@@ -570,40 +570,35 @@ class HydraModel(nn.Module):
         return hidden, captured["hidden"]
 
     # The reference's final hidden state and its output head, one way per kind of hydra (__init__ picks it).
-    def _reference_with_adapters_off(self, split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width):
+    def _reference_with_adapters_off(self, split_hidden, input_ids, attention_mask, position_ids, packing):
         with self.peft_model.disable_adapter():
-            hidden = self._branch_hidden(
-                split_hidden, input_ids, attention_mask, position_ids, None, None, shared_prompt_width
-            )
+            hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, None, None, packing)
         return hidden, output_embeddings(self.model)
 
-    def _reference_of_model_copy(self, split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width):
+    def _reference_of_model_copy(self, split_hidden, input_ids, attention_mask, position_ids, packing):
         ref = self.reference_model
         return self._decoder_hidden(locate(ref).decoder, input_ids, attention_mask, position_ids), output_embeddings(
             ref
         )
 
-    def _reference_of_top_copy(self, split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width):
+    def _reference_of_top_copy(self, split_hidden, input_ids, attention_mask, position_ids, packing):
         hidden = self._branch_hidden(
-            split_hidden, input_ids, attention_mask, position_ids, self.ref_layers, self.ref_norm, shared_prompt_width
+            split_hidden, input_ids, attention_mask, position_ids, self.ref_layers, self.ref_norm, packing
         )
         return hidden, self.ref_lm_head if self.ref_lm_head is not None else output_embeddings(self.model)
 
-    def _branch_hidden(
-        self, split_hidden, input_ids, attention_mask, position_ids, layers, norm, shared_prompt_width=None
-    ):
-        """Final hidden state of a top-layer branch (None = the policy's own) on a cached split;
-        with `shared_prompt_width` (and a model that passed the probe), rows with the same
-        prompt pass it once (model/shared_prompt.py)."""
-        packing = None
-        if shared_prompt_width and self.shares_prompts:
-            packing = plan_packing(
-                self.model.config, input_ids, attention_mask, position_ids, shared_prompt_width, split_hidden.dtype
-            )
-        return self._branch_pass(split_hidden, input_ids, attention_mask, position_ids, layers, norm, packing)
+    def _prompt_packing(self, split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width):
+        """How these rows pass their shared prompts once (model/shared_prompt.py), or None: no
+        `shared_prompt_width`, no cached split to pack, a model that failed the probe, or nothing to gain."""
+        if not shared_prompt_width or split_hidden is None or not self.shares_prompts:
+            return None
+        return plan_packing(
+            self.model.config, input_ids, attention_mask, position_ids, shared_prompt_width, split_hidden.dtype
+        )
 
-    def _branch_pass(self, split_hidden, input_ids, attention_mask, position_ids, layers, norm, packing):
-        """A branch's pass over the rows, or over their packed rows (then scattered back)."""
+    def _branch_hidden(self, split_hidden, input_ids, attention_mask, position_ids, layers, norm, packing=None):
+        """Final hidden state of a top-layer branch (None = the policy's own) on a cached split; with
+        a `packing` (_prompt_packing), over the packed rows, scattered back to the rows."""
         if packing is None:
             with self._branch_in_place(split_hidden, layers, norm):
                 return self._decoder_hidden(self.arch.decoder, input_ids, attention_mask, position_ids)

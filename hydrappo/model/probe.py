@@ -75,12 +75,12 @@ def prompt_sharing_problem(hydra, vocab: int, tolerance: float) -> str | None:
     ids, mask = ids.to(hydra.device), mask.to(hydra.device)
     position_ids = position_ids_from_mask(mask)
     split_hidden = hydra.split_hidden_states(ids, mask)
-    plain = hydra._branch_pass(split_hidden, ids, mask, position_ids, None, None, None)
+    plain = hydra._branch_hidden(split_hidden, ids, mask, position_ids, None, None)
     packing = plan_packing(hydra.model.config, ids, mask, position_ids, 3, split_hidden.dtype, responses_per_row=2)
     if packing is None:
         return f"{name}'s attention window is shorter than the probe"
     try:
-        packed = hydra._branch_pass(split_hidden, ids, mask, position_ids, None, None, packing)
+        packed = hydra._branch_hidden(split_hidden, ids, mask, position_ids, None, None, packing)
     except Exception as error:  # a model whose attention does not take a custom 4-D mask
         return f"{name} refused a 4-D attention mask ({type(error).__name__}: {error})"
     real = mask.bool()
