@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -30,12 +31,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 PHASES = ("experience", "update", "step")
 
 
+def run_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """The run a benchmark builds: a config file of `hydrappo COMMAND`, its options; torch's threads."""
+    parser.add_argument("config", help=f"a `hydrappo {command}` config file")
+    parser.add_argument("--options", default="", help='its command-line options, e.g. "--name_or_path M"')
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+
+
+@contextmanager
+def trainer_of(args: argparse.Namespace, trainer_class, config_class):
+    """The trainer `args.config` and `args.options` build (as the command builds it), writing into a
+    temporary folder that is gone when the block ends; torch at `args.threads`."""
+    import torch
+
+    from hydrappo.config import parse_config
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config_path = Path(args.config)
+    with tempfile.TemporaryDirectory() as output_dir:
+        options = [*shlex.split(args.options), "--output_dir", output_dir, "--no_progress_bar"]
+        yield trainer_class(parse_config(config_path, options, config_class), config_dir=config_path.parent)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", help="a `hydrappo train` config file")
-    parser.add_argument("--options", default="", help='its command-line options, e.g. "--name_or_path M"')
+    run_arguments(parser, "train")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of one step of each setting")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     return parser.parse_args(argv)
 
 
@@ -43,18 +65,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
 
-    from hydrappo.config import parse_config
+    from hydrappo.config import Config
     from hydrappo.train.ppo import PPOTrainer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    config_path = Path(args.config)
-    with tempfile.TemporaryDirectory() as output_dir:
-        options = [*shlex.split(args.options), "--output_dir", output_dir, "--no_progress_bar"]
-        config = parse_config(config_path, options)
-        trainer = PPOTrainer(config, config_dir=config_path.parent)
+    with trainer_of(args, PPOTrainer, Config) as trainer:
         step = trainer.ppo_step
-        hydra = step.hydra
+        config, hydra = step.config, step.hydra
         print(
             f"shared prompts on this model: {hydra.shares_prompts} ({hydra.prompt_sharing_problem or 'probe passed'})"
         )

@@ -14,23 +14,22 @@ On a shared machine compare the ratios, not the seconds.
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_shared_prompts import run_arguments, trainer_of  # noqa: E402 (imports no torch)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", help="a `hydrappo sft` config file")
-    parser.add_argument("--options", default="", help="its command-line options")
+    run_arguments(parser, "sft")
     parser.add_argument("--timed", type=int, default=96, help="examples cached in each timed fill (the first ones)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     return parser.parse_args(argv)
 
 
@@ -39,43 +38,38 @@ def main(argv=None) -> None:
     import torch
 
     import hydrappo.train.stage as stage
-    from hydrappo.config import SFTConfig, parse_config
+    from hydrappo.config import SFTConfig
     from hydrappo.train.sft import SFTTrainer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    config_path = Path(args.config)
-    with tempfile.TemporaryDirectory() as output_dir:
-        options = [*shlex.split(args.options), "--output_dir", output_dir, "--no_progress_bar"]
-        trainer = SFTTrainer(parse_config(config_path, options, SFTConfig), config_dir=config_path.parent)
-    examples = trainer.cache_examples()
-    tokens = {key: (*prompt, *response) for key, (prompt, response) in examples.items()}
-    covering = stage.covering_examples(tokens)
-    computed = sum(len(tokens[key]) for key in tokens if covering[key] == key)
-    total = sum(map(len, tokens.values()))
-    print(
-        f"{len(tokens)} examples, {total} tokens through the frozen bottom when every example is computed; "
-        f"{sum(covering[k] == k for k in tokens)} examples, {computed} tokens ({computed / total:.2f}x) when an "
-        "example that begins another reads its states from it"
-    )
+    with trainer_of(args, SFTTrainer, SFTConfig) as trainer:
+        examples = trainer.cache_examples()
+        tokens = {key: (*prompt, *response) for key, (prompt, response) in examples.items()}
+        covering = stage.covering_examples(tokens)
+        computed = sum(len(tokens[key]) for key in tokens if covering[key] == key)
+        total = sum(map(len, tokens.values()))
+        print(
+            f"{len(tokens)} examples, {total} tokens through the frozen bottom when every example is computed; "
+            f"{sum(covering[k] == k for k in tokens)} examples, {computed} tokens ({computed / total:.2f}x) when an "
+            "example that begins another reads its states from it"
+        )
 
-    timed = dict(sorted(examples.items())[: args.timed])
-    covering_function = stage.covering_examples
-    settings = {"covered": covering_function, "every example": lambda tokens: {key: key for key in tokens}}
-    seconds: dict[str, list[float]] = {name: [] for name in settings}
-    pad, chunk = trainer.tokenizer.pad_token_id, trainer.config.train.batch_size
-    for round_index in range(args.repeats):
-        names = list(settings) if round_index % 2 == 0 else list(reversed(settings))
-        for name in names:
-            stage.covering_examples = settings[name]
-            try:
-                cache = stage.SplitCache(trainer.hydra, enabled=True)
-                start = time.perf_counter()
-                cache.fill(timed, pad, chunk)
-                seconds[name].append(time.perf_counter() - start)
-            finally:
-                stage.covering_examples = covering_function
-            print(f"round {round_index}: {name}: {seconds[name][-1]:.1f} s", flush=True)
+        timed = dict(sorted(examples.items())[: args.timed])
+        covering_function = stage.covering_examples
+        settings = {"covered": covering_function, "every example": lambda tokens: {key: key for key in tokens}}
+        seconds: dict[str, list[float]] = {name: [] for name in settings}
+        pad, chunk = trainer.tokenizer.pad_token_id, trainer.config.train.batch_size
+        for round_index in range(args.repeats):
+            names = list(settings) if round_index % 2 == 0 else list(reversed(settings))
+            for name in names:
+                stage.covering_examples = settings[name]
+                try:
+                    cache = stage.SplitCache(trainer.hydra, enabled=True)
+                    start = time.perf_counter()
+                    cache.fill(timed, pad, chunk)
+                    seconds[name].append(time.perf_counter() - start)
+                finally:
+                    stage.covering_examples = covering_function
+                print(f"round {round_index}: {name}: {seconds[name][-1]:.1f} s", flush=True)
     covered, every = (statistics.median(seconds[name]) for name in settings)
     print(f"\nthe first {len(timed)} examples, threads {torch.get_num_threads()}, medians of {args.repeats}:")
     print(f"covered {covered:.1f} s, every example {every:.1f} s: {covered / every:.2f}x")
