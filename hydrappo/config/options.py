@@ -335,6 +335,11 @@ class PPOArgs(OptimizerArgs):
     kl_penalty: KlPenalty = option(
         "reward", "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."
     )
+    measure_kl: bool = option(
+        False,
+        "Run the reference branch and log objective/kl even at a KL coefficient of 0 (a GRPO run "
+        "without a KL term, TRL's beta 0), so the drift from the start is measured; the update is the same.",
+    )
     mask_truncated: bool = option(
         False,
         "DAPO's overlong filtering: responses cut by generation.max_new_tokens (no EOS) add nothing to "

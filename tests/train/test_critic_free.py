@@ -173,6 +173,25 @@ def test_a_kl_coefficient_of_zero_never_runs_the_reference_branch(tmp_path, monk
         with_kl.train()
 
 
+def test_measure_kl_logs_the_drift_at_a_coefficient_of_zero_and_trains_the_same(tmp_path):
+    # A GRPO run without a KL term (TRL's beta 0) still says how far it moved: the reference runs,
+    # objective/kl is logged, and the update is the one the run without the measure makes.
+    options = ["--advantage_estimator", "grpo", "--total_steps", "2", "--batch_size", "8", "--mini_batch_size", "8"]
+    options += ["--init_kl_coef", "0", "--dtype", "float64"]
+    # One after the other: a trainer seeds the process's random numbers when it is built.
+    plain = trainer(tmp_path / "plain", *options)
+    plain_history = plain.train()
+    measured = trainer(tmp_path / "measured", *options, "--measure_kl", "true")
+    measured_history = measured.train()
+    assert "objective/kl" not in plain_history[-1]
+    # Step 1 samples from the start, which is the reference: no drift; step 2 from the updated policy
+    # (k1 on 8 samples: its sign is the sample's).
+    assert measured_history[0]["objective/kl"] == 0.0 and measured_history[1]["objective/kl"] != 0.0
+    for name, weight in plain.hydra.named_parameters():
+        assert torch.equal(weight, dict(measured.hydra.named_parameters())[name]), name
+    assert plain_history[-1]["ppo/loss/total"] == measured_history[-1]["ppo/loss/total"]
+
+
 def test_group_settings_are_checked_before_anything_loads():
     with pytest.raises(ConfigError, match="set generation.samples_per_prompt >= 2"):
         parse_config(TINY / "config.yaml", ["--advantage_estimator", "grpo"])

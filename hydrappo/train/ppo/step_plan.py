@@ -15,7 +15,7 @@ from ...config import PPOArgs
 @dataclass(frozen=True)
 class StepPlan:
     kl_coef: float  # the KL controller's coefficient for this step
-    reference: bool  # the reference branch runs and the KL is measured; a coefficient of 0 skips both
+    reference: bool  # the reference branch runs and the KL is measured; a coefficient of 0 skips both (unless measured)
     kl_in_reward: bool  # the KL penalty shapes the per-token rewards (ppo.kl_penalty: reward)
     kl_estimator: str  # the per-token KL estimate of the reward's penalty (ppo.kl_estimator)
     group_size: int  # samples of one prompt, in consecutive rows (generation.samples_per_prompt)
@@ -32,7 +32,7 @@ class StepPlan:
         groups of `group_size` samples per prompt."""
         return cls(
             kl_coef=kl_coef,
-            reference=kl_coef != 0,
+            reference=kl_coef != 0 or ppo.measure_kl,
             kl_in_reward=ppo.kl_penalty == "reward",
             kl_estimator=ppo.kl_estimator,
             group_size=group_size,
