@@ -11,7 +11,12 @@ call, and how often. Rewards: reward.py.
 
 Columns of the prompt tables: prompt, answer (the sum), needs_tool (true for the 5-digit sums),
 calls_needed (k - 1, or 0). sft.jsonl holds prompt/response rows for the SFT stage (sft.yaml), one
-per assistant turn of a synthetic transcript, as examples/agent/task.py writes them.
+per assistant turn of a synthetic transcript, as examples/agent/task.py writes them. The
+transcripts come from two demonstrators, one who adds with the calculator and one who adds in its
+head, both always right: most 5-digit sums are added in the head (--sft-in-head) and some one-digit
+sums with the calculator (--sft-small-with-tool). The SFT model learns both ways and not which one
+works for it: a 135M model cannot add 5-digit numbers in its head. Learning when to call is RL's
+part (README).
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ def add(a: int, b: int) -> int:
 
 
 def question(rng: random.Random) -> dict:
-    """A sum of 3 to 5 numbers of 5 digits (70%), or of two one-digit numbers."""
+    """A sum of 3 to 5 different numbers of 5 digits (70%), or of two one-digit numbers."""
     if rng.random() < TOOL_SHARE:
-        numbers = [rng.randint(10_000, 99_999) for _ in range(rng.randint(3, 5))]
+        numbers = rng.sample(range(10_000, 100_000), rng.randint(3, 5))
     else:
         numbers = [rng.randint(1, 9), rng.randint(1, 9)]
     needs_tool = numbers[0] >= 10_000
@@ -51,27 +56,29 @@ def question(rng: random.Random) -> dict:
     }
 
 
-def transcript(row: dict) -> list[dict]:
-    """The conversation the policy should have: for a large sum, one call per number after the
-    first, each on the last result, then the answer; for a small one, the answer at once. Each call
-    turn first writes the plan that is left ("Left to add: 49755 + 72468."), and its call adds the
-    first of those to the last result: the next number is then copied from the model's own last
-    turn, one number shorter each time, instead of being found again in the question (the SFT model
-    that had to find it re-added a number it had used, README)."""
-    numbers = row["numbers"]
+def transcript(row: dict, with_tool: bool) -> list[dict]:
+    """A demonstrator's conversation, with the calculator or in its head.
+
+    With the tool: one call per number after the first, each adding the next number to the last
+    result. Each call turn first names the number it adds by the one before it ("After 63075 comes
+    49755."): the first is the last call's b (the model's own last turn), the second what follows
+    it in the question, a look-up a small model's attention does well (it fetches what followed a
+    token it has seen), where a list of the numbers left, rewritten each turn, was copied wrong
+    (README). "After 56930 comes nothing." ends the chain with the answer. In the head: the sum
+    written out with its result at once."""
+    numbers, answer = row["numbers"], row["answer"]
     turns = [{"role": "user", "content": row["prompt"]}]
-    if not row["needs_tool"]:
-        return turns + [{"role": "assistant", "content": f"{numbers[0]} + {numbers[1]} = {row['answer']}"}]
+    if not with_tool:
+        return turns + [{"role": "assistant", "content": " + ".join(map(str, numbers)) + f" = {answer}"}]
     total = numbers[0]
-    for k, number in enumerate(numbers[1:], start=1):
+    for before, number in zip(numbers, numbers[1:]):
         call = json.dumps({"name": "add", "arguments": {"a": total, "b": number}})
-        left = " + ".join(map(str, numbers[k:]))
         total = add(total, number)
         turns += [
-            {"role": "assistant", "content": f"Left to add: {left}.\n<tool_call>\n{call}\n</tool_call>"},
+            {"role": "assistant", "content": f"After {before} comes {number}.\n<tool_call>\n{call}\n</tool_call>"},
             {"role": "tool", "content": str(total)},
         ]
-    return turns + [{"role": "assistant", "content": f"Nothing left to add. The sum is {row['answer']}."}]
+    return turns + [{"role": "assistant", "content": f"After {numbers[-1]} comes nothing. The sum is {answer}."}]
 
 
 def sft_rows(rows: list[dict], tokenizer) -> list[dict]:
@@ -84,7 +91,7 @@ def sft_rows(rows: list[dict], tokenizer) -> list[dict]:
     schemas = [toolbox.tool_of(add).schema]
     out = []
     for row in rows:
-        turns = transcript(row)
+        turns = transcript(row, row["demo_with_tool"])
         for end, turn in enumerate(turns):
             if turn["role"] == "assistant":
                 messages = calls.episode_messages(turns[:end], schemas, None, None, template_renders_tools=False)
@@ -102,7 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", type=int, default=1024)
     parser.add_argument("--held-out", type=int, default=120, help="held-out questions (noise about +-0.09 at 0.5)")
-    parser.add_argument("--sft", type=int, default=200, help="synthetic transcripts for the SFT stage")
+    parser.add_argument("--sft", type=int, default=700, help="synthetic transcripts for the SFT stage")
+    parser.add_argument(
+        "--sft-in-head",
+        type=float,
+        default=0.6,
+        help="of the SFT's 5-digit sums, the share a demonstrator adds in its head (README: why)",
+    )
+    parser.add_argument(
+        "--sft-small-with-tool",
+        type=float,
+        default=0.3,
+        help="of the SFT's one-digit sums, the share a demonstrator adds with the calculator",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args(argv)
@@ -118,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(row["prompt"])
         rows.append(row)
     held_out, train, sft = rows[: args.held_out], rows[args.held_out : args.held_out + args.train], rows[-args.sft :]
+    for row in sft:
+        share = (1.0 - args.sft_in_head) if row["needs_tool"] else args.sft_small_with_tool
+        row["demo_with_tool"] = rng.random() < share
     write_table(args.out / "train_prompts.jsonl", train)
     write_table(args.out / "eval_prompts.jsonl", held_out)
     from hydrappo.storage.models import _load_tokenizer
@@ -126,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     sft_table = sft_rows(sft, tokenizer)
     (args.out / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_table))
     needing = sum(r["needs_tool"] for r in held_out)
+    chains = sum(r["demo_with_tool"] and r["needs_tool"] for r in sft)
     print(
         f"wrote {len(train)} training and {len(held_out)} held-out questions ({needing} need the tool) and "
-        f"{len(sft)} SFT transcripts ({len(sft_table)} assistant turns) to {args.out}"
+        f"{len(sft)} SFT transcripts ({chains} chains of calls; {len(sft_table)} assistant turns) to {args.out}"
     )
     return 0
 

