@@ -62,10 +62,10 @@ def transcript(row: dict, with_tool: bool) -> list[dict]:
     With the tool: one call per number after the first, each adding the next number to the last
     result. Each call turn first names the number it adds by the one before it ("After 63075 comes
     49755."): the first is the last call's b (the model's own last turn), the second what follows
-    it in the question, a look-up a small model's attention does well (it fetches what followed a
-    token it has seen), where a list of the numbers left, rewritten each turn, was copied wrong
-    (README). "After 56930 comes nothing." ends the chain with the answer. In the head: the sum
-    written out with its result at once."""
+    it in the question, a look-up (what followed a token seen before) in place of the list of the
+    numbers left that the last version rewrote each turn and copied wrong; the 135M model still
+    breaks the chain at its second turn (README). "After 56930 comes nothing." ends the chain with
+    the answer. In the head: the sum written out with its result at once."""
     numbers, answer = row["numbers"], row["answer"]
     turns = [{"role": "user", "content": row["prompt"]}]
     if not with_tool:
@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args(argv)
+    for option, share in (("--sft-in-head", args.sft_in_head), ("--sft-small-with-tool", args.sft_small_with_tool)):
+        if not 0.0 <= share <= 1.0:
+            parser.error(f"{option} is a share of the SFT's questions: give a number from 0 to 1, not {share}")
     rng = random.Random(args.seed)
     rows, seen = [], set()
     while len(rows) < args.held_out + args.train + args.sft:

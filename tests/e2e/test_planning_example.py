@@ -60,6 +60,14 @@ def test_the_demonstrators_shares(tmp_path):
     assert len(kinds) == 30 and all(needs != calls for needs, calls in kinds)
 
 
+def test_a_share_outside_0_to_1_is_refused_before_anything_is_written(tmp_path, capsys):
+    main = load_object(f"{EXAMPLE / 'task.py'}:main", None, "example")
+    with pytest.raises(SystemExit) as refused:
+        main(["--out", str(tmp_path), "--sft-in-head", "60"])
+    assert refused.value.code == 2 and "--sft-in-head is a share" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_transcripts_chain_one_call_per_number(tmp_path):
     main = load_object(f"{EXAMPLE / 'task.py'}:main", None, "example")
     add = load_object(f"{EXAMPLE / 'task.py'}:add", None, "example")
