@@ -365,8 +365,12 @@ class HydraModel(nn.Module):
         from_trunk = split_hidden is None or self.full_model
         if from_trunk:
             hidden, split_hidden = self._trunk_and_policy(input_ids, attention_mask, position_ids)
-        # One packing serves the policy's branch and the reference's.
-        packing = self._prompt_packing(split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width)
+        # One packing serves the policy's branch and the reference's, planned only where one of
+        # them runs on the split (from the trunk, the policy's pass was whole already).
+        reference_branch = return_reference and not self.shares_reference
+        packing = None
+        if not from_trunk or reference_branch:
+            packing = self._prompt_packing(split_hidden, input_ids, attention_mask, position_ids, shared_prompt_width)
         if not from_trunk:
             hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, None, None, packing)
         out = self._policy_outputs(
