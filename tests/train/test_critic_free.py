@@ -187,8 +187,9 @@ def test_measure_kl_logs_the_drift_at_a_coefficient_of_zero_and_trains_the_same(
     # Step 1 samples from the start, which is the reference: no drift; step 2 from the updated policy
     # (k1 on 8 samples: its sign is the sample's).
     assert measured_history[0]["objective/kl"] == 0.0 and measured_history[1]["objective/kl"] != 0.0
+    measured_weights = dict(measured.hydra.named_parameters())
     for name, weight in plain.hydra.named_parameters():
-        assert torch.equal(weight, dict(measured.hydra.named_parameters())[name]), name
+        assert torch.equal(weight, measured_weights[name]), name
     assert plain_history[-1]["ppo/loss/total"] == measured_history[-1]["ppo/loss/total"]
 
 
