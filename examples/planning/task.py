@@ -1,11 +1,12 @@
 """The planning example's task: sums that need a calculator several times, and sums that need none.
 
-"What is 48213 + 97361 + 20518 + 70044?" adds 3 to 5 numbers of 5 digits, too large for a 135M model
-to add in its head. The policy has one tool, `add(a, b)`, which takes two numbers only, so a sum of k
-numbers takes k - 1 calls, each adding the next number to the last result: the policy must plan a
-chain of calls and carry each result into the next. "What is 3 + 5?" (two one-digit numbers) needs
-no tool: the model adds it in its head, and a call there only costs. So an episode decides whether to
-call, and how often. Rewards: reward.py.
+"Add these 4 numbers:" with the numbers listed one to a line ("1. 48213", "2. 97361", ...) adds 3
+to 5 numbers of 5 digits, too large for a 135M model to add in its head. The policy has one tool,
+`add(a, b)`, which takes two numbers only, so a sum of k numbers takes k - 1 calls, each adding the
+next number to the last result: the policy must plan a chain of calls and carry each result into
+the next. "Add these 2 numbers:" with two one-digit numbers needs no tool: the model adds them in
+its head, and a call there only costs. So an episode decides whether to call, and how often.
+Rewards: reward.py.
 
     python examples/planning/task.py   # writes train_prompts.jsonl, eval_prompts.jsonl, sft.jsonl here
 
@@ -16,7 +17,8 @@ transcripts come from two demonstrators, one who adds with the calculator and on
 head, both always right: most 5-digit sums are added in the head (--sft-in-head) and some one-digit
 sums with the calculator (--sft-small-with-tool). The SFT model learns both ways and not which one
 works for it: a 135M model cannot add 5-digit numbers in its head. Learning when to call is RL's
-part (README).
+part (README). Half the training questions need the tool (--train-tool-share), against 70% of the
+held-out and SFT ones, so that each step holds about two one-digit questions (README: why).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TOOL_SHARE = 0.7  # of the questions, the share that needs the tool
+TOOL_SHARE = 0.7  # of the held-out and SFT questions, the share that needs the tool
 
 
 def add(a: int, b: int) -> int:
@@ -40,15 +42,17 @@ def add(a: int, b: int) -> int:
     return int(a) + int(b)
 
 
-def question(rng: random.Random) -> dict:
-    """A sum of 3 to 5 different numbers of 5 digits (70%), or of two one-digit numbers."""
-    if rng.random() < TOOL_SHARE:
+def question(rng: random.Random, tool_share: float) -> dict:
+    """A sum of 3 to 5 different numbers of 5 digits (`tool_share` of the questions), or of two
+    one-digit numbers. The numbers are listed one to a line, each with its place."""
+    if rng.random() < tool_share:
         numbers = rng.sample(range(10_000, 100_000), rng.randint(3, 5))
     else:
         numbers = [rng.randint(1, 9), rng.randint(1, 9)]
     needs_tool = numbers[0] >= 10_000
+    listing = "".join(f"\n{place}. {number}" for place, number in enumerate(numbers, 1))
     return {
-        "prompt": "What is " + " + ".join(map(str, numbers)) + "?",
+        "prompt": f"Add these {len(numbers)} numbers:{listing}",
         "answer": str(sum(numbers)),
         "needs_tool": needs_tool,
         "calls_needed": len(numbers) - 1 if needs_tool else 0,
@@ -60,25 +64,30 @@ def transcript(row: dict, with_tool: bool) -> list[dict]:
     """A demonstrator's conversation, with the calculator or in its head.
 
     With the tool: one call per number after the first, each adding the next number to the last
-    result. Each call turn first names the number it adds by the one before it ("After 63075 comes
-    49755."): the first is the last call's b (the model's own last turn), the second what follows
-    it in the question, a look-up (what followed a token seen before) in place of the list of the
-    numbers left that the last version rewrote each turn and copied wrong; the 135M model still
-    breaks the chain at its second turn (README). "After 56930 comes nothing." ends the chain with
-    the answer. In the head: the sum written out with its result at once."""
+    result. Each call turn first names the places it adds and copies their numbers from the list
+    ("Numbers 1 and 2 of 4: 63075 and 49755.", then "Number 3 of 4: 72468."): the next place is
+    the last one plus one and its number the line that starts with it, so a turn never searches the
+    question for a 5-digit number (the versions before did, and broke the chain at its second turn:
+    README); the call's `a` is the tool's last result, the turn just before. "All 4 added." ends
+    the chain with the answer. In the head: the sum written out with its result at once."""
     numbers, answer = row["numbers"], row["answer"]
+    count = len(numbers)
     turns = [{"role": "user", "content": row["prompt"]}]
     if not with_tool:
         return turns + [{"role": "assistant", "content": " + ".join(map(str, numbers)) + f" = {answer}"}]
     total = numbers[0]
-    for before, number in zip(numbers, numbers[1:]):
+    for place, number in enumerate(numbers[1:], 2):
+        if place == 2:
+            named = f"Numbers 1 and 2 of {count}: {numbers[0]} and {number}."
+        else:
+            named = f"Number {place} of {count}: {number}."
         call = json.dumps({"name": "add", "arguments": {"a": total, "b": number}})
         total = add(total, number)
         turns += [
-            {"role": "assistant", "content": f"After {before} comes {number}.\n<tool_call>\n{call}\n</tool_call>"},
+            {"role": "assistant", "content": f"{named}\n<tool_call>\n{call}\n</tool_call>"},
             {"role": "tool", "content": str(total)},
         ]
-    return turns + [{"role": "assistant", "content": f"After {numbers[-1]} comes nothing. The sum is {answer}."}]
+    return turns + [{"role": "assistant", "content": f"All {count} added. The sum is {answer}."}]
 
 
 def sft_rows(rows: list[dict], tokenizer) -> list[dict]:
@@ -109,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", type=int, default=1024)
     parser.add_argument("--held-out", type=int, default=120, help="held-out questions (noise about +-0.09 at 0.5)")
-    parser.add_argument("--sft", type=int, default=700, help="synthetic transcripts for the SFT stage")
+    parser.add_argument(
+        "--train-tool-share",
+        type=float,
+        default=0.5,
+        help="of the training questions, the share that needs the tool (README: why not 0.7)",
+    )
+    parser.add_argument("--sft", type=int, default=900, help="synthetic transcripts for the SFT stage")
     parser.add_argument(
         "--sft-in-head",
         type=float,
@@ -125,13 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args(argv)
-    for option, share in (("--sft-in-head", args.sft_in_head), ("--sft-small-with-tool", args.sft_small_with_tool)):
+    shares = {
+        "--train-tool-share": args.train_tool_share,
+        "--sft-in-head": args.sft_in_head,
+        "--sft-small-with-tool": args.sft_small_with_tool,
+    }
+    for option, share in shares.items():
         if not 0.0 <= share <= 1.0:
-            parser.error(f"{option} is a share of the SFT's questions: give a number from 0 to 1, not {share}")
+            parser.error(f"{option} is a share of the questions: give a number from 0 to 1, not {share}")
+    args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     rows, seen = [], set()
     while len(rows) < args.held_out + args.train + args.sft:
-        row = question(rng)
+        training = args.held_out <= len(rows) < args.held_out + args.train
+        row = question(rng, args.train_tool_share if training else TOOL_SHARE)
         # Held-out questions are never trained on; the small sums repeat (81 exist), so only the
         # held-out ones are kept apart from the rest.
         if row["prompt"] in seen:

