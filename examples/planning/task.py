@@ -17,8 +17,9 @@ transcripts come from two demonstrators, one who adds with the calculator and on
 head, both always right: most 5-digit sums are added in the head (--sft-in-head) and some one-digit
 sums with the calculator (--sft-small-with-tool). The SFT model learns both ways and not which one
 works for it: a 135M model cannot add 5-digit numbers in its head. Learning when to call is RL's
-part (README). Half the training questions need the tool (--train-tool-share), against 70% of the
-held-out and SFT ones, so that each step holds about two one-digit questions (README: why).
+part (README). Half the training questions are drawn as 5-digit sums (--train-tool-share; 60% after
+the held-out one-digit sums are left out), against 70% of the held-out and SFT ones, so that a step
+of 4 questions holds 1.6 one-digit ones on average (README: why).
 """
 
 from __future__ import annotations
