@@ -54,6 +54,36 @@ def trainer_of(args: argparse.Namespace, trainer_class, config_class):
         yield trainer_class(parse_config(config_path, options, config_class), config_dir=config_path.parent)
 
 
+def count_band_tokens(step, methods: tuple[str, ...]) -> list[int]:
+    """Wrap the PPO step's `methods` (e.g. "experience_pass", "ppo_update") so that, while one of
+    them runs, the tokens entering the first trainable layer (rows x columns of each pass) are
+    appended to the list returned: what sharing a prompt saves. The test of shared prompts in the
+    step counts with it too."""
+    tokens: list[int] = []
+    counting = [False]
+
+    def counted(run):
+        def run_counting(*args, **kwargs):
+            counting[0] = True
+            try:
+                return run(*args, **kwargs)
+            finally:
+                counting[0] = False
+
+        return run_counting
+
+    for name in methods:
+        setattr(step, name, counted(getattr(step, name)))
+
+    def count(module, inputs, kwargs):
+        if counting[0]:
+            tokens.append((inputs[0] if inputs else kwargs["hidden_states"]).shape[:2].numel())
+
+    hydra = step.hydra
+    hydra.arch.layers[hydra.split_index].register_forward_pre_hook(count, with_kwargs=True)
+    return tokens
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     run_arguments(parser, "train")
@@ -75,32 +105,18 @@ def main(argv=None) -> None:
             f"shared prompts on this model: {hydra.shares_prompts} ({hydra.prompt_sharing_problem or 'probe passed'})"
         )
 
+        tokens = count_band_tokens(step, ("experience_pass", "ppo_update"))
         experience_seconds: list[float] = []
-        tokens: list[int] = []  # entering the first trainable layer, in the experience pass and the update
-        counting = [False]
-        run_experience, run_update = step.experience_pass, step.ppo_update
+        run_experience = step.experience_pass
 
         def timed_experience(*pass_args, **pass_kwargs):
-            start, counting[0] = time.perf_counter(), True
+            start = time.perf_counter()
             try:
                 return run_experience(*pass_args, **pass_kwargs)
             finally:
                 experience_seconds.append(time.perf_counter() - start)
-                counting[0] = False
 
-        def counted_update(*update_args, **update_kwargs):
-            counting[0] = True
-            try:
-                return run_update(*update_args, **update_kwargs)
-            finally:
-                counting[0] = False
-
-        def count(module, inputs, kwargs):
-            if counting[0]:
-                tokens.append((inputs[0] if inputs else kwargs["hidden_states"]).shape[:2].numel())
-
-        step.experience_pass, step.ppo_update = timed_experience, counted_update
-        hydra.arch.layers[hydra.split_index].register_forward_pre_hook(count, with_kwargs=True)
+        step.experience_pass = timed_experience
 
         def one_step(shared: bool) -> dict[str, float]:
             config.ppo.share_prompts = shared

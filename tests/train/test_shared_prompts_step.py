@@ -5,37 +5,27 @@ statistic of the step comes from passes before its optimizer step (the gradients
 tests/model/test_shared_prompt.py's)."""
 
 import math
+import sys
 
 import pytest
 
 from bounds import EXACT, SCALAR_NOISE
-from runs import tiny_trainer
+from runs import ROOT, tiny_trainer
+
+sys.path.insert(0, str(ROOT / "tools"))
+
+import bench_shared_prompts  # noqa: E402
 
 ONE_UPDATE = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "2"]
 
 
 def first_step(folder, shared: bool):
     """The statistics and samples of a tiny run's first step, and the tokens its update passed
-    through the first trainable layer."""
+    through the first trainable layer (counted as tools/bench_shared_prompts.py counts them)."""
     trainer = tiny_trainer(folder, *EXACT, *ONE_UPDATE, "--samples_per_prompt", "4", "--share_prompts", str(shared))
-    step, hydra = trainer.ppo_step, trainer.ppo_step.hydra
-    assert hydra.shares_prompts, hydra.prompt_sharing_problem
-    tokens, counting = [], [False]
-    update = step.ppo_update
-
-    def counted_update(*args, **kwargs):
-        counting[0] = True
-        try:
-            return update(*args, **kwargs)
-        finally:
-            counting[0] = False
-
-    def count(module, args, kwargs):
-        if counting[0]:
-            tokens.append((args[0] if args else kwargs["hidden_states"]).shape[:2].numel())
-
-    step.ppo_update = counted_update
-    hydra.arch.layers[hydra.split_index].register_forward_pre_hook(count, with_kwargs=True)
+    step = trainer.ppo_step
+    assert step.hydra.shares_prompts, step.hydra.prompt_sharing_problem
+    tokens = bench_shared_prompts.count_band_tokens(step, ("ppo_update",))
     stats, samples = step.run()
     return stats, samples, sum(tokens)
 
