@@ -11,8 +11,8 @@ Rewarded (config.yaml's reward_weights 1, 0.5, 1):
   above one that does not even when neither reaches the sum. None on a one-digit sum (no plan).
 - `wasted_calls`: minus the calls beyond what the question needs (any call on a one-digit sum,
   a call more than k - 1 on a 5-digit one). Without it a call on a one-digit sum would pay: the
-  tool is right where the head is right 7 times in 10 (README). At weight 1, a call on a one-digit
-  sum scores at most 0, below the head's 0.7 on average.
+  tool is right where the head is right 7 to 9 times in 10 (README). At weight 1, a call on a
+  one-digit sum scores at most 0, below the head's answer on average.
 
 Measured only (weight 0: logged as reward/<name> and eval/reward/<name>; None where the question
 is of the other kind, so each is a mean over its kind):

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "--train-tool-share",
         type=float,
         default=0.5,
-        help="of the training questions, the share that needs the tool (README: why not 0.7)",
+        help="of the training questions, the share drawn as 5-digit sums (README: why not 0.7)",
     )
     parser.add_argument("--sft", type=int, default=900, help="synthetic transcripts for the SFT stage")
     parser.add_argument(

@@ -113,9 +113,10 @@ def test_the_transcripts_chain_one_call_per_number(tmp_path):
             (call,) = parse_tool_calls(row["response"])
             assert call.call["arguments"] == {"a": total, "b": numbers[k + 1]}  # the last result, the next number
             # the number added, named by its place in the question's list
-            count = len(numbers)
-            named = f"Numbers 1 and 2 of {count}: {numbers[0]} and {numbers[1]}." if k == 0 else ""
-            named = named or f"Number {k + 2} of {count}: {numbers[k + 1]}."
+            if k == 0:
+                named = f"Numbers 1 and 2 of {len(numbers)}: {numbers[0]} and {numbers[1]}."
+            else:
+                named = f"Number {k + 2} of {len(numbers)}: {numbers[k + 1]}."
             assert row["response"].startswith(f"{named}\n<tool_call>")
             result = run_call(call.call, tools, timeout_s=None, on_error="stop", step=None)
             total = int(result.text)
