@@ -5,12 +5,12 @@ prompt (its calls, the tools' results, the answer).
 
 Rewarded (config.yaml's reward_weights 1, 0.5, 1):
 - `accuracy`: 1.0 when the last number of the final answer (commas allowed) is the sum.
-- `plan`: on a 5-digit sum, the share of its k - 1 additions the calls made in order, each the
-  last result plus the question's next number (add(n1, n2), then add(that, n3), ...); a
-  verifiable step reward, so that an episode that gets the first steps of the chain right scores
-  above one that does not even when neither reaches the sum. None on a one-digit sum (no plan).
+- `plan`: on a 5-digit sum of k numbers, the share of its k lines the calls added in order
+  (add_line(line=1), then line 2, ...); a verifiable step reward, so that an episode that gets
+  the first steps of the chain right scores above one that does not even when neither reaches
+  the sum. None on a one-digit sum (no plan).
 - `wasted_calls`: minus the calls beyond what the question needs (any call on a one-digit sum,
-  a call more than k - 1 on a 5-digit one). Without it a call on a one-digit sum would pay: the
+  a call more than k on a 5-digit one). Without it a call on a one-digit sum would pay: the
   tool is right where the head is right 7 to 9 times in 10 (README). At weight 1, a call on a
   one-digit sum scores at most 0, below the head's answer on average.
 
@@ -29,7 +29,6 @@ import re
 
 NUMBER = re.compile(r"-?\d[\d,]*")
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-LISTED = re.compile(r"^\d+\. (\d+)", re.M)  # a line of the question's list: "2. 49755"
 
 
 def _correct(completion: str, expected) -> bool:
@@ -49,30 +48,22 @@ def _calls(transcript: str) -> list[dict | None]:
     return calls
 
 
-def _numbers(prompt) -> list[int]:
-    """The question's numbers, from its text (a message list: the last user turn)."""
-    if not isinstance(prompt, str):
-        prompt = [m for m in prompt if m["role"] == "user"][-1]["content"]
-    return [int(n) for n in LISTED.findall(prompt)]
-
-
 def accuracy(prompts, completions, answer, **kwargs):
     return [1.0 if _correct(c, a) else 0.0 for c, a in zip(completions, answer)]
 
 
-def plan(prompts, completions, transcripts, needs_tool, **kwargs):
+def plan(prompts, completions, transcripts, needs_tool, numbers, **kwargs):
     scores = []
-    for prompt, transcript, needed in zip(prompts, transcripts, needs_tool):
+    for transcript, needed, listed in zip(transcripts, needs_tool, numbers):
         if not needed:
             scores.append(None)
             continue
-        numbers, done = _numbers(prompt), 0
-        total = numbers[0]
+        done = 0
         for arguments in _calls(transcript):
-            if done == len(numbers) - 1 or arguments != {"a": total, "b": numbers[done + 1]}:
+            if done == len(listed) or arguments != {"line": done + 1}:
                 break
-            total, done = total + numbers[done + 1], done + 1
-        scores.append(done / (len(numbers) - 1))
+            done += 1
+        scores.append(done / len(listed))
     return scores
 
 

@@ -1,17 +1,18 @@
 """The planning example's task: sums that need a calculator several times, and sums that need none.
 
 "Add these 4 numbers:" with the numbers listed one to a line ("1. 48213", "2. 97361", ...) adds 3
-to 5 numbers of 5 digits, too large for a 135M model to add in its head. The policy has one tool,
-`add(a, b)`, which takes two numbers only, so a sum of k numbers takes k - 1 calls, each adding the
-next number to the last result: the policy must plan a chain of calls and carry each result into
-the next. "Add these 2 numbers:" with two one-digit numbers needs no tool: the model adds them in
-its head, and a call there only costs. So an episode decides whether to call, and how often.
+to 5 numbers of 5 digits, too large for a 135M model to add in its head. The policy has a
+calculator, an environment (`Calculator`) with one tool, `add_line(line)`, which adds the number on
+one line of the list to a running total and returns it: a sum of k numbers takes k calls, one per
+line in order, and the answer is the last total. "Add these 2 numbers:" with two one-digit numbers
+needs no tool: the model adds them in its head, and a call there only costs. So an episode decides
+whether to call, and how often.
 Rewards: reward.py.
 
     python examples/planning/task.py   # writes train_prompts.jsonl, eval_prompts.jsonl, sft.jsonl here
 
 Columns of the prompt tables: prompt, answer (the sum), needs_tool (true for the 5-digit sums),
-calls_needed (k - 1, or 0). sft.jsonl holds prompt/response rows for the SFT stage (sft.yaml), one
+calls_needed (k, or 0), numbers (the list, which the calculator's reset takes). sft.jsonl holds prompt/response rows for the SFT stage (sft.yaml), one
 per assistant turn of a synthetic transcript, as examples/agent/task.py writes them. The
 transcripts come from two demonstrators, one who adds with the calculator and one who adds in its
 head, both always right: most 5-digit sums are added in the head (--sft-in-head) and some one-digit
@@ -33,30 +34,43 @@ HERE = Path(__file__).resolve().parent
 TOOL_SHARE = 0.7  # of the held-out and SFT questions, the share that needs the tool
 
 
-def add(a: int, b: int) -> int:
-    """Add two whole numbers exactly.
+class Calculator:
+    """The episode's calculator: a running total over the question's list, to which `add_line`
+    adds one listed number at a time, named by its line. The policy never copies a 5-digit number
+    into a call (the versions before did, and broke the chain at that copy: README)."""
 
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return int(a) + int(b)
+    def reset(self, numbers: list[int], **row) -> None:
+        self.numbers, self.added, self.total = [int(n) for n in numbers], set(), 0
+
+    def add_line(self, line: int) -> str:
+        """Add the number on one line of the question's list to the running total.
+
+        Args:
+            line: The line's number in the list (1 for the first).
+        """
+        if isinstance(line, bool) or not isinstance(line, int) or not 1 <= line <= len(self.numbers):
+            return f"There is no line {line}: the list has lines 1 to {len(self.numbers)}."
+        if line in self.added:
+            return f"Line {line} is already added. Total: {self.total}."
+        self.added.add(line)
+        self.total += self.numbers[line - 1]
+        return f"Added line {line}. Total: {self.total}."
 
 
 def question(rng: random.Random, tool_share: float) -> dict:
     """A sum of 3 to 5 different numbers of 5 digits (`tool_share` of the questions), or of two
-    one-digit numbers. The numbers are listed one to a line, each with its place."""
+    one-digit numbers. The numbers are listed one to a line, each with its line number."""
     if rng.random() < tool_share:
         numbers = rng.sample(range(10_000, 100_000), rng.randint(3, 5))
     else:
         numbers = [rng.randint(1, 9), rng.randint(1, 9)]
     needs_tool = numbers[0] >= 10_000
-    listing = "".join(f"\n{place}. {number}" for place, number in enumerate(numbers, 1))
+    listing = "".join(f"\n{line}. {number}" for line, number in enumerate(numbers, 1))
     return {
         "prompt": f"Add these {len(numbers)} numbers:{listing}",
         "answer": str(sum(numbers)),
         "needs_tool": needs_tool,
-        "calls_needed": len(numbers) - 1 if needs_tool else 0,
+        "calls_needed": len(numbers) if needs_tool else 0,
         "numbers": numbers,
     }
 
@@ -64,41 +78,40 @@ def question(rng: random.Random, tool_share: float) -> dict:
 def transcript(row: dict, with_tool: bool) -> list[dict]:
     """A demonstrator's conversation, with the calculator or in its head.
 
-    With the tool: one call per number after the first, each adding the next number to the last
-    result. Each call turn first names the places it adds and copies their numbers from the list
-    ("Numbers 1 and 2 of 4: 63075 and 49755.", then "Number 3 of 4: 72468."): the next place is
-    the last one plus one and its number the line that starts with it, so a turn never searches the
-    question for a 5-digit number (the versions before did, and broke the chain at its second turn:
-    README); the call's `a` is the tool's last result, the turn just before. "All 4 added." ends
-    the chain with the answer. In the head: the sum written out with its result at once."""
+    Both demonstrators first say how many digits the numbers have, then which way they add
+    ("I add them with the calculator." / "I add them in my head: ..."): the choice is one word that
+    follows a line the model wrote about the question, so that it can depend on it (the versions
+    before chose at the reply's first token, and RL moved one share of calls for every question:
+    README). With the calculator: one call per line, in order ("Line 2 of 4." and
+    add_line(line=2)), each turn after the tool's "Added line 1. Total: 63075."; "All 4 added."
+    ends the chain with the last total. In the head: the sum written out with its result at once."""
     numbers, answer = row["numbers"], row["answer"]
-    count = len(numbers)
+    count, digits = len(numbers), len(str(numbers[0]))
+    opening = f"Each number has {digits} digit{'s' if digits > 1 else ''}. I add them"
     turns = [{"role": "user", "content": row["prompt"]}]
     if not with_tool:
-        return turns + [{"role": "assistant", "content": " + ".join(map(str, numbers)) + f" = {answer}"}]
-    total = numbers[0]
-    for place, number in enumerate(numbers[1:], 2):
-        if place == 2:
-            named = f"Numbers 1 and 2 of {count}: {numbers[0]} and {number}."
-        else:
-            named = f"Number {place} of {count}: {number}."
-        call = json.dumps({"name": "add", "arguments": {"a": total, "b": number}})
-        total = add(total, number)
+        written = " + ".join(map(str, numbers)) + f" = {answer}"
+        return turns + [{"role": "assistant", "content": f"{opening} in my head: {written}"}]
+    calculator = Calculator()
+    calculator.reset(numbers)
+    for line in range(1, count + 1):
+        said = f"{opening} with the calculator.\n" if line == 1 else ""
+        call = json.dumps({"name": "add_line", "arguments": {"line": line}})
         turns += [
-            {"role": "assistant", "content": f"{named}\n<tool_call>\n{call}\n</tool_call>"},
-            {"role": "tool", "content": str(total)},
+            {"role": "assistant", "content": f"{said}Line {line} of {count}.\n<tool_call>\n{call}\n</tool_call>"},
+            {"role": "tool", "content": calculator.add_line(line)},
         ]
-    return turns + [{"role": "assistant", "content": f"All {count} added. The sum is {answer}."}]
+    return turns + [{"role": "assistant", "content": f"All {count} added. The sum is {calculator.total}."}]
 
 
 def sft_rows(rows: list[dict], tokenizer) -> list[dict]:
     """Prompt/response rows for `hydrappo sft`, one per assistant turn: the prompt is the
-    conversation so far as the policy sees it in an episode (the chat template, the tool's
+    conversation so far as the policy sees it in an episode (the chat template, the calculator's
     description in the system turn, the tool turns), the response that turn's text; so the loss
     falls on the policy's turns only, never on a tool's result."""
     from hydrappo.agent import calls, toolbox
 
-    schemas = [toolbox.tool_of(add).schema]
+    schemas = [tool.schema for tool in toolbox.environment_tools(Calculator(), "Calculator")]
     out = []
     for row in rows:
         turns = transcript(row, row["demo_with_tool"])
@@ -111,7 +124,7 @@ def sft_rows(rows: list[dict], tokenizer) -> list[dict]:
 
 
 def write_table(path: Path, rows: list[dict]) -> None:
-    columns = ("prompt", "answer", "needs_tool", "calls_needed")
+    columns = ("prompt", "answer", "needs_tool", "calls_needed", "numbers")
     path.write_text("".join(json.dumps({c: r[c] for c in columns}) + "\n" for r in rows))
 
 

@@ -1,7 +1,8 @@
-"""The planning example's data (examples/planning/task.py) and rewards: a transcript with the tool
-chains one call per number after the first, each on the last result the tool returned and the
-number the turn names by its place in the question's list; a transcript in the head calls nothing
-and writes the sum out; the shares of the two demonstrators, and of the training questions that need
+"""The planning example's data (examples/planning/task.py) and rewards: both demonstrators first
+say how many digits the numbers have and then choose a way in one word; a transcript with the
+calculator adds the question's lines one call each, in order, and answers with the last total; a
+transcript in the head calls nothing and writes the sum out; the calculator keeps its running
+total and refuses a line it does not have or has added; the shares of the two demonstrators, and of the training questions that need
 the tool, are the ones asked for;
 the loss never falls on a tool's result (it sits in prompts only);
 held-out questions are never training questions; the reward and the measures read what they say.
@@ -14,7 +15,7 @@ import re
 import pytest
 
 from hydrappo.agent.calls import parse_tool_calls
-from hydrappo.agent.toolbox import load_object, run_call, tool_of, toolset
+from hydrappo.agent.toolbox import environment_tools, load_object, run_call, toolset
 from runs import ROOT
 
 EXAMPLE = ROOT / "examples" / "planning"
@@ -76,9 +77,32 @@ def test_a_share_outside_0_to_1_is_refused_before_anything_is_written(tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
-def test_the_transcripts_chain_one_call_per_number(tmp_path):
+def _calculator(numbers):
+    """The example's environment, reset for a question, and its tools as an episode has them."""
+    calculator = load_object(f"{EXAMPLE / 'task.py'}:Calculator", None, "example")()
+    calculator.reset(numbers=numbers, prompt="unused", answer="unused")  # reset(**row) takes every column
+    return calculator, toolset(environment_tools(calculator, "Calculator"))
+
+
+def test_the_calculator_keeps_a_running_total_and_refuses_what_it_cannot_add():
+    calculator, tools = _calculator([10000, 20000, 40000])
+
+    def add_line(line):
+        return run_call(
+            {"name": "add_line", "arguments": {"line": line}}, tools, timeout_s=None, on_error="stop", step=None
+        )
+
+    assert add_line(2).text == "Added line 2. Total: 20000." and add_line(1).text == "Added line 1. Total: 30000."
+    assert add_line(2).text == "Line 2 is already added. Total: 30000."
+    for wrong in (0, 4, True, "3"):
+        assert add_line(wrong).text == f"There is no line {wrong}: the list has lines 1 to 3."
+    assert add_line(3).text == "Added line 3. Total: 70000." and calculator.total == 70000
+    calculator.reset(numbers=[3, 4])  # a new episode starts from nothing
+    assert add_line(2).text == "Added line 2. Total: 4."
+
+
+def test_the_transcripts_chain_one_call_per_line(tmp_path):
     main = load_object(f"{EXAMPLE / 'task.py'}:main", None, "example")
-    add = load_object(f"{EXAMPLE / 'task.py'}:add", None, "example")
     options = [
         "--train",
         "40",
@@ -98,36 +122,37 @@ def test_the_transcripts_chain_one_call_per_number(tmp_path):
     for row in held_out + train:
         numbers = _numbers(row["prompt"])
         assert row["prompt"].startswith(f"Add these {len(numbers)} numbers:\n1. {numbers[0]}\n")
-        assert row["answer"] == str(sum(numbers)) and row["needs_tool"] == (numbers[0] >= 10_000)
-        assert row["calls_needed"] == (len(numbers) - 1 if row["needs_tool"] else 0)
+        assert row["numbers"] == numbers and row["answer"] == str(sum(numbers))
+        assert row["needs_tool"] == (numbers[0] >= 10_000)
+        assert row["calls_needed"] == (len(numbers) if row["needs_tool"] else 0)
         assert (3 <= len(numbers) <= 5) if row["needs_tool"] else (len(numbers) == 2 and max(numbers) <= 9)
-    tools = toolset([tool_of(add)])
     transcripts = _transcripts(_lines(tmp_path / "sft.jsonl"))
     assert len(transcripts) == 60
     for turns in transcripts:
         numbers = _numbers(turns[0]["prompt"])
+        count, digits = len(numbers), len(str(numbers[0]))
+        # both ways start alike, the digits said before the one word that chooses
+        opening = ("Each number has 5 digits." if digits == 5 else "Each number has 1 digit.") + " I add them "
+        assert turns[0]["response"].startswith(opening)
         *call_rows, answer_row = turns
-        assert len(call_rows) in (0, len(numbers) - 1)
-        total = numbers[0]
+        assert len(call_rows) in (0, count)
+        calculator, tools = _calculator(numbers)
         for k, row in enumerate(call_rows):
             (call,) = parse_tool_calls(row["response"])
-            assert call.call["arguments"] == {"a": total, "b": numbers[k + 1]}  # the last result, the next number
-            # the number added, named by its place in the question's list
-            if k == 0:
-                named = f"Numbers 1 and 2 of {len(numbers)}: {numbers[0]} and {numbers[1]}."
-            else:
-                named = f"Number {k + 2} of {len(numbers)}: {numbers[k + 1]}."
-            assert row["response"].startswith(f"{named}\n<tool_call>")
+            assert call.call["arguments"] == {"line": k + 1}  # the lines in order
+            said = f"{opening}with the calculator.\n" if k == 0 else ""
+            assert row["response"].startswith(f"{said}Line {k + 1} of {count}.\n<tool_call>")
             result = run_call(call.call, tools, timeout_s=None, on_error="stop", step=None)
-            total = int(result.text)
-            assert result.valid and str(total) not in row["response"]  # a result is context, never a target
+            assert result.valid and result.text == f"Added line {k + 1}. Total: {sum(numbers[: k + 1])}."
+            assert "Total" not in row["response"]  # a result is context, never a target
             following = call_rows[k + 1]["prompt"] if k + 1 < len(call_rows) else answer_row["prompt"]
-            assert f"<|im_start|>tool\n{total}<|im_end|>" in following
-        if call_rows:  # the last result is the sum, and the answer states it
-            assert total == sum(numbers)
-            assert answer_row["response"] == f"All {len(numbers)} added. The sum is {total}."
+            assert f"<|im_start|>tool\n{result.text}<|im_end|>" in following
+        if call_rows:  # the last total is the sum, and the answer states it
+            assert calculator.total == sum(numbers)
+            assert answer_row["response"] == f"All {count} added. The sum is {sum(numbers)}."
         else:  # added in the head
-            assert answer_row["response"] == " + ".join(map(str, numbers)) + f" = {sum(numbers)}"
+            written = " + ".join(map(str, numbers)) + f" = {sum(numbers)}"
+            assert answer_row["response"] == f"{opening}in my head: {written}"
     # both demonstrators on both kinds of question (60 transcripts, shares of one half)
     assert {_uses_tool(turns) for turns in transcripts} == {(True, True), (True, False), (False, True), (False, False)}
 
@@ -136,31 +161,28 @@ def test_the_rewards_and_measures():
     names = ("accuracy", "plan", "wasted_calls", "calls", "called_when_needed", "called_when_not_needed")
     reward = {name: load_object(f"{EXAMPLE / 'reward.py'}:{name}", None, "example") for name in names}
 
-    def call(a, b):
-        return f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+    def call(line):
+        return f'<tool_call>\n{{"name": "add_line", "arguments": {{"line": {line}}}}}\n</tool_call>'
 
-    question = "Add these 4 numbers:\n1. 10000\n2. 20000\n3. 40000\n4. 50000"
-    prompts = [
-        question,
-        [{"role": "user", "content": "Add these 2 numbers:\n1. 3\n2. 4"}],  # a conversational prompt: its user turn
-        f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n",  # as the chat template renders it
-    ]
-    transcripts = [  # the whole chain; a call on a one-digit sum; the first step, then the wrong number
-        f"{call(10000, 20000)}\ntool\n30000\n{call(30000, 40000)}\ntool\n70000\n{call(70000, 50000)}\ntool\n"
-        "120000\nThe sum is 120,000.",
-        f"{call(3, 4)}\ntool\n7\n7",
-        f"{call(10000, 20000)}\ntool\n30000\n{call(30000, 20000)}\ntool\n50000\n{call(1, 2)}\n{call(1, 2)}\n",
+    prompts = ["Add these 3 numbers:\n1. 10000\n2. 20000\n3. 40000", "Add these 2 numbers:\n1. 3\n2. 4"] * 2
+    result = "\ntool\nAdded line 1. Total: 10000.\n"
+    transcripts = [  # the whole chain; a call on a one-digit sum; lines 1 and 3 (3 skips 2); the chain and more
+        f"{call(1)}{result}{call(2)}{result}{call(3)}{result}The sum is 70,000.",
+        f"{call(1)}{result}7",
+        f"{call(1)}{result}{call(3)}{result}{call(2)}{result}",
+        f"{call(1)}{call(2)}{call(3)}{result}{call(3)}{result}",
     ]
     columns = {
-        "answer": ["120000", "7", "120000"],
-        "needs_tool": [True, False, True],
-        "calls_needed": [3, 0, 3],
+        "answer": ["70000", "7", "70000", "70000"],
+        "needs_tool": [True, False, True, True],
+        "calls_needed": [3, 0, 3, 3],
+        "numbers": [[10000, 20000, 40000], [3, 4], [10000, 20000, 40000], [10000, 20000, 40000]],
         "transcripts": transcripts,
     }
-    completions = ["The sum is 120,000.", "7", call(1, 2)]
-    assert reward["accuracy"](prompts, completions, **columns) == [1.0, 1.0, 0.0]
-    assert reward["plan"](prompts, completions, **columns) == [1.0, None, 1 / 3]
-    assert reward["wasted_calls"](prompts, completions, **columns) == [0.0, -1.0, -1.0]
-    assert reward["calls"](prompts, completions, **columns) == [3.0, 1.0, 4.0]
-    assert reward["called_when_needed"](prompts, completions, **columns) == [1.0, None, 1.0]
-    assert reward["called_when_not_needed"](prompts, completions, **columns) == [None, 1.0, None]
+    completions = ["The sum is 70,000.", "7", call(2), call(3)]
+    assert reward["accuracy"](prompts, completions, **columns) == [1.0, 1.0, 0.0, 0.0]
+    assert reward["plan"](prompts, completions, **columns) == [1.0, None, 1 / 3, 1.0]
+    assert reward["wasted_calls"](prompts, completions, **columns) == [0.0, -1.0, 0.0, -1.0]
+    assert reward["calls"](prompts, completions, **columns) == [3.0, 1.0, 3.0, 4.0]
+    assert reward["called_when_needed"](prompts, completions, **columns) == [1.0, None, 1.0, 1.0]
+    assert reward["called_when_not_needed"](prompts, completions, **columns) == [None, 1.0, None, None]
