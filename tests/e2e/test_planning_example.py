@@ -186,3 +186,25 @@ def test_the_rewards_and_measures():
     assert reward["calls"](prompts, completions, **columns) == [3.0, 1.0, 3.0, 4.0]
     assert reward["called_when_needed"](prompts, completions, **columns) == [1.0, None, 1.0, 1.0]
     assert reward["called_when_not_needed"](prompts, completions, **columns) == [None, 1.0, None, None]
+
+
+def test_the_config_leaves_room_for_the_longest_transcript():
+    """A turn starts only where max_new_tokens still fit in max_episode_tokens (agent/episodes.py),
+    so the longest demonstrated episode before its answer's turn, plus a whole turn, must fit: a
+    budget that does not cuts every chain that long before its answer (384 did, for 5 numbers)."""
+    import yaml
+
+    from hydrappo.storage.models import _load_tokenizer
+
+    config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    turn, budget = config["generation"]["max_new_tokens"], config["agent"]["max_episode_tokens"]
+    tokenizer = _load_tokenizer("smollm2-135m-instruct")
+
+    def length(text):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    for turns in _transcripts(_lines(EXAMPLE / "sft.jsonl")):
+        assert max(length(row["response"]) for row in turns) + 1 <= turn  # each turn and its end-of-turn token
+        before_answer = length(turns[-1]["prompt"]) - length(turns[0]["prompt"])
+        assert before_answer + turn <= budget, (before_answer, turns[-1]["response"])
+        assert len(turns) - 1 <= config["agent"]["max_tool_calling_iterations"]
