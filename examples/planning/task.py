@@ -12,8 +12,9 @@ Rewards: reward.py.
     python examples/planning/task.py   # writes train_prompts.jsonl, eval_prompts.jsonl, sft.jsonl here
 
 Columns of the prompt tables: prompt, answer (the sum), needs_tool (true for the 5-digit sums),
-calls_needed (k, or 0), numbers (the list, which the calculator's reset takes). sft.jsonl holds prompt/response rows for the SFT stage (sft.yaml), one
-per assistant turn of a synthetic transcript, as examples/agent/task.py writes them. The
+calls_needed (k, or 0), numbers (the list, which the calculator's reset takes). sft.jsonl holds
+prompt/response rows for the SFT stage (sft.yaml), one per assistant turn of a synthetic
+transcript, as examples/agent/task.py writes them. The
 transcripts come from two demonstrators, one who adds with the calculator and one who adds in its
 head, both always right: most 5-digit sums are added in the head (--sft-in-head) and some one-digit
 sums with the calculator (--sft-small-with-tool). The SFT model learns both ways and not which one
