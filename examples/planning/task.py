@@ -14,16 +14,16 @@ Rewards: reward.py.
 Columns of the prompt tables: prompt, answer (the sum), needs_tool (true for the 5-digit sums),
 calls_needed (k, or 0), numbers (the list, which the calculator's reset takes). sft.jsonl holds
 prompt/response rows for the SFT stage (sft.yaml), one per assistant turn of a synthetic
-transcript, as examples/agent/task.py writes them. The
-transcripts come from two demonstrators, one who adds with the calculator and one who adds in its
-head, both always right: most 5-digit sums are added in the head (60%, --sft-in-head) and few
-one-digit sums with the calculator (5%, --sft-small-with-tool). So the SFT model learns both ways,
-with a choice that leans a little on the question, and not which way works for it: a 135M model
-cannot add 5-digit numbers in its head. Making the choice follow the question is RL's part; with
-demonstrators that did not lean (30% of the one-digit sums with the calculator), RL moved the
-choice on both kinds together (README). Half the training questions are drawn as 5-digit sums (--train-tool-share; 60% after
-the held-out one-digit sums are left out), against 70% of the held-out and SFT ones, so that a step
-of 4 questions holds 1.6 one-digit ones on average (README: why).
+transcript, as examples/agent/task.py writes them. The transcripts come from two demonstrators, one
+who adds with the calculator and one who adds in its head, both always right: most 5-digit sums are
+added in the head (60%, --sft-in-head) and few one-digit sums with the calculator (5%,
+--sft-small-with-tool). So the SFT model learns both ways, with a choice that leans a little on the
+question, and not which way works for it: a 135M model cannot add 5-digit numbers in its head.
+Making the choice follow the question is RL's part; with demonstrators that did not lean (30% of
+the one-digit sums with the calculator), RL moved the choice on both kinds together (README). Half
+the training questions are drawn as 5-digit sums (--train-tool-share; 60% after the held-out
+one-digit sums are left out), against 70% of the held-out and SFT ones, so that a step of 4
+questions holds 1.6 one-digit ones on average (README: why).
 """
 
 from __future__ import annotations
