@@ -3,10 +3,11 @@
 "Add these 4 numbers:" with the numbers listed one to a line ("1. 48213", "2. 97361", ...) adds 3
 to 5 numbers of 5 digits, too large for a 135M model to add in its head. The policy has a
 calculator, an environment (`Calculator`) with one tool, `add_line(line)`, which adds the number on
-one line of the list to a running total and returns it: a sum of k numbers takes k calls, one per
-line in order, and the answer is the last total. "Add these 2 numbers:" with two one-digit numbers
-needs no tool: the model adds them in its head, and a call there only costs. So an episode decides
-whether to call, and how often.
+one line of the list to a running total and returns it with how far down the list it is ("Added
+line 2 of 4. Total: 136766."): a sum of k numbers takes k calls, one per line in order, and the
+answer is the last total. "Add these 2 numbers:" with two one-digit numbers needs no tool: the
+model adds them in its head, and a call there only costs. So an episode decides whether to call,
+and how often.
 Rewards: reward.py.
 
     python examples/planning/task.py   # writes train_prompts.jsonl, eval_prompts.jsonl, sft.jsonl here
@@ -40,7 +41,10 @@ TOOL_SHARE = 0.7  # of the held-out and SFT questions, the share that needs the 
 class Calculator:
     """The episode's calculator: a running total over the question's list, to which `add_line`
     adds one listed number at a time, named by its line. The policy never copies a 5-digit number
-    into a call (the versions before did, and broke the chain at that copy: README)."""
+    into a call (the versions before did, and broke the chain at that copy: README). Its result
+    says the list's length ("line 3 of 5"), so that whether the chain is done is read from the turn
+    just before the choice to go on, not counted back in the question (the version before stopped
+    a line or two short: README)."""
 
     def reset(self, numbers: list[int], **row) -> None:
         self.numbers, self.added, self.total = [int(n) for n in numbers], set(), 0
@@ -57,7 +61,7 @@ class Calculator:
             return f"Line {line} is already added. Total: {self.total}."
         self.added.add(line)
         self.total += self.numbers[line - 1]
-        return f"Added line {line}. Total: {self.total}."
+        return f"Added line {line} of {len(self.numbers)}. Total: {self.total}."
 
 
 def question(rng: random.Random, tool_share: float) -> dict:
@@ -86,7 +90,7 @@ def transcript(row: dict, with_tool: bool) -> list[dict]:
     follows a line the model wrote about the question, so that it can depend on it (the versions
     before chose at the reply's first token, and RL moved one share of calls for every question:
     README). With the calculator: one call per line, in order ("Line 2 of 4." and
-    add_line(line=2)), each turn after the tool's "Added line 1. Total: 63075."; "All 4 added."
+    add_line(line=2)), each turn after the tool's "Added line 1 of 4. Total: 63075."; "All 4 added."
     ends the chain with the last total. In the head: the sum written out with its result at once."""
     numbers, answer = row["numbers"], row["answer"]
     count, digits = len(numbers), len(str(numbers[0]))

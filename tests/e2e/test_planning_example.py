@@ -92,13 +92,14 @@ def test_the_calculator_keeps_a_running_total_and_refuses_what_it_cannot_add():
             {"name": "add_line", "arguments": {"line": line}}, tools, timeout_s=None, on_error="stop", step=None
         )
 
-    assert add_line(2).text == "Added line 2. Total: 20000." and add_line(1).text == "Added line 1. Total: 30000."
+    assert add_line(2).text == "Added line 2 of 3. Total: 20000."
+    assert add_line(1).text == "Added line 1 of 3. Total: 30000."
     assert add_line(2).text == "Line 2 is already added. Total: 30000."
     for wrong in (0, 4, True, "3"):
         assert add_line(wrong).text == f"There is no line {wrong}: the list has lines 1 to 3."
-    assert add_line(3).text == "Added line 3. Total: 70000." and calculator.total == 70000
+    assert add_line(3).text == "Added line 3 of 3. Total: 70000." and calculator.total == 70000
     calculator.reset(numbers=[3, 4])  # a new episode starts from nothing
-    assert add_line(2).text == "Added line 2. Total: 4."
+    assert add_line(2).text == "Added line 2 of 2. Total: 4."
 
 
 def test_the_transcripts_chain_one_call_per_line(tmp_path):
@@ -143,7 +144,7 @@ def test_the_transcripts_chain_one_call_per_line(tmp_path):
             said = f"{opening}with the calculator.\n" if k == 0 else ""
             assert row["response"].startswith(f"{said}Line {k + 1} of {count}.\n<tool_call>")
             result = run_call(call.call, tools, timeout_s=None, on_error="stop", step=None)
-            assert result.valid and result.text == f"Added line {k + 1}. Total: {sum(numbers[: k + 1])}."
+            assert result.valid and result.text == f"Added line {k + 1} of {count}. Total: {sum(numbers[: k + 1])}."
             assert "Total" not in row["response"]  # a result is context, never a target
             following = call_rows[k + 1]["prompt"] if k + 1 < len(call_rows) else answer_row["prompt"]
             assert f"<|im_start|>tool\n{result.text}<|im_end|>" in following
@@ -165,7 +166,7 @@ def test_the_rewards_and_measures():
         return f'<tool_call>\n{{"name": "add_line", "arguments": {{"line": {line}}}}}\n</tool_call>'
 
     prompts = ["Add these 3 numbers:\n1. 10000\n2. 20000\n3. 40000", "Add these 2 numbers:\n1. 3\n2. 4"] * 2
-    result = "\ntool\nAdded line 1. Total: 10000.\n"
+    result = "\ntool\nAdded line 1 of 3. Total: 10000.\n"
     transcripts = [  # the whole chain; a call on a one-digit sum; lines 1 and 3 (3 skips 2); the chain and more
         f"{call(1)}{result}{call(2)}{result}{call(3)}{result}The sum is 70,000.",
         f"{call(1)}{result}7",
