@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / name).write_text(
             "".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in part)
         )
-    from hydrappo.storage.models import _load_tokenizer
+    from hydrappo.storage.models import load_tokenizer
 
-    tokenizer = _load_tokenizer("smollm2-135m-instruct")
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
     (args.out / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_rows(sft, tokenizer)))
     print(
         f"wrote {len(train)} training, {len(held_out)} held-out questions and {len(sft)} SFT transcripts to {args.out}"

@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         row["demo_with_tool"] = rng.random() < share
     write_table(args.out / "train_prompts.jsonl", train)
     write_table(args.out / "eval_prompts.jsonl", held_out)
-    from hydrappo.storage.models import _load_tokenizer
+    from hydrappo.storage.models import load_tokenizer
 
-    tokenizer = _load_tokenizer("smollm2-135m-instruct")
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
     sft_table = sft_rows(sft, tokenizer)
     (args.out / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_table))
     needing = sum(r["needs_tool"] for r in held_out)

@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from hydrappo.config import parse_config
-    from hydrappo.storage.models import _load_tokenizer
+    from hydrappo.storage.models import load_tokenizer
     from hydrappo.tasks import ReasoningGymTask
 
     config = parse_config(HERE / "config.yaml", check=False)  # the RL stage's instruction and data section
-    tokenizer = _load_tokenizer(args.model)
+    tokenizer = load_tokenizer(args.model)
     task = ReasoningGymTask(
         "chain_sum",
         size=args.size,

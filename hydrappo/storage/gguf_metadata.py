@@ -80,7 +80,7 @@ def source_chat_template(model_config) -> str | None:
     """The chat template of the tokenizer `model_config` names (model.tokenizer_name_or_path, else the
     model's own), read without loading weights: a GGUF file's metadata, a folder's tokenizer files.
     None when it has none."""
-    from .models import _load_tokenizer, local_source, resolve_model_source
+    from .models import load_tokenizer, local_source, resolve_model_source
 
     if model_config.tokenizer_name_or_path:
         name, gguf_file, revision = model_config.tokenizer_name_or_path, None, None
@@ -95,4 +95,4 @@ def source_chat_template(model_config) -> str | None:
         if gguf is not None:
             return gguf_chat_template(directory / gguf)
         path = directory
-    return getattr(_load_tokenizer(path, option=option), "chat_template", None) or None
+    return getattr(load_tokenizer(path, option=option), "chat_template", None) or None

@@ -410,7 +410,12 @@ def source_config(directory: str | os.PathLike, gguf_file: str | None = None):
     return config
 
 
-def _load_tokenizer(name_or_path, gguf_file: str | None = None, option: str = "model.tokenizer_name_or_path"):
+def load_tokenizer(name_or_path, gguf_file: str | None = None, option: str = "model.tokenizer_name_or_path"):
+    """The tokenizer of what model.name_or_path or model.tokenizer_name_or_path may name: a bundled
+    model (`smollm2-135m-instruct`), a model or tokenizer-only folder, a GGUF file, a cached Hub
+    id; the one loader the trainers use, public for the examples' scripts and tests that write
+    chat-formatted data. An unreadable source raises ModelLoadError naming it (`option`: what
+    named it)."""
     from transformers import AutoTokenizer
 
     path = local_source(name_or_path, gguf_file=gguf_file, option=option)
@@ -504,7 +509,7 @@ def load_model_and_tokenizer(
             raise ModelLoadError(refused_pickle(error, directory, "model.name_or_path") or str(error)) from None
         tokenizer_source = (model_config.tokenizer_name_or_path or directory, None)
     if tokenizer is None:
-        tokenizer = _load_tokenizer(*tokenizer_source)
+        tokenizer = load_tokenizer(*tokenizer_source)
     return ready_for_training(model, tokenizer, device, dtype)
 
 
@@ -611,7 +616,7 @@ def build_hydra(
         given = given or tokenizer is not None
         if tokenizer is None:
             option = "model.tokenizer_name_or_path" if model_config.tokenizer_name_or_path else "model.name_or_path"
-            tokenizer = _load_tokenizer(model_config.tokenizer_name_or_path or model_config.name_or_path, option=option)
+            tokenizer = load_tokenizer(model_config.tokenizer_name_or_path or model_config.name_or_path, option=option)
         model, tokenizer = ready_for_training(model, tokenizer, load_device, dtype)
     if given:  # (the pad token it was given, EOS by default, included)
         check_tokenizer_fits(model, tokenizer)

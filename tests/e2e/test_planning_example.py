@@ -195,11 +195,11 @@ def test_the_config_leaves_room_for_the_longest_transcript():
     budget that does not cuts every chain that long before its answer (384 did, for 5 numbers)."""
     import yaml
 
-    from hydrappo.storage.models import _load_tokenizer
+    from hydrappo.storage.models import load_tokenizer
 
     config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     turn, budget = config["generation"]["max_new_tokens"], config["agent"]["max_episode_tokens"]
-    tokenizer = _load_tokenizer("smollm2-135m-instruct")
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
 
     def length(text):
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -13,7 +13,7 @@ import pytest
 from hydrappo.agent.toolbox import load_object
 from hydrappo.config import parse_config
 from hydrappo.prompts import format_prompt
-from hydrappo.storage.models import _load_tokenizer
+from hydrappo.storage.models import load_tokenizer
 from hydrappo.tasks import ReasoningGymTask
 from runs import ROOT
 
@@ -41,7 +41,7 @@ def test_the_sft_rows_never_ask_an_rl_question(tmp_path):
         instruction=task_args.task_instruction,
         **task_args.task_config,
     )
-    tokenizer = _load_tokenizer("smollm2-135m-instruct")
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
     rl_prompts = {format_prompt(row["prompt"], tokenizer, True) for row in rl.train_dataset + rl.eval_dataset}
     assert len(rows) == 60 and not {row["prompt"] for row in rows} & rl_prompts
     worked = re.compile(r"(\d+) ([+-]) (\d+) = (-?\d+)\n<answer>(-?\d+)</answer>")
