@@ -26,7 +26,7 @@ from ..model.lora import lora_problems
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
 from .reward_sources import check_reward_sources
-from .task import check_task, has_held_out, has_prompts
+from .task import check_task, has_held_out, has_prompts, held_out_off
 from .options import DTYPE_RULE, ConfigError, GenerationArgs, PPOArgs, canonical_dtype
 from .sections import Config, RewardConfig, SFTConfig, choices_of
 from .values import MAX_TOKENS
@@ -456,6 +456,8 @@ def _check_kl_controller(ppo: PPOArgs, problems: Problems) -> None:
 
 def _check_evaluation(config: Config, problems: Problems) -> None:
     """The held-out evaluation's options, which need held-out prompts (data.eval_prompts or a task's)."""
+    if held_out_off(config):  # --eval_prompts "": the file's eval_* options no longer apply
+        return
     if config.train.eval_every > 0 and not has_held_out(config):
         problems.add(
             "train.eval_every",

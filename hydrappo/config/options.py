@@ -95,8 +95,8 @@ def torch_dtype(name: str):
 def resolve_path(path: str | None, base_dir: Path | None) -> str | None:
     """Relative paths in a config file are looked up in that file's folder first (and
     made absolute there when found), else left relative to the current directory."""
-    if not isinstance(path, str) or base_dir is None or Path(path).is_absolute():
-        return path  # None, or an in-memory table given through the Python API
+    if not isinstance(path, str) or not path or base_dir is None or Path(path).is_absolute():
+        return path  # None, "" (data.eval_prompts: none), or an in-memory table given through the Python API
     candidate = Path(base_dir) / path
     return str(candidate.absolute()) if candidate.exists() else path
 
@@ -419,7 +419,8 @@ class DataArgs:
         None,
         "Held-out prompts, in any form data.prompts takes (same prompt column): answered at step 0, "
         "every train.eval_every steps and at the last step, scored by the run's reward(s) and logged "
-        "as eval/* (reward_mean, solve_rate for 0/1 scores, response_len_mean, ...).",
+        "as eval/* (reward_mean, solve_rate for 0/1 scores, response_len_mean, ...). An empty value "
+        '(--eval_prompts "") switches held-out evaluation off, a task\'s held-out items included.',
     )
     eval_split: str = option(
         "test", "Split to read when data.eval_prompts is a datasets name or a folder laid out as on the Hub."

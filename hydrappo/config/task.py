@@ -188,9 +188,18 @@ def check_task(config, problems) -> None:
         )
 
 
+def held_out_off(config) -> bool:
+    """Whether held-out evaluation is switched off: data.eval_prompts is empty text (`--eval_prompts ""`),
+    which no file is, so that one command-line value stops it whatever the config file sets (its
+    eval_* options and a task's held-out items then carry no meaning)."""
+    return getattr(config.data, "eval_prompts", None) == ""
+
+
 def has_held_out(config) -> bool:
     """Whether the run has held-out prompts: data.eval_prompts, or a task's held-out items."""
     task = getattr(config, "task", None)
+    if held_out_off(config):
+        return False
     return bool(config.data.eval_prompts or (task is not None and task.enabled and task.task_eval_size))
 
 

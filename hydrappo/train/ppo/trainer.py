@@ -22,6 +22,7 @@ from ...algo.kl import KLSteering, build_kl_controller
 from ...config import Config, Problems
 from ...errors import UsageError
 from ...config.checks import check_process_shares
+from ...config.task import has_held_out
 from ...data import PromptSampler, tokenize_prompts
 from ...generation.responses import Responses
 from ...generation.samplers import build_sampler
@@ -86,7 +87,7 @@ class PPOTrainer(TrainingLoop):
         held_out_prompts = None
         if task is not None:  # formatted as every reader of a task formats it: plain text for a base model, never cut
             prompts = task.prompt_set("train", tokenizer, data)
-            held_out_prompts = task.prompt_set("eval", tokenizer, data)
+            held_out_prompts = task.prompt_set("eval", tokenizer, data) if has_held_out(config) else None
             self.inputs.prompts = [row["prompt"] for row in task.rows("train")]  # the rows as formatted: plain text
             self.inputs.eval_prompts = [row["prompt"] for row in task.rows("eval")]  # for a base model
         else:
