@@ -44,9 +44,11 @@ _LAZY = {
     "PPOTrainer": ".train.ppo",
     "RewardTrainer": ".train.reward_model",
     "SFTTrainer": ".train.sft",
+    "DPOTrainer": ".train.dpo",
     "Config": ".config",
     "RewardConfig": ".config",
     "SFTConfig": ".config",
+    "DPOConfig": ".config",
 }
 
 __all__ = ["HydraModel", "HydraOutput", "RewardBranch", "RewardHead", "ValueHead", *_LAZY, "__version__"]

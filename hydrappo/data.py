@@ -1,5 +1,6 @@
 """Data: ONE table reader for prompts, preference pairs and SFT rows; padding and the
-resumable prompt order (prompts.py formats and tokenizes prompts).
+resumable prompt order (prompts.py formats and tokenizes prompts; preferences.py reads TRL's
+preference formats with this reader).
 
 `read_table` reads a column table from any of
   * a local file (.jsonl/.json/.csv/.parquet, and .txt for prompts: one per line);
@@ -19,10 +20,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -524,90 +523,6 @@ def encode_prompts(texts: list[str], tokenizer, data) -> list[list[int]]:
     return tokenize_prompts(
         texts, tokenizer, data.max_prompt_length, data.apply_chat_template, data.system_prompt
     ).input_ids
-
-
-@dataclass
-class PreferencePairs:
-    """Tokenized preference pairs; `prompts` are the raw texts (for the eval split)."""
-
-    prompts: list[str]
-    prompt_ids: list[list[int]]
-    chosen_ids: list[list[int]]
-    rejected_ids: list[list[int]]
-    margins: list[float] | None = None
-
-    def __len__(self) -> int:
-        return len(self.chosen_ids)
-
-    def subset(self, index: list[int]) -> PreferencePairs:
-        pick = lambda values: [values[i] for i in index]  # noqa: E731
-        return PreferencePairs(
-            pick(self.prompts),
-            pick(self.prompt_ids),
-            pick(self.chosen_ids),
-            pick(self.rejected_ids),
-            pick(self.margins) if self.margins is not None else None,
-        )
-
-
-def read_preference_table(path, data, setting: str = "data.train_file", split: str | None = None) -> dict:
-    """The (prompt, chosen, rejected[, margin]) columns `PreferenceDataArgs` names, checked (the
-    margins as floats): what can be refused before a tokenizer loads."""
-    names = {
-        data.prompt_column: "data.prompt_column",
-        data.chosen_column: "data.chosen_column",
-        data.rejected_column: "data.rejected_column",
-    }
-    columns = ([data.prompt_column] if data.prompt_column else []) + [data.chosen_column, data.rejected_column]
-    table = read_table(
-        path,
-        columns,
-        [data.margin_column] if data.margin_column else [],
-        setting=setting,
-        split=split or data.split,
-        subset=data.subset,
-        options=names,
-    )
-    if data.margin_column:
-        where = f"{setting}={path}"
-        if table[data.margin_column] is None:
-            raise DataError(f"{where}: no margin column {data.margin_column!r}; unset data.margin_column or add it.")
-        try:
-            table[data.margin_column] = [float(m) for m in table[data.margin_column]]
-        except (TypeError, ValueError) as error:
-            raise DataError(
-                f"{where}: margin column {data.margin_column!r} holds a value that is not a number ({error})."
-            ) from None
-        if not all(math.isfinite(m) for m in table[data.margin_column]):
-            raise DataError(f"{where}: margin column {data.margin_column!r} holds non-finite values.")
-    return table
-
-
-def load_preference_pairs(
-    path: str | Path,
-    tokenizer,
-    data,
-    setting: str = "data.train_file",
-    split: str | None = None,
-    table: dict | None = None,
-) -> PreferencePairs:
-    """Read (or take the `table` read_preference_table read) and tokenize (prompt, chosen, rejected[, margin]) rows."""
-    table = table if table is not None else read_preference_table(path, data, setting, split)
-    chosen, rejected = table[data.chosen_column], table[data.rejected_column]
-    if data.prompt_column:
-        prompts = table[data.prompt_column]
-        prompt_ids = encode_prompts(prompts, tokenizer, data)
-        special = False
-    else:
-        # Whole texts in chosen/rejected: they are tokenized like a prompt (with BOS etc.).
-        prompts, prompt_ids, special = [""] * len(chosen), [[] for _ in chosen], True
-    return PreferencePairs(
-        prompts=list(prompts),
-        prompt_ids=prompt_ids,
-        chosen_ids=tokenize_responses(chosen, tokenizer, data.max_response_length, data.append_eos, special),
-        rejected_ids=tokenize_responses(rejected, tokenizer, data.max_response_length, data.append_eos, special),
-        margins=table[data.margin_column] if data.margin_column else None,
-    )
 
 
 def read_sft_table(path, data, setting: str = "data.train_file", split: str | None = None) -> dict:

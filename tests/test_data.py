@@ -238,7 +238,8 @@ def test_a_folder_laid_out_as_on_the_hub_with_splits_and_subsets(tmp_path):
 
 def test_pairs_and_sft_rows_come_through_the_same_reader(tmp_path):
     from hydrappo.config import PreferenceDataArgs, SFTDataArgs
-    from hydrappo.data import load_preference_pairs, load_sft_rows
+    from hydrappo.data import load_sft_rows
+    from hydrappo.preferences import load_preference_pairs
 
     tokenizer = tiny_tokenizer()
     saved = tmp_path / "pairs"

@@ -28,6 +28,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.config": 2,
     "hydrappo.data": 3,
     "hydrappo.prompts": 3,
+    "hydrappo.preferences": 3,  # preference pairs in TRL's formats: read by data.py's reader
     "hydrappo.generation": 3,  # generation/serving.py imports vllm inside functions: an optional extra
     "hydrappo.rewards": 3,
     "hydrappo.agent": 3,  # tools, environments, the tool-call format: user code through usercode

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from hydrappo.config import RewardConfig, parse_config
-from hydrappo.data import load_preference_pairs, split_by_prompt
+from hydrappo.data import split_by_prompt
+from hydrappo.preferences import load_preference_pairs
 from hydrappo.train.reward_model import RewardTrainer
 
 HERE = Path(__file__).resolve().parent

@@ -29,8 +29,28 @@ from .options import (
     resolve_path,
     torch_dtype,
 )
-from .sections import REWARD_SECTIONS, SECTIONS, SFT_SECTIONS, Config, RewardConfig, SFTConfig, sections_of
-from .stage_options import PreferenceDataArgs, RewardTrainArgs, SFTDataArgs, SFTTrainArgs, StageTrainArgs
+from .sections import (
+    DPO_SECTIONS,
+    REWARD_SECTIONS,
+    SECTIONS,
+    SFT_SECTIONS,
+    Config,
+    DPOConfig,
+    RewardConfig,
+    SFTConfig,
+    sections_of,
+)
+from .stage_options import (
+    DPOArgs,
+    DPODataArgs,
+    DPOTrainArgs,
+    PairDataArgs,
+    PreferenceDataArgs,
+    RewardTrainArgs,
+    SFTDataArgs,
+    SFTTrainArgs,
+    StageTrainArgs,
+)
 from .values import KL_PENALTIES, LORA_LAYERS, LR_SCHEDULERS, MIXED_PRECISIONS, OPTIMIZERS, Range
 
 __all__ = [
@@ -54,6 +74,12 @@ __all__ = [
     "REWARD_SECTIONS",
     "SECTIONS",
     "SFT_SECTIONS",
+    "DPO_SECTIONS",
+    "DPOArgs",
+    "DPOConfig",
+    "DPODataArgs",
+    "DPOTrainArgs",
+    "PairDataArgs",
     "Config",
     "ConfigError",
     "DataArgs",

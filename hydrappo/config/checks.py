@@ -28,7 +28,7 @@ from .paths import check_paths
 from .reward_sources import check_reward_sources
 from .task import check_task, has_held_out, has_prompts, held_out_off
 from .options import DTYPE_RULE, ConfigError, GenerationArgs, PPOArgs, canonical_dtype
-from .sections import Config, RewardConfig, SFTConfig, choices_of
+from .sections import Config, DPOConfig, RewardConfig, SFTConfig, choices_of
 from .values import MAX_TOKENS
 
 logger = logging.getLogger("hydrappo")
@@ -639,6 +639,59 @@ def _check_sft_stage(config: SFTConfig, problems: Problems) -> None:
         )
 
 
+def _check_dpo_stage(config: DPOConfig, problems: Problems) -> None:
+    from ..algo.preference import LOSS_TYPES, NEEDS_REFERENCE
+
+    _check_stage(config, problems)
+    model, dpo = config.model, config.dpo
+    if model.reward_branch_path:
+        problems.add("model.reward_branch_path", model.reward_branch_path, "has no use in dpo", "remove it")
+    kinds = dpo.loss_types
+    unknown = [kind for kind in kinds if kind not in LOSS_TYPES]
+    if not kinds or unknown:
+        problems.add(
+            "dpo.loss_type",
+            dpo.loss_type,
+            f"names {', '.join(map(repr, unknown))}, not a loss hydrappo has" if unknown else "names no loss",
+            f"choose from {', '.join(LOSS_TYPES)} (several as a list, summed with loss_weights)",
+        )
+    if dpo.loss_weights is not None and len(dpo.loss_weights) != len(kinds):
+        problems.add(
+            "dpo.loss_weights",
+            dpo.loss_weights,
+            f"has {len(dpo.loss_weights)} weights for {len(kinds)} loss types ({', '.join(kinds)})",
+            "give one weight per loss_type, or none (1 each)",
+        )
+    if dpo.label_smoothing > 0 and not {"sigmoid", "robust", "simpo"} & set(kinds):
+        problems.add(
+            "dpo.label_smoothing",
+            dpo.label_smoothing,
+            f"has no effect on {', '.join(kinds)}",
+            "use it with loss_type sigmoid (cDPO), robust or simpo, or set it to 0",
+        )
+    if (
+        model.num_layers_unfrozen == 0
+        and not (model.train_lm_head or model.train_final_norm)
+        and config.lora.lora_r == 0
+    ):
+        problems.add(
+            "model.num_layers_unfrozen",
+            0,
+            "with a frozen lm_head and final norm leaves nothing to train",
+            "set num_layers_unfrozen >= 1 or a band (model.trainable_layers), or LoRA (lora.lora_r > 0)",
+        )
+    if set(kinds) & set(NEEDS_REFERENCE) and model.num_layers_unfrozen == -1 and config.lora.lora_r == 0:
+        _warn_once(
+            "dpo with every layer training (model.num_layers_unfrozen: -1) keeps a frozen copy of the whole model as "
+            "its reference: twice the model's memory. A band, the top layers or LoRA share the frozen layers instead."
+        )
+
+
 # Each command's own rules, by its config class (a new stage adds a row); validate runs the
 # rules every config shares before them.
-OWN_RULES = {Config: _check_ppo, RewardConfig: _check_reward_stage, SFTConfig: _check_sft_stage}
+OWN_RULES = {
+    Config: _check_ppo,
+    RewardConfig: _check_reward_stage,
+    SFTConfig: _check_sft_stage,
+    DPOConfig: _check_dpo_stage,
+}

@@ -17,7 +17,7 @@ from ..usercode import ParserExit
 from .checks import validate
 from .options import ConfigError
 from .sections import Config, sections_of
-from .trl_names import TRL_NAMES, translate_words, translate_yaml
+from .trl_names import names_for, translate_words, translate_yaml
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -136,7 +136,8 @@ def _flat_option(key: str, value, every: set, sections: dict, source: str) -> tu
     trl = translate_yaml(key, value, every, source)
     if trl is not None:
         return trl
-    names = [*sections, *every, *(name for name in TRL_NAMES if TRL_NAMES[name].option in every)]
+    trl = names_for(every)
+    names = [*sections, *every, *(name for name in trl if trl[name].option in every)]
     close = difflib.get_close_matches(key, names, n=3)
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
     raise ConfigError(
@@ -147,7 +148,7 @@ def _flat_option(key: str, value, every: set, sections: dict, source: str) -> tu
 
 
 # Text options that also take a YAML list (on the command line: comma-separated).
-TEXT_LISTS = {"reward_fn", "tools"}
+TEXT_LISTS = {"reward_fn", "tools", "loss_type"}  # loss_type: dpo's, a list of loss names
 TEXT_MAPS = {"environment_factory"}  # {name: text}: one of several environments per row
 # Mappings kept as YAML gives them (on the command line: YAML text); config/task.py checks them.
 YAML_MAPS = {"task_config", "tasks"}

@@ -4,7 +4,7 @@ tables of sections the parser and the checks walk.
 
 `hydrappo train` reads `model:`, `lora:`, `generation:`, `ppo:`, `reward:`, `data:`, `train:`,
 `agent:` and `task:`; `hydrappo reward` reads `model:`, `data:` and `train:`; `hydrappo sft` reads `model:`,
-`lora:`, `data:` and `train:`.
+`lora:`, `data:` and `train:`; `hydrappo dpo` reads `model:`, `lora:`, `data:`, `train:` and `dpo:`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,15 @@ from .options import (
     _plain,
     resolve_path,
 )
-from .stage_options import PreferenceDataArgs, RewardTrainArgs, SFTDataArgs, SFTTrainArgs
+from .stage_options import (
+    DPOArgs,
+    DPODataArgs,
+    DPOTrainArgs,
+    PreferenceDataArgs,
+    RewardTrainArgs,
+    SFTDataArgs,
+    SFTTrainArgs,
+)
 from .task import TaskArgs
 
 
@@ -124,6 +132,19 @@ class SFTConfig(_Sections):
     lora: LoraArgs = field(default_factory=LoraArgs)
 
 
+@dataclass
+class DPOConfig(_Sections):
+    """`hydrappo dpo`: the policy (the top layers, a band, or LoRA adapters) from preference pairs, the
+    reference being the frozen copy of what trains (train/dpo.py)."""
+
+    PATHS = (*_MODEL_PATHS, "data.train_file", "data.eval_file")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DPODataArgs = field(default_factory=DPODataArgs)
+    train: DPOTrainArgs = field(default_factory=DPOTrainArgs)
+    dpo: DPOArgs = field(default_factory=DPOArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
+
+
 @functools.cache
 def choices_of(section_cls) -> dict[str, tuple]:
     """{option: its words} of a section's `Literal[...]` options (read from the annotations:
@@ -144,6 +165,7 @@ def sections_of(config_cls) -> dict:
 SECTIONS = sections_of(Config)
 REWARD_SECTIONS = sections_of(RewardConfig)
 SFT_SECTIONS = sections_of(SFTConfig)
+DPO_SECTIONS = sections_of(DPOConfig)
 
 
 def _check_unique_field_names(sections: dict) -> None:
@@ -155,5 +177,5 @@ def _check_unique_field_names(sections: dict) -> None:
             seen[f.name] = section
 
 
-for _sections in (SECTIONS, REWARD_SECTIONS, SFT_SECTIONS):
+for _sections in (SECTIONS, REWARD_SECTIONS, SFT_SECTIONS, DPO_SECTIONS):
     _check_unique_field_names(_sections)

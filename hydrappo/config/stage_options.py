@@ -1,5 +1,5 @@
 """The options of the supervised stages on the trunk: `hydrappo reward` (a reward branch from
-preference pairs) and `hydrappo sft`. They share the model and LoRA sections of an RL run
+preference pairs), `hydrappo dpo` (the policy from preference pairs) and `hydrappo sft`. They share the model and LoRA sections of an RL run
 (options.py); sections.py puts them together per command."""
 
 from __future__ import annotations
@@ -85,12 +85,30 @@ class StageDataArgs:
 
 
 @dataclass
-class PreferenceDataArgs(StageDataArgs):
+class PairDataArgs(StageDataArgs):
+    """Preference pairs, read by preferences.py in any of TRL's three formats: standard (prompt,
+    chosen, rejected as text), conversational (message lists) or implicit prompt (chosen and
+    rejected only: their shared beginning is the prompt)."""
+
+    prompt_column: str | None = option(
+        "prompt",
+        "Column of the prompt: text or a message list. A table without it: the prompt is the shared beginning of "
+        "chosen and rejected (TRL's implicit prompt). null (reward stage): chosen/rejected hold whole texts.",
+    )
+    chosen_column: str = option("chosen", "Column of the preferred answer: text or a message list (its turns).")
+    rejected_column: str = option("rejected", "Column of the other answer: text or a message list (its turns).")
+    max_length: int | None = option(
+        None,
+        "At most this many tokens of prompt + answer (TRL's max_length): answers are cut to what the prompt leaves, "
+        "and a pair whose prompt leaves no room is skipped and counted (None: max_prompt_length + max_response_length).",
+        tokens(2),
+    )
+
+
+@dataclass
+class PreferenceDataArgs(PairDataArgs):
     """`hydrappo reward`'s rows: a prompt, a chosen and a rejected response (train_file: preference pairs)."""
 
-    prompt_column: str | None = option("prompt", "Column of the prompt (null: chosen/rejected hold whole texts).")
-    chosen_column: str = option("chosen", "Column of the preferred response.")
-    rejected_column: str = option("rejected", "Column of the other response.")
     margin_column: str | None = option(None, "Optional column of margins m: loss -log sigmoid(r_c - r_r - m).")
     stats_file: str | None = option(
         None,
@@ -101,6 +119,52 @@ class PreferenceDataArgs(StageDataArgs):
     stats_max_samples: int = option(1024, "At most this many texts for the score statistics.", rows(1))
     stats_max_new_tokens: int = option(32, "Response length when sampling for stats_file prompts.", tokens(1))
     stats_temperature: float = option(1.0, "Sampling temperature for stats_file prompts (use PPO's).", POSITIVE)
+
+
+@dataclass
+class DPODataArgs(PairDataArgs):
+    """`hydrappo dpo`'s rows: preference pairs, as the reward stage reads them."""
+
+
+@dataclass
+class DPOTrainArgs(StageTrainArgs):
+    output_dir: str = option(
+        "outputs/dpo",
+        "The trained model directory (plus checkpoints, metrics.jsonl and TensorBoard logs), relative to the current "
+        "directory.",
+    )
+    learning_rate: float = _with_default(OptimizerArgs, "learning_rate", 1e-6)
+
+
+@dataclass
+class DPOArgs:
+    """The preference loss of `hydrappo dpo` (algo/preference.py), under TRL's DPOConfig names."""
+
+    beta: float = option(
+        0.1,
+        "The implicit reward's scale, beta * (policy - reference) log-probs: higher keeps the policy nearer the "
+        "reference (DPO's beta; IPO's 1 / (2 beta) is its target gap; SimPO's reward scale).",
+        POSITIVE,
+    )
+    loss_type: str = option(
+        "sigmoid",
+        "sigmoid (DPO) | robust (robust DPO) | ipo | hinge (SLiC) | simpo (reference-free) | sft (the chosen "
+        "answer's NLL); several as a YAML list or comma-separated text, summed with loss_weights "
+        "(e.g. [sigmoid, sft]: RPO).",
+    )
+    loss_weights: list[float] | None = option(None, "One weight per loss_type (None: 1 each).")
+    label_smoothing: float = option(
+        0.0,
+        "The probability that a pair's label is flipped: conservative DPO (sigmoid) or robust DPO (robust); below 0.5.",
+        Range(0, 0.5, high_open=True, fix="use e.g. 0.1, or 0 for labels taken as right"),
+    )
+    simpo_gamma: float = option(0.5, "SimPO's target margin gamma (loss_type: simpo).", Range(0))
+
+    @property
+    def loss_types(self) -> tuple[str, ...]:
+        """loss_type as a tuple of names."""
+        items = self.loss_type if isinstance(self.loss_type, (list, tuple)) else str(self.loss_type).split(",")
+        return tuple(str(item).strip() for item in items if str(item).strip())
 
 
 @dataclass

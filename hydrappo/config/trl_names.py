@@ -1,4 +1,6 @@
-"""TRL's GRPOConfig names, as a TRL user types them, in a YAML file or on the command line.
+"""TRL's config names, as a TRL user types them, in a YAML file or on the command line: GRPOConfig's
+for an RL run, and the TrainingArguments names of TRL's RewardConfig, SFTConfig and DPOConfig for
+the stages (STAGE_TRL_NAMES).
 
 A name that means the same as a hydrappo option is taken as that option (`--num_generations 4`
 is `--samples_per_prompt 4`); one whose meaning differs is refused with the hydrappo options that
@@ -63,13 +65,49 @@ TRL_NAMES = {
 }
 
 
-def translate(name: str, value, where: str) -> tuple[str, object]:
+# The supervised stages' (reward, sft, dpo): the names TRL's RewardConfig, SFTConfig and DPOConfig
+# share from transformers' TrainingArguments, read from TRL 1.16. A stage step is one optimizer step
+# over `batch_size` examples, as TRL's is with one process and no gradient accumulation.
+STAGE_TRL_NAMES = {
+    "num_train_epochs": TrlName("epochs"),
+    "per_device_train_batch_size": TrlName("batch_size"),
+    "per_device_eval_batch_size": TrlName("eval_batch_size"),
+    "max_completion_length": TrlName("max_response_length"),
+    "eval_steps": TrlName("eval_every"),
+    "save_steps": TrlName("save_every"),
+    "save_total_limit": TrlName("keep_last"),
+    "lr_scheduler_type": TrlName("lr_scheduler"),
+    "max_length": TrlName(
+        None,
+        instead="the sft stage cuts the prompt and the response on their own: set data.max_prompt_length and "
+        "data.max_response_length (the reward and dpo stages take data.max_length as TRL does)",
+    ),
+    "gradient_accumulation_steps": TrlName(
+        None,
+        instead="a stage's step is one optimizer step over train.batch_size examples, counted over all "
+        "processes: set train.batch_size to TRL's per_device_train_batch_size x gradient_accumulation_steps x processes",
+    ),
+    "warmup_ratio": TrlName(
+        None, instead="set train.warmup_steps (the steps are train.max_steps, or epochs x batches)"
+    ),
+}
+
+
+def names_for(valid: set) -> dict:
+    """The TRL names of the config whose options are `valid`: GRPOConfig's for an RL run (the one
+    config with samples_per_prompt), TrainingArguments' for a stage."""
+    return TRL_NAMES if "samples_per_prompt" in valid else STAGE_TRL_NAMES
+
+
+def translate(name: str, value, where: str, names: dict | None = None) -> tuple[str, object]:
     """(hydrappo option, value) of TRL's `name` = `value`; ConfigError for a name or value whose
     meaning differs, saying what to write instead. `where` names the file or the command line."""
-    entry = TRL_NAMES[name]
+    names = TRL_NAMES if names is None else names
+    entry = names[name]
     if entry.option is None:
+        trainer = "GRPOConfig" if names is TRL_NAMES else "trainer"
         raise ConfigError(
-            f"{where}: {name} is TRL's GRPOConfig option, which hydrappo does not take as it is: {entry.instead}."
+            f"{where}: {name} is TRL's {trainer} option, which hydrappo does not take as it is: {entry.instead}."
         )
     if not entry.values:
         return entry.option, value
@@ -88,27 +126,31 @@ def translate(name: str, value, where: str) -> tuple[str, object]:
 def translate_yaml(key: str, value, valid: set, source: str) -> tuple[str, object] | None:
     """A YAML key that is TRL's name for an option of this config (in any section: TRL's config is
     flat), as (option, value); None when it is none."""
-    if key in TRL_NAMES and (TRL_NAMES[key].option is None or TRL_NAMES[key].option in valid):
-        return translate(key, value, source)
+    names = names_for(valid)
+    if key in valid:  # this config's own option (a stage's max_length, dpo's beta and loss_type)
+        return None
+    if key in names and (names[key].option is None or names[key].option in valid):
+        return translate(key, value, source, names)
     return None
 
 
 def translate_words(words: list[str], valid: set) -> list[str]:
     """Command-line words with TRL's option names (`--num_generations 4`, `--beta=0`) spelt as hydrappo's."""
+    names = names_for(valid)
     out, index = [], 0
     while index < len(words):
         word = words[index]
         name, eq, value = word[2:].partition("=")
         name = name.replace("-", "_")
-        if not word.startswith("--") or name not in TRL_NAMES or name in valid:
+        if not word.startswith("--") or name not in names or name in valid:
             out.append(word)
             index += 1
             continue
         if not eq:
             if index + 1 >= len(words) or words[index + 1].startswith("--"):
-                raise ConfigError(f"command line: --{name} (TRL's name for --{TRL_NAMES[name].option}) needs a value.")
+                raise ConfigError(f"command line: --{name} (TRL's name for --{names[name].option}) needs a value.")
             value, index = words[index + 1], index + 1
-        option, translated = translate(name, value, "command line")
+        option, translated = translate(name, value, "command line", names)
         out.append(f"--{option}={translated}")
         index += 1
     return out

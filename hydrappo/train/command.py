@@ -1,4 +1,4 @@
-"""The training commands' front: `hydrappo train | reward | sft CONFIG.yaml [--resume [PATH]]
+"""The training commands' front: `hydrappo train | reward | dpo | sft CONFIG.yaml [--resume [PATH]]
 [--option value ...]`, from the command line to a trainer (stage.TrainingStage) and its summary.
 
 Everything that can be refused is refused before anything is written or any weights load: the
@@ -85,6 +85,10 @@ def _trainer(stage: str):
         from .reward_model import RewardTrainer
 
         return RewardTrainer
+    if stage == "dpo":
+        from .dpo import DPOTrainer
+
+        return DPOTrainer
     from .sft import SFTTrainer
 
     return SFTTrainer
@@ -114,6 +118,15 @@ STAGES = {
         lambda: _trainer("reward"),
         "train a reward branch on preference pairs",
     ),
+    "dpo": Stage(
+        "Direct preference optimisation (DPO, IPO, hinge, robust DPO, SimPO) of the top layers, a band or LoRA "
+        "adapters on preference pairs (prompt, chosen, rejected: text, message lists or an implicit prompt), the "
+        "reference being the frozen copy of what trains; writes a model directory. Options after the config file "
+        "override it, e.g. --beta 0.1.",
+        "DPOConfig",
+        lambda: _trainer("dpo"),
+        "DPO and its family on preference pairs; writes a model directory",
+    ),
     "sft": Stage(
         "Supervised fine-tuning of the top layers (or LoRA adapters) on prompt/response pairs; writes a model "
         "directory (or adapter) that a PPO config can start from. Options after the config file override it.",
@@ -125,7 +138,7 @@ STAGES = {
 
 
 def stage_command(name: str, argv: list[str]) -> int:
-    """`hydrappo train | reward | sft CONFIG.yaml [--resume [PATH]] [--option value ...]`."""
+    """`hydrappo train | reward | dpo | sft CONFIG.yaml [--resume [PATH]] [--option value ...]`."""
     from .. import config as configs
 
     stage = STAGES[name]

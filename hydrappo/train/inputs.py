@@ -14,7 +14,8 @@ import inspect
 import os
 from dataclasses import dataclass
 
-from ..data import DataError, load_prompt_table, read_preference_table, read_sft_table, read_table, split_by_prompt
+from ..data import DataError, load_prompt_table, read_sft_table, read_table, split_by_prompt
+from ..preferences import prompt_groups, read_preference_table
 from .. import usercode
 from ..rewards import is_missing, reward_functions
 from ..agent.rollouts import load_agent_code
@@ -130,11 +131,7 @@ def _held_out(config, train: dict, prompts: list, read) -> StageInputs:
 def read_reward_inputs(config) -> StageInputs:
     data = config.data
     train = read_preference_table(data.train_file, data)
-    # Without a prompt column every row is its own group.
-    groups = (
-        train[data.prompt_column] if data.prompt_column else [str(i) for i in range(len(train[data.chosen_column]))]
-    )
-    inputs = _held_out(config, train, groups, read_preference_table)
+    inputs = _held_out(config, train, prompt_groups(train, data), read_preference_table)
     if data.stats_file is not None:
         prompt_column = data.prompt_column or "prompt"
         inputs.stats = read_table(
@@ -147,13 +144,24 @@ def read_reward_inputs(config) -> StageInputs:
     return inputs
 
 
+def read_pair_inputs(config) -> StageInputs:
+    """DPO's: the pairs, held out by prompt."""
+    train = read_preference_table(config.data.train_file, config.data)
+    return _held_out(config, train, prompt_groups(train, config.data), read_preference_table)
+
+
 def read_sft_inputs(config) -> StageInputs:
     train = read_sft_table(config.data.train_file, config.data)
     return _held_out(config, train, train[config.data.prompt_column], read_sft_table)
 
 
 def read_inputs(config):
-    """The inputs of the stage `config` configures (a Config, RewardConfig or SFTConfig)."""
-    readers = {"Config": read_rl_inputs, "RewardConfig": read_reward_inputs, "SFTConfig": read_sft_inputs}
+    """The inputs of the stage `config` configures (a Config, RewardConfig, DPOConfig or SFTConfig)."""
+    readers = {
+        "Config": read_rl_inputs,
+        "RewardConfig": read_reward_inputs,
+        "DPOConfig": read_pair_inputs,
+        "SFTConfig": read_sft_inputs,
+    }
     with usercode.one_module_per_file():  # a reward and an environment from one file share its module
         return readers[type(config).__name__](config)

@@ -27,7 +27,8 @@ import yaml
 from ..algo.losses import preference_loss
 from ..algo.scores import score_statistics
 from ..config import GenerationArgs, RewardConfig
-from ..data import DataError, PreferencePairs, encode_prompts, load_preference_pairs, tokenize_responses
+from ..data import DataError, encode_prompts, tokenize_responses
+from ..preferences import PreferencePairs, load_preference_pairs
 from ..errors import UsageError
 from ..generation.samplers import build_sampler
 from ..model import HydraModel
@@ -93,11 +94,11 @@ class RewardTrainer(SupervisedStage):
 
         # The tables were read and checked before the model loaded (train/inputs.py).
         pairs = load_preference_pairs(data.train_file, tokenizer, data, table=inputs.train)
-        self.train_pairs = pairs.subset(inputs.train_rows)
+        self.train_pairs = pairs.usable(inputs.train_rows)
         if inputs.eval is not None:
-            self.eval_pairs = load_preference_pairs(data.eval_file, tokenizer, data, table=inputs.eval)
+            self.eval_pairs = load_preference_pairs(data.eval_file, tokenizer, data, table=inputs.eval).usable()
         else:
-            self.eval_pairs = pairs.subset(inputs.eval_rows)
+            self.eval_pairs = pairs.usable(inputs.eval_rows)
         self.stats_table = inputs.stats
         logger.info(
             "reward training: %d training pairs, %d held-out pairs", len(self.train_pairs), len(self.eval_pairs)

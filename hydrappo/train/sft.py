@@ -201,10 +201,11 @@ class SFTTrainer(SupervisedStage):
                 logger.info("sft model saved to %s", self.output_dir)
         return {}
 
-    def save_model(self, output_dir=None) -> Path:
+    def save_model(self, output_dir=None, config_name: str = CONFIG_NAME) -> Path:
         """The fine-tuned model (or LoRA adapter) into `output_dir` (default train.output_dir, where
-        a finished run writes it); trained on a quantized trunk, the model is written in full
-        precision (its frozen bottom re-read from the original weights)."""
+        a finished run writes it), with the run's config as `config_name`; trained on a quantized
+        trunk, the model is written in full precision (its frozen bottom re-read from the original
+        weights). The DPO stage writes its model the same way."""
         if self.hydra.uses_lora:
             model = self.hydra.peft_model
         elif self.hydra.trunk_quantization != "none":
@@ -212,7 +213,7 @@ class SFTTrainer(SupervisedStage):
         else:
             model = self.hydra.model
         config_yaml = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
-        return save_model_dir(model, self.tokenizer, output_dir or self.output_dir, {CONFIG_NAME: config_yaml})
+        return save_model_dir(model, self.tokenizer, output_dir or self.output_dir, {config_name: config_yaml})
 
     def state_dict(self) -> dict:
         return {"batches": self.batches.state_dict()}
