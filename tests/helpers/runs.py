@@ -138,6 +138,37 @@ def write_sft_config(tmp: Path, **train) -> Path:
     return tmp / "sft.yaml"
 
 
+def write_dpo_config(tmp: Path, dpo: dict | None = None, model: dict | None = None, **train) -> Path:
+    """A DPO stage on synthetic pairs (write_pairs) over the tiny trunk: its top 2 layers and lm_head train."""
+    write_pairs(tmp / "pairs.jsonl")
+    options = {
+        "output_dir": str(tmp / "dpo"),
+        "epochs": 2,
+        "batch_size": 16,
+        "learning_rate": 3e-3,
+        "cache_split_hidden": True,
+        "progress_bar": False,
+        **train,
+    }
+    model = {
+        "name_or_path": str(TINY / "model"),
+        "random_init": True,
+        "num_layers_unfrozen": 2,
+        "train_lm_head": True,
+        **(model or {}),
+    }
+    if "trainable_layers" in model:  # a band instead of the top layers
+        model.pop("num_layers_unfrozen")
+    text = {
+        "model": model,
+        "data": {"train_file": "pairs.jsonl", "eval_fraction": 0.2, "max_prompt_length": 16, "max_response_length": 12},
+        "train": options,
+        "dpo": {"beta": 0.1, **(dpo or {})},
+    }
+    (tmp / "dpo.yaml").write_text(yaml.safe_dump(text))
+    return tmp / "dpo.yaml"
+
+
 class Killed(Exception):
     pass
 

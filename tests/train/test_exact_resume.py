@@ -29,6 +29,7 @@ from runs import (
     kill_during_step,
     reward_config,
     tiny_trainer,
+    write_dpo_config,
     write_sft_config,
 )
 
@@ -252,6 +253,21 @@ def sft_check(straight, resumed, folder: Path) -> None:
     assert saved_a.keys() == saved_b.keys() and all(torch.equal(saved_a[k], saved_b[k]) for k in saved_a)
 
 
+def dpo_trainer(folder: Path):
+    from hydrappo.config import DPOConfig
+    from hydrappo.train.dpo import DPOTrainer
+
+    folder.mkdir(exist_ok=True)
+    return DPOTrainer(parse_config(write_dpo_config(folder, save_every=3), [], DPOConfig))
+
+
+def dpo_check(straight, resumed, folder: Path) -> None:
+    assert straight.step == straight.total_steps == resumed.step > 11  # past the step the first run died in
+    saved_a = load_file(str(folder.parent / "straight" / "dpo" / "model.safetensors"))
+    saved_b = load_file(str(folder / "dpo" / "model.safetensors"))
+    assert saved_a.keys() == saved_b.keys() and all(torch.equal(saved_a[k], saved_b[k]) for k in saved_a)
+
+
 def ppo_case(options, **kwargs) -> Case:
     return Case(make=lambda folder: tiny_trainer(folder / "out", *options), **kwargs)
 
@@ -289,6 +305,13 @@ CASES = {
         history_prefix_only=True,
         after_kill=sft_after_kill,
         check=sft_check,
+    ),
+    "dpo_stage": Case(  # killed at step 11, after checkpoint-9
+        make=dpo_trainer,
+        kill=lambda trainer, monkeypatch: kill_during_step(trainer, monkeypatch, 11),
+        resumed_steps=[10],
+        history_prefix_only=True,
+        check=dpo_check,
     ),
 }
 PARAMS = [
