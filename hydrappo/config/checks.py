@@ -21,7 +21,7 @@ import torch
 
 from ..algo.advantages import ESTIMATORS, group_size_problem
 from ..errors import Problem
-from ..model.band import BAND_SYNTAX, band_problem, parse_band
+from ..model.band import BandSyntaxError, band_problem, parse_band
 from ..model.lora import lora_problems
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from .paths import check_paths
@@ -211,8 +211,8 @@ def _check_band(config, problems: Problems) -> None:
     option, value = "model.trainable_layers", model.trainable_layers
     try:
         band = parse_band(value)
-    except ValueError:
-        problems.add(option, value, "is not a band of layers", f"write {BAND_SYNTAX}")
+    except BandSyntaxError as error:
+        problems.add(option, value, error.rule, error.fix)
         return
     shape = band_problem(band)
     if shape is not None:

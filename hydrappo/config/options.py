@@ -151,7 +151,7 @@ class ModelConfig:
     )
     trainable_layers: str | None = option(
         None,
-        "A band of decoder layers that trains instead of the top num_layers_unfrozen: 'START:END', 0-based, END exclusive (a Python slice), e.g. '12:16' ('12:' runs to the top). The layers below run once, frozen; those above stay frozen, run by policy and reference. "
+        "A band of decoder layers that trains instead of the top num_layers_unfrozen: 'START:END', 0-based, END exclusive (a Python slice), e.g. '12:16' ('12:' runs to the top); or fractions of the depth, resolved per model (start = round(START*L), end = round(END*L), a half up; at least one layer, starting at 1 or above), e.g. '0.43:0.57' (13:17 of 30 layers) or '0.5:'. The layers below run once, frozen; those above stay frozen, run by policy and reference. "
         "On the command line it replaces the file's num_layers_unfrozen (and --num_layers_unfrozen the file's band).",
     )
     train_lm_head: bool = option(False, "Also train the lm_head (untied from the embeddings).")

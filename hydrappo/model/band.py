@@ -1,23 +1,54 @@
-"""Which decoder layers train: a band `start:end` of the layer list (0-based, `end` exclusive,
-as a Python slice), anywhere in the stack.
+"""Which decoder layers train: a band `start:end` of the layer list, anywhere in the stack, given
+as layer indices (0-based, `end` exclusive, as a Python slice) or as fractions of the depth.
 
 RL's gains concentrate in the middle of the stack (Zhang et al. 2026, "Is One Layer Enough?",
 arXiv 2607.01232), which the top N layers never reach. A band keeps what the hydra is for: the
 layers below it are frozen and run once, so at least one must stay below (`start >= 1`).
+
+Indices name the same layers on every model, which is not the same place: "13:17" is the middle of
+a 30-layer model and the top of an 18-layer one. Fractions ("0.43:0.57", "0.5:" to the top) name a
+place in the depth and resolve per model to whole layers (`resolve_band`):
+
+    start = round(start * L), end = round(end * L), a half rounding up;
+    then 1 <= start <= L - 1 (a frozen layer stays below, a layer above it trains), end <= L,
+    and end >= start + 1 (one layer at least).
+
+On 30 layers "0.43:0.57" is 13:17 (12.9 -> 13, 17.1 -> 17); on 18 layers it is 8:10 (7.74 -> 8, 10.26 -> 10).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 
-_BAND = re.compile(r"^\s*(\d+)\s*:\s*(\d*)\s*$")
+logger = logging.getLogger("hydrappo")
 
-BAND_SYNTAX = "START:END (0-based layer indices, END exclusive, e.g. '12:16'; 'START:' runs to the top)"
+_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
+_BAND = re.compile(rf"^\s*{_NUMBER}\s*:\s*{_NUMBER}?\s*$")
+
+BAND_SYNTAX = (
+    "START:END, 0-based layer indices with END exclusive (e.g. '12:16'; 'START:' runs to the top), "
+    "or fractions of the depth (e.g. '0.43:0.57'; '0.5:' runs to the top)"
+)
 
 
-def parse_band(text) -> tuple[int, int | None]:
-    """`"12:16"` -> (12, 16); `"12:"` -> (12, None), the band running to the top layer.
-    Raises ValueError with the accepted syntax for anything else."""
+class BandSyntaxError(ValueError):
+    """A trainable_layers text that is no band, as (the rule, what would work) for the config checks."""
+
+    def __init__(self, text, rule: str, fix: str):
+        super().__init__(f"{text!r} {rule}: {fix}")
+        self.rule, self.fix = rule, fix
+
+
+def parse_band(text) -> tuple:
+    """A band as (start, end): ints for layer indices, floats for fractions of the depth, end None
+    for a band that runs to the top.
+
+    `"12:16"` -> (12, 16); `"12:"` -> (12, None), the band running to the top layer;
+    `"0.43:0.57"` -> (0.43, 0.57) and `"0.5:"` -> (0.5, None), fractions of the depth.
+    Raises BandSyntaxError (a ValueError) saying what is accepted for anything else, a mix of
+    an index and a fraction ("13:0.5") included."""
     if (
         isinstance(text, (tuple, list))
         and len(text) == 2
@@ -26,9 +57,22 @@ def parse_band(text) -> tuple[int, int | None]:
         return int(text[0]), int(text[1])
     match = _BAND.match(text) if isinstance(text, str) else None
     if match is None:
-        raise ValueError(f"{text!r} is not a band of layers: write {BAND_SYNTAX}")
+        raise BandSyntaxError(text, "is not a band of layers", f"write {BAND_SYNTAX}")
     start, end = match.groups()
-    return int(start), (int(end) if end else None)
+    fractions = {"." in part for part in (start, end) if part}
+    if len(fractions) > 1:
+        raise BandSyntaxError(
+            text,
+            "mixes a layer index and a fraction of the depth",
+            "write both as layer indices (e.g. '13:17') or both as fractions (e.g. '0.43:0.57')",
+        )
+    kind = float if fractions == {True} else int
+    return kind(start), (kind(end) if end else None)
+
+
+def is_fraction(band: tuple) -> bool:
+    """Whether the band is given as fractions of the depth rather than layer indices."""
+    return isinstance(band[0], float)
 
 
 def format_band(band) -> str:
@@ -36,9 +80,37 @@ def format_band(band) -> str:
     return f"'{start}:{'' if end is None else end}'"
 
 
-def band_problem(band: tuple[int, int | None], num_layers: int | None = None) -> tuple[str, str] | None:
+def _round_half_up(x: float) -> int:
+    # Python's round() rounds a half to even (round(4.5) == 4); a rule a user can do by hand is
+    # "a half rounds up". The epsilon absorbs float error in products such as 0.15 * 30 = 4.499...
+    return math.floor(x + 0.5 + 1e-9)
+
+
+def _fraction_problem(band: tuple) -> tuple[str, str] | None:
+    start, end = band
+    if start >= 1 or (end is not None and end > 1):
+        return (
+            "is past the top (as fractions of the depth, START lies below 1 and END at most 1)",
+            "fractions lie in 0..1 (e.g. '0.43:0.57' for the middle, '0.5:' for the top half)",
+        )
+    if end is not None and end <= start:
+        return "is empty (END must be above START)", f"e.g. '{start}:{min(1.0, round(start + 0.15, 2))}'"
+    return None
+
+
+def band_problem(band: tuple, num_layers: int | None = None) -> tuple[str, str] | None:
     """What is wrong with a band for a model of `num_layers` decoder layers (None: not known
-    yet, only the band's own shape is checked), as (the rule, what would work); None if it fits."""
+    yet, only the band's own shape is checked), as (the rule, what would work); None if it fits.
+    A band of fractions is checked as the layers it resolves to."""
+    if is_fraction(band):
+        problem = _fraction_problem(band)
+        if problem is not None or num_layers is None:
+            return problem
+        layers = resolve_band(band, num_layers)
+        problem = band_problem(layers, num_layers)
+        if problem is None:
+            return None
+        return f"resolves to {format_band(layers)} of {num_layers} layers, which {problem[0]}", problem[1]
     start, end = band
     if start < 1:
         return (
@@ -57,10 +129,23 @@ def band_problem(band: tuple[int, int | None], num_layers: int | None = None) ->
     return None
 
 
-def resolve_band(band: tuple[int, int | None], num_layers: int) -> tuple[int, int]:
-    """The band with an open end (`START:`) closed at the top of the model."""
+def resolve_band(band: tuple, num_layers: int) -> tuple[int, int]:
+    """The band as whole layers of a model of `num_layers`: an open end (`START:`) closed at the
+    top; fractions resolved by the rule in this module's docstring."""
     start, end = band
-    return start, num_layers if end is None else end
+    if not is_fraction(band):
+        return start, num_layers if end is None else end
+    first = max(1, min(num_layers - 1, _round_half_up(start * num_layers)))
+    last = num_layers if end is None else min(num_layers, _round_half_up(end * num_layers))
+    return first, max(last, first + 1)
+
+
+def describe_band(text, num_layers: int) -> str:
+    """How a band reads on a model: "trainable layers 0.43:0.57 of 30 -> 13:17"."""
+    band = text if isinstance(text, tuple) else parse_band(text)
+    start, end = resolve_band(band, num_layers)
+    given = f"{band[0]}:{'' if band[1] is None else band[1]}"
+    return f"trainable layers {given} of {num_layers} -> {start}:{end}"
 
 
 def trainable_range(
@@ -81,6 +166,8 @@ def trainable_range(
         )
     if problem is not None:
         raise ValueError(f"trainable_layers={format_band(band)} {problem[0]}; {problem[1]}.")
+    if is_fraction(band):
+        logger.info(describe_band(band, num_layers))
     return resolve_band(band, num_layers)
 
 

@@ -44,7 +44,7 @@ def _add_layer_options(parser: argparse.ArgumentParser) -> None:
     layers.add_argument(
         "--trainable-layers",
         metavar="START:END",
-        help="a band of trainable layers instead of the top N (0-based, END exclusive, e.g. 12:16)",
+        help="a band of trainable layers instead of the top N (0-based, END exclusive, e.g. 12:16; or fractions of the depth, e.g. 0.43:0.57)",
     )
     parser.add_argument(
         "--lora-rank", type=int, default=0, help="LoRA adapters of this rank on the top N layers (0: full training)"

@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from ..model.band import band_problem, parse_band, resolve_band
+from ..model.band import band_problem, describe_band, is_fraction, parse_band, resolve_band
 from ..model.logprobs import CHUNK_ELEMENTS, vocab_block
 from ..generation.graph_decode import bucket_of
 from .activations import ActivationTrace, trace_activations
@@ -518,8 +518,12 @@ def _gib(value: int) -> str:
     return f"{value / GIB:7.2f}"
 
 
-def _layers_label(s: TrainingSettings) -> str:
-    return f"trainable layers {s.trainable_layers}" if s.trainable_layers is not None else f"N={s.num_layers_unfrozen}"
+def _layers_label(s: TrainingSettings, num_layers: int) -> str:
+    if s.trainable_layers is None:
+        return f"N={s.num_layers_unfrozen}"
+    if is_fraction(parse_band(s.trainable_layers)):  # the layers the fractions are on this model
+        return describe_band(s.trainable_layers, num_layers)
+    return f"trainable layers {s.trainable_layers}"
 
 
 def format_plan(plan: MemoryPlan) -> str:
@@ -527,7 +531,7 @@ def format_plan(plan: MemoryPlan) -> str:
     lines = [
         f"{plan.model}: {_count(c.total)} parameters ({c.num_layers} layers, hidden {c.hidden_size}, vocab "
         f"{c.vocab_size}, {'tied' if not c.lm_head else 'untied'} lm_head; one layer {_count(c.layers[-1])})",
-        f"settings: {_layers_label(s)}, {'LoRA rank ' + str(s.lora_rank) if s.lora_rank else 'full ' + ('band' if s.trainable_layers else 'top-N')}, "
+        f"settings: {_layers_label(s, c.num_layers)}, {'LoRA rank ' + str(s.lora_rank) if s.lora_rank else 'full ' + ('band' if s.trainable_layers else 'top-N')}, "
         f"{s.dtype} weights{', fp32 master weights' if s.uses_master_weights else ''}, {s.optimizer}, "
         f"{'' if s.trunk_quantization == 'none' else s.trunk_quantization + ' trunk, '}"
         f"batch {s.batch_size} (mini {s.mini_batch_size}, micro {s.micro_batch}, generation {s.generation_batch_size}), "

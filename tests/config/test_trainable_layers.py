@@ -64,6 +64,9 @@ def test_both_at_one_level_are_refused(tmp_path):
         ("0:2", [], "leaves no frozen layer below the band.*start at layer 1 or above"),
         ("3:3", [], "is empty.*'3:5' for two layers"),
         ("1-3", [], "is not a band of layers; write START:END"),
+        ("1:0.5", [], "mixes a layer index and a fraction of the depth"),
+        ("0.5:1.5", [], "is past the top.*fractions lie in 0..1"),
+        ("0.75:0.25", [], "is empty"),
         (
             "1:3",
             ["--lora_r", "4", "--lora_layers", "all", "--train_lm_head", "false"],
@@ -86,6 +89,25 @@ def test_a_band_past_the_models_top_is_refused_with_its_layer_count_before_loadi
     config = config_from(tmp_path, {}, "--trainable_layers", "2:6")
     with pytest.raises(ConfigError, match="4 decoder layers.*end at 4 or below"):
         models.build_hydra(config.model)
+
+
+def test_a_band_by_depth_passes_the_checks_and_resolves_on_the_models_layers(tmp_path, monkeypatch):
+    config = config_from(tmp_path, {"trainable_layers": "0.25:0.75"})
+    assert config.model.trainable_layers == "0.25:0.75"
+    config = config_from(tmp_path, {}, "--trainable_layers", "0.5:")
+    from hydrappo.storage import models
+
+    hydra, _ = models.build_hydra(config.model, value_head=False)
+    assert (hydra.split_index, hydra.band_end) == (2, 4)  # the tiny model's 4 layers
+
+
+def test_a_band_by_depth_past_a_small_models_top_is_refused_before_loading(tmp_path, monkeypatch):
+    from hydrappo.storage import models
+
+    monkeypatch.setattr(models, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model was loaded"))
+    config = config_from(tmp_path, {}, "--trainable_layers", "0.99:")
+    hydra_layers = models.check_band_fits(config.model)  # 4 layers: 0.99 -> layer 3, the top one
+    assert hydra_layers is None
 
 
 def test_resume_refuses_another_band():

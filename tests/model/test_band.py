@@ -2,12 +2,14 @@
 exactness as the top-N hydra on every architecture of test_hydra.py, in float64 within
 FLOAT64_ATOL (tests/helpers/tiny.py says why), and the layers above the band shared, not copied."""
 
+import logging
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config
 
 from hydrappo import HydraModel
-from hydrappo.model.band import parse_band
+from hydrappo.model.band import band_problem, describe_band, parse_band, resolve_band, trainable_range
 
 from tiny import FAMILIES, FLOAT64_ATOL, LAYERS, VOCAB, left_padded_batch, tiny64, tiny_model
 
@@ -216,9 +218,51 @@ def test_lora_on_the_band_adapts_the_band_only_and_the_reference_is_the_base():
 
 def test_the_band_syntax():
     assert parse_band("12:16") == (12, 16) and parse_band(" 3 : ") == (3, None) and parse_band((2, 5)) == (2, 5)
-    for text in ("12", "12:16:2", "-1:4", "a:b", 736):
+    assert parse_band("0.43:0.57") == (0.43, 0.57) and parse_band("0.5:") == (0.5, None) and parse_band(".5:1.0")
+    for text in ("12", "12:16:2", "-1:4", "a:b", 736, ":0.5", "0.5.1:0.6"):
         with pytest.raises(ValueError, match="START:END"):
             parse_band(text)
+    for text in ("13:0.5", "0.5:13", "1.5:2"):
+        with pytest.raises(ValueError, match="mixes a layer index and a fraction.*'13:17'.*'0.43:0.57'"):
+            parse_band(text)
+
+
+@pytest.mark.parametrize(
+    "text, layers, expected",
+    [
+        ("0.43:0.57", 30, (13, 17)),  # SmolLM2-135M: the examples' 13:17 (12.9 -> 13, 17.1 -> 17)
+        ("0.43:0.57", 18, (8, 10)),  # Gemma 3 270M: 7.74 -> 8, 10.26 -> 10
+        ("0.5:", 30, (15, 30)),
+        ("0.5:", 18, (9, 18)),
+        ("0.15:0.25", 30, (5, 8)),  # a half rounds up (4.5 -> 5, 7.5 -> 8), float error included
+        ("0.0:0.1", 30, (1, 3)),  # one frozen layer stays below
+        ("0.5:0.51", 18, (9, 10)),  # one layer at least
+        ("0.99:", 30, (29, 30)),  # the top layer, never past it
+        ("13:17", 18, (13, 17)),  # indices keep their meaning
+        ("13:", 18, (13, 18)),
+    ],
+)
+def test_fractions_of_the_depth_resolve_to_whole_layers(text, layers, expected):
+    assert resolve_band(parse_band(text), layers) == expected
+    assert band_problem(parse_band(text), layers) is None
+    assert trainable_range(2, text, layers) == expected
+
+
+def test_a_bad_band_of_fractions_says_why():
+    assert "past the top" in band_problem(parse_band("1.0:"))[0]
+    assert "past the top" in band_problem(parse_band("0.5:1.2"))[0]
+    assert "is empty" in band_problem(parse_band("0.6:0.5"))[0]
+    # On a model with too few layers the problem names the layers the fractions resolved to.
+    rule, fix = band_problem(parse_band("0.5:"), 1)
+    assert rule.startswith("resolves to '1:2' of 1 layers, which runs past the top") and "end at 1" in fix
+
+
+def test_a_fractional_band_is_logged_with_the_models_layer_count(caplog):
+    assert describe_band("0.43:0.57", 30) == "trainable layers 0.43:0.57 of 30 -> 13:17"
+    with caplog.at_level(logging.INFO, logger="hydrappo"):
+        hydra = HydraModel(tiny64("llama"), trainable_layers="0.25:0.75", verify=False)
+    assert (hydra.split_index, hydra.band_end) == (1, 3)
+    assert "trainable layers 0.25:0.75 of 4 -> 1:3" in caplog.text
 
 
 def test_the_recorded_split_is_the_input_of_the_bands_first_layer():
