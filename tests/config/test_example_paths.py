@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hydrappo.config import Config, RewardConfig, SFTConfig, parse_config
+from hydrappo.config import Config, DPOConfig, RewardConfig, SFTConfig, parse_config
 
 from runs import ROOT
 
@@ -21,7 +21,7 @@ def test_each_example_config_says_what_output_dir_is_relative_to(path, tmp_path,
     assert "train.output_dir" in header and "relative to the directory you run hydrappo from" in header, header
     written = yaml.safe_load(path.read_text())["train"]["output_dir"]
     monkeypatch.chdir(tmp_path)
-    config_cls = {"reward.yaml": RewardConfig, "sft.yaml": SFTConfig}.get(path.name, Config)
+    config_cls = {"reward.yaml": RewardConfig, "sft.yaml": SFTConfig, "dpo.yaml": DPOConfig}.get(path.name, Config)
     config = parse_config(path, config_cls=config_cls, check=False)
     assert config.train.output_dir == written and not Path(written).is_absolute()  # the working directory's
     if getattr(config, "task", None) is not None and config.task.enabled:
@@ -32,4 +32,5 @@ def test_each_example_config_says_what_output_dir_is_relative_to(path, tmp_path,
     ).is_absolute() or path.name in (
         "reward.yaml",
         "sft.yaml",
+        "dpo.yaml",
     )  # (their data files are written by make_pairs.py / task.py under outputs/)
