@@ -172,7 +172,7 @@ def test_modules_stay_small():
 
 
 # One limit for every function: past it, a function is split where its meaning splits
-# (tools/long_functions.py lists the longest).
+# (tools/lab/long_functions.py lists the longest).
 FUNCTION_LINE_LIMIT = 120
 
 

@@ -1,5 +1,5 @@
-"""Every script in tools/ answers --help with its usage and exit status 0, without running
-anything: a benchmark or a study that starts on `--help` (or fails on it) is a bug.
+"""Every script in tools/ and tools/lab/ answers --help with its usage and exit status 0, without
+running anything: a benchmark or a study that starts on `--help` (or fails on it) is a bug.
 
 Each script reads its arguments before it imports torch, transformers or hydrappo (whose package
 loads torch), so --help takes a fraction of a second: importing torch and transformers took
@@ -18,7 +18,7 @@ import pytest
 
 from runs import ROOT
 
-TOOLS = sorted((ROOT / "tools").glob("*.py"))
+TOOLS = sorted([*(ROOT / "tools").glob("*.py"), *(ROOT / "tools" / "lab").glob("*.py")])
 TIMEOUT_S = 120
 HEAVY = ("torch", "transformers", "hydrappo")  # hydrappo/__init__.py imports torch
 AT_ONCE = min(4, os.cpu_count() or 1)
@@ -53,8 +53,10 @@ def imported(importtime: str) -> set[str]:
 
 @pytest.mark.slow
 def test_every_tool_answers_help(tmp_path):
-    assert TOOLS, "no tools/*.py found"
+    assert {s.parent.name for s in TOOLS} == {"tools", "lab"}, "no tools/*.py or tools/lab/*.py found"
     with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
-        problems = dict(zip((s.name for s in TOOLS), pool.map(lambda s: help_problem(s, tmp_path), TOOLS)))
+        problems = dict(
+            zip((s.relative_to(ROOT).as_posix() for s in TOOLS), pool.map(lambda s: help_problem(s, tmp_path), TOOLS))
+        )
     failed = {name: problem for name, problem in problems.items() if problem}
     assert not failed, "tools that do not answer --help:\n" + "\n".join(f"  {k}: {v}" for k, v in failed.items())

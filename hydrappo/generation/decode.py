@@ -2,7 +2,7 @@
 
 transformers' `generate` is the reference (`generation.sampler: generate`); this loop draws from
 the same distribution with less work per token, which is what the CPU profile blamed
-(docs/sampling.md has the measurements, tools/bench_sampling.py repeats them):
+(docs/sampling.md has the measurements, tools/lab/bench_sampling.py repeats them):
 
 - One uniform number per row and an inverse-CDF lookup (`sample_from_probs`), where
   `torch.multinomial` draws an exponential number for every vocabulary entry: 33 ms a step

@@ -46,7 +46,7 @@ from .responses import Responses, generate_responses, generation_config
 from .stops import first_stop
 
 # The default of `generation.sampler: auto` per device type, as measured (docs/sampling.md).
-# CPU (tools/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
+# CPU (tools/lab/bench_sampling.py): the decode loop is the fastest there; continuous batching is slower
 # than generate at every page size tried (SmolLM2-135M, 16 x 32 greedy: 0.83-0.86x generate's
 # tokens/s, 32 x 24: 0.68x; a 4-layer toy: 0.11x, its ~0.8 s fixed cost per call), and it records
 # no split states, so the experience pass costs more too. CUDA (one H100, bf16, side by side in one

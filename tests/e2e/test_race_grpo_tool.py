@@ -1,4 +1,4 @@
-"""tools/race_grpo.py without TRL installed: its option checks, the settings both sides share, the table
+"""tools/lab/race_grpo.py without TRL installed: its option checks, the settings both sides share, the table
 it prints, a side's result kept for the next invocation, and TRL's saved policy loaded for the held-out
 measurement."""
 
@@ -12,7 +12,7 @@ import torch
 from runs import ROOT
 from tiny import tiny_model, tiny_tokenizer
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "lab"))
 
 import race_grpo  # noqa: E402
 

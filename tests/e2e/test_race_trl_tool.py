@@ -1,4 +1,4 @@
-"""tools/race_trl.py without TRL installed: its option checks, and the reward-model adapter through which
+"""tools/lab/race_trl.py without TRL installed: its option checks, and the reward-model adapter through which
 TRL's PPOTrainer gets the sentiment example's reward function."""
 
 import importlib.util
@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from runs import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "lab"))
 
 import race_trl  # noqa: E402
 

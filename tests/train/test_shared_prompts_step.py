@@ -12,7 +12,7 @@ import pytest
 from bounds import EXACT, SCALAR_NOISE
 from runs import ROOT, tiny_trainer
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "lab"))
 
 import bench_shared_prompts  # noqa: E402
 
@@ -21,7 +21,7 @@ ONE_UPDATE = ["--batch_size", "8", "--mini_batch_size", "8", "--ppo_epochs", "1"
 
 def first_step(folder, shared: bool):
     """The statistics and samples of a tiny run's first step, and the tokens its update passed
-    through the first trainable layer (counted as tools/bench_shared_prompts.py counts them)."""
+    through the first trainable layer (counted as tools/lab/bench_shared_prompts.py counts them)."""
     trainer = tiny_trainer(folder, *EXACT, *ONE_UPDATE, "--samples_per_prompt", "4", "--share_prompts", str(shared))
     step = trainer.ppo_step
     assert step.hydra.shares_prompts, step.hydra.prompt_sharing_problem

@@ -15,8 +15,8 @@ load moves less than the wall time. On a machine others
 share, "quiet" is only as quiet as they leave it: take several --rounds (the settings run in turn,
 medians over the rounds) and note the load average the tool prints.
 
-    python tools/bench_busy_cpu.py                 # threads: torch's default
-    python tools/bench_busy_cpu.py --threads 2 --rounds 3 --steps 5
+    python tools/lab/bench_busy_cpu.py                 # threads: torch's default
+    python tools/lab/bench_busy_cpu.py --threads 2 --rounds 3 --steps 5
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

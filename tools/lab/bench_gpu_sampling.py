@@ -2,7 +2,7 @@
 sampled tokens: hydrappo's graph sampler (torch.cuda.CUDAGraph over a static cache) against
 transformers' generate with its static cache, which generate compiles itself with
 torch.compile(mode="reduce-overhead"), and against generate's dynamic cache.
-usage: python3 tools/bench_gpu_sampling.py MODEL_DIR   (a folder with a config.json and a tokenizer, as bench_gpu's s1p7)"""
+usage: python3 tools/lab/bench_gpu_sampling.py MODEL_DIR   (a folder with a config.json and a tokenizer, as bench_gpu's s1p7)"""
 
 import argparse
 import sys

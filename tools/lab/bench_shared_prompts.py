@@ -9,7 +9,7 @@ setting, the medians of the experience pass (the branches over the sampled batch
 (ppo_epochs x minibatches of forward and backward), the whole step, and the tokens that entered
 the first trainable layer in one step.
 
-    python tools/bench_shared_prompts.py examples/reasoning/config.yaml --threads 2 --repeats 3 \\
+    python tools/lab/bench_shared_prompts.py examples/reasoning/config.yaml --threads 2 --repeats 3 \\
         --options "--name_or_path outputs/reasoning/sft"
 
 On a shared machine compare the ratios, not the seconds.
@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PHASES = ("experience", "update", "step")
 

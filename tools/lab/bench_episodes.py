@@ -2,9 +2,9 @@
 and without it (each turn prefills its whole context again), side by side in one process, and a
 single-turn response of the same total length for comparison.
 
-    python tools/bench_episodes.py --model tiny                    # a 4-layer random Llama
-    python tools/bench_episodes.py                                 # SmolLM2-135M-Instruct
-    python tools/bench_episodes.py --turns 4 --reply-tokens 24 --prompts 2 -G 8
+    python tools/lab/bench_episodes.py --model tiny                    # a 4-layer random Llama
+    python tools/lab/bench_episodes.py                                 # SmolLM2-135M-Instruct
+    python tools/lab/bench_episodes.py --turns 4 --reply-tokens 24 --prompts 2 -G 8
 
 The workload: --prompts random prompts x -G episodes each (the first turn's prefill shared, as in
 training), each episode --turns replies of exactly --reply-tokens tokens with a tool turn after
@@ -38,10 +38,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# Passive OpenMP waits: spinning threads on a busy machine measure its load (tools/bench_sampling.py).
+# Passive OpenMP waits: spinning threads on a busy machine measure its load (tools/lab/bench_sampling.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_sampling import load  # noqa: E402 (imports no torch)

@@ -33,10 +33,10 @@ Measured (timing side by side in ONE process, repetitions interleaved, medians):
 Responses always have exactly --new-tokens tokens (min_new_tokens = max_new_tokens),
 so both sides process the same number of tokens.
 
-    python tools/bench_ppo.py                        # SmolLM2-135M-shaped Llama, random weights
-    python tools/bench_ppo.py --num-layers 6 --repeats 2   # quick run
-    python tools/bench_ppo.py --model PATH           # a local model directory
-    python tools/bench_ppo.py --skip-memory          # timing only
+    python tools/lab/bench_ppo.py                        # SmolLM2-135M-shaped Llama, random weights
+    python tools/lab/bench_ppo.py --num-layers 6 --repeats 2   # quick run
+    python tools/lab/bench_ppo.py --model PATH           # a local model directory
+    python tools/lab/bench_ppo.py --skip-memory          # timing only
 """
 
 from __future__ import annotations

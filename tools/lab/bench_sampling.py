@@ -6,11 +6,11 @@ every candidate produces the same tokens and does the same work; the tool checks
 --temperature the candidates sample, as training does, and draw different tokens: compare their
 tokens/s, and their response lengths.
 
-    python tools/bench_sampling.py                                  # SmolLM2-135M-Instruct, 16 x 32
-    python tools/bench_sampling.py --model tiny                     # a 4-layer random Llama
-    python tools/bench_sampling.py --page-sizes 256,32,8 --profile  # where the time goes
-    python tools/bench_sampling.py --model tiny --default-cache     # transformers' own cache sizing
-    python tools/bench_sampling.py --prompts 32 --prompt-len 40-40 --new-tokens 24 -N 4 \
+    python tools/lab/bench_sampling.py                                  # SmolLM2-135M-Instruct, 16 x 32
+    python tools/lab/bench_sampling.py --model tiny                     # a 4-layer random Llama
+    python tools/lab/bench_sampling.py --page-sizes 256,32,8 --profile  # where the time goes
+    python tools/lab/bench_sampling.py --model tiny --default-cache     # transformers' own cache sizing
+    python tools/lab/bench_sampling.py --prompts 32 --prompt-len 40-40 --new-tokens 24 -N 4 \
         --temperature 0.7 --page-sizes ""                            # the main job's shape, sampled
 
 Prints per candidate the median seconds of a call, tokens/s and the ratio to generate. With
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 # OMP_WAIT_POLICY yourself to measure otherwise. It must be set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 if TYPE_CHECKING:
     from hydrappo.config import GenerationArgs

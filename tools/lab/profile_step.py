@@ -1,11 +1,11 @@
 """Where the time of one PPO step goes: prefill, decode per token (against the FLOP bound of
 the model on this CPU), the operators inside generation, stop handling, packing, the
-experience pass and the update, for hydrappo's real code path (tools/bench_ppo.py's
+experience pass and the update, for hydrappo's real code path (tools/lab/bench_ppo.py's
 HydraLayout: a PPOTrainer's own generate, make_experience and ppo_update on the cached split),
 and each phase against its FLOP floor (its matmul FLOPs at the measured matmul rate).
 
-    python tools/profile_step.py                                   # the main job's shape
-    python tools/profile_step.py --batch 64 --new-tokens 32 -N 2   # a GRPO shape: 8 prompts x 8 samples
+    python tools/lab/profile_step.py                                   # the main job's shape
+    python tools/lab/profile_step.py --batch 64 --new-tokens 32 -N 2   # a GRPO shape: 8 prompts x 8 samples
 
 Defaults follow examples/sentiment/config.yaml: a SmolLM2-135M-shaped Llama with random
 weights, 32 responses of exactly 24 new tokens, N = 4, 40-token prompts, 4 PPO epochs of

@@ -1,6 +1,6 @@
 """What a distributed PPO run sends through the gradient all-reduce, against the whole model.
 
-    python tools/allreduce_bytes.py examples/sentiment/config.yaml [--model smollm2-135m]
+    python tools/lab/allreduce_bytes.py examples/sentiment/config.yaml [--model smollm2-135m]
 
 Counts on the meta device (the memory planner's exact parameter counts: no memory, no
 download) what hydrappo.train.distributed.ProcessGroup.reduce_gradients sums at every
@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PRESET_OF = {"smollm2-135m-instruct": "smollm2-135m"}
 MIB = 2**20

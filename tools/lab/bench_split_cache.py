@@ -6,7 +6,7 @@ An SFT config is built as `hydrappo sft` builds it; its examples (training and h
 in tokens through the frozen bottom both ways, and the first --timed examples are cached both ways,
 alternating, in fresh caches (medians of --repeats).
 
-    python tools/bench_split_cache.py examples/planning/sft.yaml --threads 2 --timed 96 --repeats 2
+    python tools/lab/bench_split_cache.py examples/planning/sft.yaml --threads 2 --timed 96 --repeats 2
 
 On a shared machine compare the ratios, not the seconds.
 """
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench_shared_prompts import run_arguments, trainer_of  # noqa: E402 (imports no torch)
 

@@ -1,8 +1,8 @@
 """One GRPO iteration (no critic, KL coefficient 0) against one PPO iteration at the same batch,
 time and memory, side by side in one process.
 
-    python tools/bench_critic_free.py                 # SmolLM2-135M-shaped Llama, random weights
-    python tools/bench_critic_free.py --num-layers 6  # a quick run
+    python tools/lab/bench_critic_free.py                 # SmolLM2-135M-shaped Llama, random weights
+    python tools/lab/bench_critic_free.py --num-layers 6  # a quick run
 
 Three trainers share one process and the same work (prompts, responses of exactly --new-tokens
 tokens, PPO epochs and mini-batches); their steps are interleaved and timed per phase (median):
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: validate_memory
 
 from validate_memory import _current_peak, _reset_peak  # noqa: E402 (imports no torch)
 

@@ -1,8 +1,8 @@
 """Every function (and method) longer than a limit, longest first: where a module still holds a
 function to split where its meaning splits (tests/test_layers.py holds hydrappo/ to 120 lines).
 
-    python tools/long_functions.py                  # hydrappo/, over 120 lines
-    python tools/long_functions.py --limit 80 tools
+    python tools/lab/long_functions.py                  # hydrappo/, over 120 lines
+    python tools/lab/long_functions.py --limit 80 tools
 
 Lengths are the function's lines as ruff formats them, from `def` to its last line (decorators
 excluded, its docstring and nested functions included)."""
@@ -14,7 +14,7 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def long_functions(folder: Path, limit: int) -> list[tuple[int, str, str]]:
