@@ -1,6 +1,6 @@
 """The `hydrappo` command: the table of sub-commands, the dispatch and the mapping of errors to
 exit codes. Each command's arguments are parsed beside the code it drives (train/command.py,
-storage/export_command.py, planner/command.py; generate and compare here, for evaluate.py).
+train/layer_sweep.py, storage/export_command.py, planner/command.py; generate and compare here, for evaluate.py).
 Nothing imports this module (the layering test checks it); `python -m hydrappo` and the
 `hydrappo` script start here.
 
@@ -9,8 +9,9 @@ Nothing imports this module (the layering test checks it); `python -m hydrappo` 
     hydrappo sft CONFIG.yaml [--resume [PATH]] [--option value ...]        supervised fine-tuning
     hydrappo generate CHECKPOINT [--prompts FILE]                          base vs trained, scored
     hydrappo compare A B ... [--prompts FILE]                              several models, scored
-    hydrappo export CHECKPOINT --out DIR | export trlx ... | export gguf ...
+    hydrappo export CHECKPOINT --out DIR|FILE.gguf | export trlx ... | export from-gguf ...
     hydrappo memory MODEL | --largest | --validate                        the GPU memory planner
+    hydrappo sweep-layers CONFIG.yaml [--layers A:B] [--steps K] [--window W] one layer at a time, ranked
 
 An error hydrappo raises on purpose (hydrappo.errors.HydrappoError) is printed as its
 message alone, with exit code 2 for a usage error and 1 for a failure while running; an
@@ -170,7 +171,7 @@ def _show(columns, args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------- export, memory
+# ---------------------------------------------------------------------------- export, memory, sweep-layers
 # Each lives beside the code it drives; imported when it runs, so that `hydrappo --help` is quick.
 
 
@@ -186,6 +187,12 @@ def memory_command(argv: list[str]) -> int:
     return run_memory(argv)
 
 
+def sweep_layers_command(argv: list[str]) -> int:
+    from .train.layer_sweep import sweep_layers_command as run_sweep
+
+    return run_sweep(argv)
+
+
 # ---------------------------------------------------------------------------- the command table
 
 COMMANDS = {
@@ -194,9 +201,13 @@ COMMANDS = {
     "compare": (compare_command, "several models on the same prompts, scored side by side"),
     "export": (
         export_command,
-        "checkpoint -> transformers model dir; `export trlx` / `export gguf` convert into hydrappo",
+        "checkpoint -> transformers model dir or .gguf file; `export trlx` / `export from-gguf` convert into hydrappo",
     ),
     "memory": (memory_command, "plan GPU memory per component, hydrappo vs the classic four models"),
+    "sweep-layers": (
+        sweep_layers_command,
+        "train each layer alone for a few RL steps, rank them by held-out gain, propose a band",
+    ),
 }
 
 

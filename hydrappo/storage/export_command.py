@@ -1,12 +1,16 @@
-"""`hydrappo export`: the command line of the three conversions storage/ does, beside them.
+"""`hydrappo export`: the command line of the conversions storage/ does, beside them.
 
-    hydrappo export CHECKPOINT --out DIR       a checkpoint's policy -> a transformers model (export.py)
-    hydrappo export trlx SOURCE --out CKPT     a trlX hydra checkpoint -> a hydrappo checkpoint (trlx.py)
-    hydrappo export gguf SOURCE --out DIR      a GGUF model -> a safetensors model directory (models.py)
+    hydrappo export CHECKPOINT --out DIR         a checkpoint's policy -> a transformers model (export.py)
+    hydrappo export CHECKPOINT --out FILE.gguf   a checkpoint's policy (or a transformers folder) -> one GGUF
+                                                 file for llama.cpp and Ollama, --gguf-type f16|q8_0|f32 (gguf_export.py)
+    hydrappo export trlx SOURCE --out CKPT       a trlX hydra checkpoint -> a hydrappo checkpoint (trlx.py)
+    hydrappo export from-gguf SOURCE --out DIR   a GGUF file -> a safetensors model folder (models.py);
+                                                 `export gguf` is the same command, by its older name
 
 Each conversion has its own parser and its own runner; `export_command` picks them by the first
-argument (no sub-command name: a checkpoint export). Every output path is claimed before anything
-is written (rundir.claim_output_path: never over an input, never over a run without --overwrite).
+argument (no sub-command name: a checkpoint export, to a folder or, for an --out ending in .gguf, to
+one GGUF file). Every output path is claimed before anything is written (rundir.claim_output_path:
+never over an input, never over a run or an existing file without --overwrite).
 """
 
 from __future__ import annotations
@@ -17,14 +21,19 @@ import os
 from pathlib import Path
 
 from .. import usercode
+from .gguf_export import GGUF_TYPES
 
 CONVERSIONS = ("checkpoint", "trlx", "gguf")
+ALIASES = {"from-gguf": "gguf"}  # the reading direction, by a name that says it
+FILE_SUFFIXES = (".gguf", ".safetensors", ".bin")  # an --out of the reading direction that names a file
 
 EXPORT_EPILOG = (
     "examples:\n  hydrappo export outputs/run/checkpoint-100 --out models/policy\n"
     "  hydrappo export outputs/run --out models/policy --value-head models/value_head.safetensors\n"
-    "  hydrappo export CKPT --out DIR --base-model path/to/base --max-shard-size 2GB --dtype bfloat16\n\n"
-    "other conversions: hydrappo export trlx --help, hydrappo export gguf --help"
+    "  hydrappo export CKPT --out DIR --base-model path/to/base --max-shard-size 2GB --dtype bfloat16\n"
+    "  hydrappo export outputs/run --out policy.gguf --gguf-type q8_0    one GGUF file for llama.cpp / Ollama\n"
+    "  hydrappo export models/policy --out policy.gguf                  a transformers folder -> GGUF\n\n"
+    "other conversions: hydrappo export trlx --help, hydrappo export from-gguf --help (GGUF file -> safetensors)"
 )
 TRLX_EPILOG = (
     "examples:\n  hydrappo export trlx trlx_ckpt/ --out converted/checkpoint-0 --write-base converted/base\n"
@@ -55,13 +64,25 @@ def checkpoint_parser(prog: str) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
-            "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone."
+            "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone, or, when --out ends in "
+            ".gguf, as one GGUF file that llama.cpp and Ollama run (Llama-style and Gemma 3 models; LoRA merged)."
         ),
     )
     parser.add_argument(
-        "checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)"
+        "checkpoint",
+        help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest); with a .gguf --out, "
+        "also a transformers model folder",
     )
-    parser.add_argument("--out", required=True, help="output model directory (must be empty or new)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="output model directory (must be empty or new), or a FILE.gguf: one GGUF file for llama.cpp and Ollama",
+    )
+    parser.add_argument(
+        "--gguf-type",
+        choices=GGUF_TYPES,
+        help="with a .gguf --out: the type of the 2-D weights (default f16; q8_0 is 8-bit blocks; norms stay f32)",
+    )
     parser.add_argument(
         "--base-model", help="base model location, overriding the checkpoint's config.yaml (if it moved)"
     )
@@ -102,14 +123,16 @@ def gguf_parser(prog: str) -> argparse.ArgumentParser:
 
     parser = usercode.CommandParser(
         prog=prog,
-        description="Dequantise a GGUF model to a float32 safetensors model directory (model + tokenizer).",
+        description="GGUF file -> safetensors folder: dequantise a GGUF model to a float32 safetensors model "
+        "directory (model + tokenizer) that transformers and hydrappo load. For the other direction (a "
+        "checkpoint or a transformers folder -> a .gguf file) run `hydrappo export CHECKPOINT --out model.gguf`.",
     )
     parser.add_argument(
         "source",
         help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file",
     )
     parser.add_argument("--gguf-file", default=None, help="GGUF file inside the source directory")
-    parser.add_argument("--out", required=True, help="output model directory (created)")
+    parser.add_argument("--out", required=True, help="output safetensors model directory (created), not a file")
     return parser
 
 
@@ -131,16 +154,32 @@ def export_parser(conversion: str, prog: str) -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------- the runners
 
 
+def _is_gguf_out(out: str) -> bool:
+    return Path(out).suffix.lower() == ".gguf"
+
+
 def export_checkpoint_command(args: argparse.Namespace) -> None:
     from ..config import is_device_name
     from .checkpoint import find_checkpoint
     from .export import ExportError, export_checkpoint, parse_shard_size
     from .rundir import claim_output_path
 
-    checkpoint = find_checkpoint(args.checkpoint, for_resume=False)  # a damaged one is refused here
-    parse_shard_size(args.max_shard_size)
     if not is_device_name(args.device) or args.device == "auto":
         raise ExportError(f"--device={args.device!r} is not a device; use cpu, cuda or cuda:N.")
+    if _is_gguf_out(args.out):
+        export_gguf_file_command(args)
+        return
+    if args.gguf_type is not None:
+        raise ExportError(
+            f"--gguf-type {args.gguf_type} applies to a GGUF file: give an --out ending in .gguf, or leave it out."
+        )
+    if Path(args.checkpoint).suffix.lower() == ".gguf":
+        raise ExportError(
+            f"{args.checkpoint!r} is a GGUF file, not a checkpoint: `hydrappo export from-gguf {args.checkpoint} "
+            "--out DIR` converts it to a safetensors folder."
+        )
+    checkpoint = find_checkpoint(args.checkpoint, for_resume=False)  # a damaged one is refused here
+    parse_shard_size(args.max_shard_size)
     inputs = {"the checkpoint": checkpoint, "--base-model": args.base_model, "--tokenizer": args.tokenizer}
     claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
     for option, path in (("--value-head", args.value_head), ("--reward-branch", args.reward_branch)):
@@ -157,6 +196,34 @@ def export_checkpoint_command(args: argparse.Namespace) -> None:
         device=args.device,
     )
     print(f"wrote the trained policy of {checkpoint} to {out}")
+    if args.value_head:
+        print(f"wrote the value head to {args.value_head}")
+
+
+def export_gguf_file_command(args: argparse.Namespace) -> None:
+    """`hydrappo export SOURCE --out FILE.gguf`: a checkpoint's policy or a transformers folder as one GGUF file."""
+    from .export import ExportError
+    from .gguf_export import export_gguf
+
+    if args.dtype is not None:
+        raise ExportError("--dtype does not apply to a .gguf --out: --gguf-type f16|q8_0|f32 sets the weights' type.")
+    result = export_gguf(
+        args.checkpoint,
+        args.out,
+        args.gguf_type or "f16",
+        overwrite=args.overwrite,
+        base_model=args.base_model,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        value_head=args.value_head,
+        reward_branch=args.reward_branch,
+    )
+    size = result.path.stat().st_size / 2**20
+    print(
+        f"wrote {result.path} ({result.gguf_type}, GGUF arch {result.arch}, {result.tensors} tensors, {size:.1f} MiB)"
+        f" from {args.checkpoint}\n  llama.cpp: llama-cli -m {result.path} -p 'Hello'\n"
+        f"  Ollama: a Modelfile with `FROM {result.path}`, then `ollama create NAME -f Modelfile`"
+    )
     if args.value_head:
         print(f"wrote the value head to {args.value_head}")
 
@@ -187,12 +254,31 @@ def export_trlx_command(args: argparse.Namespace) -> None:
 
 
 def export_gguf_command(args: argparse.Namespace) -> None:
+    """`hydrappo export from-gguf SOURCE --out DIR`: GGUF file -> safetensors folder."""
+    from .checkpoint import is_checkpoint_folder, latest_checkpoint
     from .models import ModelLoadError, gguf_to_safetensors, resolve_model_source
     from .rundir import claim_output_path
 
+    writing = "to write a GGUF file, run `hydrappo export CHECKPOINT --out model.gguf`"
+    if Path(args.out).suffix.lower() in FILE_SUFFIXES:
+        raise ModelLoadError(
+            f"--out {args.out}: `hydrappo export from-gguf` reads a GGUF file and writes a safetensors model folder, "
+            f"so --out names a folder, not a {Path(args.out).suffix} file. For the other direction, {writing} "
+            "(a checkpoint or a transformers folder -> one .gguf file)."
+        )
+    source = Path(args.source).expanduser()
+    if source.is_dir() and (is_checkpoint_folder(source) or latest_checkpoint(source) is not None):
+        raise ModelLoadError(
+            f"{args.source!r} is a hydrappo checkpoint, not a GGUF file: `hydrappo export from-gguf` converts a GGUF "
+            f"file to a safetensors folder. To write this checkpoint as GGUF, run `hydrappo export {args.source} "
+            f"--out model.gguf`; as a transformers folder, `hydrappo export {args.source} --out DIR`."
+        )
     directory, gguf_file = resolve_model_source(args.source, args.gguf_file)
     if gguf_file is None:
-        raise ModelLoadError(f"{args.source!r} is a model directory without a .gguf file: nothing to convert.")
+        raise ModelLoadError(
+            f"{args.source!r} is a model directory without a .gguf file: nothing to convert from GGUF. To write it "
+            f"as GGUF, run `hydrappo export {args.source} --out model.gguf`."
+        )
     claim_output_path(
         args.out, overwrite=args.overwrite, option="--out", inputs={"the GGUF source": directory / gguf_file}
     )
@@ -215,11 +301,12 @@ RUNNERS = {"checkpoint": export_checkpoint_command, "trlx": export_trlx_command,
 
 
 def export_command(argv: list[str]) -> int:
-    """`hydrappo export [trlx | gguf] ...`."""
+    """`hydrappo export [trlx | from-gguf] ...` (`gguf` is from-gguf's older name)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    conversion = argv[0] if argv and argv[0] in CONVERSIONS else "checkpoint"
-    argv = argv[1:] if argv and argv[0] == conversion else argv
-    prog = "hydrappo export" if conversion == "checkpoint" else f"hydrappo export {conversion}"
+    named = argv[0] if argv and (argv[0] in CONVERSIONS or argv[0] in ALIASES) else None
+    conversion = ALIASES.get(named, named) or "checkpoint"
+    argv = argv[1:] if named else argv
+    prog = "hydrappo export" if named is None else f"hydrappo export {named}"
     args = export_parser(conversion, prog).parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     _fetch_hub_options(args)

@@ -162,16 +162,23 @@ def _tokenizer_json(folder: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def check_tokenizer(folder: Path) -> dict:
+    """The folder's tokenizer.json, or GGUFExportError when GGUF export cannot write its kind."""
+    data = _tokenizer_json(folder)
+    kind = data.get("model", {}).get("type")
+    if kind != "BPE":
+        raise GGUFExportError(
+            f"the tokenizer in {str(folder)!r} is a {kind!r} model; GGUF export writes BPE tokenizers "
+            "(byte-level like SmolLM2's, or SentencePiece-style like Gemma's)."
+        )
+    return data
+
+
 def _add_tokenizer(writer, folder: Path, vocab_size: int) -> None:
     import gguf
 
-    data = _tokenizer_json(folder)
-    model = data.get("model", {})
-    if model.get("type") != "BPE":
-        raise GGUFExportError(
-            f"the tokenizer is a {model.get('type')!r} model; GGUF export writes BPE tokenizers "
-            "(byte-level like SmolLM2's, or SentencePiece-style like Gemma's)."
-        )
+    data = check_tokenizer(folder)
+    model = data["model"]
     added = {item["id"]: item for item in data.get("added_tokens", [])}
     vocab = dict(model["vocab"])
     vocab.update({item["content"]: i for i, item in added.items()})
@@ -207,6 +214,19 @@ def _add_tokenizer(writer, folder: Path, vocab_size: int) -> None:
 # ---------------------------------------------------------------------------- the file
 
 
+def gguf_arch(config) -> str:
+    """The GGUF architecture a transformers config is written as, or GGUFExportError naming the families that are."""
+    arch = SUPPORTED.get(config.model_type)
+    if arch is None:
+        raise GGUFExportError(
+            f"GGUF export writes the Llama-style (model_type {', '.join(repr(t) for t in SUPPORTED if 'gemma' not in t)})"
+            f" and Gemma 3 (model_type 'gemma3_text', 'gemma3') families; this model is {config.model_type!r}. "
+            "Export it to a folder (`hydrappo export CHECKPOINT --out DIR`) and convert that with llama.cpp's "
+            "convert_hf_to_gguf.py."
+        )
+    return arch
+
+
 def check_gguf_out(path: str | os.PathLike, gguf_type: str) -> Path:
     path = Path(path).expanduser()
     if path.suffix.lower() != ".gguf":
@@ -216,14 +236,20 @@ def check_gguf_out(path: str | os.PathLike, gguf_type: str) -> Path:
     return path
 
 
-def write_gguf(folder: str | os.PathLike, out: str | os.PathLike, gguf_type: str = "f16") -> GGUFExport:
-    """Write the transformers model folder `folder` as the GGUF file `out` (f16, q8_0 or f32).
-    The file appears at `out` only when complete (written beside it, then renamed)."""
+def write_gguf(
+    folder: str | os.PathLike, out: str | os.PathLike, gguf_type: str = "f16", name: str | None = None
+) -> GGUFExport:
+    """Write the transformers model folder `folder` as the GGUF file `out` (f16, q8_0 or f32); `name`
+    (default: the folder's) is the file's general.name. The file appears at `out` only when complete: it
+    is written to a hidden sibling (storage/atomic.py's temporary name, removed on failure, and by the next
+    writer if this process is killed) and renamed."""
     import gguf
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    out = check_gguf_out(out, gguf_type)
+    from .atomic import remove_orphaned_temporaries, temporary_prefix
+
+    out = check_gguf_out(out, gguf_type).absolute()
     folder = Path(folder).expanduser()
     if not (folder / "config.json").is_file():
         raise GGUFExportError(
@@ -231,36 +257,152 @@ def write_gguf(folder: str | os.PathLike, out: str | os.PathLike, gguf_type: str
             "write one with `hydrappo export CKPT --out DIR` first, or give a checkpoint."
         )
     config = AutoConfig.from_pretrained(folder)
-    arch = SUPPORTED.get(config.model_type)
-    if arch is None:
-        raise GGUFExportError(
-            f"model_type {config.model_type!r} is not written to GGUF here (Llama-style and Gemma 3 are); "
-            "use llama.cpp's convert_hf_to_gguf.py for it."
-        )
+    arch = gguf_arch(config)
     if config.model_type == "gemma3":  # a multimodal folder: the text model is what GGUF `gemma3` holds
         config = config.text_config
     _check_rope(config)
-    _tokenizer_json(folder)
+    check_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
-    writer_path = out.with_name(out.name + ".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_temporaries(out.parent)
+    writer_path = out.with_name(temporary_prefix(out.name) + "file")
     writer = gguf.GGUFWriter(writer_path, arch)
-    writer.add_name(folder.name)
+    writer.add_name(name or folder.name)
     writer.add_file_type(file_type.get(gguf_type, gguf.LlamaFileType.MOSTLY_Q8_0))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _add_hparams(writer, config, arch)
     _add_tokenizer(writer, folder, config.vocab_size)
     count = 0
-    for name, array in _weights(model, config, arch):
+    for tensor_name, array in _weights(model, config, arch):
         data, raw = _encode(array, _tensor_type(array, gguf_type))
-        writer.add_tensor(name, data, raw_dtype=raw)
+        writer.add_tensor(tensor_name, data, raw_dtype=raw)
         count += 1
     del model
     try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+        os.replace(writer_path, out)
     finally:
-        writer.close()
-    os.replace(writer_path, out)
+        writer_path.unlink(missing_ok=True)
     return GGUFExport(out, arch, gguf_type, count)
+
+
+# ---------------------------------------------------------------------------- a checkpoint or a folder -> .gguf
+
+
+def gguf_source(source: str | os.PathLike) -> tuple[str, Path]:
+    """("folder", path) for a transformers model folder, ("checkpoint", folder) for a hydrappo checkpoint or
+    a run's output_dir (its newest checkpoint: a run's folder that also holds a model, as the SFT stage writes
+    it, counts as a run)."""
+    from .checkpoint import find_checkpoint, is_checkpoint_folder, latest_checkpoint
+
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        raise GGUFExportError(
+            f"{str(path)!r} is already a GGUF file. `hydrappo export from-gguf {path} --out DIR` converts it to a "
+            "safetensors folder; `hydrappo export` writes GGUF from a checkpoint or a transformers folder."
+        )
+    if (
+        path.is_dir()
+        and (path / "config.json").is_file()
+        and not is_checkpoint_folder(path)
+        and latest_checkpoint(path) is None
+    ):
+        return "folder", path
+    return "checkpoint", find_checkpoint(path, for_resume=False)
+
+
+def _checkpoint_base(checkpoint: Path, base_model: str | None, tokenizer: str | None):
+    """(the base model's config, the tokenizer's local folder or None) of a checkpoint, read without building
+    the model; (None, None) when they cannot be found here: the export itself then says why."""
+    from ..config import Config
+    from .checkpoint import load_checkpoint_config
+    from .export import _resolve_location
+    from .models import resolve_model_source, source_config
+
+    try:
+        model = load_checkpoint_config(checkpoint, Config).model
+        name = base_model or _resolve_location(model.name_or_path, checkpoint, "the base model")
+        directory, gguf_file = resolve_model_source(name, None if base_model else model.gguf_file, option=None)
+        config = source_config(directory, gguf_file)
+    except (UsageError, OSError, ValueError):
+        return None, None
+    words = tokenizer or model.tokenizer_name_or_path
+    folder = Path(words).expanduser() if words else (directory if gguf_file is None else None)
+    return config, folder if folder is not None and (folder / "tokenizer.json").is_file() else None
+
+
+def export_gguf(
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    gguf_type: str = "f16",
+    *,
+    overwrite: bool = False,
+    base_model: str | None = None,
+    tokenizer: str | None = None,
+    device: str = "cpu",
+    value_head: str | os.PathLike | None = None,
+    reward_branch: str | os.PathLike | None = None,
+) -> GGUFExport:
+    """A checkpoint's trained policy (LoRA merged), or a transformers model folder, as the one GGUF file `out`.
+
+    What can be checked cheaply is checked before anything is written: the type, the model family and the
+    tokenizer, and `out` by the rule of every export (storage/rundir.claim_output_path: an existing file is
+    refused without `overwrite`, moved to a sibling NAME.previous-<time> with it, never deleted). A
+    checkpoint is exported (storage/export.py) into a hidden temporary folder beside `out`, which goes
+    when the file is written; `value_head` and `reward_branch` are that export's."""
+    import shutil
+    import tempfile
+
+    from .atomic import remove_orphaned_temporaries, temporary_prefix
+    from .rundir import claim_output_path
+
+    out = check_gguf_out(out, gguf_type)
+    kind, path = gguf_source(source)
+    if kind == "folder":
+        from transformers import AutoConfig
+
+        if base_model or tokenizer or value_head or reward_branch:
+            raise GGUFExportError(
+                f"{str(path)!r} is a transformers model folder: --base-model, --tokenizer, --value-head and "
+                "--reward-branch belong to a checkpoint's export; leave them out."
+            )
+        gguf_arch(AutoConfig.from_pretrained(path))
+        check_tokenizer(path)
+        config = None
+    else:
+        config, tokenizer_folder = _checkpoint_base(path, base_model, tokenizer)
+        if config is not None:
+            gguf_arch(config)
+        if tokenizer_folder is not None:
+            check_tokenizer(tokenizer_folder)
+    inputs = {"the checkpoint" if kind == "checkpoint" else "the model folder": path, "--base-model": base_model}
+    inputs["--tokenizer"] = tokenizer
+    out = claim_output_path(out, overwrite=overwrite, option="--out", folder=False, inputs=inputs)
+    for option, extra in (("--value-head", value_head), ("--reward-branch", reward_branch)):
+        claim_output_path(extra, overwrite=overwrite, option=option, folder=False, inputs=inputs)
+    if kind == "folder":
+        return write_gguf(path, out, gguf_type)
+    from .export import export_checkpoint
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_temporaries(out.parent)
+    work = Path(tempfile.mkdtemp(prefix=temporary_prefix(out.name), dir=out.parent))
+    try:
+        folder = export_checkpoint(
+            path,
+            work / "model",
+            base_model=base_model,
+            tokenizer=tokenizer,
+            value_head=value_head,
+            reward_branch=reward_branch,
+            device=device,
+        )
+        return write_gguf(folder, out, gguf_type, name=out.stem)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -114,3 +114,163 @@ def test_refuses_bad_input(tmp_path):
         write_gguf(tmp_path, tmp_path / "model.gguf")
     with pytest.raises(GGUFExportError, match="q8_0"):
         write_gguf(tmp_path, tmp_path / "model.gguf", "q4")
+
+
+# ---------------------------------------------------------------------------- hydrappo export CKPT --out x.gguf
+
+
+def tiny_checkpoint(tmp_path, family="llama", lora=False):
+    """A hydrappo checkpoint on a tiny float32 base (the folder above, byte-level BPE): the top 2 layers and the
+    value head moved off their initial weights, as training would; with `lora`, LoRA adapters instead."""
+    import yaml
+    from peft import LoraConfig
+
+    from hydrappo import HydraModel
+    from hydrappo.config import Config
+    from hydrappo.storage.checkpoint import save_checkpoint, trainable_state_dict
+
+    tiny_folder(family, tmp_path / "base")
+    config = Config()
+    config.model.name_or_path, config.model.dtype, config.model.num_layers_unfrozen = (
+        str(tmp_path / "base"),
+        "float32",
+        2,
+    )
+    adapters = None
+    if lora:
+        config.lora.lora_r, config.lora.lora_alpha, config.lora.lora_target_modules = 4, 8, ["q_proj", "v_proj"]
+        adapters = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32).eval()
+    hydra = HydraModel(base, 2, lora=adapters)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in hydra.trainable_parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    checkpoint = save_checkpoint(
+        tmp_path / "run",
+        1,
+        weights=trainable_state_dict(hydra),
+        training_state={},
+        trainer_state={},
+        config_yaml=yaml.safe_dump(config.to_dict()),
+    )
+    return hydra, checkpoint
+
+
+def export_cli(argv, capsys):
+    from hydrappo.cli import main
+
+    capsys.readouterr()  # what the test's own writes printed (transformers' progress bars)
+    code = main(["export", *map(str, argv)])
+    said = capsys.readouterr()
+    return code, said.out, said.err
+
+
+def greedy(model, ids, new_tokens=8):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_cli_writes_a_checkpoints_policy_as_gguf(lora, tmp_path, capsys):
+    hydra, checkpoint = tiny_checkpoint(tmp_path, lora=lora)
+    code, out, err = export_cli([tmp_path / "run", "--out", tmp_path / "policy.gguf"], capsys)
+    assert code == 0, err
+    assert "policy.gguf (f16, GGUF arch llama" in out and "llama-cli -m" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "policy.gguf", "run"]  # no temporary left
+    read = read_back(tmp_path, "policy.gguf", "llama")
+    ids = byte_bpe()(TEXTS[1], return_tensors="pt").input_ids
+    with torch.no_grad():
+        policy = hydra.forward_hydra(ids, return_logits=True).logits
+        assert not torch.allclose(policy, hydra.forward_hydra(ids, return_logits=True).ref_logits, atol=1e-3)
+        # the f16 bound of test_gguf_round_trip: the trained policy, not the base model, is what was written
+        assert (read(ids).logits - policy).abs().max() < 1e-2
+    from hydrappo.storage.export import policy_model
+
+    assert torch.equal(greedy(read, ids), greedy(policy_model(hydra), ids))
+
+
+def test_a_transformers_folder_is_a_source_too(tmp_path, capsys):
+    model, tokenizer = tiny_folder("gemma3", tmp_path / "model")
+    code, out, err = export_cli([tmp_path / "model", "--out", tmp_path / "m.gguf", "--gguf-type", "f32"], capsys)
+    assert code == 0, err
+    ids = tokenizer(TEXTS[0], return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(read_back(tmp_path, "m.gguf", "gemma3")(ids).logits, model(ids).logits)
+
+
+def test_an_existing_gguf_is_kept_without_overwrite(tmp_path, capsys):
+    tiny_folder("llama", tmp_path / "model")
+    (tmp_path / "m.gguf").write_text("an earlier export\n")
+    code, _, err = export_cli([tmp_path / "model", "--out", tmp_path / "m.gguf"], capsys)
+    assert code == 2 and "already exists" in err and "--overwrite_output_dir" in err and "Traceback" not in err
+    assert (tmp_path / "m.gguf").read_text() == "an earlier export\n"
+    code, _, err = export_cli([tmp_path / "model", "--out", tmp_path / "m.gguf", "--overwrite"], capsys)
+    assert code == 0, err
+    (moved,) = tmp_path.glob("m.gguf.previous-*")
+    assert moved.read_text() == "an earlier export\n" and (tmp_path / "m.gguf").read_bytes()[:4] == b"GGUF"
+
+
+def test_an_unsupported_family_is_one_line_before_anything_is_written(tmp_path, capsys):
+    from transformers import Qwen2Config
+
+    hydra, checkpoint = tiny_checkpoint(tmp_path)
+    config = Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    config.num_attention_heads = 4
+    config.save_pretrained(tmp_path / "base")  # the checkpoint's base model is now a Qwen2
+    for source in (tmp_path / "run", tmp_path / "base"):
+        code, _, err = export_cli([source, "--out", tmp_path / "q.gguf"], capsys)
+        assert code == 2 and "'qwen2'" in err and "Llama-style" in err and "Gemma 3" in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not list(tmp_path.glob("*q.gguf*"))
+
+
+def test_a_tokenizer_gguf_cannot_hold_is_refused_before_the_export(tmp_path, capsys):
+    from runs import TINY
+
+    model_dir = tmp_path / "model"
+    tiny_folder("llama", model_dir)
+    (model_dir / "tokenizer.json").write_bytes((TINY / "model" / "tokenizer.json").read_bytes())  # word-level
+    code, _, err = export_cli([model_dir, "--out", tmp_path / "m.gguf"], capsys)
+    assert code == 2 and "'WordLevel' model" in err and "BPE" in err
+    assert not list(tmp_path.glob("*m.gguf*"))
+
+
+def test_the_options_that_do_not_apply_are_named(tmp_path, capsys):
+    tiny_folder("llama", tmp_path / "model")
+    cases = [
+        ([tmp_path / "model", "--out", tmp_path / "dir", "--gguf-type", "q8_0"], "applies to a GGUF file"),
+        ([tmp_path / "model", "--out", tmp_path / "m.gguf", "--dtype", "float16"], "--gguf-type f16|q8_0|f32"),
+        ([tmp_path / "model", "--out", tmp_path / "m.gguf", "--gguf-type", "q4"], "invalid choice: 'q4'"),
+        ([tmp_path / "x.gguf", "--out", tmp_path / "dir"], "export from-gguf"),
+    ]
+    for argv, words in cases:
+        code, _, err = export_cli(argv, capsys)
+        assert code == 2 and words in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+# ---------------------------------------------------------------------------- hydrappo export from-gguf: the other way
+
+
+def test_the_reading_direction_says_which_way_it_goes(tmp_path, capsys):
+    hydra, checkpoint = tiny_checkpoint(tmp_path)
+    write_gguf(tmp_path / "base", tmp_path / "base.gguf", "f32")
+    for name in ("from-gguf", "gguf"):
+        for out in ("model.gguf", "model.safetensors", "pytorch_model.bin"):
+            code, _, err = export_cli([name, tmp_path / "base.gguf", "--out", tmp_path / out], capsys)
+            assert code == 2 and "names a folder" in err and "hydrappo export CHECKPOINT --out model.gguf" in err
+        for source in (tmp_path / "run", checkpoint):
+            code, _, err = export_cli([name, source, "--out", tmp_path / "out"], capsys)
+            assert code == 2 and "is a hydrappo checkpoint, not a GGUF file" in err
+            assert f"hydrappo export {source} --out model.gguf" in err
+        code, _, err = export_cli([name, tmp_path / "base", "--out", tmp_path / "out"], capsys)
+        assert code == 2 and f"hydrappo export {tmp_path / 'base'} --out model.gguf" in err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("model.*")) and not list(tmp_path.glob("*.bin"))
+    from hydrappo.cli import main
+
+    for name in ("from-gguf", "gguf"):
+        assert main(["export", name, "--help"]) == 0
+        assert "GGUF file -> safetensors folder" in capsys.readouterr().out
+    code, _, err = export_cli(["from-gguf", tmp_path / "base.gguf", "--out", tmp_path / "out"], capsys)
+    assert code == 0 and (tmp_path / "out" / "config.json").is_file(), err
