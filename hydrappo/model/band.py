@@ -182,3 +182,22 @@ def _resolve_num_unfrozen(requested, num_layers: int) -> int:
             "decoder layers), 0 to train only the heads, or -1 to train the whole model."
         )
     return requested
+
+
+def band_as_fractions(start: int, end: int, num_layers: int) -> str:
+    """Layers start:end of a model of `num_layers` as the fractions of the depth that resolve back to
+    them (`resolve_band`), with the fewest decimals (two at least): 13:17 of 30 -> "0.43:0.57", 8:10
+    of 18 -> "0.44:0.56"; a band that ends at the top -> "0.9:" (a bare 1 would read as a layer index)."""
+    if not 1 <= start < end <= num_layers:
+        raise ValueError(f"{start}:{end} is no band of {num_layers} layers (1 <= start < end <= {num_layers}).")
+
+    def fraction(layer: int, decimals: int) -> str:
+        return f"{layer / num_layers:.{decimals}f}".rstrip("0")  # "0.50" -> "0.5"; "0.00" -> "0." (refused below)
+
+    for decimals in range(2, 12):
+        first, last = fraction(start, decimals), ("" if end == num_layers else fraction(end, decimals))
+        if first.endswith(".") or last.endswith("."):
+            continue  # too few decimals to tell the layer from 0
+        if resolve_band(parse_band(f"{first}:{last}"), num_layers) == (start, end):
+            return f"{first}:{last}"
+    raise ValueError(f"{start}:{end} of {num_layers} layers has no fraction that resolves back to it.")

@@ -9,7 +9,14 @@ import torch
 from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config
 
 from hydrappo import HydraModel
-from hydrappo.model.band import band_problem, describe_band, parse_band, resolve_band, trainable_range
+from hydrappo.model.band import (
+    band_as_fractions,
+    band_problem,
+    describe_band,
+    parse_band,
+    resolve_band,
+    trainable_range,
+)
 
 from tiny import FAMILIES, FLOAT64_ATOL, LAYERS, VOCAB, left_padded_batch, tiny64, tiny_model
 
@@ -280,3 +287,26 @@ def test_the_recorded_split_is_the_input_of_the_bands_first_layer():
     finally:
         handle.remove()
     assert torch.equal(hydra.split_hidden_states(ids, mask), seen["input"])
+
+
+@pytest.mark.parametrize(
+    "start, end, layers, expected",
+    [
+        (13, 17, 30, "0.43:0.57"),  # the arithmetic band on SmolLM2-135M
+        (8, 10, 18, "0.44:0.56"),  # Gemma 3 270M's middle
+        (2, 4, 4, "0.5:"),  # to the top: an open end (a bare 1 would read as a layer index)
+        (1, 2, 300, "0.003:0.007"),  # two decimals cannot tell layer 1 from 0 here
+    ],
+)
+def test_a_band_as_fractions_resolves_back_to_its_layers(start, end, layers, expected):
+    assert band_as_fractions(start, end, layers) == expected
+    assert resolve_band(parse_band(expected), layers) == (start, end)
+
+
+def test_every_band_has_fractions_that_resolve_back_to_it():
+    for layers in (4, 18, 30, 100):
+        for start in range(1, layers):
+            for end in range(start + 1, min(layers, start + 5) + 1):
+                assert resolve_band(parse_band(band_as_fractions(start, end, layers)), layers) == (start, end)
+    with pytest.raises(ValueError, match="no band"):
+        band_as_fractions(0, 2, 30)
