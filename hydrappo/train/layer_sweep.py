@@ -291,7 +291,7 @@ def ranking_text(results: SweepResults, metric: str, window: int | None) -> str:
             lines.append(f"no {window} consecutive layers are done yet: no band to propose.")
         else:
             lines.append(
-                f"proposed band, the best {window} consecutive layers (summed gain per step {summed:+.5f}): "
+                f"proposed band, the best {_count(window, 'consecutive layer')} (summed gain per step {summed:+.5f}): "
                 f"{describe_band(start, end, total)}"
             )
             lines.append(f'  model.trainable_layers: "{band_as_fractions(start, end, total)}"   (or "{start}:{end}")')
