@@ -104,8 +104,11 @@ def test_the_sweep_ranks_first_the_one_layer_that_can_move_the_output_and_resume
     assert ranking[2].split()[:2] == ["1", str(LIVE)]
     assert "proposed band, the best 2 consecutive layers" in out and "2:4 (0.5: of 4 layers)" in out
 
-    # Done: read again with another window, at no cost (nothing loads, nothing trains).
-    out, _ = sweep(toy, capsys, "--layers", "1:4", "--output_dir", folder, "--window", "1")
+    # Done: read again with another window, at no cost (nothing loads, nothing trains), and compared with
+    # another sweep: ranks 1.5 3 1.5 against 1 3 2, rho = 1.5 / sqrt(1.5 * 2) = 0.866
+    other = write_results(tmp_path / "other" / RESULTS, {1: 0.1, 2: 0.3, 3: 0.2}, seed=1)
+    out, _ = sweep(toy, capsys, "--layers", "1:4", "--output_dir", folder, "--window", "1", "--compare", other)
+    assert "over their 3 common layers (eval/reward_mean): +0.866" in out
     assert "every one of the 3 layers is done already" in out
     assert "step 1/2" not in out and "baseline (step 0)" not in out
     assert "2:3 (0.5:0.75 of 4 layers)" in out and 'model.trainable_layers: "0.5:0.75"' in out
