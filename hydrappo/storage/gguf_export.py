@@ -1,6 +1,9 @@
 """A transformers model folder -> ONE .gguf file that llama.cpp (and Ollama) load: f32, f16 or q8_0.
 
-The folder is what `hydrappo export CKPT` writes (a run's policy, LoRA merged). The file is written with
+The folder is what `hydrappo export CKPT` writes (a run's policy, LoRA merged): `export_gguf`, behind
+`hydrappo export CKPT --out x.gguf` and tools/export_gguf.py, writes it into a hidden temporary folder beside
+the file and then the file (`write_gguf`), after checking what it can before writing anything (the type, the
+family, the tokenizer, an existing --out). The file is written with
 the `gguf` package (gguf-py, llama.cpp's own writer); the metadata keys, the tensor names and the two
 layout changes follow llama.cpp's convert_hf_to_gguf.py for the families the project trains:
 

@@ -1,8 +1,14 @@
 """A tiny Llama and a tiny Gemma 3 written to GGUF and read back with transformers' GGUF reader: the same
 logits (f32 exactly; f16 within half-precision rounding), the same token ids, and q8_0 weights within
-q8_0's blockwise rounding."""
+q8_0's blockwise rounding. Then the commands: `hydrappo export CHECKPOINT --out x.gguf` on a tiny checkpoint
+(full and LoRA) gives the trained policy's logits and greedy tokens, a folder is a source too, what cannot be
+written is refused before anything is, an existing file is kept; `hydrappo export from-gguf` (the other way)
+names the command for this one; tools/export_gguf.py is the same export, and tools/check_gguf_llama_cpp.py
+agrees with transformers where llama-cpp-python is installed (skipped where it is not)."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
@@ -274,3 +280,50 @@ def test_the_reading_direction_says_which_way_it_goes(tmp_path, capsys):
         assert "GGUF file -> safetensors folder" in capsys.readouterr().out
     code, _, err = export_cli(["from-gguf", tmp_path / "base.gguf", "--out", tmp_path / "out"], capsys)
     assert code == 0 and (tmp_path / "out" / "config.json").is_file(), err
+
+
+# ---------------------------------------------------------------------------- tools/export_gguf.py, tools/check_gguf_llama_cpp.py
+
+
+def tool(name):
+    import importlib.util
+
+    from runs import ROOT
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tool_script_is_the_same_export(tmp_path, capsys):
+    from hydrappo.storage.gguf_export import GGUF_TYPES
+
+    export_gguf = tool("export_gguf")
+    assert export_gguf.GGUF_TYPES == GGUF_TYPES
+    hydra, checkpoint = tiny_checkpoint(tmp_path)
+    assert export_gguf.main([str(tmp_path / "run"), "--out", str(tmp_path / "p.gguf"), "--gguf-type", "f32"]) == 0
+    ids = byte_bpe()(TEXTS[2], return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = read_back(tmp_path, "p.gguf", "llama")(ids).logits
+        assert (logits - hydra.forward_hydra(ids, return_logits=True).logits).abs().max() < 1e-5
+    capsys.readouterr()
+    assert export_gguf.main([str(tmp_path / "run"), "--out", str(tmp_path / "p.gguf")]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_the_llama_cpp_check_says_how_to_install_its_bindings(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+    assert tool("check_gguf_llama_cpp").main(["--gguf", "x.gguf", "--model", str(tmp_path)]) == 2
+    assert "pip install llama-cpp-python" in capsys.readouterr().err
+
+
+def test_llama_cpp_runs_the_file_as_transformers_does(tmp_path, capsys):
+    """Where llama-cpp-python is installed: a tiny f32 file's greedy tokens in llama.cpp are transformers'."""
+    pytest.importorskip("llama_cpp")
+    tiny_folder("llama", tmp_path / "model")
+    write_gguf(tmp_path / "model", tmp_path / "m.gguf", "f32")
+    check = tool("check_gguf_llama_cpp")
+    argv = ["--gguf", str(tmp_path / "m.gguf"), "--model", str(tmp_path / "model"), "--new-tokens", "8"]
+    assert check.main([*argv, "--min-agree", "8"]) == 0, capsys.readouterr().out
+    assert "fewest tokens agreeing before a mismatch: 8/8 on 4 prompts" in capsys.readouterr().out
