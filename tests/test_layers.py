@@ -37,6 +37,7 @@ LAYERS = {  # module prefix -> rank; a module may import only modules of its ran
     "hydrappo.tasks": 3,  # a reasoning-gym task: prompts (prompts.py) and a reward source (rewards/)
     "hydrappo.train": 4,
     "hydrappo.evaluate": 4,
+    "hydrappo.study": 4,  # the examples' studies: trains through the command line, measures with train/'s pieces
     "hydrappo.cli": 5,
     "hydrappo.__main__": 5,
     "hydrappo": 5,  # the package's __init__: the public API, importing the trainers lazily

@@ -16,7 +16,7 @@ from hydrappo.config import ConfigError, parse_config
 from hydrappo.rewards.reasoning_gym import TaskReward
 from hydrappo.tasks import ReasoningGymTask
 
-from runs import ROOT, TINY
+from runs import TINY
 
 # chain_sum with 2 or 3 one-digit terms has few distinct questions: held-out items must skip repeats.
 SMALL = {"min_terms": 2, "max_terms": 3, "max_digits": 1}
@@ -284,12 +284,11 @@ def test_generate_and_compare_answer_the_task_s_held_out_items_scored_by_its_ver
     assert [row["response"] for row in trained] == responses[0]
     with pytest.raises(ConfigError, match="--prompts FILE: no checkpoint among the models names a task"):
         compare([str(TINY / "model")], None)  # refused before the model loads
-    # tools/rl_study.py measure on a task run: the same held-out items, scored by the verifier, with the KL.
-    sys.path.insert(0, str(ROOT / "tools"))
-    import rl_study
+    # python -m hydrappo.study measure on a task run: the same held-out items, scored by the verifier, with the KL.
+    from hydrappo.study.measure import measure_main
 
     measured = tmp_path / "measured.jsonl"
-    assert rl_study.measure_main([str(tmp_path / "run"), "--seeds", "1", "2", "--output", str(measured)]) == 0
+    assert measure_main([str(tmp_path / "run"), "--seeds", "1", "2", "--output", str(measured)]) == 0
     rows = [json.loads(line) for line in measured.read_text().splitlines()]
     assert [row["seed"] for row in rows] == [1, 2] and all(row["prompts"] == 4 for row in rows)
     assert all(0.0 <= row["solved"] <= row["reward"] <= 1.0 and row["kl"] == row["kl"] for row in rows)

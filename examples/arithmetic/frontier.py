@@ -5,7 +5,7 @@
 
 One `hydrappo train examples/arithmetic/config.yaml --init_kl_coef V` per value (the commands are printed; a
 finished run is reused, a cut-off one resumed), each measured on held-out prompts with
-tools/rl_study.py (reward, KL in nats per response, EOS and degenerate shares, distinct-2),
+hydrappo.study (reward, KL in nats per response, EOS and degenerate shares, distinct-2),
 and the untrained model as the origin. Writes frontier.png, frontier.md and frontier.json to
 --output_dir. A point further up at the same KL is a better trade; one end number hides that.
 """
@@ -13,10 +13,9 @@ and the untrained model as the origin. Writes frontier.png, frontier.md and fron
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
+from hydrappo.study.sweeps import frontier_main
 
-import rl_study  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 DEFAULTS = {
     "config": HERE / "config.yaml",
@@ -29,4 +28,4 @@ DEFAULTS = {
 }
 
 if __name__ == "__main__":
-    sys.exit(rl_study.frontier_main(DEFAULTS, __doc__))
+    sys.exit(frontier_main(DEFAULTS, __doc__))

@@ -5,7 +5,7 @@
 
 Each variant is `hydrappo train examples/arithmetic/config.yaml` with the options of VARIANTS
 (printed as it starts; a finished run in its folder is reused, a cut-off one resumed). Its
-checkpoint is then measured on the 100 held-out questions (tools/rl_study.py): accuracy, KL to
+checkpoint is then measured on the 100 held-out questions (hydrappo.study): accuracy, KL to
 the reference (nats per answer), the share of answers that end with EOS inside the 32-token
 limit, the share with a looping tail, and a few answers to read. The table and the JSON go to
 `--output_dir` (levers.md, levers.json).
@@ -18,10 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
+from hydrappo.study.measure import heldout
+from hydrappo.study.sweeps import Variant, markdown_table, read_metrics, run_variant, summarise_metrics
 
-import rl_study  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 ACCURACY = ["--reward_fn", "reward.py:accuracy", "--reward_weights", "1.0"]  # the earlier recipe: no format term
 K3 = ["--init_kl_coef", "0.02", "--kl_penalty", "loss", "--kl_estimator", "k3"]  # GRPO's KL in the loss
@@ -70,21 +70,19 @@ def main(argv=None) -> int:
             {
                 "name": "untrained",
                 "steps": 0,
-                **rl_study.heldout(
-                    None, Path(args.eval_prompts), reward_fn, base_config=Path(args.config), limit=args.limit
-                ),
+                **heldout(None, Path(args.eval_prompts), reward_fn, base_config=Path(args.config), limit=args.limit),
             }
         )
     for name in args.variants:
-        variant = rl_study.Variant(name, Path(args.config), VARIANTS[name])
+        variant = Variant(name, Path(args.config), VARIANTS[name])
         run_dir = out / name.replace("+", "_")
-        run = rl_study.run_variant(variant, run_dir, args.steps)
-        row = {"name": name, **run, **rl_study.summarise_metrics(rl_study.read_metrics(run_dir), last=5)}
-        row.update(rl_study.heldout(run_dir, Path(args.eval_prompts), reward_fn, limit=args.limit))
+        run = run_variant(variant, run_dir, args.steps)
+        row = {"name": name, **run, **summarise_metrics(read_metrics(run_dir), last=5)}
+        row.update(heldout(run_dir, Path(args.eval_prompts), reward_fn, limit=args.limit))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "samples"}), flush=True)
         (out / "levers.json").write_text(json.dumps(rows, indent=1))
-    table = rl_study.markdown_table(rows, COLUMNS)
+    table = markdown_table(rows, COLUMNS)
     answers = "\n".join(
         f"- {row['name']}: " + " / ".join(f"`{s['response']!r}`" for s in row["samples"][:3]) for row in rows
     )

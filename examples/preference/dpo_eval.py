@@ -3,7 +3,7 @@
     python examples/preference/dpo_eval.py outputs/preference/dpo      # a `hydrappo dpo` run folder
 
 The run's own hydra is rebuilt from its latest checkpoint (the trained layers as the policy, their
-frozen copy as the reference), then measured as the reward-then-PPO route is (tools/rl_study.py,
+frozen copy as the reference), then measured as the reward-then-PPO route is (hydrappo.study,
 with ppo.yaml's sampling settings: temperature 0.7, 32 tokens, seed 1234): gold VADER of one
 answer per prompt, KL to the start in nats per answer, distinct-2, and the share of answers that
 open with the most common four words. The base model is measured the same way (KL 0).
@@ -18,9 +18,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
-
-import rl_study  # noqa: E402
 
 
 def same_opening_share(texts: list[str], words: int = 4) -> tuple[float, str]:
@@ -31,11 +28,12 @@ def same_opening_share(texts: list[str], words: int = 4) -> tuple[float, str]:
 
 
 def measure(run_dir: Path | None, prompts: Path, reward_fn: str) -> dict:
-    """rl_study's held-out measures of a DPO run's latest checkpoint (or, None, of the base model)."""
+    """hydrappo.study's held-out measures of a DPO run's latest checkpoint (or, None, of the base model)."""
     from hydrappo.config import DPOConfig, parse_config
     from hydrappo.storage.checkpoint import find_checkpoint, load_checkpoint_config, load_trainable_weights
     from hydrappo.storage.checkpoint import seed_everything
     from hydrappo.storage.models import build_hydra
+    from hydrappo.study.measure import measure_heldout
 
     ppo = parse_config(HERE / "ppo.yaml", [], check=False)  # its sampling and prompt settings only
     if run_dir is None:
@@ -48,7 +46,7 @@ def measure(run_dir: Path | None, prompts: Path, reward_fn: str) -> dict:
     hydra, tokenizer = build_hydra(config.model, config.lora, value_head=False)
     if checkpoint is not None:
         load_trainable_weights(hydra, checkpoint)
-    result = rl_study.measure_heldout(hydra, tokenizer, ppo, prompts, reward_fn, samples=1000)
+    result = measure_heldout(hydra, tokenizer, ppo, prompts, reward_fn, samples=1000)
     texts = [sample["response"] for sample in result.pop("samples")]
     result["same_opening_share"], result["same_opening"] = same_opening_share(texts)
     result["texts"] = texts

@@ -3,7 +3,7 @@
     python examples/sentiment/study.py                       # N = 1, 2, 4, 8, LoRA r=16 on all layers, full
     python examples/sentiment/study.py --steps 20 --variants N=1 N=4
 
-One `hydrappo train examples/sentiment/config.yaml` per setting (options in tools/rl_study.py
+One `hydrappo train examples/sentiment/config.yaml` per setting (options in hydrappo/study/sweeps.py
 STUDY_VARIANTS; the commands are printed), measured on the held-out prompts; each row also
 has the median step time and the peak resident memory of the run on this machine, and the
 memory planner's peak for the same setting on a 7-8B model (and whether it fits 24 GB).
@@ -14,10 +14,9 @@ between rows measured on the same, otherwise idle, machine.
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
+from hydrappo.study.sweeps import study_main
 
-import rl_study  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 DEFAULTS = {
     "config": HERE / "config.yaml",
@@ -27,4 +26,4 @@ DEFAULTS = {
 }
 
 if __name__ == "__main__":
-    sys.exit(rl_study.study_main(DEFAULTS, __doc__))
+    sys.exit(study_main(DEFAULTS, __doc__))

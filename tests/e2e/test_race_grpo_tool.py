@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from hydrappo.study import sweeps
+
 from runs import ROOT
 from tiny import tiny_model, tiny_tokenizer
 
@@ -110,7 +113,7 @@ def test_a_side_s_result_is_kept_and_a_result_of_other_steps_is_refused(tmp_path
     folder.mkdir(parents=True)
     kept = result("hydrappo", 0, [1.0, 2.0, 3.0], [10, 10, 10], 100.0, 0.5, 1.0)
     (folder / "result.json").write_text(json.dumps(kept))
-    monkeypatch.setattr(race_grpo, "run_variant", lambda *unused: pytest.fail("a kept side was trained again"))
+    monkeypatch.setattr(sweeps, "run_variant", lambda *unused: pytest.fail("a kept side was trained again"))
     assert race_grpo.run_side(args, "hydrappo", 0) == kept
     args.steps = 5
     with pytest.raises(RuntimeError, match="holds 3 steps measured on --eval-limit None held-out questions every"):
@@ -152,9 +155,9 @@ def test_a_run_cut_off_while_measured_keeps_its_peak_memory_when_measured_again(
             {"command": "train", "seconds": None, "peak_rss_mib": None},
         ]
     )
-    monkeypatch.setattr(race_grpo, "run_variant", lambda *unused: next(runs))
+    monkeypatch.setattr(sweeps, "run_variant", lambda *unused: next(runs))
     row = {"step": 1, "time/rollout": 1.0, "time/update": 2.0, "tokens/responses_len_mean": 10.0}
-    monkeypatch.setattr(race_grpo, "read_metrics", lambda folder: [row])
+    monkeypatch.setattr(sweeps, "read_metrics", lambda folder: [row])
 
     def cut_off(*unused):
         raise RuntimeError("stopped while measuring")

@@ -2,7 +2,7 @@
 
 Each side trains the same number of sampled batches on the config's prompts (a prompt table, or a
 reasoning-gym `task:` section's training items) with the config's model, in a child process of its own,
-then its policy is measured on the config's held-out prompts by the same code (tools/rl_study.py). Per side
+then its policy is measured on the config's held-out prompts by the same code (hydrappo.study). Per side
 and learning rate: seconds per step (a sampled batch) and per sampled token, the child's peak RSS, held-out
 score and KL to the base model. The default config is examples/arithmetic (SmolLM2-135M-Instruct, float32
 on the CPU); examples/reasoning/config.yaml (chain_sum from an SFT model) races the same way.
@@ -55,7 +55,7 @@ Measured: a step's seconds (TRL: from its on_step_begin to its on_step_end callb
 summed over the optimizer steps of a sampled batch; hydrappo: time/rollout + time/update of metrics.jsonl);
 sampled tokens per step (TRL's completions/mean_length, logged once a generation, hydrappo's
 tokens/responses_len_mean, times the batch's answers); the child's peak RSS (its rusage); after every
---curve-every steps and the last, tools/rl_study.py's held-out measurement of the policy: one answer per
+--curve-every steps and the last, hydrappo.study's held-out measurement of the policy: one answer per
 held-out prompt sampled at the config's temperature (seed 1234), scored by the config's first reward
 function (arithmetic: reward.py:accuracy) on data.eval_prompts, or with a task by its verifiers on its
 held-out items ("solved": the share given full marks), and KL to the untrained model on those answers
@@ -95,10 +95,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rl_study
 
 from race_trl import ROOT, TRL_VERSION, configure, parse_checked, sides_problem  # noqa: E402
-from rl_study import Variant, read_metrics, run_logged, run_variant  # noqa: E402
 
 CONFIG = ROOT / "examples" / "arithmetic" / "config.yaml"
 SIDES = ("trl-full", "trl-lora", "hydrappo", "hydrappo-top4")
@@ -624,16 +622,16 @@ def trl_policy_hydra(model_dir: Path, options: list[str] | None = None, config_p
 
 def heldout_inputs(config_path: Path | str, options: list[str]) -> tuple[Path | None, str | None]:
     """(held-out prompts file, its reward function) of the config; (None, None) for a task's held-out items,
-    scored by its verifiers (tools/rl_study.py's measure_heldout)."""
+    scored by its verifiers (hydrappo.study.measure.measure_heldout)."""
     settings = example_settings(config_path, tuple(options))
     prompts = settings["eval_prompts"]
     return (Path(prompts) if prompts else None), settings["heldout_reward"]
 
 
 def evaluate(side: str, folder: Path, limit: int | None, step: int | None = None) -> dict:
-    """tools/rl_study.py's held-out measurement of a side's policy after `step` (None: the last), on the
+    """hydrappo.study's held-out measurement of a side's policy after `step` (None: the last), on the
     held-out prompts of the config the run ran (its race-config.json)."""
-    from rl_study import heldout, measure_heldout
+    from hydrappo.study.measure import heldout, measure_heldout
 
     ran = json.loads((folder / RACE_CONFIG).read_text())
     prompts, reward = heldout_inputs(ran["config"], ran["options"])
@@ -648,7 +646,7 @@ def evaluate(side: str, folder: Path, limit: int | None, step: int | None = None
 def base_point(args) -> dict:
     """The untrained model (the config's) held out: every side's curve starts there (kept in
     OUTPUT_DIR/base.json)."""
-    from rl_study import heldout
+    from hydrappo.study.measure import heldout
 
     kept = args.output_dir / "base.json"
     point = json.loads(kept.read_text()) if kept.exists() else {}
@@ -698,6 +696,8 @@ def run_folder(args, side: str, seed: int, rate: float | None = None) -> Path:
 def run_side(args, side: str, seed: int, rate: float | None = None) -> dict:
     """Train and measure one side at one rate (None: its first) with one seed, unless
     OUTPUT_DIR/SIDE-lrRATE/seed-N/result.json holds it."""
+    from hydrappo.study.sweeps import Variant, read_metrics, run_logged, run_variant
+
     rate = rates(args, side)[0] if rate is None else rate
     folder = run_folder(args, side, seed, rate)
     done = folder / "result.json"

@@ -1,4 +1,4 @@
-"""The study scripts' shared module (tools/rl_study.py) at the tiny example's size: a frontier of
+"""The study scripts' shared modules (hydrappo/study/) at the tiny example's size: a frontier of
 one KL coefficient and a one-row top-N study run, measure and plot; the arithmetic format term."""
 
 import json
@@ -10,12 +10,12 @@ import pytest
 from hydrappo.config import parse_config
 from runs import ROOT, TINY
 
-sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
 
 pytest.importorskip("matplotlib")
 
-import rl_study  # noqa: E402
+from hydrappo.study import sweeps  # noqa: E402
+from hydrappo.study.measure import distinct_n, heldout, measure_main  # noqa: E402
 from reward import accuracy, format_ok, format_reward  # noqa: E402
 
 
@@ -32,7 +32,7 @@ DEFAULTS = {
 @pytest.mark.slow
 def test_frontier_and_study_run_measure_and_plot(tmp_path):
     args = ["--steps", "2", "--limit", "8", "--output_dir", str(tmp_path / "frontier")]
-    assert rl_study.frontier_main(DEFAULTS, "frontier", args) == 0
+    assert sweeps.frontier_main(DEFAULTS, "frontier", args) == 0
     written = json.loads((tmp_path / "frontier" / "frontier.json").read_text())
     assert written["base"]["kl"] == 0.0  # the untrained policy is the reference
     assert [p["value"] for p in written["points"]] == [0.3]
@@ -42,14 +42,14 @@ def test_frontier_and_study_run_measure_and_plot(tmp_path):
 
     args = ["--steps", "1", "--limit", "4", "--variants", "N=1", "--output_dir", str(tmp_path / "study")]
     args += ["--extra", "--eval_prompts", str(TINY / "prompts.jsonl")]  # a held-out curve for the report
-    assert rl_study.study_main(DEFAULTS, "study", args) == 0
+    assert sweeps.study_main(DEFAULTS, "study", args) == 0
     rows = json.loads((tmp_path / "study" / "study.json").read_text())
     assert [r["name"] for r in rows] == ["N=1"] and rows[0]["steps"] == 1
     assert (tmp_path / "study" / "study.md").read_text().count("\n") == 3
     trained = rows[0]["peak_rss_mib"]
 
     # Run again on the finished folder: only measured, and what its training recorded is kept.
-    assert rl_study.study_main(DEFAULTS, "study", args) == 0
+    assert sweeps.study_main(DEFAULTS, "study", args) == 0
     again = json.loads((tmp_path / "study" / "study.json").read_text())
     assert len(again) == 1 and again[0]["peak_rss_mib"] == trained > 0
 
@@ -57,36 +57,33 @@ def test_frontier_and_study_run_measure_and_plot(tmp_path):
     # from the run's own checkpoint: the tiny config's.
     table = tmp_path / "report.md"
     report = [str(table), str(tmp_path / "report.png"), str(tmp_path / "study"), "--curve", "eval/reward_mean"]
-    assert rl_study.report_main(report) == 0
+    assert sweeps.report_main(report) == 0
     tiny = parse_config(TINY / "config.yaml", [])
     decoding = "greedy" if tiny.train.eval_greedy else "sampled"
-    rate = rl_study.learning_rate_text(tiny.ppo.learning_rate, tiny.ppo.lr_scheduler)
+    rate = sweeps.learning_rate_text(tiny.ppo.learning_rate, tiny.ppo.lr_scheduler)
     assert f"| N=1 | {rate} | {decoding} |" in table.read_text()
     written = table.read_text()
     with pytest.raises(SystemExit, match="no run in .* logged eval/missing"):
-        rl_study.report_main([str(table), str(tmp_path / "r.png"), str(tmp_path / "study"), "--curve", "eval/missing"])
+        sweeps.report_main([str(table), str(tmp_path / "r.png"), str(tmp_path / "study"), "--curve", "eval/missing"])
     assert table.read_text() == written  # the refused report left the earlier table as it was
 
     # The run's checkpoint measured at two sampling seeds: two draws, resumed from the file.
     measured = tmp_path / "measured.jsonl"
     measure = [str(tmp_path / "study" / "N1"), "--prompts", str(TINY / "prompts.jsonl"), "--limit", "4"]
     measure += ["--reward_fn", DEFAULTS["reward_fn"], "--seeds", "1", "2", "--output", str(measured)]
-    assert rl_study.measure_main(measure) == 0
+    assert measure_main(measure) == 0
     lines = measured.read_text().splitlines()
     draws = [json.loads(line) for line in lines]
     assert [d["seed"] for d in draws] == [1, 2] and all(d["prompts"] == 4 and d["kl"] > 0 for d in draws)
-    assert rl_study.measure_main(measure) == 0
+    assert measure_main(measure) == 0
     assert measured.read_text().splitlines() == lines  # nothing measured twice
-    one_seed = rl_study.heldout(
-        tmp_path / "study" / "N1", TINY / "prompts.jsonl", DEFAULTS["reward_fn"], limit=4, seed=2
-    )
+    one_seed = heldout(tmp_path / "study" / "N1", TINY / "prompts.jsonl", DEFAULTS["reward_fn"], limit=4, seed=2)
     assert one_seed["reward"] == draws[1]["reward"] and one_seed["kl"] == draws[1]["kl"]  # what the study measures
 
 
 def test_planner_column_follows_the_setting():
     one, full, lora = (
-        rl_study.planner_figure(rl_study.STUDY_VARIANTS[name])
-        for name in ("N=1", "full (N=-1)", "LoRA r=16, all layers")
+        sweeps.planner_figure(sweeps.STUDY_VARIANTS[name]) for name in ("N=1", "full (N=-1)", "LoRA r=16, all layers")
     )
     assert one["planner_peak_gib"] < lora["planner_peak_gib"] < full["planner_peak_gib"]
     assert one["planner_fits"] and not full["planner_fits"]  # an 8B model on a 24 GB GPU
@@ -96,14 +93,14 @@ def test_planner_column_follows_the_setting():
 def test_every_study_setting_is_a_valid_config_of_the_examples(example):
     """Each setting's options on top of the example's config pass the config checks (a band in the
     config and LoRA in every layer, say, would be refused at the start of its run)."""
-    for name, options in rl_study.STUDY_VARIANTS.items():
+    for name, options in sweeps.STUDY_VARIANTS.items():
         config = parse_config(ROOT / "examples" / example / "config.yaml", options)
         assert config.model.trainable_layers is None or "--trainable_layers" in options, name
 
 
 def test_distinct_n_by_hand():
-    assert rl_study.distinct_n([[1, 2, 1, 2], [3]]) == 2 / 3  # bigrams (1,2) (2,1) (1,2): 2 distinct of 3
-    assert rl_study.distinct_n([[5]]) == 0.0
+    assert distinct_n([[1, 2, 1, 2], [3]]) == 2 / 3  # bigrams (1,2) (2,1) (1,2): 2 distinct of 3
+    assert distinct_n([[5]]) == 0.0
 
 
 def test_arithmetic_rewards():
@@ -126,15 +123,15 @@ def test_frontier_measures_the_base_with_the_runs_extra_options(tmp_path, monkey
         seen.update(run_dir=run_dir, **kwargs)
         raise Stop
 
-    monkeypatch.setattr(rl_study, "heldout", fake_heldout)
+    monkeypatch.setattr(sweeps, "heldout", fake_heldout)
     args = ["--output_dir", str(tmp_path), "--extra", "--max_new_tokens", "3"]
     with pytest.raises(Stop):
-        rl_study.frontier_main(DEFAULTS, "frontier", args)
+        sweeps.frontier_main(DEFAULTS, "frontier", args)
     assert seen["run_dir"] is None and seen["base_options"] == ["--max_new_tokens", "3"]
 
 
 def test_heldout_base_model_takes_options():
-    base = rl_study.heldout(
+    base = heldout(
         None,
         TINY / "prompts.jsonl",
         f"{TINY / 'reward.py'}:reward_fn",
@@ -146,10 +143,10 @@ def test_heldout_base_model_takes_options():
 
 
 def test_learning_rate_grid_by_kind_of_setting():
-    assert rl_study.learning_rate_grid(["--num_layers_unfrozen", "4"]) == rl_study.LEARNING_RATE_GRIDS["layers"]
-    assert rl_study.learning_rate_grid(["--trainable_layers", "13:17"]) == rl_study.LEARNING_RATE_GRIDS["layers"]
-    assert rl_study.learning_rate_grid(["--lora_r", "16"]) == rl_study.LEARNING_RATE_GRIDS["lora"]
-    assert rl_study.learning_rate_grid(["--num_layers_unfrozen", "-1"]) == rl_study.LEARNING_RATE_GRIDS["full"]
+    assert sweeps.learning_rate_grid(["--num_layers_unfrozen", "4"]) == sweeps.LEARNING_RATE_GRIDS["layers"]
+    assert sweeps.learning_rate_grid(["--trainable_layers", "13:17"]) == sweeps.LEARNING_RATE_GRIDS["layers"]
+    assert sweeps.learning_rate_grid(["--lora_r", "16"]) == sweeps.LEARNING_RATE_GRIDS["lora"]
+    assert sweeps.learning_rate_grid(["--num_layers_unfrozen", "-1"]) == sweeps.LEARNING_RATE_GRIDS["full"]
 
 
 def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_rate(tmp_path, monkeypatch):
@@ -163,7 +160,7 @@ def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_ra
             ppo=SimpleNamespace(learning_rate=rate, lr_scheduler=schedule), train=SimpleNamespace(eval_greedy=False)
         )
 
-    monkeypatch.setattr(rl_study, "checkpoint_config", kept)
+    monkeypatch.setattr(sweeps, "checkpoint_config", kept)
     measured = {"reward": 0.5, "kl": 3.0, "eos_frac": 1.0, "degenerate_frac": 0.0, "peak_rss_mib": 100.0}
     curves = {"a1": [0.3, 0.5, 0.4], "a2": [0.3, 0.6, 0.7], "b": [0.3, 0.2, 0.1]}
     for folder, runs in {
@@ -182,7 +179,7 @@ def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_ra
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "study.json").write_text(json.dumps(rows))
     table, png = tmp_path / "t.md", tmp_path / "t.png"
-    assert rl_study.report_main([str(table), str(png), str(tmp_path / "one"), str(tmp_path / "two")]) == 0
+    assert sweeps.report_main([str(table), str(png), str(tmp_path / "one"), str(tmp_path / "two")]) == 0
     lines = table.read_text().splitlines()
     assert len(lines) == 2 + 3 and "step 20" in lines[0]
     n4 = [line for line in lines if line.startswith("| N=4 |")]
@@ -194,24 +191,24 @@ def test_report_joins_studies_run_in_parts_and_plots_each_setting_at_its_best_ra
     # (--earlier), and the folder's run replaces the earlier row of its setting and rate.
     again = tmp_path / "again.md"
     continued = [str(again), str(tmp_path / "again.png"), str(tmp_path / "two"), "--earlier", str(table)]
-    assert rl_study.report_main(continued) == 0
+    assert sweeps.report_main(continued) == 0
     assert again.read_text() == table.read_text()
     rerun = [{"step": 10 * i, "eval/reward/accuracy": value} for i, value in enumerate([0.3, 0.9])]
     (tmp_path / "a2" / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in rerun))
-    assert rl_study.report_main(continued) == 0
+    assert sweeps.report_main(continued) == 0
     n4 = [line for line in again.read_text().splitlines() if line.startswith("| N=4 | 3e-05")]
     assert len(n4) == 1 and "0.90 (10)" in n4[0]
     with pytest.raises(SystemExit, match="--earlier .*study.json: not a table written by"):
-        rl_study.report_main([str(again), str(png), "--earlier", str(tmp_path / "two" / "study.json")])
+        sweeps.report_main([str(again), str(png), "--earlier", str(tmp_path / "two" / "study.json")])
 
 
 def test_the_committed_study_tables_read_back_as_written():
     """read_report_table() inverts report_table() on the examples' own tables."""
     for example in ("arithmetic", "sentiment"):
         written = (ROOT / "examples" / example / "layers_study.md").read_text()
-        rows = rl_study.read_report_table(written)
+        rows = sweeps.read_report_table(written)
         assert len(rows) >= 5 and all(r["curve"] and r["planner_peak_gib"] > 0 for r in rows)
-        assert rl_study.report_table(rows) == written
+        assert sweeps.report_table(rows) == written
 
 
 def test_a_tie_on_the_curve_goes_to_the_rate_with_the_better_sampled_score():
@@ -221,7 +218,7 @@ def test_a_tie_on_the_curve_goes_to_the_rate_with_the_better_sampled_score():
         {"setting": "band=14:16", "lr": 1e-5, "best": 0.64, "reward": 0.90},  # a lower curve loses whatever it samples
         {"setting": "N=4", "lr": 1e-4, "best": None, "reward": 0.5},  # no held-out curve: no point
     ]
-    best = rl_study.best_run_per_setting(rows)
+    best = sweeps.best_run_per_setting(rows)
     assert list(best) == ["band=14:16"] and best["band=14:16"]["lr"] == 1e-4
 
 
@@ -231,7 +228,7 @@ def test_report_says_which_run_left_no_checkpoint(tmp_path):
     (tmp_path / "study" / "study.json").write_text(json.dumps([{"name": "N=4", "command": command}]))
     (tmp_path / "cut").mkdir()
     with pytest.raises(SystemExit, match="settings from its checkpoint.*cut"):
-        rl_study.report_main([str(tmp_path / "t.md"), str(tmp_path / "t.png"), str(tmp_path / "study")])
+        sweeps.report_main([str(tmp_path / "t.md"), str(tmp_path / "t.png"), str(tmp_path / "study")])
 
 
 def test_report_refuses_a_file_or_a_folder_without_a_study_in_one_line(tmp_path):
@@ -244,7 +241,7 @@ def test_report_refuses_a_file_or_a_folder_without_a_study_in_one_line(tmp_path)
         (tmp_path / "missing", r"missing does not exist"),
     ):
         with pytest.raises(SystemExit, match=words) as refused:
-            rl_study.report_main([str(tmp_path / "new.md"), str(png), str(folder)])
+            sweeps.report_main([str(tmp_path / "new.md"), str(png), str(folder)])
         assert "\n" not in str(refused.value.code)
     assert not (tmp_path / "new.md").exists() and not png.exists()
 
@@ -252,19 +249,19 @@ def test_report_refuses_a_file_or_a_folder_without_a_study_in_one_line(tmp_path)
 def test_measure_refuses_one_seed_and_a_folder_without_a_checkpoint(tmp_path):
     common = ["--prompts", str(TINY / "prompts.jsonl"), "--reward_fn", DEFAULTS["reward_fn"]]
     with pytest.raises(SystemExit, match="at least two different seeds"):
-        rl_study.measure_main([str(tmp_path), *common, "--seeds", "3", "3"])
+        measure_main([str(tmp_path), *common, "--seeds", "3", "3"])
     with pytest.raises(SystemExit, match="measure: .*not a hydrappo checkpoint"):
-        rl_study.measure_main([str(tmp_path), *common])
+        measure_main([str(tmp_path), *common])
     with pytest.raises(SystemExit, match="--prompts .*missing.jsonl: no such file"):
-        rl_study.measure_main([str(tmp_path), "--prompts", str(tmp_path / "missing.jsonl"), *common[2:]])
+        measure_main([str(tmp_path), "--prompts", str(tmp_path / "missing.jsonl"), *common[2:]])
 
 
 def test_learning_rate_text_names_a_schedule_that_is_not_constant():
-    assert rl_study.learning_rate_text(3e-5, "constant") == "3e-05"
-    assert rl_study.learning_rate_text(1e-4, "cosine") == "1e-04 cosine"
+    assert sweeps.learning_rate_text(3e-5, "constant") == "3e-05"
+    assert sweeps.learning_rate_text(1e-4, "cosine") == "1e-04 cosine"
 
 
 def test_option_value_reads_the_last_occurrence():
     command = "train c.yaml --learning_rate 1e-4 --output_dir d --learning_rate 3e-5"
-    assert rl_study.option_value(command, "--learning_rate") == "3e-5"
-    assert rl_study.option_value(command, "--missing", "x") == "x"
+    assert sweeps.option_value(command, "--learning_rate") == "3e-5"
+    assert sweeps.option_value(command, "--missing", "x") == "x"
