@@ -457,7 +457,7 @@ def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
             "layer": layer,
             "band": f"{layer}:{layer + 1}",
             "eval": eval_stats,
-            "train": {k: v for k, v in last.items() if k.startswith(("env/", "objective/", "loss/"))},
+            "train": {k: v for k, v in last.items() if k.startswith(("env/", "objective/", "ppo/loss/", "loss/"))},
             "time_s": {"steps": train_s, "eval": eval_stats["time/eval"]},
         }
         sweep.results.append(row)
