@@ -8,7 +8,7 @@ trunk and for the classic four-model layout, and which GPUs it fits (`hydrappo m
     presets.py      configurations of public models by name
     tokenizer.py    a word-level tokenizer built in code, for random models of any vocabulary
 The validation run that checks the plan against measured training lives in
-tools/validate_memory.py.
+planner/validate.py.
 """
 
 from .counts import count_parameters, load_model_config, unique_bytes

@@ -5,7 +5,7 @@ config.json, or anything `hydrappo train` takes as model.name_or_path (counts.lo
     hydrappo memory MODEL [options]          the plan, component by component
     hydrappo memory MODEL --gpu 24           which settings fit a 24 GiB card
     hydrappo memory --largest                every preset's peak, the largest per GPU size
-    hydrappo memory --validate               tools/validate_memory.py: the plan against measured runs
+    hydrappo memory --validate               planner/validate.py: the plan against measured runs
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 from .. import usercode
 from ..model.quantize import TRUNK_QUANTIZATIONS
@@ -100,7 +98,7 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         "--validate",
         action="store_true",
         help="measure two PPO steps on this CPU (float32) of a 135M and a "
-        "410M model against the plan (minutes; runs tools/validate_memory.py of a source checkout)",
+        "410M model against the plan (minutes; `python -m hydrappo.planner.validate --help` for its options)",
     )
 
 
@@ -154,16 +152,10 @@ def settings_from(args: argparse.Namespace) -> TrainingSettings:
 
 
 def run_validation() -> int:
-    """`--validate`: the validation script of a source checkout, in its own process (it trains)."""
-    script = Path(__file__).resolve().parents[2] / "tools" / "validate_memory.py"
-    if not script.is_file():
-        print(
-            f"{PROG}: --validate runs tools/validate_memory.py of a hydrappo source checkout; this installation "
-            "has none (clone the repository and run it there).",
-            file=sys.stderr,
-        )
-        return 2
-    return subprocess.run([sys.executable, str(script)]).returncode
+    """`--validate`: planner/validate.py with its defaults (each measured run trains in a child process)."""
+    from .validate import main
+
+    return main([])
 
 
 def plan_text(args: argparse.Namespace, settings: TrainingSettings) -> str:

@@ -4,7 +4,7 @@ layout and with the classic four-model layout, and which GPUs it fits.
     hydrappo memory llama-3.1-8b --lora-rank 16
     hydrappo memory path/to/config.json -N 4 --batch-size 32 --response-length 512
     hydrappo memory --largest                  # every preset's peak, the largest per GPU size
-    python tools/validate_memory.py            # planner against measured CPU runs
+    python -m hydrappo.planner.validate        # planner against measured CPU runs
 
 What is counted exactly and what is estimated:
   * parameters (exact): the model is built on the meta device (no memory, no download) and
@@ -40,7 +40,7 @@ gradients, activations of the top layers, log-prob chunks).
 A GPU "fits" when peak x 1.10 + 0.75 GiB (CUDA context, allocator fragmentation) is at
 most its memory. Sizes are GiB, as GPU memory is sold.
 
-Checked against reality with tools/validate_memory.py (`hydrappo memory --validate`): the peak resident memory of two PPO steps of
+Checked against reality with planner/validate.py (`hydrappo memory --validate`): the peak resident memory of two PPO steps of
 hydrappo's trainer on the CPU (float32, N=2, batch 8, 64 + 64 tokens), planned with the CPU's
 log-prob blocks (settings.device) plus the ~155 MiB the process holds once it computes: SmolLM2-135M's
 shape 863 planned / 881 MiB measured, Gemma 3 270M's (vocabulary 262,144)

@@ -8,7 +8,7 @@ a launcher each process holds a slice of the batch, and maybe an FSDP shard of t
 planned, not checked); a reward model (reward.reward_model) counted as a reward branch (the top
 layers' copy), which is smaller than a separate classifier; the peak of eager PyTorch with the
 headroom of `fits` (x FRAGMENTATION). The plan was within 8% of measured runs on the CPU
-(tools/validate_memory.py). HYDRAPPO_MEMORY_CHECK=0 turns the check off, for a run the plan
+(planner/validate.py). HYDRAPPO_MEMORY_CHECK=0 turns the check off, for a run the plan
 misjudges.
 """
 

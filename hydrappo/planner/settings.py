@@ -58,7 +58,7 @@ class TrainingSettings:
     sampler: str = "decode"  # graph: the static KV cache of the graph sampler's bucket is held between samples
     # Where the run computes: the log-prob pass takes a chunk's whole vocabulary in one block on a GPU and
     # blocks of 2048 columns on the CPU (model/logprobs.vocab_block). The planner plans GPUs; the CPU is
-    # what tools/validate_memory.py measures on.
+    # what planner/validate.py measures on.
     device: str = "cuda"
 
     def __post_init__(self):

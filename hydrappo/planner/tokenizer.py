@@ -1,5 +1,5 @@
 """A word-level tokenizer built in code, with no download: what the memory validation
-(tools/validate_memory.py) and the tests run random models of any vocabulary size with."""
+(planner/validate.py) and the tests run random models of any vocabulary size with."""
 
 from __future__ import annotations
 

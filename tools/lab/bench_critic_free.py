@@ -22,10 +22,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: validate_memory
-
-from validate_memory import _current_peak, _reset_peak  # noqa: E402 (imports no torch)
-
 # torch, transformers and hydrappo are imported where they are used, so that --help answers at once.
 MIB = 2**20
 
@@ -101,6 +97,8 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
+    from hydrappo.planner.validate import current_peak, reset_peak  # the peak resident size, reset and read
+
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -136,7 +134,7 @@ def main(argv=None) -> int:
                         _clock[_phase] = time.perf_counter() - start
 
                 setattr(trainer, method, timed)
-            resident = _current_peak() if _reset_peak() else None
+            resident = current_peak() if reset_peak() else None
             import time
 
             start = time.perf_counter()
@@ -147,7 +145,7 @@ def main(argv=None) -> int:
                 for phase in phases:
                     times[name][phase].append(clock[phase])
                 if resident is not None:
-                    peaks[name].append(_current_peak() - resident)
+                    peaks[name].append(current_peak() - resident)
     print(
         f"model {args.model}{f' ({args.num_layers} layers)' if args.num_layers else ''}, N = {args.num_layers_unfrozen}, "
         f"{args.batch} responses ({args.batch // args.group} prompts x G = {args.group} for GRPO) x {args.new_tokens} "

@@ -3,13 +3,15 @@ steps of hydrappo's trainer on this CPU (float32) against the plan, per phase, f
 trunk with AdamW and for an int8 and a 4-bit trunk with 8-bit AdamW (model/quantize.py,
 train/optimizers.py).
 
-    python tools/validate_memory.py              # a SmolLM2-135M-shaped and a ~400M Llama, 3 settings (minutes)
-    python tools/validate_memory.py --variants none/adamw --models smollm2-135m
-    python tools/validate_memory.py --variants none/adamw --models path/to/model.gguf   # any model train takes
-    python tools/validate_memory.py --device cuda   # bf16 on a GPU: torch.cuda.max_memory_allocated
-    hydrappo memory --validate                   # the same, from a source checkout
+    hydrappo memory --validate                   # a SmolLM2-135M-shaped and a ~400M Llama, 3 settings (minutes)
+    python -m hydrappo.planner.validate          # the same, with the options below
+    python -m hydrappo.planner.validate --variants none/adamw --models smollm2-135m
+    python -m hydrappo.planner.validate --variants none/adamw --models path/to/model.gguf   # any model train takes
+    python -m hydrappo.planner.validate --device cuda   # bf16 on a GPU: torch.cuda.max_memory_allocated
 
-Each model and setting is measured in a fresh child process (RSS after imports subtracted).
+Each model and setting is measured in a fresh child process (RSS after imports subtracted), which
+train/measured_memory.py runs: it builds a PPOTrainer, a layer above the planner, so it is never
+imported here.
 The measured peak is that of the two PPO steps: the peak is reset once the hydra is built
 (/proc/self/clear_refs), because a quantized trunk is loaded in full precision first, which
 on a GPU happens on the CPU (storage/models.py build_hydra), and the plan is of training. The
@@ -20,20 +22,29 @@ on a model of ~0.1M parameters (RUNTIME_PROBE), ~155 MiB. Exit code 1 when a pla
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import gc
 import json
+import logging
 import os
+import re
+import resource
+import subprocess
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from hydrappo.planner.settings import TrainingSettings
+import torch
+from transformers import AutoConfig
 
-# torch, transformers and hydrappo are imported where they are used, so that --help answers at once
-# (and bench_critic_free.py imports the peak readers below without them).
+from .counts import load_model_config
+from .plan import format_plan, plan_memory
+from .presets import preset_config
+from .settings import TrainingSettings
+
+# The module run in each measuring child (a name, not an import: it sits a layer above the planner).
+MEASURING_CHILD = "hydrappo.train.measured_memory"
 
 VALIDATION_MODELS = {
     # SmolLM2-135M's shape (preset), and a ~400M Llama.
@@ -74,11 +85,6 @@ RUNTIME_PROBE_CONFIG = dict(
 def validation_config(name: str):
     """The config of a validation model, or of any model `hydrappo memory` takes (a preset, a config.json,
     whatever model.name_or_path takes: planner/counts.load_model_config); measured with random weights."""
-    from transformers import AutoConfig
-
-    from hydrappo.planner.counts import load_model_config
-    from hydrappo.planner.presets import preset_config
-
     if name not in VALIDATION_MODELS and name != RUNTIME_PROBE:
         return load_model_config(name)
     values = RUNTIME_PROBE_CONFIG if name == RUNTIME_PROBE else VALIDATION_MODELS[name]
@@ -98,8 +104,6 @@ VARIANTS = {
 
 def validation_settings(**overrides) -> TrainingSettings:
     """What --validate runs on the CPU: float32, one PPO step of hydrappo's trainer."""
-    from hydrappo.planner.settings import TrainingSettings
-
     values = dict(
         num_layers_unfrozen=2,
         dtype="float32",
@@ -116,7 +120,7 @@ def validation_settings(**overrides) -> TrainingSettings:
     return TrainingSettings(**values)
 
 
-class _Peak:
+class Peak:
     """The peak memory of this process since the last reset: resident memory on the CPU
     (/proc/self/clear_refs, VmHWM), allocated memory on a GPU."""
 
@@ -125,129 +129,24 @@ class _Peak:
 
     def reset(self) -> bool:
         if self.cuda:
-            import torch
-
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             return True
-        _return_freed_memory()
-        return _reset_peak()
+        return_freed_memory()
+        return reset_peak()
 
     def read(self) -> int:
         if self.cuda:
-            import torch
-
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated()
-        return _current_peak()
+        return current_peak()
 
 
-def _peak_rss_bytes() -> int:
-    import resource
-
+def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def validation_reward(samples, prompts, outputs):
-    return [len(o) / 100.0 for o in outputs]
-
-
-def _measure_child(name: str, settings: dict, device: str = "cpu") -> dict:
-    """In a fresh process: peak memory of building the hydra and of two PPO steps (RSS minus the RSS
-    after imports on the CPU; allocated memory on a GPU)."""
-    import tempfile
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from hydrappo.config import Config, DataArgs, GenerationArgs, ModelConfig, PPOArgs, RewardArgs, TrainArgs
-    from hydrappo.model import HydraModel
-    from hydrappo.model.quantize import quantize_frozen_trunk
-    from hydrappo.planner.settings import TrainingSettings
-    from hydrappo.planner.tokenizer import tokenizer_for_vocab
-    from hydrappo.train.ppo import PPOTrainer
-
-    s = TrainingSettings(**settings)
-    cuda = device.startswith("cuda")
-    torch.manual_seed(0)
-    config = validation_config(name)
-    vocab = config.get_text_config().vocab_size
-    tokenizer = tokenizer_for_vocab(vocab)
-    tmp = tempfile.mkdtemp()
-    with open(os.path.join(tmp, "prompts.jsonl"), "w") as handle:
-        generator = torch.Generator().manual_seed(0)
-        for _ in range(s.batch_size):
-            words = torch.randint(4, vocab, (s.prompt_length,), generator=generator)
-            handle.write(json.dumps({"prompt": " ".join(f"w{int(i)}" for i in words)}) + "\n")
-    cfg = Config(
-        model=ModelConfig(num_layers_unfrozen=s.num_layers_unfrozen, dtype=s.dtype),
-        generation=GenerationArgs(
-            max_new_tokens=s.response_length,
-            min_new_tokens=s.response_length,
-            generation_batch_size=s.generation_batch_size,
-        ),
-        ppo=PPOArgs(
-            batch_size=s.batch_size,
-            mini_batch_size=s.mini_batch_size,
-            ppo_epochs=1,
-            gradient_accumulation_steps=s.gradient_accumulation_steps,
-            optimizer=s.optimizer,
-        ),
-        reward=RewardArgs(reward_fn=f"{Path(__file__).resolve()}:validation_reward"),
-        data=DataArgs(prompts=os.path.join(tmp, "prompts.jsonl"), max_prompt_length=s.prompt_length),
-        train=TrainArgs(
-            output_dir=os.path.join(tmp, "out"),
-            device=device,
-            progress_bar=False,
-            mixed_precision="bf16" if cuda and s.torch_dtype == torch.bfloat16 else "no",
-        ),
-    )
-    peak = _Peak(device)
-    baseline = 0 if cuda else _peak_rss_bytes()
-
-    config._attn_implementation = "sdpa"
-    model = AutoModelForCausalLM.from_config(config, dtype=s.torch_dtype).eval()
-    model.config.pad_token_id = tokenizer.pad_token_id
-    hydra = HydraModel(model, s.num_layers_unfrozen, verify=s.trunk_quantization == "none")
-    if s.trunk_quantization != "none":
-        quantize_frozen_trunk(hydra, s.trunk_quantization, device=device)  # quantized onto the device
-    else:
-        hydra.to(device)
-    trainer = PPOTrainer(cfg, hydra=hydra, tokenizer=tokenizer)
-    after_build = peak.read() if cuda else _peak_rss_bytes()
-    if not cuda:
-        _return_freed_memory()  # the full-precision trunk a quantized one was made from
-    resettable = peak.reset()
-    trainer.train_step()
-    # The optimizer state exists from the first step on: the second step is the steady
-    # state. Its phases are measured one by one where the peak can be reset.
-    phases: dict[str, int] = {}
-    if resettable:
-
-        def measured(function, label):
-            def wrapper(*args, **kwargs):
-                peak.reset()
-                try:
-                    return function(*args, **kwargs)
-                finally:
-                    phases[label] = max(phases.get(label, 0), peak.read() - baseline)
-
-            return wrapper
-
-        steps_peak = peak.read() - baseline
-        # The trainer's phases are methods: wrap them on this instance.
-        trainer.ppo_step.generate = measured(trainer.ppo_step.generate, "generate")
-        trainer.ppo_step.experience_pass = measured(trainer.ppo_step.experience_pass, "evaluate")
-        trainer.ppo_step.ppo_update = measured(trainer.ppo_step.ppo_update, "update")
-        trainer.train_step()
-        steps_peak = max(steps_peak, *phases.values())
-    else:
-        trainer.train_step()
-        steps_peak = _peak_rss_bytes() - baseline
-    return {"baseline": baseline, "build": after_build - baseline, "peak": steps_peak, "phases": phases}
-
-
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Hand memory that Python has freed back to the operating system (glibc's malloc_trim), so
     that the resident size counts what training holds: glibc keeps freed blocks resident, e.g. the
     float32 weights a quantized trunk replaced (on SmolLM2-135M with an int8 trunk, 1286 MiB peak
@@ -260,7 +159,7 @@ def _return_freed_memory() -> None:
         pass
 
 
-def _reset_peak() -> bool:
+def reset_peak() -> bool:
     """Reset the process's peak resident size (Linux: /proc/self/clear_refs, value 5)."""
     try:
         with open("/proc/self/clear_refs", "w") as handle:
@@ -270,27 +169,16 @@ def _reset_peak() -> bool:
         return False
 
 
-def _current_peak() -> int:
-    import re
-
+def current_peak() -> int:
     status = Path("/proc/self/status").read_text()
     return int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024
 
 
-def _measure_main() -> None:
-    """Entry point of the measuring child process: JSON in on stdin, JSON out on the last stdout line."""
-    request = json.loads(sys.stdin.read())
-    result = _measure_child(request["name"], request["settings"], request.get("device", "cpu"))
-    print("\n" + json.dumps(result))
-
-
 def measure(name: str, settings: TrainingSettings, timeout: float = 1800, device: str = "cpu") -> dict:
     """Run two measured PPO steps of `name` in a child process; returns bytes."""
-    import subprocess
-
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--measure-child"],
+        [sys.executable, "-m", MEASURING_CHILD],
         input=json.dumps({"name": name, "settings": asdict(settings), "device": device}),
         capture_output=True,
         text=True,
@@ -310,8 +198,6 @@ def validate(
     device: str = "cpu",
 ) -> list[dict]:
     """Planner's hydrappo peak against the measured peak of two PPO steps, per model and variant."""
-    from hydrappo.planner.plan import plan_memory
-
     settings = settings or validation_settings()
     runtime = 0
     if not device.startswith("cuda"):  # the process's own memory, the same for every model: measured once
@@ -349,14 +235,8 @@ def validate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import logging
-
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--measure-child"]:
-        _measure_main()
-        return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hydrappo.planner.validate", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--models",
         nargs="+",
@@ -404,8 +284,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{planned / measured - 1:+7.1%}"
             )
     if args.plans:
-        from hydrappo.planner.plan import format_plan
-
         for row in rows:
             print()
             print(format_plan(row["plan"]).split("\n\nclassic")[0])
