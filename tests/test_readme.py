@@ -1,7 +1,8 @@
 """README.md and docs/ against the tree they describe: the layout block (docs/architecture.md;
 README keeps the floors) names every module of the package and nothing that is gone, every
 relative link of README and docs/ lands on a file and, where it names one, a heading of that
-file, and README stays a README (at most 12,000 characters)."""
+file, README stays a README (at most 12,000 characters), every tools/ script a page names exists,
+docs/tools.md describes each script in tools/ and tools/lab/README.md lists each one in the lab."""
 
 from __future__ import annotations
 
@@ -121,3 +122,23 @@ def test_every_relative_link_resolves(page):
 def test_readme_stays_short():
     length = len(README.read_text())
     assert length <= 12_000, f"README.md has {length} characters (at most 12,000); the manual goes to docs/"
+
+
+TOOL_PATH = re.compile(r"\btools/(?:lab/)?\w+\.py\b")
+PAGES_NAMING_TOOLS = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("*/README.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES_NAMING_TOOLS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_tools_script_a_page_names_exists(page):
+    gone = sorted({path for path in TOOL_PATH.findall(page.read_text()) if not (ROOT / path).is_file()})
+    assert not gone, f"{page.relative_to(ROOT)} names {gone}, which tools/ does not hold (tools/lab/ holds the lab)"
+
+
+def test_docs_tools_describes_every_script_in_tools_and_the_lab_index_every_lab_script():
+    described = set(TOOL_PATH.findall((ROOT / "docs" / "tools.md").read_text()))
+    missing = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tools").glob("*.py"))
+    missing = [path for path in missing if path not in described]
+    assert not missing, f"docs/tools.md does not describe {missing}"
+    index = (ROOT / "tools" / "lab" / "README.md").read_text()
+    unlisted = sorted(p.name for p in (ROOT / "tools" / "lab").glob("*.py") if f"| `{p.name}` |" not in index)
+    assert not unlisted, f"tools/lab/README.md's table does not list {unlisted}"
