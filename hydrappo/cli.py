@@ -9,7 +9,7 @@ Nothing imports this module (the layering test checks it); `python -m hydrappo` 
     hydrappo sft CONFIG.yaml [--resume [PATH]] [--option value ...]        supervised fine-tuning
     hydrappo generate CHECKPOINT [--prompts FILE]                          base vs trained, scored
     hydrappo compare A B ... [--prompts FILE]                              several models, scored
-    hydrappo export CHECKPOINT --out DIR|FILE.gguf | export trlx ... | export from-gguf ...
+    hydrappo export CHECKPOINT --out DIR|FILE.gguf | export trlx|to-trlx|from-gguf ...
     hydrappo memory MODEL | --largest | --validate                        the GPU memory planner
     hydrappo sweep-layers CONFIG.yaml [--layers A:B] [--steps K] [--window W] one layer at a time, ranked
 
@@ -201,7 +201,8 @@ COMMANDS = {
     "compare": (compare_command, "several models on the same prompts, scored side by side"),
     "export": (
         export_command,
-        "checkpoint -> transformers model dir or .gguf file; `export trlx` / `export from-gguf` convert into hydrappo",
+        "checkpoint -> transformers model dir, LoRA adapter or .gguf file; `export trlx` / `export from-gguf` "
+        "convert into hydrappo, `export to-trlx` to trlX",
     ),
     "memory": (memory_command, "plan GPU memory per component, hydrappo vs the classic four models"),
     "sweep-layers": (

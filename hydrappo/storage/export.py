@@ -1,6 +1,6 @@
-"""A hydrappo checkpoint -> a plain transformers model directory.
+"""A hydrappo checkpoint -> a plain transformers model directory, or its LoRA adapter as a peft folder.
 
-    hydrappo export CHECKPOINT --out DIR [--value-head FILE] [--max-shard-size 2GB]
+    hydrappo export CHECKPOINT --out DIR [--value-head FILE] [--max-shard-size 2GB] [--keep-adapter]
 
 A checkpoint (output_dir/checkpoint-<step>, or output_dir for the newest) becomes a model
 directory (config, tokenizer, safetensors weights) holding the trained policy, which loads
@@ -12,8 +12,11 @@ are loaded into it, LoRA adapters are merged, and the policy (`hydra.model`) is 
 exported in full precision: its frozen bottom is re-read from the original weights, so the
 exported model's logits differ from the training policy's by the quantization's drift
 (README, "A quantized trunk"). A trained lm_head that was tied to the input embeddings is exported
-untied (config.tie_word_embeddings = false). The output is written to a temporary sibling
-folder and renamed when complete (storage/atomic.py).
+untied (config.tie_word_embeddings = false). With `keep_adapter` (--keep-adapter) a LoRA run's
+adapter is written as it trained instead, unmerged: a peft adapter folder (adapter_config.json,
+adapter_model.safetensors, the tokenizer) that `PeftModel.from_pretrained(base, folder)` puts on
+the base model. The output is written to a temporary sibling folder and renamed when complete
+(storage/atomic.py).
 """
 
 from __future__ import annotations
@@ -210,6 +213,37 @@ def policy_model(hydra):
     return hydra.model
 
 
+def check_keep_adapter(checkpoint: Path) -> None:
+    """--keep-adapter's refusals, read from the checkpoint's config.yaml before anything is built or written."""
+    lora = load_checkpoint_config(checkpoint, Config).lora
+    if lora.lora_r <= 0:
+        raise ExportError(
+            f"--keep-adapter: {checkpoint} was trained without LoRA (lora.lora_r: 0), so it has no adapter to keep; "
+            "leave out --keep-adapter to export the trained policy as a model."
+        )
+    if lora.lora_init_adapter:
+        raise ExportError(
+            f"--keep-adapter: {checkpoint} trained its adapter on the base with lora.lora_init_adapter "
+            f"{lora.lora_init_adapter!r} merged into it, so the adapter alone does not fit the base model; "
+            "leave out --keep-adapter to export the policy merged."
+        )
+
+
+def save_adapter_dir(hydra, tokenizer, tmp: Path, base_model: str | None, dtype: torch.dtype | None) -> None:
+    """The LoRA adapter as peft writes it (adapter_config.json naming `base_model`, adapter_model.safetensors),
+    in `dtype` when given, and the tokenizer."""
+    peft_model = hydra.peft_model
+    if dtype is not None:
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.data = param.data.to(dtype)
+    for adapter in peft_model.peft_config.values():
+        adapter.base_model_name_or_path = base_model
+    peft_model.save_pretrained(str(tmp), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+
+
 def save_value_head(hydra, path: Path) -> None:
     """The value head alone: keys of hydrappo.heads.ValueHead (mlp.0.weight, ...), float32."""
     from safetensors.torch import save_file
@@ -252,13 +286,17 @@ def export_checkpoint(
     reward_branch: str | os.PathLike | None = None,
     overwrite: bool = False,
     device: str = "cpu",
+    keep_adapter: bool = False,
 ) -> Path:
-    """Write the trained policy of `checkpoint` as a transformers model directory `out`.
+    """Write the trained policy of `checkpoint` as a transformers model directory `out`, or with
+    `keep_adapter` a LoRA run's adapter as a peft adapter folder `out` (for the base model it trained on).
     `dtype` casts the written weights (default: the dtype training used)."""
     out = check_output_dir(out, overwrite)
     value_head = check_output_file(value_head, overwrite)
     reward_branch = check_output_file(reward_branch, overwrite)
     checkpoint = find_checkpoint(checkpoint)
+    if keep_adapter:
+        check_keep_adapter(checkpoint)
     # A quantized trunk is rebuilt from the original weights: the policy is written in full precision.
     hydra, tok, config = load_checkpoint_hydra(
         checkpoint, base_model=base_model, tokenizer=tokenizer, device=device, trunk_quantization="none"
@@ -268,9 +306,9 @@ def export_checkpoint(
             f"--value-head: {checkpoint} was trained with ppo.advantage_estimator="
             f"{config.ppo.advantage_estimator!r}, which has no value head; leave out --value-head."
         )
-    model = policy_model(hydra)
+    model = None if keep_adapter else policy_model(hydra)
     out_dtype = dtype or checkpoint_dtype(checkpoint)
-    if out_dtype is not None and next(model.parameters()).dtype != out_dtype:
+    if model is not None and out_dtype is not None and next(model.parameters()).dtype != out_dtype:
         model.to(out_dtype)
     trainer_state = read_trainer_state(checkpoint)
     info = {
@@ -284,9 +322,14 @@ def export_checkpoint(
         "lora": bool(getattr(hydra, "uses_lora", False)),
         "trained_trunk_quantization": config.model.trunk_quantization,
     }
+    if keep_adapter:
+        info.update(adapter=True, base_model_gguf_file=config.model.gguf_file)
 
     def fill(tmp: Path) -> None:
-        save_pretrained_dir(model, tok, tmp, max_shard_size)
+        if keep_adapter:
+            save_adapter_dir(hydra, tok, tmp, config.model.name_or_path, dtype)
+        else:
+            save_pretrained_dir(model, tok, tmp, max_shard_size)
         (tmp / EXPORT_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
 
     with plain_write_errors(

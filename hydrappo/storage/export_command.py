@@ -1,16 +1,20 @@
 """`hydrappo export`: the command line of the conversions storage/ does, beside them.
 
-    hydrappo export CHECKPOINT --out DIR         a checkpoint's policy -> a transformers model (export.py)
+    hydrappo export CHECKPOINT --out DIR         a checkpoint's policy -> a transformers model (export.py);
+                                                 --keep-adapter: a LoRA run's adapter as a peft adapter folder
     hydrappo export CHECKPOINT --out FILE.gguf   a checkpoint's policy (or a transformers folder) -> one GGUF
                                                  file for llama.cpp and Ollama, --gguf-type f16|q8_0|f32 (gguf_export.py)
     hydrappo export trlx SOURCE --out CKPT       a trlX hydra checkpoint -> a hydrappo checkpoint (trlx.py)
+    hydrappo export to-trlx CHECKPOINT --out DIR a hydrappo checkpoint -> a trlX hydra checkpoint (trlx.py)
     hydrappo export from-gguf SOURCE --out DIR   a GGUF file -> a safetensors model folder (models.py);
                                                  `export gguf` is the same command, by its older name
 
 Each conversion has its own parser and its own runner; `export_command` picks them by the first
 argument (no sub-command name: a checkpoint export, to a folder or, for an --out ending in .gguf, to
-one GGUF file). Every output path is claimed before anything is written (rundir.claim_output_path:
-never over an input, never over a run or an existing file without --overwrite).
+one GGUF file); `run_export` runs one of parsed arguments, for this command and for the tools/ scripts
+that are these conversions (tools/export_checkpoint.py, convert_trlx.py, gguf_to_safetensors.py). Every
+output path is claimed before anything is written (rundir.claim_output_path: never over an input, never
+over a run or an existing file without --overwrite).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 from .. import usercode
 from .gguf_export import GGUF_TYPES
 
-CONVERSIONS = ("checkpoint", "trlx", "gguf")
+CONVERSIONS = ("checkpoint", "trlx", "to-trlx", "gguf")
 ALIASES = {"from-gguf": "gguf"}  # the reading direction, by a name that says it
 FILE_SUFFIXES = (".gguf", ".safetensors", ".bin")  # an --out of the reading direction that names a file
 
@@ -32,8 +36,10 @@ EXPORT_EPILOG = (
     "  hydrappo export outputs/run --out models/policy --value-head models/value_head.safetensors\n"
     "  hydrappo export CKPT --out DIR --base-model path/to/base --max-shard-size 2GB --dtype bfloat16\n"
     "  hydrappo export outputs/run --out policy.gguf --gguf-type q8_0    one GGUF file for llama.cpp / Ollama\n"
-    "  hydrappo export models/policy --out policy.gguf                  a transformers folder -> GGUF\n\n"
-    "other conversions: hydrappo export trlx --help, hydrappo export from-gguf --help (GGUF file -> safetensors)"
+    "  hydrappo export models/policy --out policy.gguf                  a transformers folder -> GGUF\n"
+    "  hydrappo export outputs/lora-run --out models/adapter --keep-adapter   a LoRA run's peft adapter folder\n\n"
+    "other conversions: hydrappo export trlx --help (trlX -> hydrappo), hydrappo export to-trlx --help\n"
+    "(hydrappo -> trlX), hydrappo export from-gguf --help (GGUF file -> safetensors)"
 )
 TRLX_EPILOG = (
     "examples:\n  hydrappo export trlx trlx_ckpt/ --out converted/checkpoint-0 --write-base converted/base\n"
@@ -52,6 +58,18 @@ def _dtype_arg(text: str):
         return torch_dtype(text) if text != "auto" else None
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _dtype_value(value):
+    """--dtype as the runner takes it: a torch dtype or None; a tools/ script hands over the name it read."""
+    from .export import ExportError
+
+    if not isinstance(value, str):
+        return value
+    try:
+        return _dtype_arg(value)
+    except argparse.ArgumentTypeError as error:
+        raise ExportError(f"--dtype: {error}") from None
 
 
 # ---------------------------------------------------------------------------- the parsers
@@ -91,6 +109,12 @@ def checkpoint_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 2GB (default 5GB)")
     parser.add_argument("--value-head", help="also write the value head to this .safetensors file")
     parser.add_argument("--reward-branch", help="also write the run's reward branch to this .safetensors file")
+    parser.add_argument(
+        "--keep-adapter",
+        action="store_true",
+        help="a LoRA run: write its adapter unmerged, as a peft adapter folder (adapter_config.json, "
+        "adapter_model.safetensors) that PeftModel.from_pretrained(base, DIR) loads on the base model",
+    )
     parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
     return parser
 
@@ -118,6 +142,23 @@ def trlx_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+def to_trlx_parser(prog: str) -> argparse.ArgumentParser:
+    parser = usercode.CommandParser(
+        prog=prog,
+        description=(
+            "Write a hydrappo checkpoint as a trlX hydra checkpoint folder (pytorch_model.bin with base_model.*, "
+            "v_head.*, frozen_head.*; config.json; tokenizer) for AutoModelForCausalLMWithHydraValueHead."
+            "from_pretrained(DIR, num_layers_unfrozen=N), N as printed. `hydrappo export trlx` reads it back."
+        ),
+    )
+    parser.add_argument("source", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
+    parser.add_argument("--out", required=True, help="the trlX checkpoint directory to write (must be empty or new)")
+    parser.add_argument("--base-model", help="base model location, overriding the checkpoint's config.yaml")
+    parser.add_argument("--tokenizer", help="tokenizer location, overriding the checkpoint's config.yaml")
+    parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
+    return parser
+
+
 def gguf_parser(prog: str) -> argparse.ArgumentParser:
     from .models import BUNDLED_MODELS
 
@@ -138,7 +179,7 @@ def gguf_parser(prog: str) -> argparse.ArgumentParser:
 
 def export_parser(conversion: str, prog: str) -> argparse.ArgumentParser:
     """The parser of one conversion, with the --overwrite every one of them takes."""
-    parsers = {"checkpoint": checkpoint_parser, "trlx": trlx_parser, "gguf": gguf_parser}
+    parsers = {"checkpoint": checkpoint_parser, "trlx": trlx_parser, "to-trlx": to_trlx_parser, "gguf": gguf_parser}
     parser = parsers[conversion](prog)
     parser.add_argument(
         "--overwrite_output_dir",
@@ -161,12 +202,17 @@ def _is_gguf_out(out: str) -> bool:
 def export_checkpoint_command(args: argparse.Namespace) -> None:
     from ..config import is_device_name
     from .checkpoint import find_checkpoint
-    from .export import ExportError, export_checkpoint, parse_shard_size
+    from .export import ExportError, check_keep_adapter, export_checkpoint, parse_shard_size
     from .rundir import claim_output_path
 
     if not is_device_name(args.device) or args.device == "auto":
         raise ExportError(f"--device={args.device!r} is not a device; use cpu, cuda or cuda:N.")
+    args.dtype = _dtype_value(args.dtype)
     if _is_gguf_out(args.out):
+        if args.keep_adapter:
+            raise ExportError(
+                "--keep-adapter writes a peft adapter folder, not a GGUF file: give an --out folder, or leave it out."
+            )
         export_gguf_file_command(args)
         return
     if args.gguf_type is not None:
@@ -180,6 +226,8 @@ def export_checkpoint_command(args: argparse.Namespace) -> None:
         )
     checkpoint = find_checkpoint(args.checkpoint, for_resume=False)  # a damaged one is refused here
     parse_shard_size(args.max_shard_size)
+    if args.keep_adapter:
+        check_keep_adapter(checkpoint)  # before any output path is claimed
     inputs = {"the checkpoint": checkpoint, "--base-model": args.base_model, "--tokenizer": args.tokenizer}
     claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
     for option, path in (("--value-head", args.value_head), ("--reward-branch", args.reward_branch)):
@@ -194,8 +242,12 @@ def export_checkpoint_command(args: argparse.Namespace) -> None:
         value_head=args.value_head,
         reward_branch=args.reward_branch,
         device=args.device,
+        keep_adapter=args.keep_adapter,
     )
-    print(f"wrote the trained policy of {checkpoint} to {out}")
+    if args.keep_adapter:
+        print(f"wrote the LoRA adapter of {checkpoint} to {out} (PeftModel.from_pretrained(base model, {out}))")
+    else:
+        print(f"wrote the trained policy of {checkpoint} to {out}")
     if args.value_head:
         print(f"wrote the value head to {args.value_head}")
 
@@ -253,6 +305,35 @@ def export_trlx_command(args: argparse.Namespace) -> None:
     )
 
 
+def export_to_trlx_command(args: argparse.Namespace) -> None:
+    """`hydrappo export to-trlx CHECKPOINT --out DIR`: a hydrappo checkpoint -> a trlX hydra checkpoint."""
+    from ..config import is_device_name
+    from .checkpoint import find_checkpoint
+    from .export import ExportError
+    from .rundir import claim_output_path
+    from .trlx import convert_to_trlx
+
+    if not is_device_name(args.device) or args.device == "auto":
+        raise ExportError(f"--device={args.device!r} is not a device; use cpu, cuda or cuda:N.")
+    checkpoint = find_checkpoint(args.source, for_resume=False)
+    inputs = {"the checkpoint": checkpoint, "--base-model": args.base_model, "--tokenizer": args.tokenizer}
+    claim_output_path(args.out, overwrite=args.overwrite, option="--out", inputs=inputs)
+    result = convert_to_trlx(
+        checkpoint, args.out, base_model=args.base_model, tokenizer=args.tokenizer, device=args.device
+    )
+    head = " (the run had no value head: v_head is a new, untrained one)" if result.fresh_value_head else ""
+    reference = (
+        f"frozen_head holds the reference's top {result.num_layers_unfrozen} layers"
+        if result.frozen_head
+        else "no frozen_head: trlX's reference is then the base model, a model of its own"
+    )
+    print(
+        f"wrote trlX hydra checkpoint {result.folder} from {checkpoint}{head}\n  {reference}\n"
+        f"  trlX: AutoModelForCausalLMWithHydraValueHead.from_pretrained({str(result.folder)!r}, "
+        f"num_layers_unfrozen={result.num_layers_unfrozen})"
+    )
+
+
 def export_gguf_command(args: argparse.Namespace) -> None:
     """`hydrappo export from-gguf SOURCE --out DIR`: GGUF file -> safetensors folder."""
     from .checkpoint import is_checkpoint_folder, latest_checkpoint
@@ -297,18 +378,30 @@ def _fetch_hub_options(args: argparse.Namespace) -> None:
             hub_snapshot(value, option="--" + option.replace("_", "-"))
 
 
-RUNNERS = {"checkpoint": export_checkpoint_command, "trlx": export_trlx_command, "gguf": export_gguf_command}
+RUNNERS = {
+    "checkpoint": export_checkpoint_command,
+    "trlx": export_trlx_command,
+    "to-trlx": export_to_trlx_command,
+    "gguf": export_gguf_command,
+}
+
+
+def run_export(conversion: str, args: argparse.Namespace) -> None:
+    """One conversion of parsed arguments (the names its parser gives them), as `hydrappo export` runs it:
+    what the tools/ conversion scripts call after reading their arguments."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    _fetch_hub_options(args)
+    RUNNERS[conversion](args)
 
 
 def export_command(argv: list[str]) -> int:
-    """`hydrappo export [trlx | from-gguf] ...` (`gguf` is from-gguf's older name)."""
+    """`hydrappo export [trlx | to-trlx | from-gguf] ...` (`gguf` is from-gguf's older name)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     named = argv[0] if argv and (argv[0] in CONVERSIONS or argv[0] in ALIASES) else None
     conversion = ALIASES.get(named, named) or "checkpoint"
     argv = argv[1:] if named else argv
     prog = "hydrappo export" if named is None else f"hydrappo export {named}"
     args = export_parser(conversion, prog).parse_args(argv)
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    _fetch_hub_options(args)
-    RUNNERS[conversion](args)
+    run_export(conversion, args)
     return 0

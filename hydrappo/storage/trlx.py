@@ -1,9 +1,11 @@
-"""A trlX hydra checkpoint -> a hydrappo checkpoint, so trlX users keep training.
+"""trlX hydra checkpoints both ways: trlX -> hydrappo, so trlX users keep training, and back.
 
-    hydrappo export trlx SOURCE --out CHECKPOINT_DIR --write-base BASE_DIR
+    hydrappo export trlx SOURCE --out CHECKPOINT_DIR --write-base BASE_DIR     trlX -> hydrappo
+    hydrappo export to-trlx CHECKPOINT --out DIR                               hydrappo -> trlX
 
 trlX's AutoModelForCausalLMWithHydraValueHead state dict holds `base_model.*`, `v_head.*`
-and `frozen_head.*`; see `convert_trlx`. `.bin` files are read with weights_only=True.
+and `frozen_head.*`; see `convert_trlx` and `convert_to_trlx`. `.bin` files are read with
+weights_only=True.
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ from ..config import Config
 from ..model import HydraModel
 from ..model.arch import locate, output_embeddings
 from .atomic import write_directory
-from .checkpoint import CONFIG_NAME, TRAINER_STATE_NAME, WEIGHTS_NAME, load_trainable_weights, write_manifest
-from .export import ExportError, check_output_dir, dtype_name, save_pretrained_dir
+from .checkpoint import (
+    CONFIG_NAME,
+    TRAINER_STATE_NAME,
+    WEIGHTS_NAME,
+    find_checkpoint,
+    load_trainable_weights,
+    write_manifest,
+)
+from .export import EXPORT_INFO_NAME, ExportError, check_output_dir, dtype_name, save_pretrained_dir
 from .models import is_hub_id, local_source
 
 logger = logging.getLogger("hydrappo.export")
@@ -111,6 +120,7 @@ def _empty_model(config, dtype: torch.dtype):
         from contextlib import nullcontext as no_init_weights
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # transformers 5 leaves a tied head untied under no_init_weights
     return model.eval()
 
 
@@ -510,3 +520,101 @@ def _try_tokenizer(location):
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError):
         return None
+
+
+# --------------------------------------------------------------------------- hydrappo -> trlX
+
+TRLX_WEIGHTS_NAME = "pytorch_model.bin"  # what trlX's from_pretrained reads (torch.load)
+
+
+@dataclass
+class TrlxExport:
+    folder: Path
+    num_layers_unfrozen: int  # trlX's option: the frozen head's layers, -1 (or 0) without one
+    frozen_head: bool
+    fresh_value_head: bool  # a critic-free run's checkpoint has none: v_head.* is a new, untrained head
+
+
+def _reference_top(hydra: HydraModel) -> tuple[list, torch.nn.Module | None, torch.nn.Module]:
+    """hydrappo's reference from the split to the top: its layers, final norm and lm_head, with the
+    original weights (the frozen copies and the layers above a band, or LoRA's base layers)."""
+    head = output_embeddings(hydra.model)
+    if hydra.uses_lora:
+        from ..model.lora import strip_lora
+
+        return [strip_lora(layer) for layer in hydra.arch.layers[hydra.split_index :]], hydra.arch.final_norm, head
+    layers = [*hydra.ref_layers, *hydra.arch.layers[hydra.band_end :]]
+    norm = hydra.ref_norm if hydra.ref_norm is not None else hydra.arch.final_norm
+    return layers, norm, hydra.ref_lm_head if hydra.ref_lm_head is not None else head
+
+
+def trlx_state_dict(hydra: HydraModel, policy, seed: int = 0) -> tuple[dict[str, torch.Tensor], bool]:
+    """(the state dict trlX's hydra model holds, whether its value head is new): `base_model.*` the trained
+    policy (`policy`: LoRA merged), `v_head.*` the value head, and where the reference shares the policy's
+    trunk, `frozen_head.*` its top from the split (decoder_blocks.0..N-1, final_norm, lm_head). A run that
+    trained every layer (or none) has no frozen head: trlX keeps such a reference as a model of its own.
+    A critic-free run has no value head: a new one is made from `seed`."""
+    from ..model.heads import ValueHead
+
+    state = {f"base_model.{key}": value for key, value in policy.state_dict().items()}
+    head = hydra.value_head
+    if head is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = ValueHead(hydra.arch.hidden_size).to(
+                torch.promote_types(next(policy.parameters()).dtype, torch.float32)
+            )
+    state.update({f"v_head.{key}": value for key, value in head.mlp.state_dict().items()})
+    if not hydra.full_model and hydra.branch_depth > 0:
+        layers, norm, lm_head = _reference_top(hydra)
+        for index, layer in enumerate(layers):
+            state.update(layer.state_dict(prefix=f"frozen_head.decoder_blocks.{index}."))
+        if norm is not None:
+            state.update(norm.state_dict(prefix="frozen_head.final_norm."))
+        state.update(lm_head.state_dict(prefix="frozen_head.lm_head."))
+    return {key: value.detach().cpu() for key, value in state.items()}, hydra.value_head is None
+
+
+def convert_to_trlx(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    base_model: str | None = None,
+    tokenizer: str | None = None,
+    device: str = "cpu",
+    overwrite: bool = False,
+) -> TrlxExport:
+    """Write a hydrappo checkpoint as a trlX hydra checkpoint folder `out`: pytorch_model.bin with
+    `trlx_state_dict`'s keys, the model's config.json and the tokenizer, what trlX's
+    AutoModelForCausalLMWithHydraValueHead.from_pretrained(out, num_layers_unfrozen=N) loads and what
+    `convert_trlx` reads back (to the same weights). The policy is rebuilt as for the model export
+    (storage/export.py: LoRA merged, a quantized trunk re-read in full precision)."""
+    from .export import load_checkpoint_hydra, policy_model
+
+    out = check_output_dir(out, overwrite)
+    checkpoint = find_checkpoint(checkpoint)
+    hydra, tok, config = load_checkpoint_hydra(
+        checkpoint, base_model=base_model, tokenizer=tokenizer, device=device, trunk_quantization="none"
+    )
+    policy = policy_model(hydra)
+    state, fresh_head = trlx_state_dict(hydra, policy, config.train.seed)
+    frozen = any(key.startswith("frozen_head.") for key in state)
+    trlx_layers = hydra.branch_depth if frozen else (-1 if hydra.full_model else 0)
+    info = {
+        "source": str(checkpoint.resolve()),
+        "format": "trlx",
+        "base_model": config.model.name_or_path,
+        "num_layers_unfrozen": trlx_layers,
+        "fresh_value_head": fresh_head,
+    }
+
+    def fill(tmp: Path) -> None:
+        torch.save(state, tmp / TRLX_WEIGHTS_NAME)
+        policy.config.name_or_path = ""
+        policy.config.save_pretrained(str(tmp))
+        if tok is not None:
+            tok.save_pretrained(str(tmp))
+        (tmp / EXPORT_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
+
+    write_directory(out, fill, replace=overwrite)
+    return TrlxExport(out, trlx_layers, frozen, fresh_head)

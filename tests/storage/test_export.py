@@ -2,13 +2,14 @@
 
 import copy
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from hydrappo import HydraModel
@@ -21,7 +22,7 @@ from hydrappo.storage.checkpoint import (
 )
 from hydrappo.config import Config, parse_config
 from hydrappo.storage.export import ExportError, export_checkpoint
-from hydrappo.storage.trlx import convert_trlx
+from hydrappo.storage.trlx import convert_to_trlx, convert_trlx
 from hydrappo.cli import main as cli_main
 from hydrappo.model.heads import ValueHead
 from hydrappo.train.ppo import PPOTrainer
@@ -253,6 +254,7 @@ def test_trlx_hydra_checkpoint_converts_exactly(tmp_path, family, train_embeddin
 
     saved = yaml.safe_load((out / "config.yaml").read_text())["model"]
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float64).eval()
+    assert model.config.tie_word_embeddings is not train_embeddings  # untied where the head trained, and said so
     hydra = HydraModel(
         model,
         saved["num_layers_unfrozen"],
@@ -309,39 +311,38 @@ def test_not_a_trlx_checkpoint_is_exit_code_2(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_help_of_every_entry_point(capsys):
-    for argv in (["--help"], ["trlx", "--help"], ["gguf", "--help"]):
+    for argv in (["--help"], ["trlx", "--help"], ["to-trlx", "--help"], ["gguf", "--help"]):
         assert export_main(argv) == 0  # the CLI turns argparse's exit into the exit code
     out = capsys.readouterr().out
-    assert "--max-shard-size" in out and "--value-head" in out
+    assert "--max-shard-size" in out and "--value-head" in out and "--keep-adapter" in out
+    assert "hydrappo export trlx" in out and "frozen_head" in out  # trlX -> hydrappo's and to-trlx's help
     # the command runs stand-alone, in a fresh interpreter
     help_of = [sys.executable, "-m", "hydrappo", "export", "trlx", "--help"]
     result = subprocess.run(help_of, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and "--write-base" in result.stdout, result.stderr
 
 
-def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, capfd, monkeypatch):
+def _lora_checkpoint(tmp_path, family="llama", targets=("q_proj", "v_proj", "down_proj")):
+    """A float64 LoRA checkpoint (adapters on the top 2 layers, moved off zero) on a tiny base in tmp_path/base."""
     from peft import LoraConfig
 
-    base = tiny_model("llama", seed=4)
+    base = tiny_model(family, seed=4)
     base_dir = tmp_path / "base"
     base.save_pretrained(base_dir)
     tiny_tokenizer().save_pretrained(base_dir)
     hydra = HydraModel(
         AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64).eval(),
         2,
-        lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+        lora=LoraConfig(r=4, lora_alpha=8, target_modules=list(targets)),
     )
     with torch.no_grad():
         for param in hydra.trainable_parameters():
             param.add_(torch.randn_like(param) * 0.1)
     config = Config()
-    config.model.name_or_path, config.model.dtype = (
-        str(base_dir),
-        "float64",
-    )  # (a LoRA checkpoint holds no trunk weights)
+    config.model.name_or_path, config.model.dtype = str(base_dir), "float64"  # (a LoRA checkpoint holds no trunk)
     config.lora.lora_r, config.lora.lora_alpha = 4, 8
-    config.lora.lora_target_modules = ["q_proj", "v_proj", "down_proj"]
-    config.model.reward_branch_path = str(base_dir)  # any existing folder: loading is stubbed below
+    config.lora.lora_target_modules = list(targets)
+    config.model.reward_branch_path = str(base_dir)  # any existing folder: loading is stubbed where it is used
     checkpoint = save_checkpoint(
         tmp_path / "run",
         3,
@@ -350,6 +351,11 @@ def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, c
         trainer_state={},
         config_yaml=yaml.safe_dump(config.to_dict()),
     )
+    return hydra, checkpoint, base_dir
+
+
+def test_lora_checkpoint_exports_merged_and_reward_branch_separately(tmp_path, capfd, monkeypatch):
+    hydra, checkpoint, base_dir = _lora_checkpoint(tmp_path)
     branch = hydra.new_reward_branch()
     monkeypatch.setattr("hydrappo.storage.export.load_reward_branch", lambda h, path: branch)
 
@@ -400,3 +406,179 @@ def test_a_band_checkpoint_exports_to_a_plain_model_with_the_policys_logits(tmp_
     assert not torch.allclose(expected.ref_logits[real], expected.logits[real], atol=1e-3)  # the trained policy
     original_1, exported_1 = hydra.ref_layers[0].state_dict(), model.model.layers[1].state_dict()
     assert any(not torch.equal(original_1[name], exported_1[name]) for name in original_1)  # layer 1 trained
+
+
+# --------------------------------------------------------------------------- --keep-adapter
+
+
+def test_keep_adapter_writes_a_peft_adapter_whose_logits_are_the_merged_exports(tmp_path, capfd):
+    from peft import PeftModel
+
+    hydra, checkpoint, base_dir = _lora_checkpoint(tmp_path)
+    adapter = tmp_path / "adapter"
+    assert export_main([str(tmp_path / "run"), "--out", str(adapter), "--keep-adapter"]) == 0
+    assert "wrote the LoRA adapter" in capfd.readouterr().out
+    names = {p.name for p in adapter.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "hydrappo_export.json"} <= names
+    assert not names & {"config.json", "model.safetensors"}  # the adapter alone, no model
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base_dir)
+    assert json.loads((adapter / "hydrappo_export.json").read_text())["adapter"] is True
+    export_checkpoint(checkpoint, tmp_path / "merged")
+    merged = _load_plain(tmp_path / "merged", capfd)
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float64).eval()
+    adapted = PeftModel.from_pretrained(base, str(adapter)).eval()
+    ids = torch.randint(4, 96, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = adapted(input_ids=ids).logits
+        with adapted.disable_adapter():
+            base_logits = adapted(input_ids=ids).logits
+        assert logits.dtype == torch.float64
+        assert torch.allclose(logits, merged(ids).logits, atol=FLOAT64_ATOL, rtol=0)
+        assert torch.allclose(logits, hydra.forward_hydra(ids, return_logits=True).logits, atol=FLOAT64_ATOL, rtol=0)
+    assert not torch.allclose(logits, base_logits, atol=1e-3)  # the trained adapter, not the base model
+
+
+def test_keep_adapter_without_lora_is_one_line_before_anything_is_written(tmp_path, capsys):
+    _, checkpoint, _ = _hydra_checkpoint(tmp_path, "llama", str(tmp_path / "base"))
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    capsys.readouterr()  # (the fixture's progress bars)
+    cases = [
+        ([str(tmp_path / "adapter")], "trained without LoRA"),
+        ([str(taken), "--overwrite"], "trained without LoRA"),  # refused before --overwrite moves anything
+        ([str(tmp_path / "a.gguf")], "not a GGUF file"),
+    ]
+    for out, words in cases:
+        assert export_main([str(checkpoint), "--keep-adapter", "--out", *out]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "run", "taken"]
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
+
+
+# --------------------------------------------------------------------------- hydrappo -> trlX
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_checkpoint_goes_to_trlx_and_back_to_the_same_weights(tmp_path, family, capsys):
+    hydra, checkpoint, base_dir = _hydra_checkpoint(tmp_path, family, str(tmp_path / "base"), train_final_norm=True)
+    trlx = tmp_path / "trlx"
+    assert export_main(["to-trlx", str(tmp_path / "run"), "--out", str(trlx)]) == 0
+    assert "num_layers_unfrozen=2" in capsys.readouterr().out
+    state = torch.load(trlx / "pytorch_model.bin", weights_only=True)
+    assert {key.split(".")[0] for key in state} == {"base_model", "v_head", "frozen_head"}
+    policy = hydra.model.state_dict()
+    assert all(torch.equal(state[f"base_model.{key}"], value) for key, value in policy.items())
+    original = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float64)
+    decoder, layers, norm = _top(original, family)
+    branch = torch.nn.Module()  # trlX's frozen head: the original top
+    branch.decoder_blocks, branch.final_norm = getattr(decoder, layers)[-2:], getattr(decoder, norm)
+    branch.lm_head = original.lm_head
+    frozen = branch.state_dict(prefix="frozen_head.")
+    assert frozen.keys() == {key for key in state if key.startswith("frozen_head.")}
+    assert all(torch.equal(state[key], value) for key, value in frozen.items())
+
+    back = convert_trlx(trlx, tmp_path / "back", write_base=tmp_path / "back-base")
+    assert (back.num_layers_unfrozen, back.train_final_norm, back.train_lm_head) == (2, True, False)
+    before, after = load_file(str(checkpoint / WEIGHTS_NAME)), load_file(str(tmp_path / "back" / WEIGHTS_NAME))
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[key], after[key]) for key in before)  # exactly: the same dtype, the same bits
+    base_before = load_file(str(base_dir / "model.safetensors"))
+    base_after = load_file(str(tmp_path / "back-base" / "model.safetensors"))
+    assert base_before.keys() == base_after.keys()  # the written base is the original model (rebuilt in float64)
+    assert all(torch.equal(value.double(), base_after[key]) for key, value in base_before.items())
+
+
+def test_a_lora_critic_free_checkpoint_goes_to_trlx_merged_with_a_new_value_head(tmp_path):
+    hydra, checkpoint, base_dir = _lora_checkpoint(tmp_path)
+    data = yaml.safe_load((checkpoint / "config.yaml").read_text())
+    data["ppo"]["advantage_estimator"] = "grpo"  # a critic-free run: no value head
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(data))
+    weights = load_file(str(checkpoint / WEIGHTS_NAME))
+    save_file({k: v for k, v in weights.items() if not k.startswith("value_head.")}, str(checkpoint / WEIGHTS_NAME))
+    write_manifest(checkpoint)  # edited on purpose
+    result = convert_to_trlx(checkpoint, tmp_path / "trlx")
+    assert result.fresh_value_head and result.frozen_head and result.num_layers_unfrozen == 2
+    state = torch.load(tmp_path / "trlx" / "pytorch_model.bin", weights_only=True)
+    assert not any("lora" in key for key in state) and {"v_head.0.weight", "v_head.2.bias"} <= state.keys()
+    original = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float64)
+    for index in (0, 1):  # the reference's top: the base model's layers, the adapters off
+        for key, value in original.model.layers[2 + index].state_dict().items():
+            assert torch.equal(state[f"frozen_head.decoder_blocks.{index}.{key}"], value)
+    ids = torch.randint(4, 96, (2, 10), generator=torch.Generator().manual_seed(0))
+    policy = copy.deepcopy(original)  # base_model.*: the policy, adapters merged
+    policy.load_state_dict({k.removeprefix("base_model."): v for k, v in state.items() if k.startswith("base_model.")})
+    with torch.no_grad():
+        expected = hydra.forward_hydra(ids, return_logits=True).logits
+        assert torch.allclose(policy(ids).logits, expected, atol=FLOAT64_ATOL, rtol=0)
+
+
+# --------------------------------------------------------------------------- the tools/ scripts
+
+
+def _tool(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_tool(name, *argv, cwd):
+    """`python tools/NAME.py ARGV...` in a fresh interpreter, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    command = [sys.executable, str(ROOT / "tools" / f"{name}.py"), *map(str, argv)]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def test_the_conversion_scripts_hand_the_runner_what_hydrappo_export_does():
+    """Each script's parser gives every argument the command's parser gives, with the same defaults."""
+    from hydrappo.storage.export_command import export_parser
+
+    cases = [
+        ("export_checkpoint", "checkpoint", ["CKPT", "--out", "DIR"]),
+        ("convert_trlx", "trlx", ["SRC", "--out", "DIR"]),
+        ("convert_trlx", "to-trlx", ["SRC", "--out", "DIR", "--to", "trlx"]),
+        ("gguf_to_safetensors", "gguf", ["SRC", "--out", "DIR"]),
+    ]
+    for script, conversion, argv in cases:
+        ours = vars(_tool(script).parse_args(argv))
+        theirs = vars(
+            export_parser(conversion, "hydrappo export").parse_args([a for a in argv if a not in ("--to", "trlx")])
+        )
+        assert {key: ours.get(key) for key in theirs} == theirs, (script, conversion)
+
+
+@pytest.mark.slow
+def test_the_export_checkpoint_script_is_the_same_export(tmp_path, capsys):
+    _, checkpoint, _ = _lora_checkpoint(tmp_path)
+    done = _run_tool(
+        "export_checkpoint", tmp_path / "run", "--out", tmp_path / "adapter", "--keep-adapter", cwd=tmp_path
+    )
+    assert done.returncode == 0 and "wrote the LoRA adapter" in done.stdout, done.stderr
+    assert export_main([str(checkpoint), "--out", str(tmp_path / "cli"), "--keep-adapter"]) == 0
+    script, cli = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in ("adapter", "cli"))
+    assert script.keys() == cli.keys() and all(torch.equal(script[k], cli[k]) for k in cli)
+    tool = _tool("export_checkpoint")
+    assert tool.main([str(checkpoint), "--out", str(tmp_path / "merged"), "--dtype", "float32"]) == 0
+    assert {v.dtype for v in load_file(str(tmp_path / "merged" / "model.safetensors")).values()} == {torch.float32}
+    capsys.readouterr()
+    assert tool.main([str(checkpoint), "--out", str(tmp_path / "merged")]) == 2
+    assert "export_checkpoint.py: --out" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_convert_trlx_script_goes_both_ways(tmp_path, capsys):
+    _, checkpoint, _ = _hydra_checkpoint(tmp_path, "llama", str(tmp_path / "base"), train_final_norm=True)
+    done = _run_tool("convert_trlx", tmp_path / "run", "--to", "trlx", "--out", tmp_path / "trlx", cwd=tmp_path)
+    assert done.returncode == 0 and "num_layers_unfrozen=2" in done.stdout, done.stderr
+    tool = _tool("convert_trlx")
+    argv = [str(tmp_path / "trlx"), "--out", str(tmp_path / "back"), "--write-base", str(tmp_path / "back-base")]
+    assert tool.main(argv) == 0
+    before, after = load_file(str(checkpoint / WEIGHTS_NAME)), load_file(str(tmp_path / "back" / WEIGHTS_NAME))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(SystemExit):
+        tool.parse_args([str(tmp_path / "run"), "--to", "trlx", "--out", "x", "--write-base", "y"])
+    assert "--write-base do not apply with --to trlx" in capsys.readouterr().err

@@ -327,3 +327,25 @@ def test_llama_cpp_runs_the_file_as_transformers_does(tmp_path, capsys):
     argv = ["--gguf", str(tmp_path / "m.gguf"), "--model", str(tmp_path / "model"), "--new-tokens", "8"]
     assert check.main([*argv, "--min-agree", "8"]) == 0, capsys.readouterr().out
     assert "fewest tokens agreeing before a mismatch: 8/8 on 4 prompts" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_gguf_to_safetensors_script_is_export_from_gguf(tmp_path):
+    import os
+    import subprocess
+
+    from runs import ROOT
+
+    model, tokenizer = tiny_folder("llama", tmp_path / "model")
+    write_gguf(tmp_path / "model", tmp_path / "m.gguf", "f32")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    command = [sys.executable, str(ROOT / "tools" / "gguf_to_safetensors.py"), "m.gguf", "--out", "converted"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert done.returncode == 0 and "converted" in done.stdout, done.stderr
+    ids = tokenizer(TEXTS[0], return_tensors="pt").input_ids
+    with torch.no_grad():
+        converted = AutoModelForCausalLM.from_pretrained(tmp_path / "converted", dtype=torch.float32).eval()
+        assert torch.equal(converted(ids).logits, model(ids).logits)  # f32 GGUF: the same weights
+    assert AutoTokenizer.from_pretrained(tmp_path / "converted")(TEXTS[0]).input_ids == ids[0].tolist()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert done.returncode == 2 and "gguf_to_safetensors.py: --out" in done.stderr and "Traceback" not in done.stderr
