@@ -143,7 +143,13 @@ class Peak:
 
 
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    """The peak resident size of this process's own memory: VmHWM where Linux reports it. Not getrusage's
+    ru_maxrss first: Linux carries a parent's peak into a child through fork and exec, so a child of a
+    large process (a test worker after several runs) reads its parent's peak and measures nothing."""
+    try:
+        return current_peak()
+    except (OSError, AttributeError):  # no /proc (not Linux): the process's own maximum, in KiB on Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def return_freed_memory() -> None:
@@ -160,18 +166,42 @@ def return_freed_memory() -> None:
 
 
 def reset_peak() -> bool:
-    """Reset the process's peak resident size (Linux: /proc/self/clear_refs, value 5)."""
+    """Reset the process's peak resident size (Linux: /proc/self/clear_refs, value 5). False where
+    the system has no such reset, or where its peak (VmHWM) reads below what is resident now, as some
+    sandboxed kernels report it: the phases are then not measured one by one."""
     try:
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")
-        return True
     except OSError:
+        return False
+    try:
+        return current_peak() >= 0.9 * resident_bytes() > 0  # read one after the other: pages may come between
+    except (OSError, AttributeError, ValueError):
         return False
 
 
 def current_peak() -> int:
     status = Path("/proc/self/status").read_text()
     return int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024
+
+
+def resident_bytes() -> int:
+    """What is resident now (/proc/self/statm, in pages), which every Linux reports."""
+    resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_counters_work(size: int = 64 * 2**20) -> bool:
+    """Whether this system reports the peak resident size (peak_rss_bytes) at least as high as
+    what is resident after `size` bytes are written. Some sandboxes report a constant or zero, and
+    --validate cannot measure there."""
+    try:
+        block = b"\x01" * size  # written, so resident
+        resident = resident_bytes()
+        del block
+    except (OSError, ValueError, IndexError):
+        return False
+    return resident > size and peak_rss_bytes() >= 0.9 * resident
 
 
 def measure(name: str, settings: TrainingSettings, timeout: float = 1800, device: str = "cpu") -> dict:
@@ -187,7 +217,14 @@ def measure(name: str, settings: TrainingSettings, timeout: float = 1800, device
     )
     if result.returncode != 0:
         raise RuntimeError(f"measuring {name} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    if measured["peak"] <= 0 or measured["build"] <= 0:
+        raise RuntimeError(
+            f"measuring {name} read a peak of {measured['peak']} bytes and a build of {measured['build']}: the peak "
+            "resident size (/proc/self/status VmHWM, or getrusage ru_maxrss) did not rise while the child trained, "
+            "so --validate cannot measure here; run it on a plain Linux machine or with --device cuda"
+        )
+    return measured
 
 
 def validate(
@@ -257,7 +294,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     cuda = args.device.startswith("cuda")
     s = validation_settings(dtype="bfloat16", device="cuda") if cuda else validation_settings()
-    rows = validate(args.models, s, variants=args.variants, device=args.device)
+    if not cuda and not peak_counters_work():
+        print(
+            "error: this system does not report the peak resident size (getrusage ru_maxrss stays below what is "
+            "resident), so --validate cannot measure here; run it on a plain Linux machine or with --device cuda",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        rows = validate(args.models, s, variants=args.variants, device=args.device)
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(
         f"two PPO steps (the second measured phase by phase) on {'this GPU' if cuda else 'this CPU'}: {s.dtype}, "
         f"N={s.num_layers_unfrozen}, batch {s.batch_size}, mini-batch {s.mini_batch_size}, prompt {s.prompt_length} + "

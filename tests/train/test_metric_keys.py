@@ -18,6 +18,9 @@ from runs import FIXTURES, ROOT, TINY, VERIFIABLE, agent_run_options, reward_con
 from runs import tiny_trainer, write_dpo_config, write_sft_config
 
 PACKAGE = ROOT / "hydrappo"
+# Modules whose slash-joined strings are not metrics: the planner's validation names its
+# (trunk quantization / optimizer) settings "none/adamw", "int8/adamw8bit", ... and logs nothing.
+NOT_METRIC_MODULES = {"hydrappo/planner/validate.py"}
 # A metric key's shape: words joined by "/" ("{}" where an f-string formats a value in).
 KEY_SHAPE = re.compile(r"[\w{}]*(/[\w{}]+)+")
 
@@ -72,6 +75,8 @@ def declared(text: str) -> bool:
 def test_every_key_the_source_logs_is_declared():
     missing = []
     for path in sorted(PACKAGE.rglob("*.py")):
+        if str(path.relative_to(ROOT)) in NOT_METRIC_MODULES:
+            continue
         for text, line in keys_in_source(ast.parse(path.read_text())):
             if not declared(text):
                 missing.append(f"{path.relative_to(ROOT)}:{line}: {text}")
