@@ -5,11 +5,21 @@ whether a critic trains and whether it trains alone, what the loss computes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ...algo.advantages import ESTIMATORS
 from ...algo.losses import PPOLossSettings
 from ...config import PPOArgs
+
+
+# PPOLossSettings' fields the plan sets itself; every other field is the PPOArgs option of its name.
+PLANNED_LOSS_FIELDS = ("kl_coef", "kl_estimator")
+
+
+def loss_options(ppo: PPOArgs) -> dict:
+    """The PPO loss's options by field name, so that a new loss option is a PPOLossSettings field and a
+    PPOArgs option of the same name (algo/losses.py, config/), and nothing here."""
+    return {f.name: getattr(ppo, f.name) for f in fields(PPOLossSettings) if f.name not in PLANNED_LOSS_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -42,14 +52,7 @@ class StepPlan:
             critic_only=steps_done < ppo.critic_warmup_steps,
             entropy_bonus=ppo.ent_coef != 0,
             loss=PPOLossSettings(
-                cliprange=ppo.cliprange,
-                cliprange_high=ppo.cliprange_high,
-                cliprange_value=ppo.cliprange_value,
-                vf_coef=ppo.vf_coef,
-                ent_coef=ppo.ent_coef,
-                dual_clip=ppo.dual_clip,
-                loss_agg_mode=ppo.loss_agg_mode,
-                importance_sampling_level=ppo.importance_sampling_level,
+                **loss_options(ppo),
                 # The loss's KL term is always the k3 estimate (ppo.kl_estimator is the reward's).
                 kl_coef=kl_coef if ppo.kl_penalty == "loss" else 0.0,
             ),
