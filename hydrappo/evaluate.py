@@ -6,9 +6,9 @@ comparison); the base model's answers come from the same trunk before the checkp
 weights are loaded into it, so only one model is in memory. `hydrappo compare A B C`
 does the same for any number of checkpoints and model directories.
 
-A run with a reasoning-gym task (its config's `task:` section) is answered on the task's held-out
+A run with a task (its config's `task:` section, e.g. reasoning-gym's) is answered on the task's held-out
 items, the ones a training run evaluates on, unless `--prompts` names other prompts; the task's
-own verifier scores them (reasoning-gym's scorer: no code the checkpoint names), beside whatever
+own verifier scores them (the library's scorer: no code the checkpoint names), beside whatever
 reward functions the command line names or trusts, weighted as the run weighed them.
 
 A checkpoint is data: its config.yaml names the reward function the run used, but that code
@@ -55,8 +55,7 @@ from .storage.export import load_checkpoint_hydra
 from .train.heldout import answer_and_score
 from .storage.models import build_hydra, load_model_and_tokenizer
 from .storage.rundir import move_aside, refuse_own_inputs, with_run_folders
-from .tasks.reasoning_gym import COLUMNS as TASK_COLUMNS
-from .tasks.reasoning_gym import ReasoningGymTask
+from .tasks import Task, task_from_args
 from .train.precision import pick_device
 
 logger = logging.getLogger("hydrappo")
@@ -324,21 +323,15 @@ def first_rows(prompts: str, prompt_column: str, limit: int | None) -> tuple[lis
     return texts, {name: values[: len(texts)] for name, values in table.items()}
 
 
-def task_held_out(config: Config, limit: int | None) -> tuple[ReasoningGymTask, dict]:
-    """(the run's task, its held-out items' columns task / answer / item): the items a training run with
-    this config evaluates on (tasks/reasoning_gym.py), the first `limit`; their prompts as the run formats
-    them for a tokenizer: task.prompt_set("eval", ...)."""
-    task = ReasoningGymTask.from_args(config.task)
-    rows = task.rows("eval")[:limit] if limit else task.rows("eval")
-    if not rows:
-        raise ConfigError(
-            "the run's task has no held-out items (task.task_eval_size is 0): pass --prompts FILE to answer other "
-            "prompts."
-        )
-    return task, {name: [row[name] for row in rows] for name in TASK_COLUMNS}
+def task_held_out(config: Config, limit: int | None) -> tuple[Task, dict]:
+    """(the run's task, its held-out items' columns, e.g. task / answer / item): the items a training run
+    with this config evaluates on (tasks/base.py held_out), the first `limit`; their prompts as the run
+    formats them for a tokenizer: task.prompt_set("eval", ...)."""
+    task = task_from_args(config.task)
+    return task, task.held_out(limit)
 
 
-def task_reward_source(task: ReasoningGymTask, reward_args: RewardArgs | None, device: str):
+def task_reward_source(task: Task, reward_args: RewardArgs | None, device: str):
     """The task's verifiers as the last reward source, as a training run builds them (train/inputs.py),
     beside the sources `reward_args` names (None: the verifiers alone). --reward_weights given one
     per --reward_fn weigh those, and the task weighs 1."""
@@ -346,9 +339,11 @@ def task_reward_source(task: ReasoningGymTask, reward_args: RewardArgs | None, d
     weights = reward_args.reward_weights
     if weights and len(weights) == len(reward_source_names(reward_args)):
         reward_args = dataclasses.replace(reward_args, reward_weights=[*weights, 1.0])
-    columns = list(TASK_COLUMNS)
-    functions = reward_functions(reward_args, columns=columns, setting="task") + task.reward_sources(columns)
-    return build_reward_source(reward_args, device=device, functions=functions)
+    columns = list(task.columns)
+    functions = reward_functions(reward_args, columns=columns, setting="task")
+    return build_reward_source(
+        reward_args, device=device, functions=functions, shared_weight_sources=task.reward_sources(columns)
+    )
 
 
 def generate(

@@ -1,4 +1,4 @@
-"""A reasoning-gym task as a run's prompts and reward (tasks/reasoning_gym.py, rewards/reasoning_gym.py,
+"""A reasoning-gym task as a run's prompts and reward (tasks/reasoning_gym.py, tasks/base.py,
 config/task.py): the prompts, the verifier on hand-made completions, held-out items that are never
 training questions, the refusals before any model loads, and short runs on the tiny model from a
 config section and from Python (with an extra reward function, GRPO, held-out evaluation, resume)."""
@@ -13,7 +13,7 @@ import yaml
 
 from hydrappo import PPOTrainer
 from hydrappo.config import ConfigError, parse_config
-from hydrappo.rewards.reasoning_gym import TaskReward
+from hydrappo.tasks import TaskReward
 from hydrappo.tasks import ReasoningGymTask
 
 from runs import TINY

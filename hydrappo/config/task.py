@@ -1,5 +1,6 @@
-"""The `task:` section: a reasoning-gym task as a run's prompts AND its reward, in one place
-(tasks/reasoning_gym.py builds it; docs/reasoning-tasks.md).
+"""The `task:` section: a task library's task (reasoning-gym's by default) as a run's prompts AND its
+reward, in one place (tasks/registry.py builds it with the library task.task_library names;
+docs/reasoning-tasks.md).
 
     task:
       task_name: chain_sum             # or `tasks:` a mix, {name: {weight: w, config: {...}}}
@@ -10,8 +11,9 @@
 
 The option names carry the `task_` prefix because every option is also a command-line flag of
 its own (`--task_name chain_sum`), and `--seed` / `--size` would collide. What needs the library
-(is the name a task, are its options valid) is checked when the run reads its inputs, still
-before any model loads (train/inputs.py); this module checks what the options alone say.
+(is the library known, is the name a task, are its options valid) is checked when the run reads
+its inputs, still before any model loads (train/inputs.py); this module checks what the options
+alone say.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ DEFAULT_INSTRUCTION = "Give only your final answer, between <answer> and </answe
 
 @dataclass
 class TaskArgs:
+    task_library: str = option(
+        "reasoning_gym",
+        "The task library whose task this section names (tasks/registry.py's LIBRARIES): reasoning_gym. Its "
+        "task_name / tasks, task_config and the other options below are read by that library.",
+    )
     task_name: str | None = option(
         None,
         "A reasoning-gym task (e.g. chain_sum, basic_arithmetic) as the run's prompts and reward: its "

@@ -6,7 +6,7 @@
   column checks.
 - models.py: a classifier model of its own (`ClassifierReward`) and the hydra's reward branch
   (`BranchReward`).
-- calls.py: the arguments of one call, and what a failing call's message names.
+- calls.py: the arguments of one call (a completion as text), and what a failing call's message names.
 - context.py: what TRL's reward contract adds (`RewardContext`: trainer_state, log_metric,
   log_extra).
 - scores.py: what a source returns, made (B,) scores.
@@ -15,7 +15,7 @@ The stage that TRAINS the reward branch on preference pairs is train/reward_mode
 """
 
 from ..errors import RewardError, RewardFunctionError
-from .calls import is_missing
+from .calls import completion_text, is_missing
 from .context import RewardContext, with_columns
 from .functions import FunctionReward, callable_name, callable_spec, load_reward_function, reward_functions
 from .models import BranchReward, ClassifierReward
@@ -34,6 +34,7 @@ __all__ = [
     "build_reward_source",
     "callable_name",
     "callable_spec",
+    "completion_text",
     "is_missing",
     "load_reward_function",
     "reward_functions",

@@ -8,6 +8,13 @@ from ..prompts import trl_arguments
 from .context import RewardContext
 
 
+def completion_text(completion) -> str:
+    """A completion as text: TRL's conversational completions are [{"role": "assistant", "content": text}]."""
+    if isinstance(completion, list):
+        return "".join(turn.get("content") or "" for turn in completion if isinstance(turn, dict))
+    return completion
+
+
 def call_arguments(
     convention: str,
     accepts,

@@ -82,32 +82,30 @@ def build_reward_source(
     device: str = "cpu",
     columns=None,
     functions: list[FunctionReward] | None = None,
+    shared_weight_sources=(),
 ) -> RewardSources:
     """Every reward source `RewardArgs` names (`reward_source_names`), weighted by
     reward.reward_weights (1 each by default), as one RewardSources. `functions` are ones
-    `reward_functions` already loaded, and a task's verifiers (rewards/reasoning_gym.py, kind
-    "task"): together one more source, the last, whose weight each task's verifier takes."""
+    `reward_functions` already loaded. `shared_weight_sources` are sources that come with the data,
+    loaded already (a task's verifiers, tasks/): together one more source, the last, whose one
+    weight each of them takes, each logged under its own name."""
     sources = reward_source_names(reward_args)
     functions = list(functions) if functions is not None else reward_functions(reward_args, base_dir, columns)
-    verifiers = [function for function in functions if function.kind == "task"]
-    functions = [function for function in functions if function.kind != "task"]
-    count = len(sources) + bool(verifiers)
+    shared = list(shared_weight_sources)
+    count = len(sources) + bool(shared)
     if not count:
         raise RewardError(NO_REWARD_SOURCE)
     weights = getattr(reward_args, "reward_weights", None) or None  # none or an empty list: 1 each
     if (problem := weights_problem(weights, count)) is not None:
         raise RewardError(str(problem))
     weights = list(weights or [1.0] * count)
-    sources += [("task", verifier) for verifier in verifiers]
-    weights += [weights[-1]] * (len(verifiers) - 1)  # one weight for every task of the mix
+    weights += [weights[-1]] * (len(shared) - 1)  # the last weight, once for each shared source
+    made = [
+        SOURCE_CLASSES[kind].build(what, reward_args, base_dir=base_dir, device=device, functions=functions)
+        for kind, what in sources
+    ]
     entries, used = [], set()
-    for (kind, what), weight in zip(sources, weights):
-        if kind == "task":
-            source = what  # loaded with the task's items (train/inputs.py)
-        else:
-            source = SOURCE_CLASSES[kind].build(
-                what, reward_args, base_dir=base_dir, device=device, functions=functions
-            )
+    for source, weight in zip(made + shared, weights):
         unique, n = source.name, 2
         while unique in used:
             unique, n = f"{source.name}_{n}", n + 1

@@ -5,7 +5,14 @@
 
 The arguments mirror `reasoning_gym.create_dataset(name, size=, seed=, **options)`, plus
 `eval_size`. The prompts are the questions with an instruction to answer between <answer> tags;
-the reward is the task's own verifier (rewards/reasoning_gym.py).
+the reward is the task's own verifier (TaskVerifier, below), behind the interface every task
+library implements (tasks/base.py).
+
+The reward of a completion is the task's `score_answer(answer, entry)` on the answer that
+reasoning-gym's `extract_answer` reads from it: the text of the LAST `<answer>...</answer>` pair.
+A completion without the tags scores 0: the whole reply is never scored, because the library's
+default scorer gives partial credit len(answer) / len(reply) to a reply that merely contains the
+answer, which would pay for rambling instead of answering (docs/reasoning-tasks.md).
 
 Held-out items never overlap training. reasoning-gym generates item i of a dataset from
 Random(seed + i), so the dataset of seed s + 1 is the dataset of seed s shifted by one item: a
@@ -25,8 +32,8 @@ import textwrap
 
 from ..config.options import ConfigError
 from ..config.task import DEFAULT_INSTRUCTION, TaskArgs, task_specs
-from ..prompts import PromptSet, tokenize_prompts
-from ..rewards.reasoning_gym import TaskReward, TaskVerifier
+from ..rewards.calls import completion_text
+from .base import Task, Verifier
 
 logger = logging.getLogger("hydrappo")
 
@@ -103,11 +110,13 @@ def deal(total: int, weights: list[float]) -> list[int]:
     return counts
 
 
-class ReasoningGymTask:
+class ReasoningGymTask(Task):
     """One reasoning-gym task, `ReasoningGymTask("chain_sum", size=, seed=, eval_size=, **options)`,
     or a mix, `ReasoningGymTask({"chain_sum": {"weight": 2, "config": {...}}, "basic_arithmetic": 1}, ...)`
     (a list of {name, weight, config} as reasoning-gym's composite configs write it is taken too).
     Checked when made: reasoning-gym installed, every name a task, every option one of its options."""
+
+    columns = COLUMNS
 
     def __init__(
         self,
@@ -179,13 +188,6 @@ class ReasoningGymTask:
             partial_credit=args.task_partial_credit,
             **options,
         )
-
-    def configure(self, config) -> None:
-        """Write this task into `config`'s task section (the Python API's `task=`): a run records
-        its task in config.yaml like any option, so that a resumed run makes the same items."""
-        if not hasattr(config, "task"):
-            raise ConfigError(f"task: {type(config).__name__} has no task section; a task is for RL (PPOTrainer).")
-        config.task = TaskArgs(**vars(self.args))
 
     @property
     def names(self) -> list[str]:
@@ -281,17 +283,6 @@ class ReasoningGymTask:
         )
         return True
 
-    def prompt_set(self, split: str, tokenizer, data, limit: int | None = None) -> PromptSet:
-        """The split's prompts (its first `limit`) formatted and tokenized as a run sees them: plain text
-        when the tokenizer has no chat template (use_plain_text), else data's chat template and system
-        prompt; data.max_prompt_length first raised to the task's longest prompt (fit_prompt_length,
-        which writes it into `data`: pass a copy to keep the caller's)."""
-        plain = self.use_plain_text(tokenizer, data)
-        self.fit_prompt_length(data, tokenizer)
-        texts = [row["prompt"] for row in self.rows(split)][: limit or None]
-        chat = data.apply_chat_template and not plain
-        return tokenize_prompts(texts, tokenizer, data.max_prompt_length, chat, data.system_prompt if chat else None)
-
     def rows(self, split: str = "train") -> list[dict]:
         """The items as prompt-table rows, {"prompt", "task", "answer", "item"} (`item`: the item's
         number, training items first; `prompt`: text, or a message list with an answer start), e.g.
@@ -302,14 +293,6 @@ class ReasoningGymTask:
             {"prompt": self.prompt(entry), "task": name, "answer": entry["answer"], "item": first + n}
             for n, (name, entry) in enumerate(chosen)
         ]
-
-    @property
-    def train_dataset(self) -> list[dict]:
-        return self.rows("train")
-
-    @property
-    def eval_dataset(self) -> list[dict]:
-        return self.rows("eval")
 
     @property
     def reward_funcs(self) -> list[TaskVerifier]:
@@ -326,24 +309,45 @@ class ReasoningGymTask:
             for name in self.names
         ]
 
-    def reward_sources(self, columns: list[str]) -> list[TaskReward]:
-        """The verifiers as reward sources (rewards/sources.py weighs them as the task's one source)."""
-        return [TaskReward(verifier, columns=columns, setting="task") for verifier in self.reward_funcs]
 
-    # ------------------------------------------------------------------ the prompts' length
-    def fit_prompt_length(self, data, tokenizer) -> None:
-        """Raise data.max_prompt_length to the longest task prompt (as formatted): a task prompt cut
-        from the left loses its question, or the chat template's system turn."""
-        texts = [row["prompt"] for row in self.rows("train") + self.rows("eval")]
-        chat = data.apply_chat_template and self.plain_text is None
-        prompts = tokenize_prompts(texts, tokenizer, 10**9, chat, data.system_prompt if chat else None)
-        longest = max(len(ids) for ids in prompts.input_ids)
-        if longest > data.max_prompt_length:
-            logger.info(
-                "data.max_prompt_length raised from %d to %d tokens, the longest prompt of the task (%s): task prompts "
-                "are never truncated.",
-                data.max_prompt_length,
-                longest,
-                ", ".join(self.names),
-            )
-            data.max_prompt_length = longest
+class TaskVerifier(Verifier):
+    """One reasoning-gym task's verifier: its `score_answer` on the answer between the last <answer> tags."""
+
+    def __init__(
+        self,
+        name: str,
+        score_answer,
+        entries: dict[int, dict],
+        answer_start: str | None = None,
+        partial_credit: bool = True,
+    ):
+        super().__init__(name, entries)
+        self.score_answer, self.answer_start = score_answer, answer_start
+        self.partial_credit = partial_credit  # False: full marks score 1, anything less 0
+        self._warned = False
+
+    def score(self, completion, entry: dict) -> float:
+        from reasoning_gym.utils import extract_answer
+
+        text = completion_text(completion)
+        answer = extract_answer(text)
+        if answer is None and self.answer_start and text.startswith(self.answer_start):
+            # The answer start opened the tag for the model: a response that ends without closing it
+            # (SmolLM2-135M ends its turn after the number) is its answer to the end.
+            answer = extract_answer(f"{text}</answer>") if self.answer_start.rstrip().endswith("<answer>") else None
+        if answer is None:  # no <answer> tags: nothing to score
+            return 0.0
+        try:
+            score = float(self.score_answer(answer, entry))
+            return score if self.partial_credit or score >= 1.0 else 0.0
+        except Exception as error:  # the library's scorer on an answer it cannot parse: a wrong answer
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "reasoning-gym's %s scorer raised %s: %s on the answer %r; such answers score 0 (logged once).",
+                    self.__name__,
+                    type(error).__name__,
+                    error,
+                    answer[:80],
+                )
+            return 0.0

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..data import DataError, load_prompt_table, read_sft_table, read_table, split_by_prompt
 from ..preferences import prompt_groups, read_preference_table
 from .. import usercode
 from ..rewards import is_missing, reward_functions
 from ..agent.rollouts import load_agent_code
-from ..tasks.reasoning_gym import COLUMNS as TASK_COLUMNS
-from ..tasks.reasoning_gym import ReasoningGymTask
+from ..tasks import task_from_args
 
 
 def table_label(setting: str, value) -> str:
@@ -41,7 +40,8 @@ class RLInputs:
     eval_prompts: list
     eval_columns: dict[str, list]
     agent_code: dict | None = None  # tools, environments, parser (agent/rollouts.py), loaded and checked
-    task: object = None  # the reasoning-gym task that made the prompts and a reward source (tasks/), or None
+    task: object = None  # the task that made the prompts and its verifiers (a tasks/base.py Task), or None
+    shared_sources: list = field(default_factory=list)  # the task's verifiers: one weight (rewards/sources.py)
 
 
 @dataclass
@@ -79,21 +79,21 @@ def read_rl_inputs(config) -> RLInputs:
 
 
 def read_task_inputs(config) -> RLInputs:
-    """A task's: its items as the prompts and held-out prompts, its verifiers besides the reward
-    functions (which may read the task's columns: task, answer, item)."""
-    task = ReasoningGymTask.from_args(config.task)
-    columns = [*TASK_COLUMNS, *(["transcripts", "environments"] if config.agent.enabled else [])]
+    """A task's: its items as the prompts and held-out prompts, its verifiers beside the reward
+    functions (which may read the task's columns, e.g. task, answer, item), sharing one weight."""
+    task = task_from_args(config.task)
+    columns = [*task.columns, *(["transcripts", "environments"] if config.agent.enabled else [])]
     functions = reward_functions(config.reward, columns=columns, setting="task")
-    functions += task.reward_sources(columns)
     train, held_out = task.rows("train"), task.rows("eval")
     return RLInputs(
         [row["prompt"] for row in train],
-        {name: [row[name] for row in train] for name in TASK_COLUMNS},
+        {name: [row[name] for row in train] for name in task.columns},
         functions,
         [row["prompt"] for row in held_out],
-        {name: [row[name] for row in held_out] for name in TASK_COLUMNS} if held_out else {},
+        {name: [row[name] for row in held_out] for name in task.columns} if held_out else {},
         load_agent_code(config),
         task=task,
+        shared_sources=task.reward_sources(columns),
     )
 
 

@@ -81,7 +81,12 @@ class PPOTrainer(TrainingLoop):
             # score_normalization 'ref' without explicit statistics: the reward checkpoint's.
             apply_reference_stats(config.reward, branch)
 
-        rewards = build_reward_source(config.reward, device=str(self.device), functions=self.inputs.functions)
+        rewards = build_reward_source(
+            config.reward,
+            device=str(self.device),
+            functions=self.inputs.functions,
+            shared_weight_sources=self.inputs.shared_sources,
+        )
         data = config.data
         task = self.inputs.task
         held_out_prompts = None
