@@ -308,3 +308,77 @@ def test_partial_credit_off_scores_only_full_marks():
     assert 0.0 < scores[True][1] < 1.0 and scores[False][1] == 0.0  # "= 7" contains 7: partial credit only
     assert scores[True][2] == scores[False][2] == 0.0
     assert ReasoningGymTask.from_args(task.args).args.task_partial_credit is False  # the config section carries it
+
+
+# A second task library, written as a user would: a Task subclass in a module of their own, named by
+# one line of tasks/registry.py's LIBRARIES. It shows that nothing outside tasks/ assumes reasoning-gym.
+TOY_LIBRARY = '''
+from hydrappo.tasks import Task, Verifier
+
+
+class LetterVerifier(Verifier):
+    def score(self, completion, entry):
+        text = completion if isinstance(completion, str) else completion[-1]["content"]
+        return 1.0 if entry["letter"] in text else 0.0
+
+
+class LetterTask(Task):
+    """Say a given letter: item i asks for the i-th letter of the alphabet."""
+
+    def __init__(self, args):
+        self.args, self.size, self.eval_size = args, args.task_size, args.task_eval_size
+        self.entries = {i: {"letter": "abcdefghijklmnopqrstuvwxyz"[i % 26]} for i in range(self.size + self.eval_size)}
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args)
+
+    @property
+    def names(self):
+        return ["letters"]
+
+    def rows(self, split="train"):
+        items = range(self.size) if split == "train" else range(self.size, self.size + self.eval_size)
+        return [{"prompt": f"Say the letter {self.entries[i]['letter']}.", "task": "letters", "item": i} for i in items]
+
+    @property
+    def reward_funcs(self):
+        return [LetterVerifier("letters", self.entries)]
+'''
+
+
+@pytest.fixture
+def toy_library(tmp_path, monkeypatch):
+    from hydrappo.tasks import registry
+
+    (tmp_path / "toy_letters.py").write_text(TOY_LIBRARY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry.LIBRARIES, "letters", "toy_letters:LetterTask")
+    return {"task_library": "letters", "task_name": "letters", "task_config": None, "task_size": 8, "task_eval_size": 2}
+
+
+def test_a_second_task_library_is_built_by_its_registry_line_and_scored_by_its_own_verifier(tmp_path, toy_library):
+    from hydrappo.config.task import TaskArgs
+    from hydrappo.tasks.registry import task_class, task_from_args
+
+    task = task_from_args(TaskArgs(**toy_library))
+    assert type(task).__name__ == "LetterTask" and task.names == ["letters"]
+    assert [row["prompt"] for row in task.eval_dataset] == ["Say the letter i.", "Say the letter j."]
+    assert task.held_out() == {"task": ["letters", "letters"], "item": [8, 9]}
+    (source,) = task.reward_sources(["task", "item"])
+    scores = source(["", ""], ["", ""], ["it is i", "no"], columns={"task": ["letters"] * 2, "item": [8, 8]})
+    assert scores.tolist() == [1.0, 0.0]
+    with pytest.raises(ConfigError, match="the known ones: letters, reasoning_gym"):
+        task_class("letterz")
+
+
+@pytest.mark.slow
+def test_a_ppo_run_from_a_second_task_library_evaluates_with_its_verifier_and_records_it(tmp_path, toy_library):
+    config = task_config(tmp_path, train={"eval_every": 1}, task=toy_library)
+    PPOTrainer(parse_config(write(tmp_path, config))).train()
+    records = metrics(tmp_path / "run")
+    assert "env/reward/letters" in [r for r in records if "env/reward_mean" in r][-1]
+    evaluated = [r for r in records if "eval/reward_mean" in r]
+    assert [r["step"] for r in evaluated] == [0, 1, 2] and 0.0 <= evaluated[-1]["eval/solved/letters"] <= 1.0
+    saved = yaml.safe_load((tmp_path / "run" / "checkpoint-2" / "config.yaml").read_text())
+    assert saved["task"]["task_library"] == "letters"
