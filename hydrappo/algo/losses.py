@@ -233,27 +233,46 @@ def ppo_loss(
 
 
 def preference_loss(
-    chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """Bradley-Terry loss of (B,) reward scores: mean of -log sigmoid(r_c - r_r - margin).
 
     The reward-model loss of Stiennon et al. (2020) and Ouyang et al. (2022), with the optional
     per-pair margin of Touvron et al. (2023, Llama 2). Stats: ``accuracy`` (a tie counts half),
     ``margin`` (mean r_c - r_r), mean chosen and rejected scores. ``logsigmoid``, not
-    ``log(sigmoid)``, so large gaps stay finite."""
+    ``log(sigmoid)``, so large gaps stay finite.
+
+    (B, K) scores are K heads (a reward ensemble, algo/ensemble.py): each pair's loss of each head
+    is weighted by its bootstrap count `counts` (B, K) (default 1) and the loss is
+    sum(counts * loss) / (B * K), the mean loss of each head's resample in expectation (a
+    Poisson(1) count has mean 1) with no batch that a head sees empty. The stats are then those
+    of the heads' mean score, with each head's own accuracy as ``head_accuracy/<k>``."""
     chosen, rejected = widened(chosen), widened(rejected)
     gap = chosen - rejected
-    target_gap = gap - margin.to(gap) if margin is not None else gap
-    loss = -F.logsigmoid(target_gap).mean()
+    if margin is not None:
+        margin = margin.to(gap) if gap.dim() == 1 else margin.to(gap).unsqueeze(-1)
+    target_gap = gap - margin if margin is not None else gap
+    pair_losses = -F.logsigmoid(target_gap)
+    loss = (pair_losses * counts.to(gap)).sum() / pair_losses.numel() if counts is not None else pair_losses.mean()
     with torch.no_grad():
-        accuracy = ((gap > 0).float() + 0.5 * (gap == 0).float()).mean()
+
+        def accuracy_of(gaps):
+            return ((gaps > 0).float() + 0.5 * (gaps == 0).float()).mean(0)
+
+        several = gap.dim() == 2
+        mean_gap = gap.mean(-1) if several else gap
         stats = {
             "loss": loss.detach(),
-            "accuracy": accuracy,
-            "margin": gap.mean(),
+            "accuracy": accuracy_of(mean_gap),
+            "margin": mean_gap.mean(),
             "chosen_score": chosen.mean(),
             "rejected_score": rejected.mean(),
         }
+        if several:
+            stats.update({f"head_accuracy/{k}": value for k, value in enumerate(accuracy_of(gap))})
     return loss, stats
 
 

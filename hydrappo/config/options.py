@@ -31,6 +31,7 @@ from .values import (
     ROLLOUTS_PAST,
     UNIT,
     AdvantageEstimator,
+    EnsembleObjective,
     ImportanceSamplingLevel,
     KlController,
     KlEstimator,
@@ -373,6 +374,16 @@ class RewardArgs:
         -1, "Logit index used as the score (-1: the last one).", Range(-MAX_ROWS, MAX_ROWS)
     )
     use_reward_branch: bool = option(False, "Score with the hydra reward branch (model.reward_branch_path).")
+    ensemble_objective: EnsembleObjective = option(
+        "mean",
+        "The score PPO optimises from a reward branch of several heads (train.reward_heads of the reward stage), each "
+        "standardised by its reference statistics: mean (of the heads), worst (the lowest head) or mean_minus_std "
+        "(mean - ensemble_std_weight * their spread): the two last are Coste et al.'s conservative objectives against "
+        "over-optimisation. A branch of one head scores as it is.",
+    )
+    ensemble_std_weight: float = option(
+        1.0, "The weight of the heads' spread in ensemble_objective: mean_minus_std.", NOT_NEGATIVE
+    )
     cliprange_reward: float | None = option(10.0, "Clip scores to [-c, c] (None: off).", POSITIVE)
     missing_eos_penalty: float | None = option(
         None, "Score given to responses that never emit EOS (None: off).", FINITE

@@ -47,6 +47,19 @@ class RewardTrainArgs(StageTrainArgs):
         "last",
         "Where the reward head reads the branch's hidden states: last (the last non-padding token) or mean (the mean over the response tokens). Recorded in the checkpoint; PPO's scoring uses what the branch was trained with.",
     )
+    reward_heads: int = option(
+        1,
+        "Reward heads on the branch: K > 1 trains an ensemble of K linear heads on the branch's shared layers, each "
+        "on its own bootstrap resample of the pairs (with `bootstrap`), scored in PPO by reward.ensemble_objective "
+        "(Coste et al. 2023). Recorded in the checkpoint.",
+        Range(1, 64, fix="use 1 for one head, or e.g. 4 for an ensemble"),
+    )
+    bootstrap: bool = option(
+        True,
+        "With reward_heads > 1, weigh each pair for each head by a Poisson(1) count drawn from train.seed (the "
+        "online bootstrap): the heads see different resamples of the pairs. False: every head sees every pair, and "
+        "they differ only by their initialisation.",
+    )
 
 
 @dataclass

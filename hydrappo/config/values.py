@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..algo.advantages import ADVANTAGE_ESTIMATORS, ESTIMATORS
+from ..algo.ensemble import ENSEMBLE_OBJECTIVES
 from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from ..algo.scores import SCORE_NORMALIZATIONS
@@ -34,6 +35,7 @@ LossAggMode = Literal[LOSS_AGG_MODES]
 ScoreNormalization = Literal[SCORE_NORMALIZATIONS]
 ValueHeadInit = Literal[VALUE_HEAD_INITS]
 RewardPooling = Literal[REWARD_POOLINGS]
+EnsembleObjective = Literal[ENSEMBLE_OBJECTIVES]
 TrunkQuantization = Literal[TRUNK_QUANTIZATIONS]
 LR_SCHEDULERS = typing.get_args(LrScheduler)
 MIXED_PRECISIONS = typing.get_args(MixedPrecision)

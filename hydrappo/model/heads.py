@@ -36,7 +36,8 @@ class ValueHead(nn.Module):
 
     @torch.no_grad()
     def init_from_reward_head(self, head: RewardHead) -> None:
-        """Make V(h) = w.h + b exactly, with w, b the reward head's Linear(h, 1).
+        """Make V(h) = w.h + b exactly, with w, b the reward head's Linear(h, 1) (of K heads: the
+        linear map of their mean score, RewardHead.mean_linear).
 
         What is copied: the first layer becomes [I; -I] with zero bias, so its 2h outputs
         after ReLU are (relu(h), relu(-h)); the last layer becomes [w, -w] with the reward
@@ -55,19 +56,51 @@ class ValueHead(nn.Module):
         eye = torch.eye(h, dtype=first.weight.dtype, device=first.weight.device)
         first.weight.copy_(torch.cat([eye, -eye]))
         first.bias.zero_()
-        w = head.score.weight.to(last.weight)
+        w, b = head.mean_linear()
+        w = w.to(last.weight)
         last.weight.copy_(torch.cat([w, -w], dim=1))
-        last.bias.copy_(head.score.bias.to(last.bias))
+        last.bias.copy_(b.to(last.bias))
 
 
 class RewardHead(nn.Module):
-    """The reward model's scalar head: one linear map of the last token's hidden state."""
+    """The reward model's scalar head: one linear map of the pooled hidden state, or K of them
+    (`heads`), the members of a reward ensemble on one branch (algo/ensemble.py).
 
-    def __init__(self, hidden_size: int):
+    One head answers (B,) scores, K heads (B, K). The K maps are one Linear(h, K) named `score`,
+    so one head keeps the weight names of checkpoints written before ensembles. A Bradley-Terry
+    head is fixed only up to a shift, so heads trained on different resamples sit at different
+    offsets: K heads answer each score standardised by its head's reference statistics
+    (`standardise`, set when the reward stage ends), which makes their spread and their worst
+    member mean something. One head answers its raw score, as it always did."""
+
+    def __init__(self, hidden_size: int, heads: int = 1):
         super().__init__()
         self.hidden_size = hidden_size
-        self.score = nn.Linear(hidden_size, 1)
+        self.heads = heads
+        self.score = nn.Linear(hidden_size, heads)
+        self.register_buffer("center", torch.zeros(heads), persistent=False)
+        self.register_buffer("scale", torch.ones(heads), persistent=False)
         self.float()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.score(hidden.to(self.score.weight.dtype)).squeeze(-1)
+        scores = self.score(hidden.to(self.score.weight.dtype))
+        if self.heads == 1:
+            return scores.squeeze(-1)
+        return (scores - self.center.to(scores)) / self.scale.to(scores)
+
+    @torch.no_grad()
+    def standardise(self, mean, std) -> None:
+        """Answer (score - mean) / std per head from now on (K heads; one head stays raw)."""
+        if self.heads > 1:
+            self.center.copy_(torch.as_tensor(mean, dtype=self.center.dtype))
+            self.scale.copy_(torch.as_tensor(std, dtype=self.scale.dtype))
+
+    @torch.no_grad()
+    def mean_linear(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w, b) with w.h + b the mean of the heads' (standardised) scores: a linear map, since each
+        head's is. One head: its own weight (1, h) and bias (1,)."""
+        weight, bias = self.score.weight, self.score.bias
+        if self.heads == 1:
+            return weight, bias
+        scale, center = self.scale.to(weight), self.center.to(weight)
+        return (weight / scale[:, None]).mean(0, keepdim=True), ((bias - center) / scale).mean(0, keepdim=True)

@@ -303,8 +303,9 @@ class HydraModel(nn.Module):
         branch.requires_grad_(False)
         self.reward_branch = branch.to(self.device)
 
-    def new_reward_branch(self, trainable: bool = False, own_norm: bool = False) -> RewardBranch:
-        """A reward branch initialised from the ORIGINAL top layers (the reference copy) and a fresh head.
+    def new_reward_branch(self, trainable: bool = False, own_norm: bool = False, heads: int = 1) -> RewardBranch:
+        """A reward branch initialised from the ORIGINAL top layers (the reference copy) and a fresh head
+        (`heads` > 1: an ensemble of that many heads, model/heads.py's RewardHead).
 
         `own_norm=True` gives the branch its own copy of the original final norm even where
         the policy shares the model's: the reward stage trains it, and a PPO run that trains
@@ -324,7 +325,7 @@ class HydraModel(nn.Module):
             layers = nn.ModuleList(copy.deepcopy(layer) for layer in [*self.ref_layers, *above])
         original_norm = self.ref_norm if self.ref_norm is not None else (self.arch.final_norm if own_norm else None)
         norm = copy.deepcopy(original_norm) if original_norm is not None else None
-        head = RewardHead(self.arch.hidden_size).to(
+        head = RewardHead(self.arch.hidden_size, heads).to(
             torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         )
         branch = RewardBranch(layers, head, norm).to(self.device)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from .. import usercode
+from ..algo.ensemble import ensemble_score
 from ..errors import RewardError, RewardFunctionError, refused_pickle
 from ..model.heads import widened
 from .scores import to_scores, where_at
@@ -111,13 +112,17 @@ class ClassifierReward:
 
 class BranchReward:
     """The hydra reward branch's scores, computed in the policy's own forward pass over the
-    rollouts and handed in as `branch_scores`."""
+    rollouts and handed in as `branch_scores`: (B,) of one head, or (B, K) of an ensemble of K
+    heads, which is scored by reward.ensemble_objective (algo/ensemble.py)."""
 
     kind, name = "branch", "reward_branch"
 
     @classmethod
     def build(cls, what, reward_args, *, base_dir, device, functions):
-        return cls()
+        return cls(reward_args.ensemble_objective, reward_args.ensemble_std_weight)
+
+    def __init__(self, objective: str = "mean", std_weight: float = 1.0):
+        self.objective, self.std_weight = objective, std_weight
 
     def __call__(self, samples, prompts=None, outputs=None, step: int | None = None, *, branch_scores=None, **_):
         if branch_scores is None:
@@ -126,8 +131,19 @@ class BranchReward:
             )
         # float64 stays float64 (exact comparisons); _to_scores would make it float32
         scores = widened(branch_scores.detach()).cpu()
-        if scores.shape != (len(samples),) or not torch.isfinite(scores).all():
+        if scores.shape[:1] != (len(samples),) or scores.dim() > 2 or not torch.isfinite(scores).all():
             raise RewardFunctionError(
                 f"{where_at('the reward branch', step)} gave scores {scores.tolist()} for {len(samples)} samples."
             )
-        return scores
+        return ensemble_score(scores, self.objective, self.std_weight)
+
+
+def ensemble_parts(branch_scores) -> dict[str, torch.Tensor]:
+    """Each head's (B,) scores and their spread (population std) of an ensemble branch's (B, K)
+    scores, logged beside the objective's score as env/reward/reward_branch/head_<k> and
+    env/reward/reward_branch/spread; nothing for one head."""
+    if branch_scores is None or branch_scores.dim() < 2:
+        return {}
+    scores = widened(branch_scores.detach()).cpu()
+    heads = {f"reward_branch/head_{k}": scores[:, k] for k in range(scores.shape[1])}
+    return {**heads, "reward_branch/spread": scores.std(-1, correction=0)}

@@ -4,8 +4,10 @@ A reward checkpoint is an ordinary checkpoint folder (storage/checkpoint.py) who
 `trainable.safetensors` holds the branch (layers.*, norm.*, head.*) and whose
 `trainer_state.json` holds, besides the step, `kind: hydrappo-reward-branch`, the base
 model's identity (including a fingerprint of the frozen trunk the branch sits on), the
-pooling the head reads (`last` or `mean`; checkpoints without it mean `last`), the score
-statistics on a reference set and the final evaluation. `load_reward_branch(hydra,
+pooling the head reads (`last` or `mean`; checkpoints without it mean `last`), the number of
+heads (`reward_heads`, an ensemble's; checkpoints without it hold one), the score statistics on
+a reference set (an ensemble's: each head's too, which standardise its scores) and the final
+evaluation. `load_reward_branch(hydra,
 path)` puts it into a HydraModel's reward slot; `path` may also be the reward run's
 output_dir (its latest checkpoint is used).
 """
@@ -177,11 +179,15 @@ def load_reward_branch(hydra: HydraModel, path: str | Path) -> RewardBranch:
     checkpoint's metadata, including the score statistics, is `branch.checkpoint_info`."""
     folder, info = read_reward_info(path)
     check_base_model(hydra, info["base_model"], str(folder))
-    branch = hydra.new_reward_branch(trainable=False, own_norm=True)
+    # checkpoints older than ensembles hold one head, under the same weight names (model/heads.py)
+    branch = hydra.new_reward_branch(trainable=False, own_norm=True, heads=info.get("reward_heads", 1))
     if not info.get("has_norm", True):  # trained on a model without a final norm
         branch.norm = None
     branch.pooling = info.get("pooling", "last")  # checkpoints older than the option read the last token
     load_trainable_weights(branch, folder, names={name for name, _ in branch.named_parameters()})
+    stats = info.get("score_stats") or {}
+    if "head_score_mean" in stats:  # an ensemble's heads answer standardised scores once its training ended
+        branch.head.standardise(stats["head_score_mean"], stats["head_score_std"])
     branch.requires_grad_(False)
     branch.checkpoint_info = {k: v for k, v in info.items() if k != "base_model"} | {"path": str(folder)}
     return branch

@@ -99,6 +99,19 @@ SECTIONS = (
                 "name), over the responses it scored.",
             ),
             M(
+                "env/reward/reward_branch/head_{k}",
+                RL,
+                "A reward branch of several heads (the reward stage's `train.reward_heads`): head k's mean score, "
+                "standardised by its reference statistics; `env/reward/reward_branch` is then "
+                "`reward.ensemble_objective`'s score of the heads.",
+            ),
+            M(
+                "env/reward/reward_branch/spread",
+                RL,
+                "Mean over the responses of the heads' spread (population std of their standardised scores): "
+                "where it grows, the heads disagree, and the policy has left the pairs they were trained on.",
+            ),
+            M(
                 "env/unscored_frac",
                 RL,
                 "Share of responses no reward source scored (every one returned None, "
@@ -320,6 +333,13 @@ SECTIONS = (
             M("eval/margin", ("reward",), "`train/margin` on the held-out pairs."),
             M("eval/chosen_score", ("reward",), "`train/chosen_score` on the held-out pairs."),
             M("eval/rejected_score", ("reward",), "`train/rejected_score` on the held-out pairs."),
+            M(
+                "train/head_accuracy/{head}",
+                ("reward",),
+                "With `train.reward_heads` > 1: one head's `train/accuracy` (heads 0..K-1); `train/accuracy` and "
+                "the other scores are then those of the heads' mean.",
+            ),
+            M("eval/head_accuracy/{head}", ("reward",), "`train/head_accuracy/{head}` on the held-out pairs."),
             M(
                 "reference/score_mean",
                 ("reward",),

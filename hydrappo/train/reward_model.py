@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..algo.ensemble import bootstrap_counts
 from ..algo.losses import preference_loss
 from ..algo.scores import score_statistics
 from ..config import GenerationArgs, RewardConfig
@@ -83,13 +84,16 @@ class RewardTrainer(SupervisedStage):
         if config.model.reward_branch_path:
             # Continue training an existing reward branch.
             self.branch = load_reward_branch(hydra, config.model.reward_branch_path).requires_grad_(True)
-            if self.branch.pooling != train.pooling:
-                raise UsageError(
-                    f"train.pooling={train.pooling} differs from the branch being continued "
-                    f"({config.model.reward_branch_path}: pooling={self.branch.pooling}); set train.pooling: {self.branch.pooling}."
-                )
+            for option, ours in (("pooling", self.branch.pooling), ("reward_heads", self.branch.head.heads)):
+                if getattr(train, option) != ours:
+                    raise UsageError(
+                        f"train.{option}={getattr(train, option)} differs from the branch being continued "
+                        f"({config.model.reward_branch_path}: {option}={ours}); set train.{option}: {ours}."
+                    )
+            heads = self.branch.head.heads
+            self.branch.head.standardise(torch.zeros(heads), torch.ones(heads))  # raw scores until it ends again
         else:
-            self.branch = hydra.new_reward_branch(trainable=True, own_norm=True)
+            self.branch = hydra.new_reward_branch(trainable=True, own_norm=True, heads=train.reward_heads)
             self.branch.pooling = train.pooling
 
         # The tables were read and checked before the model loaded (train/inputs.py).
@@ -104,6 +108,11 @@ class RewardTrainer(SupervisedStage):
             "reward training: %d training pairs, %d held-out pairs", len(self.train_pairs), len(self.eval_pairs)
         )
 
+        # How often each head sees each training pair: its bootstrap resample (algo/ensemble.py).
+        heads = self.branch.head.heads
+        self.counts = (
+            bootstrap_counts(len(self.train_pairs), heads, train.seed) if heads > 1 and train.bootstrap else None
+        )
         self.split_cache = SplitCache(hydra, train.cache_split_hidden)
         self.total_steps = total_steps_of(train, len(self.train_pairs))
         self.batches = EpochBatches(len(self.train_pairs), train.batch_size, train.seed)
@@ -257,11 +266,21 @@ class RewardTrainer(SupervisedStage):
 
             scores = self.harness.dist.map_in_order(part_scores, batches(len(prompt_ids), train.eval_batch_size), what)
         scores = torch.cat(scores)
+        heads = {}
         try:
+            if scores.dim() == 2:
+                # Each head standardised by its own statistics (model/heads.py), and the statistics of
+                # their mean: what the branch answers PPO from now on, whatever its objective.
+                columns = [score_statistics(column) for column in scores.T]
+                heads = {"head_score_mean": [m for m, _ in columns], "head_score_std": [s for _, s in columns]}
+                self.branch.head.standardise(heads["head_score_mean"], heads["head_score_std"])
+                scores = (
+                    (scores - scores.new_tensor(heads["head_score_mean"])) / scores.new_tensor(heads["head_score_std"])
+                ).mean(-1)
             mean, std = score_statistics(scores)
         except ValueError as error:
             raise TrainingError(f"reward statistics on the reference set ({source}): {error}") from None
-        return {"score_mean": mean, "score_std": std, "count": int(scores.numel()), "source": source}
+        return {"score_mean": mean, "score_std": std, "count": len(scores), "source": source, **heads}
 
     # ------------------------------------------------------------------ training
     def train_step(self) -> tuple[dict, None]:
@@ -276,7 +295,8 @@ class RewardTrainer(SupervisedStage):
                     if pairs.margins is not None
                     else None
                 )
-                loss, stats = preference_loss(chosen, rejected, margins)
+                counts = self.counts[index].to(chosen.device) if self.counts is not None else None
+                loss, stats = preference_loss(chosen, rejected, margins, counts)
                 finite = bool(torch.isfinite(loss))
                 if finite:
                     # This process's share of the whole batch's mean loss.
@@ -320,9 +340,12 @@ class RewardTrainer(SupervisedStage):
             "base_model": base_model_identity(self.hydra, self.config.model.name_or_path),
             "has_norm": self.branch.norm is not None,
             "pooling": self.branch.pooling,
+            "reward_heads": self.branch.head.heads,
             "score_mean": stats.get("score_mean"),
             "score_std": stats.get("score_std"),
-            "score_stats": {k: stats[k] for k in ("count", "source") if k in stats},
+            "score_stats": {
+                k: stats[k] for k in ("count", "source", "head_score_mean", "head_score_std") if k in stats
+            },
             "eval": self.final_eval if self.score_stats else {},
             "data": {
                 "apply_chat_template": data.apply_chat_template,
@@ -342,4 +365,6 @@ class RewardTrainer(SupervisedStage):
                 "score_std": state["score_std"],
                 **state.get("score_stats", {}),
             }
+            if "head_score_mean" in self.score_stats:
+                self.branch.head.standardise(self.score_stats["head_score_mean"], self.score_stats["head_score_std"])
             self.final_eval = state.get("eval", {})

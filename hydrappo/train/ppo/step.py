@@ -60,6 +60,7 @@ from ...data import PromptSampler, PromptSet
 from ...generation.responses import Responses
 from ...model import HydraModel
 from ...rewards import RewardContext, RewardSources, with_columns
+from ...rewards.models import ensemble_parts
 from ..harness import Harness, TrainingError
 from ..memory import BackOff, OutOfMemory, memory_phase
 from ..run_log import as_float
@@ -364,7 +365,9 @@ class PPOStep:
             scores = scores if own is None else scores + own.to(scores)
         if torch.isinf(scores).any():  # (NaN: no source scored the sample, TRL's None)
             raise TrainingError(f"the reward sources returned non-finite scores: {scores.tolist()}")
-        return Scored(total=scores, parts=scored.parts, environment_stats=environment_stats)
+        # an ensemble branch's heads and their spread, beside the objective's score (reward_branch)
+        parts = {**scored.parts, **ensemble_parts(branch_scores)}
+        return Scored(total=scores, parts=parts, environment_stats=environment_stats)
 
     # ------------------------------------------------------------------ 3. shape
     def gather_batch(self, rollout: Rollout, scored: Scored) -> WholeBatch:
