@@ -100,6 +100,18 @@ def reward_config(tmp: Path, dtype: str | None = None, **train) -> RewardConfig:
     return parse_config(tmp / "reward.yaml", [], config_cls=RewardConfig)
 
 
+def branch_ppo_config(tmp: Path, branch: Path, reward: dict, **train) -> Path:
+    """The tiny example's PPO run (float64) scored by the reward branch at `branch`, with `reward`
+    as its reward section and `train` over its train options; output in `tmp`."""
+    config = yaml.safe_load((TINY / "config.yaml").read_text())
+    config["model"].update(name_or_path=str(TINY / "model"), reward_branch_path=str(branch), dtype="float64")
+    config["reward"] = {"use_reward_branch": True, **reward}
+    config["data"]["prompts"] = str(TINY / "prompts.jsonl")
+    config["train"].update(output_dir=str(tmp), progress_bar=False, **train)
+    (tmp / "ppo.yaml").write_text(yaml.safe_dump(config))
+    return tmp / "ppo.yaml"
+
+
 def write_sft_config(tmp: Path, **train) -> Path:
     """Responses map each prompt word n<k> to g<k mod 8>: learnable, and far from what a random model says."""
     prompts = [json.loads(line)["prompt"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]

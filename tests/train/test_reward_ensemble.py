@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-import yaml
 
 from hydrappo import HydraModel
 from hydrappo.algo.ensemble import bootstrap_counts, ensemble_score
@@ -23,7 +22,7 @@ from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward_model import RewardTrainer
 from hydrappo.train.sequences import pack_sequences
 
-from runs import TINY, reward_config
+from runs import TINY, branch_ppo_config, reward_config
 from tiny import FLOAT64_ATOL
 
 SCORES = torch.tensor([[1.0, 3.0, 2.0], [-1.0, -1.0, -1.0], [0.0, 4.0, -4.0]], dtype=torch.float64)
@@ -171,13 +170,8 @@ def test_three_heads_learn_differ_and_are_stored_with_their_statistics(ensemble)
 @pytest.mark.slow
 def test_ppo_reads_the_heads_in_its_pass_and_optimises_the_worst(ensemble, tmp_path):
     tmp, _, _ = ensemble
-    config = yaml.safe_load((TINY / "config.yaml").read_text())
-    config["model"].update(name_or_path=str(TINY / "model"), reward_branch_path=str(tmp / "reward"), dtype="float64")
-    config["reward"] = {"use_reward_branch": True, "ensemble_objective": "worst"}
-    config["data"]["prompts"] = str(TINY / "prompts.jsonl")
-    config["train"].update(output_dir=str(tmp_path), total_steps=2, save_every=2, progress_bar=False)
-    (tmp_path / "ppo.yaml").write_text(yaml.safe_dump(config))
-    history = PPOTrainer(parse_config(tmp_path / "ppo.yaml"), config_dir=tmp_path).train()
+    path = branch_ppo_config(tmp_path, tmp / "reward", {"ensemble_objective": "worst"}, total_steps=2, save_every=2)
+    history = PPOTrainer(parse_config(path), config_dir=tmp_path).train()
     for row in history:
         heads = [row[f"env/reward/reward_branch/head_{k}"] for k in range(3)]
         # the worst head of each response: at most each head's, on average too

@@ -21,7 +21,7 @@ from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward_model import RewardTrainer
 from hydrappo.train.sequences import pack_sequences
 
-from runs import TINY, reward_config, write_pairs
+from runs import TINY, branch_ppo_config, reward_config, write_pairs
 from tiny import FLOAT64_ATOL
 
 
@@ -173,13 +173,8 @@ def test_reward_checkpoints_that_do_not_fit_are_clear_errors(trained, tmp_path):
 @pytest.mark.slow
 def test_ppo_optimises_the_learned_reward_with_its_reference_statistics(trained, tmp_path):
     tmp, trainer, _ = trained
-    config = yaml.safe_load((TINY / "config.yaml").read_text())
-    config["model"].update(name_or_path=str(TINY / "model"), reward_branch_path=str(tmp / "reward"), dtype="float64")
-    config["reward"] = {"use_reward_branch": True, "score_normalization": "ref"}
-    config["data"]["prompts"] = str(TINY / "prompts.jsonl")
-    config["train"].update(output_dir=str(tmp_path), total_steps=8, save_every=8, progress_bar=False)
-    (tmp_path / "ppo.yaml").write_text(yaml.safe_dump(config))
-    ppo = PPOTrainer(parse_config(tmp_path / "ppo.yaml"), config_dir=tmp_path)
+    path = branch_ppo_config(tmp_path, tmp / "reward", {"score_normalization": "ref"}, total_steps=8, save_every=8)
+    ppo = PPOTrainer(parse_config(path), config_dir=tmp_path)
     assert ppo.config.reward.score_ref_mean == pytest.approx(trainer.score_stats["score_mean"])
     assert ppo.config.reward.score_ref_std == pytest.approx(trainer.score_stats["score_std"])
     history = ppo.train()
