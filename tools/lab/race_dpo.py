@@ -233,6 +233,25 @@ def heldout_preference(model_dir: Path, config, pairs, tokenizer) -> dict:
 
 
 # ---------------------------------------------------------------------------- the sides
+def train_timed(trainer, model, timed: dict, train_pairs, held_out, tokenizer) -> dict:
+    """Run `trainer.train()` and report what both sides report alike: the step times and tokens
+    `timed` collected, the call's wall time, the peak memory and the trainable parameters of `model`."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    began = time.perf_counter()
+    trainer.train()
+    return {
+        "train_seconds": timed.get("cache", 0.0) + sum(timed["steps"]),
+        "step_seconds": timed["steps"],
+        "train_call_seconds": time.perf_counter() - began,
+        "peak_rss_mib": peak_rss_mib(),
+        "tokens_seen": timed["tokens"],
+        "trainable_parameters": trainable,
+        "train_pairs": len(train_pairs),
+        "held_out": held_out,
+        "tokenizer": tokenizer,
+    }
+
+
 def run_hydrappo(args, config) -> dict:
     """hydrappo.DPOTrainer on the config as `hydrappo dpo` runs it, its steps and cache fill timed."""
     from hydrappo import DPOTrainer
@@ -269,25 +288,9 @@ def run_hydrappo(args, config) -> dict:
         return pair_logps(pairs, index, tag)
 
     trainer.split_cache.fill, trainer.train_step, trainer.pair_logps = timed_fill, timed_step, counted_pair_logps
-    trainable = sum(p.numel() for p in trainer.hydra.parameters() if p.requires_grad)
-    began = time.perf_counter()
-    trainer.train()
-    call_seconds = time.perf_counter() - began
-    peak = peak_rss_mib()
-    tokenizer = trainer.tokenizer
+    result = train_timed(trainer, trainer.hydra, timed, train_pairs, held_out, trainer.tokenizer)
     del trainer
-    return {
-        "train_seconds": timed["cache"] + sum(timed["steps"]),
-        "cache_fill_seconds": timed["cache"],
-        "step_seconds": timed["steps"],
-        "train_call_seconds": call_seconds,
-        "peak_rss_mib": peak,
-        "tokens_seen": timed["tokens"],
-        "trainable_parameters": trainable,
-        "train_pairs": len(train_pairs),
-        "held_out": held_out,
-        "tokenizer": tokenizer,
-    }
+    return {**result, "cache_fill_seconds": timed["cache"]}
 
 
 def run_trl(args, config) -> dict:
@@ -379,28 +382,14 @@ def run_trl(args, config) -> dict:
         peft_config=peft_config,
         callbacks=[StepTimer()],
     )
-    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    began = time.perf_counter()
-    trainer.train()
-    call_seconds = time.perf_counter() - began
-    peak = peak_rss_mib()
+    result = train_timed(trainer, trainer.model, timed, train_pairs, held_out, tokenizer)
     trained = trainer.model.merge_and_unload() if args.side == "trl_lora" else trainer.model
     trained.save_pretrained(str(args.output_dir / "model"))
     tokenizer.padding_side = "left"  # as hydrappo saves its tokenizer
     tokenizer.save_pretrained(str(args.output_dir / "model"))
     if len(timed["steps"]) != steps:
         raise RuntimeError(f"TRL took {len(timed['steps'])} optimizer steps, not {steps}")
-    return {
-        "train_seconds": sum(timed["steps"]),
-        "step_seconds": timed["steps"],
-        "train_call_seconds": call_seconds,
-        "peak_rss_mib": peak,
-        "tokens_seen": timed["tokens"],
-        "trainable_parameters": trainable,
-        "train_pairs": len(train_pairs),
-        "held_out": held_out,
-        "tokenizer": tokenizer,
-    }
+    return result
 
 
 def run_side(args) -> int:
