@@ -23,7 +23,6 @@ exits with 130 or 143 (train/interrupt.py).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import os
@@ -32,62 +31,23 @@ import traceback
 from pathlib import Path
 
 from . import console, usercode
+from .config.command_line import parse_options
 from .console import launcher_process
 from .errors import HydrappoError, describe_os_error, on_the_command_line
 from .train.command import STAGES, stage_command
 
+
 # ---------------------------------------------------------------------------- generate, compare
-TRUST_HELP = (
-    "score with the reward function named in the checkpoint's config.yaml. That is running code that came with "
-    "the checkpoint: only for checkpoints you trust (otherwise name the function yourself with --reward_fn)"
-)
-
-
-OVERWRITE_HELP = "replace an existing --output file: it is moved to a sibling NAME.previous-<time>, never deleted"
-
-
-def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    """What generate and compare sample alike: how many prompts, how long, how hot."""
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    parser.add_argument("--max_new_tokens", type=int, default=None)
-    parser.add_argument("--temperature", type=float, default=None)
-    parser.add_argument(
-        "--greedy",
-        action="store_true",
-        help="take the most likely token at every step, as held-out evaluation during training does "
-        "(train.eval_greedy), instead of sampling at the run's (or --temperature's) temperature",
-    )
-
-
-def _add_seed_and_output_options(parser: argparse.ArgumentParser, output_help: str) -> None:
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", help=output_help)
-    parser.add_argument(
-        "--overwrite", "--overwrite_output_dir", dest="overwrite", action="store_true", help=OVERWRITE_HELP
-    )
-    parser.add_argument("--trust_checkpoint_code", action="store_true", help=TRUST_HELP)
-
-
 def generate_command(argv: list[str]) -> int:
-    from .evaluate import add_reward_options, check_arguments, generate
+    from .evaluate import GenerateOptions, check_arguments, generate
 
-    parser = usercode.CommandParser(
+    args = parse_options(
+        GenerateOptions,
+        argv,
         prog="hydrappo generate",
         description="Generate with a checkpoint's policy (and its base model) for a prompts file, score the responses "
         "and print them side by side with the mean score of each.",
     )
-    parser.add_argument(
-        "checkpoint", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)"
-    )
-    parser.add_argument(
-        "--prompts", help="prompts file (default: the held-out items of the run's task, else its training prompts)"
-    )
-    parser.add_argument("--prompt_column", default=None)
-    add_reward_options(parser)
-    _add_sampling_options(parser)
-    parser.add_argument("--no_base", action="store_true", help="skip the base model's responses")
-    _add_seed_and_output_options(parser, "also write the comparison to FILE (.md table, .html or .jsonl rows)")
-    args = parser.parse_args(argv)
     check_arguments(
         output=args.output,
         inputs={"the checkpoint": args.checkpoint, "--prompts": args.prompts},
@@ -111,32 +71,15 @@ def generate_command(argv: list[str]) -> int:
 
 
 def compare_command(argv: list[str]) -> int:
-    from .evaluate import add_reward_options, check_arguments, compare
+    from .evaluate import CompareOptions, check_arguments, compare
 
-    parser = usercode.CommandParser(
+    args = parse_options(
+        CompareOptions,
+        argv,
         prog="hydrappo compare",
         description="Several models (base, SFT, PPO checkpoints, exported directories) on the same prompts, with "
         "the same sampling seed: responses and reward scores side by side, and the mean score of each.",
     )
-    parser.add_argument(
-        "models", nargs="+", help="checkpoint or run folders, model directories or Hub ids, optionally NAME=PATH"
-    )
-    parser.add_argument(
-        "--prompts",
-        help="prompts file (jsonl/csv/parquet/txt); without it, the held-out items of the first checkpoint's task",
-    )
-    parser.add_argument("--prompt_column", default="prompt")
-    add_reward_options(parser)
-    parser.add_argument(
-        "--chat_template",
-        choices=["auto", "yes", "no"],
-        default="auto",
-        help="wrap prompts with each model's chat template (auto: as the first checkpoint was trained)",
-    )
-    _add_sampling_options(parser)
-    parser.add_argument("--max_prompt_length", type=int, default=None)
-    _add_seed_and_output_options(parser, "also write the table to FILE (.md, .html or .jsonl)")
-    args = parser.parse_args(argv)
     check_arguments(
         output=args.output,
         inputs={"--prompts": args.prompts, **{model: model.rpartition("=")[2] for model in args.models}},

@@ -23,13 +23,16 @@ import dataclasses
 import json
 import logging
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from .config import (
     Config,
     ConfigError,
+    DataArgs,
     GenerationArgs,
     ModelConfig,
     Problems,
@@ -37,6 +40,8 @@ from .config import (
     check_reward_fn,
     looks_like_a_path,
 )
+from .config.command_line import argument, range_problems
+from .config.values import Range
 from .config.paths import check_model_location, writable_folder_problem
 from .data import PromptSet, load_prompt_table, tokenize_prompts
 from .generation.samplers import build_sampler
@@ -191,22 +196,69 @@ def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperatur
     )
 
 
-def add_reward_options(parser) -> None:
-    """--reward_fn (repeated, or comma-separated) and --reward_weights, as a run's reward.reward_fn
-    and reward.reward_weights: the score of generate / compare is then the training score."""
-    parser.add_argument(
-        "--reward_fn",
-        action="append",
-        help="'module:function' or 'file.py:function' that scores the "
-        "responses; several: repeat it or separate them with commas, as reward.reward_fn (default: "
-        "none; see --trust_checkpoint_code)",
+# ---------------------------------------------------------------------------- the commands' options
+TRUST_HELP = (
+    "score with the reward function named in the checkpoint's config.yaml. That is running code that came with "
+    "the checkpoint: only for checkpoints you trust (otherwise name the function yourself with --reward_fn)"
+)
+OVERWRITE_HELP = "replace an existing --output file: it is moved to a sibling NAME.previous-<time>, never deleted"
+
+
+@dataclass
+class ScoringOptions:
+    """What generate and compare do alike: the reward that scores, how many prompts, how long, how hot, where to."""
+
+    reward_fn: list[str] | None = argument(
+        None,
+        "'module:function' or 'file.py:function' that scores the responses; several: repeat it or separate them "
+        "with commas, as reward.reward_fn (default: none; see --trust_checkpoint_code)",
+        repeat=True,
     )
-    parser.add_argument(
-        "--reward_weights",
-        type=float,
+    reward_weights: list[float] | None = argument(
+        None, "one weight per --reward_fn (default 1 each), as reward.reward_weights"
+    )
+    limit: int | None = argument(None, "use only the first N prompts", range=Range(1, fix="give a positive number"))
+    max_new_tokens: int | None = argument(None, like=(GenerationArgs, "max_new_tokens"))
+    temperature: float | None = argument(None, like=(GenerationArgs, "temperature"))
+    greedy: bool = argument(
+        False,
+        "take the most likely token at every step, as held-out evaluation during training does "
+        "(train.eval_greedy), instead of sampling at the run's (or --temperature's) temperature",
+    )
+    seed: int = argument(0, "the sampling seed")
+    output: str | None = argument(None, "also write the table to FILE (.md table, .html or .jsonl rows)")
+    overwrite: bool = argument(False, OVERWRITE_HELP, names=("--overwrite_output_dir",))
+    trust_checkpoint_code: bool = argument(False, TRUST_HELP)
+
+
+@dataclass
+class GenerateOptions(ScoringOptions):
+    checkpoint: str | None = argument(
+        None, "a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)", positional=True
+    )
+    prompts: str | None = argument(
+        None, "prompts file (default: the held-out items of the run's task, else its training prompts)"
+    )
+    prompt_column: str | None = argument(None, "the prompts file's column of prompts (default: the run's)")
+    no_base: bool = argument(False, "skip the base model's responses")
+
+
+@dataclass
+class CompareOptions(ScoringOptions):
+    models: list[str] | None = argument(
+        None,
+        "checkpoint or run folders, model directories or Hub ids, optionally NAME=PATH",
+        positional=True,
         nargs="+",
-        help="one weight per --reward_fn (default 1 each), as reward.reward_weights",
     )
+    prompts: str | None = argument(
+        None, "prompts file (jsonl/csv/parquet/txt); without it, the held-out items of the first checkpoint's task"
+    )
+    prompt_column: str = argument("prompt", "the prompts file's column of prompts")
+    chat_template: Literal["auto", "yes", "no"] = argument(
+        "auto", "wrap prompts with each model's chat template (auto: as the first checkpoint was trained)"
+    )
+    max_prompt_length: int | None = argument(None, like=(DataArgs, "max_prompt_length"))
 
 
 def reward_specs(reward_fn) -> list[str]:
@@ -243,20 +295,10 @@ def check_arguments(
             "choose another file, or pass --overwrite to move the "
             "existing one to a sibling NAME.previous-<time> (nothing is deleted)",
         )
-    for option, value in (
-        ("--limit", limit),
-        ("--max_new_tokens", max_new_tokens),
-        ("--max_prompt_length", max_prompt_length),
-    ):
-        if value is not None and value < 1:
-            problems.add(option, value, "must be at least 1", f"give a positive number, or leave {option} out")
-    if temperature is not None and not temperature > 0:
-        problems.add(
-            "--temperature",
-            temperature,
-            "must be > 0",
-            "use e.g. 1.0, --greedy for the most likely tokens, or leave it out",
-        )
+    declared = CompareOptions(
+        limit=limit, max_new_tokens=max_new_tokens, temperature=temperature, max_prompt_length=max_prompt_length
+    )
+    problems.messages.extend(range_problems(declared).messages)
     if greedy and temperature is not None:
         problems.add("--temperature", temperature, "does nothing with --greedy", "pass one of the two")
     if prompts is not None and not Path(prompts).expanduser().exists() and looks_like_a_path(prompts):
@@ -283,7 +325,7 @@ def check_arguments(
     for spec in models:
         path = spec.rpartition("=")[2] if "=" in spec else spec
         check_model_location(problems, "model", path, "checkpoint or model folder")
-    problems.raise_if_any()
+    problems.raise_if_any("the command line")
 
 
 def checkpoint_reward(

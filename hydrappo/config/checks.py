@@ -71,12 +71,12 @@ class Problems:
     def note(self, message: str) -> None:
         self.messages.append(message)
 
-    def raise_if_any(self) -> None:
+    def raise_if_any(self, where: str = "the config") -> None:
         if len(self.messages) == 1:
             raise ConfigError(self.messages[0])
         if self.messages:
             listed = "\n".join(f"  - {message}" for message in self.messages)
-            raise ConfigError(f"{len(self.messages)} problems in the config:\n{listed}")
+            raise ConfigError(f"{len(self.messages)} problems in {where}:\n{listed}")
 
 
 def _default(cls, name: str):
