@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from .. import usercode
+from ..config.command_line import argument, command_parser, options_from
 from .gguf_export import GGUF_TYPES
 
 CONVERSIONS = ("checkpoint", "trlx", "to-trlx", "gguf")
@@ -72,124 +74,126 @@ def _dtype_value(value):
         raise ExportError(f"--dtype: {error}") from None
 
 
-# ---------------------------------------------------------------------------- the parsers
+# ---------------------------------------------------------------------------- the options of each conversion
+# Spelt with dashes on the command line (--max-shard-size); each conversion's fields, then --overwrite.
+CHECKPOINT_HELP = "a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)"
+TOKENIZER_HELP = "tokenizer location, overriding the checkpoint's config.yaml"
+DEVICE_HELP = "where to rebuild the model (default cpu)"
+OVERWRITE_HELP = (
+    "write over a non-empty --out (and existing files): what is there is moved to a sibling "
+    "NAME.previous-<time>, never deleted"
+)
 
 
-def checkpoint_parser(prog: str) -> argparse.ArgumentParser:
-    parser = usercode.CommandParser(
-        prog=prog,
-        epilog=EXPORT_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
-            "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone, or, when --out ends in "
-            ".gguf, as one GGUF file that llama.cpp and Ollama run (Llama-style and Gemma 3 models; LoRA merged)."
-        ),
+@dataclass
+class CheckpointExport:
+    checkpoint: str | None = argument(
+        None, CHECKPOINT_HELP + "; with a .gguf --out, also a transformers model folder", positional=True
     )
-    parser.add_argument(
-        "checkpoint",
-        help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest); with a .gguf --out, "
-        "also a transformers model folder",
-    )
-    parser.add_argument(
-        "--out",
+    out: str | None = argument(
+        None,
+        "output model directory (must be empty or new), or a FILE.gguf: one GGUF file for llama.cpp and Ollama",
         required=True,
-        help="output model directory (must be empty or new), or a FILE.gguf: one GGUF file for llama.cpp and Ollama",
     )
-    parser.add_argument(
-        "--gguf-type",
-        choices=GGUF_TYPES,
-        help="with a .gguf --out: the type of the 2-D weights (default f16; q8_0 is 8-bit blocks; norms stay f32)",
+    gguf_type: Literal[GGUF_TYPES] | None = argument(
+        None, "with a .gguf --out: the type of the 2-D weights (default f16; q8_0 is 8-bit blocks; norms stay f32)"
     )
-    parser.add_argument(
-        "--base-model", help="base model location, overriding the checkpoint's config.yaml (if it moved)"
+    base_model: str | None = argument(
+        None, "base model location, overriding the checkpoint's config.yaml (if it moved)"
     )
-    parser.add_argument("--tokenizer", help="tokenizer location, overriding the checkpoint's config.yaml")
-    parser.add_argument("--dtype", type=_dtype_arg, help="dtype of the written weights (default: the training dtype)")
-    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 2GB (default 5GB)")
-    parser.add_argument("--value-head", help="also write the value head to this .safetensors file")
-    parser.add_argument("--reward-branch", help="also write the run's reward branch to this .safetensors file")
-    parser.add_argument(
-        "--keep-adapter",
-        action="store_true",
-        help="a LoRA run: write its adapter unmerged, as a peft adapter folder (adapter_config.json, "
+    tokenizer: str | None = argument(None, TOKENIZER_HELP)
+    dtype: str | None = argument(None, "dtype of the written weights (default: the training dtype)", type=_dtype_arg)
+    max_shard_size: str = argument("5GB", "largest safetensors shard, e.g. 2GB (default 5GB)")
+    value_head: str | None = argument(None, "also write the value head to this .safetensors file")
+    reward_branch: str | None = argument(None, "also write the run's reward branch to this .safetensors file")
+    keep_adapter: bool = argument(
+        False,
+        "a LoRA run: write its adapter unmerged, as a peft adapter folder (adapter_config.json, "
         "adapter_model.safetensors) that PeftModel.from_pretrained(base, DIR) loads on the base model",
     )
-    parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
-    return parser
+    device: str = argument("cpu", DEVICE_HELP)
+    overwrite: bool = argument(False, OVERWRITE_HELP, names=("--overwrite_output_dir",))
 
 
-def trlx_parser(prog: str) -> argparse.ArgumentParser:
-    parser = usercode.CommandParser(
-        prog=prog,
-        epilog=TRLX_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Convert a trlX hydra checkpoint (AutoModelForCausalLMWithHydraValueHead: base_model.*, v_head.*, "
-            "frozen_head.*) to a hydrappo checkpoint, to keep training with hydrappo."
-        ),
+@dataclass
+class TrlxImport:
+    source: str | None = argument(
+        None,
+        "trlX checkpoint: a directory (pytorch_model.bin, model.safetensors, shards) or a file",
+        positional=True,
     )
-    parser.add_argument(
-        "source", help="trlX checkpoint: a directory (pytorch_model.bin, model.safetensors, shards) or a file"
+    out: str | None = argument(None, "hydrappo checkpoint directory to write", required=True)
+    write_base: str | None = argument(None, "write the base model directory (config, tokenizer, safetensors) here")
+    base_model: str | None = argument(None, "the original model trlX started from (needed without a frozen head)")
+    config: str | None = argument(None, "the model's config.json or its directory (default: next to SOURCE)")
+    tokenizer: str | None = argument(None, "tokenizer directory (default: SOURCE's directory)")
+    num_layers_unfrozen: int | None = argument(None, "N, when the checkpoint has no frozen head to tell")
+    max_shard_size: str = argument("5GB", "largest safetensors shard of --write-base")
+    overwrite: bool = argument(False, OVERWRITE_HELP, names=("--overwrite_output_dir",))
+
+
+@dataclass
+class TrlxExport:
+    source: str | None = argument(None, CHECKPOINT_HELP, positional=True)
+    out: str | None = argument(None, "the trlX checkpoint directory to write (must be empty or new)", required=True)
+    base_model: str | None = argument(None, "base model location, overriding the checkpoint's config.yaml")
+    tokenizer: str | None = argument(None, TOKENIZER_HELP)
+    device: str = argument("cpu", DEVICE_HELP)
+    overwrite: bool = argument(False, OVERWRITE_HELP, names=("--overwrite_output_dir",))
+
+
+@dataclass
+class GgufImport:
+    source: str | None = argument(
+        None, "a bundled name, a .gguf file, or a directory with --gguf-file", positional=True
     )
-    parser.add_argument("--out", required=True, help="hydrappo checkpoint directory to write")
-    parser.add_argument("--write-base", help="write the base model directory (config, tokenizer, safetensors) here")
-    parser.add_argument("--base-model", help="the original model trlX started from (needed without a frozen head)")
-    parser.add_argument("--config", help="the model's config.json or its directory (default: next to SOURCE)")
-    parser.add_argument("--tokenizer", help="tokenizer directory (default: SOURCE's directory)")
-    parser.add_argument("--num-layers-unfrozen", type=int, help="N, when the checkpoint has no frozen head to tell")
-    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard of --write-base")
-    return parser
+    gguf_file: str | None = argument(None, "GGUF file inside the source directory")
+    out: str | None = argument(None, "output safetensors model directory (created), not a file", required=True)
+    overwrite: bool = argument(False, OVERWRITE_HELP, names=("--overwrite_output_dir",))
 
 
-def to_trlx_parser(prog: str) -> argparse.ArgumentParser:
-    parser = usercode.CommandParser(
-        prog=prog,
-        description=(
-            "Write a hydrappo checkpoint as a trlX hydra checkpoint folder (pytorch_model.bin with base_model.*, "
-            "v_head.*, frozen_head.*; config.json; tokenizer) for AutoModelForCausalLMWithHydraValueHead."
-            "from_pretrained(DIR, num_layers_unfrozen=N), N as printed. `hydrappo export trlx` reads it back."
-        ),
-    )
-    parser.add_argument("source", help="a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)")
-    parser.add_argument("--out", required=True, help="the trlX checkpoint directory to write (must be empty or new)")
-    parser.add_argument("--base-model", help="base model location, overriding the checkpoint's config.yaml")
-    parser.add_argument("--tokenizer", help="tokenizer location, overriding the checkpoint's config.yaml")
-    parser.add_argument("--device", default="cpu", help="where to rebuild the model (default cpu)")
-    return parser
-
-
-def gguf_parser(prog: str) -> argparse.ArgumentParser:
+def _gguf_description() -> str:
     from .models import BUNDLED_MODELS
 
-    parser = usercode.CommandParser(
-        prog=prog,
-        description="GGUF file -> safetensors folder: dequantise a GGUF model to a float32 safetensors model "
+    return (
+        "GGUF file -> safetensors folder: dequantise a GGUF model to a float32 safetensors model "
         "directory (model + tokenizer) that transformers and hydrappo load. For the other direction (a "
-        "checkpoint or a transformers folder -> a .gguf file) run `hydrappo export CHECKPOINT --out model.gguf`.",
+        "checkpoint or a transformers folder -> a .gguf file) run `hydrappo export CHECKPOINT --out model.gguf`. "
+        f"Bundled names: {', '.join(BUNDLED_MODELS)}."
     )
-    parser.add_argument(
-        "source",
-        help=f"a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a directory with --gguf-file",
-    )
-    parser.add_argument("--gguf-file", default=None, help="GGUF file inside the source directory")
-    parser.add_argument("--out", required=True, help="output safetensors model directory (created), not a file")
-    return parser
+
+
+OPTIONS = {"checkpoint": CheckpointExport, "trlx": TrlxImport, "to-trlx": TrlxExport, "gguf": GgufImport}
+DESCRIPTIONS = {
+    "checkpoint": lambda: (
+        "Write a hydrappo checkpoint's trained policy as a transformers model directory (config, tokenizer, "
+        "safetensors) that loads with AutoModelForCausalLM.from_pretrained alone, or, when --out ends in "
+        ".gguf, as one GGUF file that llama.cpp and Ollama run (Llama-style and Gemma 3 models; LoRA merged)."
+    ),
+    "trlx": lambda: (
+        "Convert a trlX hydra checkpoint (AutoModelForCausalLMWithHydraValueHead: base_model.*, v_head.*, "
+        "frozen_head.*) to a hydrappo checkpoint, to keep training with hydrappo."
+    ),
+    "to-trlx": lambda: (
+        "Write a hydrappo checkpoint as a trlX hydra checkpoint folder (pytorch_model.bin with base_model.*, "
+        "v_head.*, frozen_head.*; config.json; tokenizer) for AutoModelForCausalLMWithHydraValueHead."
+        "from_pretrained(DIR, num_layers_unfrozen=N), N as printed. `hydrappo export trlx` reads it back."
+    ),
+    "gguf": _gguf_description,
+}
+EPILOGS = {"checkpoint": EXPORT_EPILOG, "trlx": TRLX_EPILOG}
 
 
 def export_parser(conversion: str, prog: str) -> argparse.ArgumentParser:
-    """The parser of one conversion, with the --overwrite every one of them takes."""
-    parsers = {"checkpoint": checkpoint_parser, "trlx": trlx_parser, "to-trlx": to_trlx_parser, "gguf": gguf_parser}
-    parser = parsers[conversion](prog)
-    parser.add_argument(
-        "--overwrite_output_dir",
-        "--overwrite",
-        dest="overwrite",
-        action="store_true",
-        help="write over a non-empty --out (and existing files): what is there is moved to a sibling "
-        "NAME.previous-<time>, never deleted",
+    """The parser of one conversion, made from its options' dataclass (OPTIONS)."""
+    return command_parser(
+        OPTIONS[conversion],
+        prog,
+        DESCRIPTIONS[conversion](),
+        dashes=True,
+        epilog=EPILOGS.get(conversion),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    return parser
 
 
 # ---------------------------------------------------------------------------- the runners
@@ -402,6 +406,6 @@ def export_command(argv: list[str]) -> int:
     conversion = ALIASES.get(named, named) or "checkpoint"
     argv = argv[1:] if named else argv
     prog = "hydrappo export" if named is None else f"hydrappo export {named}"
-    args = export_parser(conversion, prog).parse_args(argv)
-    run_export(conversion, args)
+    parsed = export_parser(conversion, prog).parse_args(argv)
+    run_export(conversion, options_from(OPTIONS[conversion], parsed, dashes=True))
     return 0
