@@ -15,8 +15,10 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
+from typing import Literal
 
-from .. import usercode
+from ..config.command_line import argument, command_parser, options_from
 from ..model.quantize import TRUNK_QUANTIZATIONS
 from . import fit, plan as planner
 from .counts import load_model_config
@@ -27,105 +29,91 @@ PROG = "hydrappo memory"
 DEFAULTS = TrainingSettings()
 
 
-# ---------------------------------------------------------------------------- the parser
+# ---------------------------------------------------------------------------- the options
+# Spelt with dashes (--batch-size); the model, then which layers train and how, the shapes of one
+# PPO step and what runs in it, and what to print instead of the plan's table.
 
 
-def _add_layer_options(parser: argparse.ArgumentParser) -> None:
-    """Which layers train and how: the top N or a band (two ways to say it, so exclusive), LoRA, precision."""
-    layers = parser.add_mutually_exclusive_group()
-    layers.add_argument(
-        "-N",
-        "--num-layers-unfrozen",
-        type=int,
-        help=f"trainable top layers (-1: all; default {DEFAULTS.num_layers_unfrozen})",
+@dataclass
+class MemoryOptions:
+    model: str | None = argument(
+        None,
+        "a preset name, a config.json, or a model as `hydrappo train` takes it (a model directory, a .gguf "
+        "file, a bundled name, a cached Hub id)",
+        positional=True,
+        nargs="?",
     )
-    layers.add_argument(
-        "--trainable-layers",
+    # Which layers train: the top N or a band (two ways to say it, so exclusive), LoRA, precision.
+    num_layers_unfrozen: int | None = argument(
+        None,
+        f"trainable top layers (-1: all; default {DEFAULTS.num_layers_unfrozen})",
+        names=("-N",),
+        exclusive="layers",
+    )
+    trainable_layers: str | None = argument(
+        None,
+        "a band of trainable layers instead of the top N (0-based, END exclusive, e.g. 12:16; or fractions of "
+        "the depth, e.g. 0.43:0.57)",
         metavar="START:END",
-        help="a band of trainable layers instead of the top N (0-based, END exclusive, e.g. 12:16; or fractions of the depth, e.g. 0.43:0.57)",
+        exclusive="layers",
     )
-    parser.add_argument(
-        "--lora-rank", type=int, default=0, help="LoRA adapters of this rank on the top N layers (0: full training)"
+    lora_rank: int = argument(0, "LoRA adapters of this rank on the top N layers (0: full training)")
+    dtype: str = argument(DEFAULTS.dtype, "weights dtype", choices=sorted(DTYPES))
+    master_weights: Literal["auto", "yes", "no"] = argument(
+        "auto", "fp32 master copy + fp32 optimizer state of trainable weights (auto: when dtype is not fp32)"
     )
-    parser.add_argument("--dtype", default=DEFAULTS.dtype, choices=sorted(DTYPES), help="weights dtype")
-    parser.add_argument(
-        "--master-weights",
-        choices=("auto", "yes", "no"),
-        default="auto",
-        help="fp32 master copy + fp32 optimizer state of trainable weights (auto: when dtype is not fp32)",
-    )
-    parser.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=OPTIMIZERS)
-    parser.add_argument(
-        "--trunk-quantization",
-        default=DEFAULTS.trunk_quantization,
+    optimizer: str = argument(DEFAULTS.optimizer, "the optimizer", choices=OPTIMIZERS)
+    trunk_quantization: str = argument(
+        DEFAULTS.trunk_quantization,
+        "the frozen bottom layers (and frozen untied input embeddings) in int8 / 4bit",
         choices=TRUNK_QUANTIZATIONS,
-        help="the frozen bottom layers (and frozen untied input embeddings) in int8 / 4bit",
     )
-
-
-def _add_step_options(parser: argparse.ArgumentParser) -> None:
-    """The shapes of one PPO step, and what runs in it."""
-    parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size, help="rollouts per PPO step")
-    parser.add_argument("--mini-batch-size", type=int, default=DEFAULTS.mini_batch_size)
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=DEFAULTS.gradient_accumulation_steps)
-    parser.add_argument("--generation-batch-size", type=int, default=DEFAULTS.generation_batch_size)
-    parser.add_argument("--prompt-length", type=int, default=DEFAULTS.prompt_length)
-    parser.add_argument("--response-length", type=int, default=DEFAULTS.response_length)
-    parser.add_argument(
-        "--no-reward-model", action="store_true", help="a reward function scores (no reward branch/model)"
+    # The shapes of one PPO step, and what runs in it.
+    batch_size: int = argument(DEFAULTS.batch_size, "rollouts per PPO step")
+    mini_batch_size: int = argument(DEFAULTS.mini_batch_size, "rollouts per PPO minibatch")
+    gradient_accumulation_steps: int = argument(DEFAULTS.gradient_accumulation_steps, "minibatches per optimizer step")
+    generation_batch_size: int = argument(DEFAULTS.generation_batch_size, "sequences per generate() call")
+    prompt_length: int = argument(DEFAULTS.prompt_length, "prompt tokens")
+    response_length: int = argument(DEFAULTS.response_length, "response tokens")
+    no_reward_model: bool = argument(False, "a reward function scores (no reward branch/model)")
+    train_lm_head: bool = argument(False, "the LM head trains too")
+    train_final_norm: bool = argument(False, "the final norm trains too")
+    gradient_checkpointing: bool = argument(False, "recompute the trainable layers' activations in backward")
+    entropy: bool = argument(False, "an entropy bonus in the update (ppo.ent_coef != 0)")
+    sampler: str = argument(DEFAULTS.sampler, "graph: its static KV cache is held all step", choices=SAMPLERS)
+    # What to print instead of the plan's table.
+    json: bool = argument(False, "print the plan as JSON")
+    gpu: float | None = argument(
+        None, "GiB of a GPU: which settings fit it, beside TRL's GRPO + LoRA and the classic layout"
     )
-    parser.add_argument("--train-lm-head", action="store_true")
-    parser.add_argument("--train-final-norm", action="store_true")
-    parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--entropy", action="store_true", help="an entropy bonus in the update (ppo.ent_coef != 0)")
-    parser.add_argument(
-        "--sampler", default=DEFAULTS.sampler, choices=SAMPLERS, help="graph: its static KV cache is held all step"
+    largest: bool = argument(
+        False,
+        "peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, "
+        "default 16)",
     )
-
-
-def _add_output_options(parser: argparse.ArgumentParser) -> None:
-    """What to print instead of the plan's table."""
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument(
-        "--gpu", type=float, help="GiB of a GPU: which settings fit it, beside TRL's GRPO + LoRA and the classic layout"
-    )
-    parser.add_argument(
-        "--largest",
-        action="store_true",
-        help="peak of every preset and the largest that fits each GPU size, full top-N and LoRA (rank --lora-rank, default 16)",
-    )
-    parser.add_argument(
-        "--validate",
-        action="store_true",
-        help="measure two PPO steps on this CPU (float32) of a 135M and a "
-        "410M model against the plan (minutes; `python -m hydrappo.planner.validate --help` for its options)",
+    validate: bool = argument(
+        False,
+        "measure two PPO steps on this CPU (float32) of a 135M and a 410M model against the plan (minutes; "
+        "`python -m hydrappo.planner.validate --help` for its options)",
     )
 
 
 def memory_parser() -> argparse.ArgumentParser:
-    parser = usercode.CommandParser(
-        prog=PROG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Plan the GPU memory of PPO-RLHF with hydrappo (one trunk) and with the classic four-model "
+    return command_parser(
+        MemoryOptions,
+        PROG,
+        "Plan the GPU memory of PPO-RLHF with hydrappo (one trunk) and with the classic four-model "
         "layout, per component, and list the GPU sizes it fits.",
+        dashes=True,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"presets: {', '.join(PRESETS)}\n\n" + "\n".join(planner.__doc__.split("\n\n")[1:2]),
     )
-    parser.add_argument(
-        "model",
-        nargs="?",
-        help="a preset name, a config.json, or a model as `hydrappo train` takes it (a model directory, a .gguf "
-        "file, a bundled name, a cached Hub id)",
-    )
-    _add_layer_options(parser)
-    _add_step_options(parser)
-    _add_output_options(parser)
-    return parser
 
 
 # ---------------------------------------------------------------------------- running it
 
 
-def settings_from(args: argparse.Namespace) -> TrainingSettings:
+def settings_from(args: MemoryOptions) -> TrainingSettings:
     """The planner's settings from the parsed options (ValueError when they do not make sense)."""
     unfrozen = DEFAULTS.num_layers_unfrozen if args.num_layers_unfrozen is None else args.num_layers_unfrozen
     return TrainingSettings(
@@ -158,7 +146,7 @@ def run_validation() -> int:
     return main([])
 
 
-def plan_text(args: argparse.Namespace, settings: TrainingSettings) -> str:
+def plan_text(args: MemoryOptions, settings: TrainingSettings) -> str:
     """The plan of args.model as a table, as JSON, or as the settings that fit --gpu."""
     config = load_model_config(args.model)
     plan = planner.plan_memory(config, settings, args.model)
@@ -173,7 +161,7 @@ def memory_command(argv: list[str]) -> int:
     """`hydrappo memory MODEL | --largest | --validate [options]`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = memory_parser()
-    args = parser.parse_args(argv)
+    args = options_from(MemoryOptions, parser.parse_args(argv), dashes=True)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     if args.validate:
         return run_validation()
