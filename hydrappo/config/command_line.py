@@ -9,7 +9,7 @@ through HfArgumentParser) that calls `add_argument`.
 
     options = parse_options(GenerateOptions, argv, prog="hydrappo generate", description="...")
 
-A field's type gives argparse its `type` (`int | None` -> int), a `Literal[...]` its choices and a
+A field's type gives argparse its `type` (`int | None` -> int; int, float and Path convert), a `Literal[...]` its choices and a
 `bool` a switch (`store_true`); `like=(Section, "field")` takes the help text and the Range of a
 config option (config/values.py), so that `generate --max_new_tokens 0` is refused by the rule
 `generation.max_new_tokens` declares, in the same words. parse_options checks every Range after
@@ -22,6 +22,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from ..usercode import CommandParser
@@ -112,7 +113,7 @@ def add_options(parser: argparse.ArgumentParser, options: type, dashes: bool = F
             element = kind[1] if isinstance(kind, tuple) else kind
             if typing.get_origin(element) is Literal:
                 keywords["choices"] = typing.get_args(element)
-            elif spelling.type is not None or element in (int, float):
+            elif spelling.type is not None or element in (int, float, Path):
                 keywords["type"] = spelling.type or element
             if isinstance(kind, tuple) and not spelling.repeat:
                 keywords["nargs"] = "+"

@@ -8,6 +8,7 @@ the top-N against LoRA against full fine-tuning study, and one report over sever
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -17,8 +18,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ..config import Config
+from ..config.command_line import argument, command_parser, options_from
 from ..planner import plan as planner
 from ..planner.presets import preset_config
 from ..planner.settings import TrainingSettings
@@ -178,14 +181,37 @@ def rusage_note() -> str:
 
 
 # ---------------------------------------------------------------------------- the frontier
-def run_arguments(parser, defaults: dict) -> None:
-    """The options every study script shares: the runs' length, config and held-out measurement."""
-    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: the config's)")
-    parser.add_argument("--config", default=str(defaults["config"]))
-    parser.add_argument("--eval_prompts", default=str(defaults["eval_prompts"]))
-    parser.add_argument("--reward_fn", default=str(defaults["reward_fn"]), help="the held-out reward")
-    parser.add_argument("--limit", type=int, default=None, help="held-out prompts to use (default: all)")
-    parser.add_argument("--output_dir", default=str(defaults["output_dir"]))
+@dataclass
+class RunOptions:
+    """The options every study script shares: the runs' length, config and held-out measurement. A None
+    default is the example's own (the script's DEFAULTS, given to parse_study)."""
+
+    steps: int | None = argument(None, "PPO steps per run (default: the config's)")
+    config: str | None = argument(None, "the runs' config (default: the example's)")
+    eval_prompts: str | None = argument(None, "the held-out prompts (default: the example's)")
+    reward_fn: str | None = argument(None, "the held-out reward (default: the example's)")
+    limit: int | None = argument(None, "held-out prompts to use (default: all)")
+    output_dir: str | None = argument(None, "the study's folder (default: the example's)")
+    extra: list[str] | None = argument(None, "more options for every run", nargs=argparse.REMAINDER)
+
+
+@dataclass
+class FrontierOptions(RunOptions):
+    values: list[float] | None = argument(None, "values of --knob (default: the example's)")
+    knob: Literal["kl_target", "init_kl_coef"] = argument("kl_target", "the KL knob the runs differ in")
+
+
+def parse_study(options: type, defaults: dict, doc: str, argv=None):
+    """A study script's options: `defaults` (its DEFAULTS: config, eval_prompts, reward_fn, output_dir, ...)
+    fill what the command line leaves out."""
+    parser = command_parser(options, None, doc.split("\n\n")[0])
+    names = {f.name for f in dataclasses.fields(options)}
+    parser.set_defaults(
+        extra=[],
+        variants=list(STUDY_VARIANTS),
+        **{name: str(value) if isinstance(value, Path) else value for name, value in defaults.items() if name in names},
+    )
+    return options_from(options, parser.parse_args(argv))
 
 
 def frontier_main(defaults: dict, doc: str, argv=None) -> int:
@@ -193,18 +219,7 @@ def frontier_main(defaults: dict, doc: str, argv=None) -> int:
     controller, or a fixed coefficient): one run per value, one PNG, a markdown table and the
     JSON of every point. `defaults`: config, eval_prompts, reward_fn (the held-out reward, e.g. a
     gold reward), knob ("kl_target" or "init_kl_coef"), values, extra options, output_dir."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument(
-        "--values",
-        nargs="+",
-        type=float,
-        default=defaults["values"],
-        help=f"values of --{defaults['knob']} (default: {defaults['values']})",
-    )
-    parser.add_argument("--knob", default=defaults["knob"], choices=("kl_target", "init_kl_coef"))
-    run_arguments(parser, defaults)
-    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
-    args = parser.parse_args(argv)
+    args = parse_study(FrontierOptions, defaults, doc, argv)
     out = Path(args.output_dir)
     # The base model is the config's with the options given for every run (--extra), so a path they
     # override (a reward branch's) is checked where the runs will find it.
@@ -321,21 +336,18 @@ def planner_figure(options: list[str], preset: str = "llama-3.1-8b", gpu_gib: in
     return {"planner_peak_gib": plan.hydra.peak / 2**30, "planner_fits": plan.hydra.fits(gpu_gib)}
 
 
+@dataclass
+class StudyOptions(RunOptions):
+    variants: list[str] | None = argument(None, "the settings to run (default: all)", choices=list(STUDY_VARIANTS))
+    preset: str = argument("llama-3.1-8b", "the planner's model for the memory column")
+    sweep: bool = argument(False, "run every setting at the three learning rates of its kind (LEARNING_RATE_GRIDS)")
+
+
 def study_main(defaults: dict, doc: str, argv=None) -> int:
     """Top-N against LoRA against full fine-tuning on one example: a run per setting, the
     held-out result, step time, peak memory of the run (CPU RSS) and the planner's figure for a
     7-8B model on a 24 GB GPU; a table and a PNG (held-out reward against median step time)."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--variants", nargs="+", default=list(STUDY_VARIANTS), choices=list(STUDY_VARIANTS))
-    run_arguments(parser, defaults)
-    parser.add_argument("--preset", default="llama-3.1-8b", help="the planner's model for the memory column")
-    parser.add_argument(
-        "--sweep",
-        action="store_true",
-        help="run every setting at the three learning rates of its kind (LEARNING_RATE_GRIDS)",
-    )
-    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for every run")
-    args = parser.parse_args(argv)
+    args = parse_study(StudyOptions, defaults, doc, argv)
     out = Path(args.output_dir)
     runs = []
     for name in args.variants:
@@ -528,6 +540,16 @@ def study_folder_rows(folder: Path, curve_key: str) -> list[dict]:
     return rows
 
 
+@dataclass
+class ReportOptions:
+    table: Path | None = argument(None, "the markdown table to write", positional=True)
+    png: Path | None = argument(None, "the PNG to write", positional=True)
+    dirs: list[Path] | None = argument(None, "the study folders", positional=True, nargs="*")
+    curve: str = argument("eval/reward/accuracy", "the eval/* scalar of the held-out curve")
+    earlier: list[Path] | None = argument(None, "tables this command wrote before")
+    title: str = argument("held-out score against memory, each setting at its best learning rate", "the PNG's title")
+
+
 def report_main(argv=None) -> int:
     """One table and one PNG from the study.json files of several study folders (a study run in
     parts, e.g. a learning-rate sweep in folders of its own):
@@ -543,16 +565,10 @@ def report_main(argv=None) -> int:
     against the planner's peak memory. `--earlier` adds the rows of a table this command wrote
     before (read_report_table), for runs whose folders are gone; a folder's run of the same
     setting and rate replaces its earlier row."""
-    parser = argparse.ArgumentParser(
-        prog="python -m hydrappo.study report", description="one table and one PNG from several study folders"
+    parser = command_parser(
+        ReportOptions, "python -m hydrappo.study report", "one table and one PNG from several study folders"
     )
-    parser.add_argument("table", type=Path)
-    parser.add_argument("png", type=Path)
-    parser.add_argument("dirs", nargs="*", type=Path)
-    parser.add_argument("--curve", default="eval/reward/accuracy", help="the eval/* scalar of the held-out curve")
-    parser.add_argument("--earlier", type=Path, nargs="+", default=[], help="tables this command wrote before")
-    parser.add_argument("--title", default="held-out score against memory, each setting at its best learning rate")
-    args = parser.parse_args(argv)
+    args = options_from(ReportOptions, parser.parse_args(argv))
     if not args.dirs and not args.earlier:
         parser.error("give study folders, --earlier tables, or both")
     for folder in args.dirs:  # each checked before anything is read or written
@@ -560,7 +576,7 @@ def report_main(argv=None) -> int:
             raise SystemExit(problem)
     rows = [row for folder in args.dirs for row in study_folder_rows(folder, args.curve)]
     new = {(r["setting"], r["rate"]) for r in rows}
-    for earlier_table in args.earlier:
+    for earlier_table in args.earlier or []:
         try:
             earlier = read_report_table(earlier_table.read_text())
         except (OSError, ValueError) as error:
@@ -571,7 +587,7 @@ def report_main(argv=None) -> int:
     best = best_run_per_setting(rows)
     if not best:  # refused before anything is written: an earlier table and PNG stay as they were
         raise SystemExit(
-            f"no run in {', '.join(map(str, [*args.dirs, *args.earlier]))} logged {args.curve}: a held-out curve needs "
+            f"no run in {', '.join(map(str, [*args.dirs, *(args.earlier or [])]))} logged {args.curve}: a held-out curve needs "
             "data.eval_prompts in the runs' config (or --eval_prompts in their study's --extra)"
         )
     args.table.write_text(table)
