@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import usercode
 from ..algo.ranking import best_window, rank_layers, spearman_rho
+from ..config.command_line import argument, command_parser, options_from
 from ..console import launcher_process, report
 from ..errors import UsageError, plain_write_errors, shortened
 from ..model.band import BandSyntaxError, band_as_fractions, is_fraction, parse_band, resolve_band
@@ -493,54 +493,51 @@ def _num_layers(model) -> int | None:
     return getattr(config, "num_hidden_layers", None)
 
 
+@dataclass
+class SweepOptions:
+    config: str | None = argument(
+        None, "the RL run's YAML config (it must hold held-out evaluation)", positional=True, nargs="?"
+    )
+    layers: str | None = argument(
+        None,
+        "the candidate layers: indices, END exclusive ('1:30'), or fractions of the depth ('0.1:0.9'); "
+        "default every layer that can train alone (1 to the top)",
+        metavar="START:END",
+    )
+    steps: int = argument(DEFAULT_STEPS, f"steps per layer (default {DEFAULT_STEPS})")
+    window: int | None = argument(None, "the proposed band's width in layers (default: as many as the config trains)")
+    seed: int | None = argument(None, "train.seed for every layer (default the config's)")
+    metric: str = argument(DEFAULT_METRIC, f"the held-out statistic to rank by (default {DEFAULT_METRIC})")
+    output_dir: str | None = argument(
+        None, "the sweep's folder (default: train.output_dir + '-layer-sweep/seed-S'); run again to resume"
+    )
+    compare: list[str] | None = argument(
+        None,
+        "Spearman's rho between this sweep's ranking and another's (a layers.jsonl or its folder); without a "
+        "config, between two sweeps' files",
+        metavar="RESULTS",
+    )
+    help: bool = argument(False, "show this help message and exit", names=("-h",))
+
+
 def _parser():
-    parser = usercode.CommandParser(
-        prog="hydrappo sweep-layers",
-        description="The one-layer sweep: train each candidate layer alone (the band i:i+1) for a few steps of the "
+    return command_parser(
+        SweepOptions,
+        "hydrappo sweep-layers",
+        "The one-layer sweep: train each candidate layer alone (the band i:i+1) for a few steps of the "
         "config's own RL, from the same start with the same seed, rank the layers by held-out gain per step and "
         "propose the best window of consecutive layers as model.trainable_layers (arXiv 2607.01232). Options after "
         "the config file that are not the sweep's override it, as for hydrappo train (e.g. --learning_rate 1e-4).",
         add_help=False,
         allow_abbrev=False,
     )
-    parser.add_argument("config", nargs="?", help="the RL run's YAML config (it must hold held-out evaluation)")
-    parser.add_argument(
-        "--layers",
-        metavar="START:END",
-        help="the candidate layers: indices, END exclusive ('1:30'), or fractions of the depth ('0.1:0.9'); "
-        "default every layer that can train alone (1 to the top)",
-    )
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"steps per layer (default {DEFAULT_STEPS})")
-    parser.add_argument(
-        "--window",
-        type=int,
-        default=None,
-        help="the proposed band's width in layers (default: as many as the config trains)",
-    )
-    parser.add_argument("--seed", type=int, default=None, help="train.seed for every layer (default the config's)")
-    parser.add_argument(
-        "--metric", default=DEFAULT_METRIC, help=f"the held-out statistic to rank by (default {DEFAULT_METRIC})"
-    )
-    parser.add_argument(
-        "--output_dir",
-        default=None,
-        help="the sweep's folder (default: train.output_dir + '-layer-sweep/seed-S'); run again to resume",
-    )
-    parser.add_argument(
-        "--compare",
-        nargs="+",
-        metavar="RESULTS",
-        help="Spearman's rho between this sweep's ranking and another's (a layers.jsonl or its folder); without a "
-        "config, between two sweeps' files",
-    )
-    parser.add_argument("-h", "--help", action="store_true")
-    return parser
 
 
 def sweep_layers_command(argv: list[str]) -> int:
     """`hydrappo sweep-layers CONFIG.yaml [options] [--option value ...]`, or `--compare A B`."""
     parser = _parser()
-    args, overrides = parser.parse_known_args(argv)
+    parsed, overrides = parser.parse_known_args(argv)
+    args = options_from(SweepOptions, parsed)
     if args.help or (args.config is None and not args.compare):
         print(parser.format_help())
         return 0 if args.help else 2
