@@ -1,6 +1,6 @@
 """The `hydrappo` command: the table of sub-commands, the dispatch and the mapping of errors to
 exit codes. Each command's arguments are parsed beside the code it drives (train/command.py,
-train/layer_sweep.py, storage/export_command.py, planner/command.py; generate and compare here, for evaluate.py).
+train/layer_sweep.py, storage/export_command.py, planner/command.py; evaluation/options.py for generate and compare).
 Nothing imports this module (the layering test checks it); `python -m hydrappo` and the
 `hydrappo` script start here.
 
@@ -39,7 +39,8 @@ from .train.command import STAGES, stage_command
 
 # ---------------------------------------------------------------------------- generate, compare
 def generate_command(argv: list[str]) -> int:
-    from .evaluate import GenerateOptions, check_arguments, generate
+    from .evaluation.compare import check_arguments, generate
+    from .evaluation.options import GenerateOptions
 
     args = parse_options(
         GenerateOptions,
@@ -71,7 +72,8 @@ def generate_command(argv: list[str]) -> int:
 
 
 def compare_command(argv: list[str]) -> int:
-    from .evaluate import CompareOptions, check_arguments, compare
+    from .evaluation.compare import check_arguments, compare
+    from .evaluation.options import CompareOptions
 
     args = parse_options(
         CompareOptions,
@@ -105,7 +107,7 @@ def compare_command(argv: list[str]) -> int:
 
 def _show(columns, args) -> int:
     """generate's and compare's table, printed, and written to --output if given."""
-    from .evaluate import side_by_side_text, write_comparison
+    from .evaluation.tables import side_by_side_text, write_comparison
 
     print(side_by_side_text(columns))
     if args.output:

@@ -253,7 +253,7 @@ def test_a_ppo_run_from_python_with_a_task_object(tmp_path):
 
 @pytest.mark.slow
 def test_generate_and_compare_answer_the_task_s_held_out_items_scored_by_its_verifier(tmp_path):
-    from hydrappo.evaluate import compare, generate
+    from hydrappo.evaluation.compare import compare, generate
 
     config = task_config(tmp_path, train={"total_steps": 1})
     PPOTrainer(parse_config(write(tmp_path, config))).train()

@@ -72,6 +72,13 @@ BUNDLED_MODELS = {
 # --------------------------------------------------------------------------- Hub ids
 
 
+def pick_device(name: str) -> torch.device:
+    """train.device as a torch device: "auto" is CUDA where there is one, else the CPU."""
+    if name != "auto":
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def is_hub_id(text: str) -> bool:
     """Whether a model location names a Hub id: no existing path, no path-like spelling, no
     bundled name, and a valid repository id by huggingface_hub's rule."""

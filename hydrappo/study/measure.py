@@ -26,7 +26,7 @@ from ..algo.degeneration import degeneration_flags
 from ..algo.masked import masked_sum
 from ..config import Config, RewardArgs, parse_config
 from ..data import load_prompt_table, tokenize_prompts
-from ..evaluate import task_held_out
+from ..evaluation.compare import task_held_out
 from ..generation.responses import generate_responses
 from ..prompts import trl_arguments
 from ..rewards import build_reward_source

@@ -7,7 +7,7 @@
   it (`configure`); and `Verifier`, a task's scores in TRL's convention.
 - registry.py: the libraries a run can name (task.task_library), one line each, imported when named,
   and `task_from_args`, the one function the run (train/inputs.py) and `hydrappo generate` /
-  `compare` (evaluate.py) build a task with.
+  `compare` (evaluation/compare.py) build a task with.
 - reasoning_gym.py: reasoning-gym's tasks (`ReasoningGymTask`) and their own verifier (`TaskVerifier`).
 
 The config's `task:` section (config/task.py) or `PPOTrainer(task=ReasoningGymTask(...))` names a task.

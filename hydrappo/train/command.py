@@ -64,7 +64,7 @@ def _plan_against_the_gpu(config) -> None:
     Under a launcher, or with the trunk sharded (train.fsdp_trunk), each process holds a part of
     the run the planner does not plan: not checked."""
     from ..config import Config
-    from .precision import pick_device
+    from ..storage.models import pick_device
 
     if not isinstance(config, Config) or launcher_process()[1] > 1 or config.train.fsdp_trunk:
         return

@@ -102,7 +102,7 @@ class ProcessGroup:
         process already has one), and this process's device."""
         import torch.distributed as dist
 
-        from .precision import pick_device
+        from ..storage.models import pick_device
 
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         if world_size <= 1:

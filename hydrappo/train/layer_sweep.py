@@ -412,7 +412,7 @@ def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
     from ..storage.checkpoint import seed_everything
     from ..storage.models import build_hydra, load_model_and_tokenizer, resolve_dtype
     from .ppo import PPOTrainer
-    from .precision import pick_device
+    from ..storage.models import pick_device
 
     config = sweep.config
     device = pick_device(config.train.device)
@@ -432,7 +432,7 @@ def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
         trainer = PPOTrainer(one, hydra=hydra, tokenizer=tokenizer, inputs=copy.copy(sweep.inputs))
         if sweep.results.baseline is None:
             # Evaluated as the layers' evaluations are, at step K: sampled answers then draw the same
-            # random numbers (train/heldout.py seeds each batch by its step), so an unchanged policy gains 0.
+            # random numbers (evaluation/heldout.py seeds each batch by its step), so an unchanged policy gains 0.
             stats, _ = trainer.evaluate_held_out(sweep.steps)
             sweep.results.append({"baseline": stats})
             check_metric(sweep.metric, stats, sweep.results.path)

@@ -19,12 +19,6 @@ from ..config import ConfigError
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def pick_device(name: str) -> torch.device:
-    if name != "auto":
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def pick_mixed_precision(name: str, device: torch.device) -> str:
     if name != "auto":
         return name

@@ -319,7 +319,7 @@ def test_generate_and_compare_output_never_replace_an_existing_file_without_over
 
 
 def test_the_comparison_written_over_an_existing_file_moves_it_aside(tmp_path):
-    from hydrappo.evaluate import write_comparison
+    from hydrappo.evaluation.tables import write_comparison
 
     report = tmp_path / "report.jsonl"
     report.write_text("an earlier report\n")

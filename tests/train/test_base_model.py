@@ -109,7 +109,7 @@ def test_a_task_runs_on_a_base_model_with_plain_text_prompts(tmp_path, caplog):
     history = trainer.train()
     assert history[-1]["step"] == 1 and 0.0 <= history[-1]["env/reward/chain_sum"] <= 1.0
     # generate answers the run's held-out items as the run rendered them
-    from hydrappo.evaluate import generate
+    from hydrappo.evaluation.compare import generate
 
     (rows,) = generate(tmp_path / "run", no_base=True).values()
     assert [row["prompt"] for row in rows] == trainer.inputs.eval_prompts

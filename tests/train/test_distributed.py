@@ -242,7 +242,7 @@ def test_a_multi_turn_run_on_two_processes_resumes_exactly(tmp_path):
 
 @pytest.mark.slow
 def test_held_out_evaluation_on_two_processes_equals_one_and_resumes_exactly(tmp_path):
-    """Held-out evaluation (train/heldout.py) deals its 3 batches of sampled answers to the
+    """Held-out evaluation (evaluation/heldout.py) deals its 3 batches of sampled answers to the
     processes, each batch seeded by itself. At step 0 the weights are the same on 1 and 2
     processes, so every eval/* number must be equal; at steps 2 and 3 the weights agree within
     float64 noise (the note above ADAM_EPS), which could change a sampled token only where a draw

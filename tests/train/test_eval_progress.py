@@ -11,7 +11,7 @@ import pytest
 
 from hydrappo.cli import main
 from hydrappo.train.harness import RunLog
-from hydrappo.train.heldout import held_out_summary
+from hydrappo.evaluation.heldout import held_out_summary
 
 from runs import TINY
 

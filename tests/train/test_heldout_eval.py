@@ -1,4 +1,4 @@
-"""Held-out evaluation in the RL loop (train/heldout.py): the eval/* numbers by hand, when it
+"""Held-out evaluation in the RL loop (evaluation/heldout.py): the eval/* numbers by hand, when it
 runs, and that it changes nothing about training: the same weights with and without it (exact
 resume across it: tests/train/test_exact_resume.py)."""
 
@@ -13,7 +13,7 @@ from hydrappo.errors import UsageError
 from hydrappo.generation.responses import Responses
 from hydrappo.prompts import PromptSet
 from hydrappo.train.distributed import ProcessGroup
-from hydrappo.train.heldout import HeldOutEvaluation, evaluation_due, held_out_statistics
+from hydrappo.evaluation.heldout import HeldOutEvaluation, evaluation_due, held_out_statistics
 
 from runs import TINY, tiny_trainer
 

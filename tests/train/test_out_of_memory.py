@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 import hydrappo.storage.checkpoint as checkpoint_module
 from hydrappo.cli import main
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, checkpoint_dirs
-from hydrappo.train.heldout import HeldOutEvaluation
+from hydrappo.evaluation.heldout import HeldOutEvaluation
 from hydrappo.train.memory import OutOfMemory
 from hydrappo.train.ppo.step import PPOStep
 

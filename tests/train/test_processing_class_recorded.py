@@ -74,7 +74,7 @@ def recorded_tokenizer(checkpoint: Path):
 
 
 def test_a_ppo_run_records_the_given_tokenizer_and_its_folder_rebuilds_with_it(tmp_path, caplog):
-    from hydrappo.evaluate import generate
+    from hydrappo.evaluation.compare import generate
     from hydrappo.storage.export import load_checkpoint_hydra
 
     run = tmp_path / "run"

@@ -62,7 +62,7 @@ def test_sft_lowers_the_response_loss_and_ppo_starts_from_its_model_dir(tmp_path
     assert SFTTrainer(config, config_dir=tmp_path).evaluate()["eval/loss"] == pytest.approx(evals[-1], rel=1e-4)
 
     # compare takes the SFT folder (its model, and checkpoints beside it) as the model it wrote.
-    from hydrappo.evaluate import compare
+    from hydrappo.evaluation.compare import compare
 
     assert list(out.glob("checkpoint-*"))  # a run folder too: its newest checkpoint holds no value head
     prompts = tmp_path / "prompts.txt"

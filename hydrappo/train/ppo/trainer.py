@@ -32,7 +32,7 @@ from ...storage.checkpoint import CheckpointError, rng_state, set_rng_state
 from ...storage.reward_branch import apply_reference_stats, load_reward_branch
 from ..api import save_model
 from ..harness import TrainingLoop, enable_activation_checkpointing, prepare
-from ..heldout import HeldOutEvaluation, evaluation_due, held_out_summary
+from ...evaluation.heldout import HeldOutEvaluation, evaluation_due, held_out_summary
 from ..inputs import RLInputs
 from ..memory import BackOff, OutOfMemory, memory_phase
 from ..sequences import pack_sequences
@@ -227,7 +227,7 @@ class PPOTrainer(TrainingLoop):
     def evaluate(self, step: int | None = None) -> dict:
         """The held-out evaluation a Trainer user expects after `train()` (TRL's `trainer.evaluate()`):
         the policy as it is now answers `eval_dataset` / data.eval_prompts, scored by the run's
-        rewards; returns the eval/* statistics. Training is not changed by it (train/heldout.py)."""
+        rewards; returns the eval/* statistics. Training is not changed by it (evaluation/heldout.py)."""
         if self.held_out is None:
             raise UsageError(
                 "trainer.evaluate() answers the held-out prompts, and this trainer has none: pass "
@@ -237,7 +237,7 @@ class PPOTrainer(TrainingLoop):
         return stats
 
     def evaluate_held_out(self, step: int) -> tuple[dict, list[dict]]:
-        """eval/* statistics and rows of the policy's answers to the held-out prompts (train/heldout.py)."""
+        """eval/* statistics and rows of the policy's answers to the held-out prompts (evaluation/heldout.py)."""
         start = time.perf_counter()
         self.hydra.eval()
         status = self.harness.log.bar.status if self.harness.log is not None else (lambda text: None)

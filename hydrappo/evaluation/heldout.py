@@ -94,7 +94,7 @@ def answer_and_score(
     prompts: PromptSet, rows: list[int], generate: Callable, score: Callable | None, tokenizer
 ) -> list[dict]:
     """The one "answer and score" path, of held-out evaluation during RL and of the generate /
-    compare commands (evaluate.py): the prompts' `rows` answered by `generate(prompt_ids, rows)` ->
+    compare commands (evaluation/compare.py): the prompts' `rows` answered by `generate(prompt_ids, rows)` ->
     Responses, scored by `score(rows, prompt_texts, responses)` -> (scores, {source: scores} or None)
     (None: unscored), one dict per answer: prompt, response, score, length, ended, degenerate, each
     source's score (parts) and the episode's statistics (agent)."""

@@ -20,19 +20,14 @@ with a note saying how to score them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import statistics
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
-from .config import (
+from ..config import (
     Config,
     ConfigError,
-    DataArgs,
     GenerationArgs,
     ModelConfig,
     Problems,
@@ -40,14 +35,13 @@ from .config import (
     check_reward_fn,
     looks_like_a_path,
 )
-from .config.command_line import argument, range_problems
-from .config.values import Range
-from .config.paths import check_model_location, writable_folder_problem
-from .data import PromptSet, load_prompt_table, tokenize_prompts
-from .generation.samplers import build_sampler
-from .rewards import build_reward_source, reward_functions
-from .config.reward_sources import reward_source_names
-from .storage.checkpoint import (
+from ..config.command_line import range_problems
+from ..config.paths import check_model_location, writable_folder_problem
+from ..config.reward_sources import reward_source_names
+from ..data import PromptSet, load_prompt_table, tokenize_prompts
+from ..generation.samplers import build_sampler
+from ..rewards import build_reward_source, reward_functions
+from ..storage.checkpoint import (
     CheckpointError,
     find_checkpoint,
     is_checkpoint_folder,
@@ -56,12 +50,12 @@ from .storage.checkpoint import (
     load_trainable_weights,
     seed_everything,
 )
-from .storage.export import load_checkpoint_hydra
-from .train.heldout import answer_and_score
-from .storage.models import build_hydra, load_model_and_tokenizer
-from .storage.rundir import move_aside, refuse_own_inputs, with_run_folders
-from .tasks import Task, task_from_args
-from .train.precision import pick_device
+from ..storage.export import load_checkpoint_hydra
+from ..storage.models import build_hydra, load_model_and_tokenizer, pick_device
+from ..storage.rundir import refuse_own_inputs, with_run_folders
+from ..tasks import Task, task_from_args
+from .heldout import answer_and_score
+from .options import CompareOptions
 
 logger = logging.getLogger("hydrappo")
 
@@ -99,93 +93,10 @@ def generate_and_score(
     torch.manual_seed(seed)
     was_training = hydra.training
     hydra.eval()
-    # The same "answer and score" path as held-out evaluation during training (train/heldout.py).
+    # The same "answer and score" path as held-out evaluation during training (evaluation/heldout.py).
     answers = answer_and_score(prompts, list(range(len(prompts))), answer, score if reward_source else None, tokenizer)
     hydra.train(was_training)
     return [{key: row[key] for key in ("prompt", "response", "score", "ended", "degenerate")} for row in answers]
-
-
-def mean_score(rows: list[dict]) -> float | None:
-    scores = [row["score"] for row in rows if row["score"] is not None]
-    return statistics.fmean(scores) if scores else None
-
-
-def side_by_side_markdown(columns: dict[str, list[dict]]) -> str:
-    """A markdown table: one row per prompt, a response and score column per model."""
-
-    def cell(text) -> str:
-        return str(text).replace("|", "\\|").replace("\n", " ")
-
-    names = list(columns)
-    header = "| prompt | " + " | ".join(f"{name} | score" for name in names) + " |"
-    lines = [header, "|" + " --- |" * (1 + 2 * len(names))]
-    for index, first in enumerate(columns[names[0]]):
-        parts = [cell(first["prompt"])]
-        for name in names:
-            row = columns[name][index]
-            parts += [cell(row["response"]), "" if row["score"] is None else f"{row['score']:.3f}"]
-        lines.append("| " + " | ".join(parts) + " |")
-    means = [mean_score(columns[name]) for name in names]
-    lines.append("| **mean** | " + " | ".join(f" | {'' if m is None else f'**{m:.3f}**'}" for m in means) + " |")
-    return "\n".join(lines)
-
-
-def side_by_side_text(columns: dict[str, list[dict]], width: int = 60) -> str:
-    """The same comparison for a terminal: blocks per prompt, then the means."""
-    import textwrap
-
-    out = []
-    for index, first in enumerate(columns[next(iter(columns))]):
-        out.append(f"[{index + 1}] {first['prompt']}")
-        for name, rows in columns.items():
-            row = rows[index]
-            score = "" if row["score"] is None else f"{row['score']:+.3f}"
-            wrapped = textwrap.fill(row["response"].strip().replace("\n", " "), width) or "(empty)"
-            out.append(textwrap.indent(f"{name} {score}\n{textwrap.indent(wrapped, '  ')}", "    "))
-        out.append("")
-    for name, rows in columns.items():
-        value = mean_score(rows)
-        out.append(f"mean score {name}: {'n/a' if value is None else f'{value:.3f}'} over {len(rows)} prompts")
-    return "\n".join(out)
-
-
-def side_by_side_html(columns: dict[str, list[dict]]) -> str:
-    import html
-
-    names = list(columns)
-    head = "<tr><th>prompt</th>" + "".join(f"<th>{html.escape(n)}</th><th>score</th>" for n in names) + "</tr>"
-    rows = []
-    for index, first in enumerate(columns[names[0]]):
-        cells = [f"<td>{html.escape(first['prompt'])}</td>"]
-        for name in names:
-            row = columns[name][index]
-            score = "" if row["score"] is None else f"{row['score']:.3f}"
-            cells += [f"<td>{html.escape(row['response'])}</td>", f"<td>{score}</td>"]
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    means = "".join(
-        f"<td></td><td><b>{'' if mean_score(columns[n]) is None else f'{mean_score(columns[n]):.3f}'}</b></td>"
-        for n in names
-    )
-    rows.append(f"<tr><td><b>mean</b></td>{means}</tr>")
-    return f"<table border=1 cellpadding=4>\n{head}\n" + "\n".join(rows) + "\n</table>\n"
-
-
-def write_comparison(columns: dict[str, list[dict]], path: Path, overwrite: bool = False) -> None:
-    """The comparison as a .jsonl (a row per model and prompt), .html or markdown table file.
-    A file already there is moved to a sibling NAME.previous-<time> (`overwrite`, checked
-    before: check_arguments), never overwritten."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if overwrite and path.exists():
-        logger.warning("--output: the existing %s was moved to %s", path, move_aside(path))
-    if path.suffix == ".html":
-        path.write_text(side_by_side_html(columns))
-    elif path.suffix == ".jsonl":
-        with path.open("w") as handle:
-            for name, rows in columns.items():
-                for row in rows:
-                    handle.write(json.dumps({"model": name, **row}) + "\n")
-    else:
-        path.write_text(side_by_side_markdown(columns) + "\n")
 
 
 def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperature: float | None) -> GenerationArgs:
@@ -194,71 +105,6 @@ def _generation(defaults: GenerationArgs, max_new_tokens: int | None, temperatur
         max_new_tokens=max_new_tokens or defaults.max_new_tokens,
         temperature=temperature if temperature is not None else defaults.temperature,
     )
-
-
-# ---------------------------------------------------------------------------- the commands' options
-TRUST_HELP = (
-    "score with the reward function named in the checkpoint's config.yaml. That is running code that came with "
-    "the checkpoint: only for checkpoints you trust (otherwise name the function yourself with --reward_fn)"
-)
-OVERWRITE_HELP = "replace an existing --output file: it is moved to a sibling NAME.previous-<time>, never deleted"
-
-
-@dataclass
-class ScoringOptions:
-    """What generate and compare do alike: the reward that scores, how many prompts, how long, how hot, where to."""
-
-    reward_fn: list[str] | None = argument(
-        None,
-        "'module:function' or 'file.py:function' that scores the responses; several: repeat it or separate them "
-        "with commas, as reward.reward_fn (default: none; see --trust_checkpoint_code)",
-        repeat=True,
-    )
-    reward_weights: list[float] | None = argument(
-        None, "one weight per --reward_fn (default 1 each), as reward.reward_weights"
-    )
-    limit: int | None = argument(None, "use only the first N prompts", range=Range(1, fix="give a positive number"))
-    max_new_tokens: int | None = argument(None, like=(GenerationArgs, "max_new_tokens"))
-    temperature: float | None = argument(None, like=(GenerationArgs, "temperature"))
-    greedy: bool = argument(
-        False,
-        "take the most likely token at every step, as held-out evaluation during training does "
-        "(train.eval_greedy), instead of sampling at the run's (or --temperature's) temperature",
-    )
-    seed: int = argument(0, "the sampling seed")
-    output: str | None = argument(None, "also write the table to FILE (.md table, .html or .jsonl rows)")
-    overwrite: bool = argument(False, OVERWRITE_HELP, names=("--overwrite_output_dir",))
-    trust_checkpoint_code: bool = argument(False, TRUST_HELP)
-
-
-@dataclass
-class GenerateOptions(ScoringOptions):
-    checkpoint: str | None = argument(
-        None, "a checkpoint folder (output_dir/checkpoint-<step>) or an output_dir (newest)", positional=True
-    )
-    prompts: str | None = argument(
-        None, "prompts file (default: the held-out items of the run's task, else its training prompts)"
-    )
-    prompt_column: str | None = argument(None, "the prompts file's column of prompts (default: the run's)")
-    no_base: bool = argument(False, "skip the base model's responses")
-
-
-@dataclass
-class CompareOptions(ScoringOptions):
-    models: list[str] | None = argument(
-        None,
-        "checkpoint or run folders, model directories or Hub ids, optionally NAME=PATH",
-        positional=True,
-        nargs="+",
-    )
-    prompts: str | None = argument(
-        None, "prompts file (jsonl/csv/parquet/txt); without it, the held-out items of the first checkpoint's task"
-    )
-    prompt_column: str = argument("prompt", "the prompts file's column of prompts")
-    chat_template: Literal["auto", "yes", "no"] = argument(
-        "auto", "wrap prompts with each model's chat template (auto: as the first checkpoint was trained)"
-    )
-    max_prompt_length: int | None = argument(None, like=(DataArgs, "max_prompt_length"))
 
 
 def reward_specs(reward_fn) -> list[str]:
