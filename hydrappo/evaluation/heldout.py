@@ -18,7 +18,9 @@ the numbers do not depend on the number of processes.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
@@ -26,6 +28,7 @@ from ..algo.degeneration import degeneration_flags
 from ..data import PromptSet
 from ..agent.episodes import summarize
 from ..generation.responses import Responses
+from ..rewards.context import with_columns
 from ..storage.checkpoint import rng_state, set_rng_state
 
 
@@ -143,6 +146,42 @@ class HeldOutEvaluation:
         self.solved_parts = solved_parts  # held_out_statistics' eval/solved/<name>
         self.batch_size, self.greedy, self.seed = batch_size, greedy, seed
         self.samples_per_prompt = samples_per_prompt
+
+    def evaluate(
+        self,
+        step: int,
+        dist,
+        generate: Callable,
+        score: Callable,
+        *,
+        status: Callable | None = None,
+        guard: Callable = nullcontext,
+        retry: Callable | None = None,
+        take_metrics: Callable | None = None,
+    ) -> tuple[dict, list[dict]]:
+        """`run`, as a trainer calls it: (eval/* statistics with time/eval, the answer rows with the reward
+        sources' columns). `status(text)` shows what runs (None: done); `guard(prompts=, batch=)` is entered
+        around each try (the trainer names the phase an out-of-memory error happens in); `retry(error, step)`
+        -> True answers again after an error (the trainer's out-of-memory back-off, which may shrink
+        batch_size; the random state is restored, so a retry answers as a first try would); `take_metrics()`
+        -> (the reward sources' eval/* metrics, their columns per answer)."""
+        start = time.perf_counter()
+        each = f", {self.samples_per_prompt} answers each" if self.samples_per_prompt > 1 else ""
+        status = status or (lambda text: None)
+        status(f"step {step}: evaluating {len(self.prompts)} held-out prompts{each}")  # on the bar and in the log
+        try:
+            while True:
+                try:
+                    with guard(prompts=len(self.prompts), batch=self.batch_size):
+                        stats, samples = self.run(step, dist, generate, score)
+                    break
+                except Exception as error:
+                    if retry is None or not retry(error, step):
+                        raise
+        finally:
+            status(None)
+        metrics, extras = take_metrics() if take_metrics is not None else ({}, {})
+        return {**stats, **metrics, "time/eval": time.perf_counter() - start}, with_columns(samples, extras)
 
     def run(self, step: int, dist, generate: Callable, score: Callable) -> tuple[dict, list[dict]]:
         """(eval/* statistics, one {prompt, response, score} row per answer: samples_per_prompt

@@ -433,7 +433,7 @@ def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
         if sweep.results.baseline is None:
             # Evaluated as the layers' evaluations are, at step K: sampled answers then draw the same
             # random numbers (evaluation/heldout.py seeds each batch by its step), so an unchanged policy gains 0.
-            stats, _ = trainer.evaluate_held_out(sweep.steps)
+            stats = trainer.evaluate(sweep.steps)
             sweep.results.append({"baseline": stats})
             check_metric(sweep.metric, stats, sweep.results.path)
             say(
@@ -452,7 +452,7 @@ def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
             if number == 0:
                 first_layer_steps.append(seconds)
         train_s = time.perf_counter() - started
-        eval_stats, _ = trainer.evaluate_held_out(sweep.steps)
+        eval_stats = trainer.evaluate(sweep.steps)
         row = {
             "layer": layer,
             "band": f"{layer}:{layer + 1}",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import time
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ from ...data import PromptSampler, tokenize_prompts
 from ...generation.responses import Responses
 from ...generation.samplers import build_sampler
 from ...model import HydraModel
-from ...rewards import RewardContext, build_reward_source, with_columns
+from ...rewards import RewardContext, build_reward_source
 from ...storage.checkpoint import CheckpointError, rng_state, set_rng_state
 from ...storage.reward_branch import apply_reference_stats, load_reward_branch
 from ..api import save_model
@@ -37,6 +36,12 @@ from ..inputs import RLInputs
 from ..memory import BackOff, OutOfMemory, memory_phase
 from ..sequences import pack_sequences
 from .step import PPOStep
+
+
+NO_HELD_OUT = (
+    "trainer.evaluate() answers the held-out prompts, and this trainer has none: pass eval_dataset=... to the "
+    "trainer (or set data.eval_prompts in the config)."
+)
 
 
 class PPOTrainer(TrainingLoop):
@@ -183,7 +188,7 @@ class PPOTrainer(TrainingLoop):
         stats, samples = self.run_step_backing_off()
         step, train = self.harness.step + 1, self.config.train
         if self.held_out is not None and evaluation_due(step, train.eval_every, train.total_steps):
-            eval_stats, eval_samples = self.evaluate_held_out(step)
+            eval_stats, eval_samples = self.evaluate(step, with_answers=True)
             return {**stats, **eval_stats}, {"samples": samples, "eval_samples": eval_samples}
         return stats, samples
 
@@ -221,52 +226,39 @@ class PPOTrainer(TrainingLoop):
         """The held-out baseline at step 0, before any update (its answers under eval_samples)."""
         if self.held_out is None:
             return None
-        stats, samples = self.evaluate_held_out(0)
+        stats, samples = self.evaluate(0, with_answers=True)
         return stats, {"eval_samples": samples}
 
-    def evaluate(self, step: int | None = None) -> dict:
-        """The held-out evaluation a Trainer user expects after `train()` (TRL's `trainer.evaluate()`):
-        the policy as it is now answers `eval_dataset` / data.eval_prompts, scored by the run's
-        rewards; returns the eval/* statistics. Training is not changed by it (evaluation/heldout.py)."""
+    def evaluate(self, step: int | None = None, with_answers: bool = False):
+        """The held-out evaluation (evaluation/heldout.py), also the one a Trainer user expects after `train()`
+        (TRL's `trainer.evaluate()`): the policy as it is now answers `eval_dataset` / data.eval_prompts, scored by
+        the run's rewards; the eval/* statistics (and the answers' rows, `with_answers`). Training is unchanged."""
         if self.held_out is None:
-            raise UsageError(
-                "trainer.evaluate() answers the held-out prompts, and this trainer has none: pass "
-                "eval_dataset=... to the trainer (or set data.eval_prompts in the config)."
-            )
-        stats, _ = self.evaluate_held_out(self.harness.step if step is None else step)
-        return stats
-
-    def evaluate_held_out(self, step: int) -> tuple[dict, list[dict]]:
-        """eval/* statistics and rows of the policy's answers to the held-out prompts (evaluation/heldout.py)."""
-        start = time.perf_counter()
+            raise UsageError(NO_HELD_OUT)
+        step = self.harness.step if step is None else step
         self.hydra.eval()
-        status = self.harness.log.bar.status if self.harness.log is not None else (lambda text: None)
-        answers = self.held_out.samples_per_prompt
-        each = f", {answers} answers each" if answers > 1 else ""
-        # On the bar and in the log.
-        status(f"step {step}: evaluating {len(self.held_out.prompts)} held-out prompts{each}")
-        try:
-            score = functools.partial(self.score_responses, step=step)  # a reward's error names this step
-            stats, samples = self.answer_held_out(step, score)
-        finally:
-            status(None)
-        metrics, extras = self.ppo_step.reward_context.take("eval/")
-        return {**stats, **metrics, "time/eval": time.perf_counter() - start}, with_columns(samples, extras)
+        stats, samples = self.held_out.evaluate(
+            step,
+            self.harness.dist,
+            self.generate_for_evaluation,
+            functools.partial(self.score_responses, step=step),  # a reward's error names this step
+            status=self.harness.log.bar.status if self.harness.log is not None else None,
+            guard=functools.partial(memory_phase, "held-out evaluation"),
+            retry=self.back_off_evaluation,
+            take_metrics=functools.partial(self.ppo_step.reward_context.take, "eval/"),
+        )
+        return (stats, samples) if with_answers else stats
 
-    def answer_held_out(self, step: int, score) -> tuple[dict, list[dict]]:
-        """HeldOutEvaluation.run; out of memory with train.oom_backoff left, its batch is halved and it
-        runs again (it restores the random state it found, so the retry answers as a first try would)."""
-        while True:
-            sizes = {"prompts": len(self.held_out.prompts), "batch": self.held_out.batch_size}
-            try:
-                with memory_phase("held-out evaluation", **sizes):
-                    return self.held_out.run(step, self.harness.dist, self.generate_for_evaluation, score)
-            except OutOfMemory as error:
-                error.at_step(step)
-                if self.backoff.shrink(error, self.config, self.harness.dist.world_size) is None:
-                    raise
-                self.held_out.batch_size = self.config.generation.generation_batch_size
-                self.ppo_step.reward_context.take("eval/")
+    def back_off_evaluation(self, error: Exception, step: int) -> bool:
+        """Out of memory with train.oom_backoff left: the evaluation's batch is halved and it answers again."""
+        if not isinstance(error, OutOfMemory):
+            return False
+        error.at_step(step)
+        if self.backoff.shrink(error, self.config, self.harness.dist.world_size) is None:
+            return False
+        self.held_out.batch_size = self.config.generation.generation_batch_size
+        self.ppo_step.reward_context.take("eval/")
+        return True
 
     def generate_for_evaluation(self, prompt_ids: list[list[int]], greedy: bool, rows=None) -> Responses:
         with self.harness.autocast():
