@@ -9,7 +9,8 @@ preference formats with this reader).
     (files named by split, e.g. data/train-00000-of-00001.parquet, or a README with configs),
     read with its `split` and `subset`;
   * a `datasets` name, loaded with `datasets.load_dataset(name, subset, split=split)` (from the
-    local datasets cache when there is no network).
+    local datasets cache when there is no network), or, where datasets cannot, a dataset repo of that
+    name in the Hub cache (HF_HUB_CACHE), as `hf download --repo-type dataset` leaves it.
 Every file is read with `datasets`. The order of prompts for training comes from
 `PromptSampler`, whose state goes into checkpoints so that a resumed run sees the same
 prompts as an uninterrupted one.
@@ -225,10 +226,33 @@ def _load_datasets(source: str, split: str, subset: str | None, setting: str) ->
     except ValueError as error:  # an unknown split or subset
         raise DataError(f"{setting}: {where}: {error}") from None
     except Exception as error:  # datasets raises many types when a name cannot be found or fetched
+        snapshot = None if path.exists() else _cached_hub_dataset(source)
+        if snapshot is not None:  # downloaded to the Hub cache (hf download --repo-type dataset): read it there
+            try:
+                return [(f"{source} ({snapshot})", datasets.load_dataset(str(snapshot), subset, split=split))]
+            except ValueError as unknown:
+                raise DataError(f"{setting}: {source} ({snapshot}): {unknown}") from None
         raise DataError(
             f"{setting}: {source!r} does not exist here as a file or folder, and datasets could not load it as a dataset name "
             f"(no network, and not in the local datasets cache?): {type(error).__name__}: {error}"
         ) from None
+
+
+def _cached_hub_dataset(name: str) -> Path | None:
+    """The folder of a dataset repo `name` ("org/name") in the Hub cache (HF_HUB_CACHE), as huggingface_hub
+    downloaded it, or None. datasets' offline mode reads only its own cache of datasets it has loaded before;
+    a repo fetched with `hf download --repo-type dataset` (or on another machine, then copied) sits here."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    from .storage.hub import hub_cache_dir
+
+    if name.count("/") != 1:
+        return None
+    try:
+        return Path(snapshot_download(name, repo_type="dataset", cache_dir=hub_cache_dir(), local_files_only=True))
+    except (HFValidationError, LocalEntryNotFoundError, OSError, ValueError):  # not a repo id, or not cached
+        return None
 
 
 def read_table(

@@ -141,3 +141,55 @@ def test_the_reward_stage_keeps_whole_texts_and_margins(tmp_path, tokenizer):
     assert table.format == "whole texts" and table["m"] == [0.5]
     pairs = load_preference_pairs(None, tokenizer, data, table=table)
     assert pairs.prompt_ids == [[]] and pairs.margins == [0.5]
+
+
+def _cached_dataset_repo(cache, repo_id: str, rows: list[dict], commit: str = "4" * 40) -> None:
+    """A dataset repo in the Hub cache as `hf download --repo-type dataset` leaves it: data/train-*.jsonl
+    under snapshots/<commit>, refs/main naming the commit (files, not blob links: huggingface_hub reads both)."""
+    repo = cache / f"datasets--{repo_id.replace('/', '--')}"
+    (repo / "snapshots" / commit / "data").mkdir(parents=True)
+    write(repo / "snapshots" / commit / "data" / "train-00000-of-00001.jsonl", rows)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+
+def test_a_hub_id_in_the_cache_reads_offline_in_each_format(tmp_path, tokenizer, monkeypatch):
+    """TRL users name preference datasets by Hub id; offline, the repo's files in HF_HUB_CACHE are read
+    (datasets' own offline mode knows only datasets it loaded before) and nothing is asked of the network."""
+    import socket
+
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    cache = tmp_path / "hub"
+    _cached_dataset_repo(cache, "pref-org/standard", [{"prompt": "n5 n6", "chosen": "g1 g2", "rejected": "n7"}])
+    conversation = {
+        "prompt": [{"role": "user", "content": "n5 n6"}],
+        "chosen": [{"role": "assistant", "content": "g1 g2"}],
+        "rejected": [{"role": "assistant", "content": "n7"}],
+    }
+    _cached_dataset_repo(cache, "pref-org/conversational", [conversation])
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+
+    pairs = load_preference_pairs("pref-org/standard", tokenizer, DPODataArgs(append_eos=False))
+    assert pairs.prompt_ids == [ids(tokenizer, "n5 n6")] and pairs.chosen_ids == [ids(tokenizer, "g1 g2")]
+    table = read_preference_table("pref-org/conversational", DPODataArgs())
+    assert table.format == "conversational"
+    pairs = load_preference_pairs(None, tokenizer, DPODataArgs(), table=table)
+    assert pairs.prompt_ids == [ids(tokenizer, "n1 n5 n6 <eos> n2")] and pairs.rejected_ids == [
+        ids(tokenizer, "n7 <eos>")
+    ]
+
+    with pytest.raises(
+        DataError, match="data.train_file: 'pref-org/absent' does not exist here .* local datasets cache"
+    ):
+        read_preference_table("pref-org/absent", DPODataArgs())
+    assert attempts == []  # offline: the caches were read, the Hub never asked
