@@ -193,3 +193,32 @@ def test_a_branch_written_before_ensembles_loads_as_one_head(tmp_path):
     branch = load_reward_branch(fresh_hydra(), old)
     assert branch.head.heads == 1
     torch.testing.assert_close(branch.head.score.weight, trainer.branch.head.score.weight)
+
+
+@pytest.mark.slow
+def test_continuing_a_branch_with_another_number_of_heads_is_refused(ensemble, tmp_path):
+    """A branch of 3 heads continued as one (the default train.reward_heads) is refused before any step, by name."""
+    from hydrappo.errors import UsageError
+
+    tmp, _, _ = ensemble
+    config = reward_config(tmp_path, dtype="float64")
+    config.model.reward_branch_path = str(tmp / "reward")
+    with pytest.raises(
+        UsageError, match=r"train.reward_heads=1 differs from the branch being continued .*set train.reward_heads: 3"
+    ):
+        RewardTrainer(config, config_dir=tmp_path)
+    assert not (tmp_path / "reward").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_an_ensemble_objective_on_one_head_says_it_scores_as_it_is(tmp_path, caplog):
+    trainer = RewardTrainer(reward_config(tmp_path, dtype="float64", max_steps=1, epochs=1), config_dir=tmp_path)
+    trainer.train()
+    for objective, warned in (("worst", True), ("mean", False)):
+        caplog.clear()
+        (tmp_path / objective).mkdir()
+        path = branch_ppo_config(tmp_path / objective, tmp_path / "reward", {"ensemble_objective": objective})
+        with caplog.at_level("WARNING", logger="hydrappo"):
+            PPOTrainer(parse_config(path), config_dir=path.parent)
+        said = [r.getMessage() for r in caplog.records if "has one head to choose from" in r.getMessage()]
+        assert bool(said) == warned, said

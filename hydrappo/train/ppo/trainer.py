@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ from ..sequences import pack_sequences
 from .step import PPOStep
 
 
+logger = logging.getLogger("hydrappo")
 NO_HELD_OUT = (
     "trainer.evaluate() answers the held-out prompts, and this trainer has none: pass eval_dataset=... to the "
     "trainer (or set data.eval_prompts in the config)."
@@ -81,6 +83,18 @@ class PPOTrainer(TrainingLoop):
         if config.model.reward_branch_path:
             branch = load_reward_branch(hydra, config.model.reward_branch_path)
             hydra.attach_reward_branch(branch)
+            if (
+                config.reward.use_reward_branch
+                and branch.head.heads == 1
+                and config.reward.ensemble_objective != "mean"
+            ):
+                logger.warning(
+                    "reward.ensemble_objective: %s has one head to choose from: the branch at %s was trained with "
+                    "train.reward_heads 1, so it scores as it is. Train it with train.reward_heads > 1 for an "
+                    "ensemble (examples/preference/README.md).",
+                    config.reward.ensemble_objective,
+                    config.model.reward_branch_path,
+                )
             if config.model.value_head_init == "reward_head":  # a resumed run then loads its own value head
                 hydra.value_head.init_from_reward_head(branch.head)
             # score_normalization 'ref' without explicit statistics: the reward checkpoint's.
