@@ -475,6 +475,32 @@ def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, to
     return input_ids, attention_mask
 
 
+def pack_sequences(
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_token_id: int,
+    policy_mask: list[list[int]] | None = None,
+):
+    """Prompt left-padded to the widest prompt, response right-padded to the longest
+    response. Returns input_ids, attention_mask, action_mask (float) and the prompt width.
+    `policy_mask` (multi-turn episodes, Responses.policy_mask): the action mask is 0 on the tool
+    turns' tokens, which stay in the attention mask (the policy reads them; they are not its actions)."""
+    prompts, prompt_mask = left_pad(prompt_ids, pad_token_id)
+    width = max(1, max(len(r) for r in response_ids))
+    batch = len(response_ids)
+    responses = torch.full((batch, width), pad_token_id, dtype=torch.long)
+    action_mask = torch.zeros((batch, width), dtype=torch.float32)
+    for row, tokens in enumerate(response_ids):
+        responses[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        action_mask[row, : len(tokens)] = 1.0
+    input_ids = torch.cat([prompts, responses], dim=1)
+    attention_mask = torch.cat([prompt_mask, action_mask.long()], dim=1)
+    if policy_mask is not None:
+        for row, mask in enumerate(policy_mask):
+            action_mask[row, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return input_ids, attention_mask, action_mask, prompts.shape[1]
+
+
 class PromptSampler:
     """Prompt indices in epochs: each epoch is a permutation drawn from a generator
     seeded by (seed, epoch), so the order depends on nothing but those two numbers and

@@ -46,7 +46,7 @@ def drift(
     from hydrappo.generation.responses import generate_responses
     from hydrappo.storage.checkpoint import seed_everything
     from hydrappo.storage.models import build_hydra
-    from hydrappo.train.sequences import pack_sequences
+    from hydrappo.data import pack_sequences
 
     values, chat = MODELS[model] if model in MODELS else (dict(name_or_path=model, num_layers_unfrozen=4), True)
     if num_layers_unfrozen is not None:

@@ -38,7 +38,8 @@ from ..storage.checkpoint import (
     seed_everything,
 )
 from ..storage.models import build_hydra
-from ..train.sequences import experience_pass, pack_sequences
+from ..data import pack_sequences
+from ..train.sequences import experience_pass
 
 
 def distinct_n(token_rows: list[list[int]], n: int = 2) -> float:

@@ -32,7 +32,8 @@ from ..model import HydraModel
 from ..preferences import PreferencePairs, load_preference_pairs
 from .harness import enable_activation_checkpointing, prepare
 from .inputs import StageInputs
-from .sequences import pack_sequences, response_part
+from ..data import pack_sequences
+from .sequences import response_part
 from .sft import SFTTrainer
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 

@@ -44,7 +44,7 @@ from ..storage.reward_branch import (
 from .harness import TrainingError, prepare
 from .inputs import StageInputs
 from .run_log import as_float
-from .sequences import pack_sequences
+from ..data import pack_sequences
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")

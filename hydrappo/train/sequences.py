@@ -1,6 +1,6 @@
-"""Packed sequences: prompts and responses laid out as one batch (pack_sequences), the split
-states recorded while sampling laid out the same way (pack_split_hidden), and the hydra's pass
-over them (experience_pass), which a `Rollout` holds with the responses it packed.
+"""Packed sequences: the split states recorded while sampling laid out as data.pack_sequences lays out
+prompts and responses (pack_split_hidden), and the hydra's pass over them (experience_pass), which a
+`Rollout` holds with the responses it packed.
 
 Masks come from positions, never from comparing token ids with the pad id: with
 SmolLM2 (and many chat models) the pad token IS the EOS token, so a real EOS and the
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data import left_pad
 from ..generation.responses import Responses
 from ..model import HydraModel, HydraOutput
 from ..model.heads import widened
@@ -49,32 +48,6 @@ def pack_split_hidden(responses: Responses, prompt_width: int, width: int) -> to
         start = prompt_width - len(prompt)
         packed[i, start : start + states.shape[0]] = states
     return packed
-
-
-def pack_sequences(
-    prompt_ids: list[list[int]],
-    response_ids: list[list[int]],
-    pad_token_id: int,
-    policy_mask: list[list[int]] | None = None,
-):
-    """Prompt left-padded to the widest prompt, response right-padded to the longest
-    response. Returns input_ids, attention_mask, action_mask (float) and the prompt width.
-    `policy_mask` (multi-turn episodes, Responses.policy_mask): the action mask is 0 on the tool
-    turns' tokens, which stay in the attention mask (the policy reads them; they are not its actions)."""
-    prompts, prompt_mask = left_pad(prompt_ids, pad_token_id)
-    width = max(1, max(len(r) for r in response_ids))
-    batch = len(response_ids)
-    responses = torch.full((batch, width), pad_token_id, dtype=torch.long)
-    action_mask = torch.zeros((batch, width), dtype=torch.float32)
-    for row, tokens in enumerate(response_ids):
-        responses[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        action_mask[row, : len(tokens)] = 1.0
-    input_ids = torch.cat([prompts, responses], dim=1)
-    attention_mask = torch.cat([prompt_mask, action_mask.long()], dim=1)
-    if policy_mask is not None:
-        for row, mask in enumerate(policy_mask):
-            action_mask[row, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
-    return input_ids, attention_mask, action_mask, prompts.shape[1]
 
 
 def response_part(out: HydraOutput, prompt_width: int) -> HydraOutput:

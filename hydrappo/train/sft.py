@@ -35,7 +35,8 @@ from ..storage.export import save_model_dir
 from ..storage.models import unquantized_copy
 from .harness import enable_activation_checkpointing, prepare
 from .inputs import StageInputs
-from .sequences import pack_sequences, response_part
+from ..data import pack_sequences
+from .sequences import response_part
 from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")

@@ -10,7 +10,7 @@ import torch
 from ..model import HydraModel
 from .harness import TrainingLoop
 from .run_log import as_float
-from .sequences import pack_sequences
+from ..data import pack_sequences
 
 
 def total_steps_of(train, num_examples: int) -> int:

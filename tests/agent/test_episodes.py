@@ -17,7 +17,8 @@ from hydrappo.config import GenerationArgs
 from hydrappo.agent.episodes import Agent, run_episodes, start_episodes, summarize
 from hydrappo.generation.responses import Responses, generate_responses
 from hydrappo.generation.samplers import DecodeSampler
-from hydrappo.train.sequences import experience_pass, pack_sequences, pack_split_hidden
+from hydrappo.data import pack_sequences
+from hydrappo.train.sequences import experience_pass, pack_split_hidden
 
 from recorded import float64_hydra
 from runs import ROOT

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hydrappo import HydraModel
-from hydrappo.train.sequences import experience_pass, pack_sequences, pack_split_hidden
+from hydrappo.data import pack_sequences
+from hydrappo.train.sequences import experience_pass, pack_split_hidden
 
 from recorded import both_passes, prompts_of, sample
 from runs import tiny_trainer

@@ -8,7 +8,8 @@ import torch
 from hydrappo import HydraModel
 from hydrappo.config import GenerationArgs
 from hydrappo.generation.responses import generate_responses
-from hydrappo.train.sequences import experience_pass, pack_sequences, pack_split_hidden
+from hydrappo.data import pack_sequences
+from hydrappo.train.sequences import experience_pass, pack_split_hidden
 
 from tiny import VOCAB, tiny64, tiny_tokenizer
 

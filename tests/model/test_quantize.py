@@ -266,7 +266,7 @@ def test_a_reward_branch_trained_on_a_4bit_trunk_loads_onto_the_same_model_unqua
     from hydrappo.storage.models import build_hydra
     from hydrappo.storage.reward_branch import load_reward_branch
     from hydrappo.train.reward_model import RewardTrainer
-    from hydrappo.train.sequences import pack_sequences
+    from hydrappo.data import pack_sequences
 
     from runs import reward_config
 

@@ -11,7 +11,7 @@ from hydrappo.config import ConfigError, GenerationArgs, parse_config
 from hydrappo.generation.responses import generate_responses
 from hydrappo.storage.checkpoint import WEIGHTS_NAME, checkpoint_dirs
 from hydrappo.train.harness import TrainingError
-from hydrappo.train.sequences import pack_sequences
+from hydrappo.data import pack_sequences
 
 from bounds import EXACT, assert_close_weights
 from runs import TINY, tiny_trainer

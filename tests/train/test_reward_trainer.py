@@ -19,7 +19,7 @@ from hydrappo.storage.checkpoint import WEIGHTS_NAME, CheckpointError
 from hydrappo.storage.reward_branch import load_reward_branch
 from hydrappo.train.ppo import PPOTrainer
 from hydrappo.train.reward_model import RewardTrainer
-from hydrappo.train.sequences import pack_sequences
+from hydrappo.data import pack_sequences
 
 from runs import TINY, branch_ppo_config, reward_config, write_pairs
 from tiny import FLOAT64_ATOL

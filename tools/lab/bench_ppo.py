@@ -123,7 +123,7 @@ from hydrappo.planner.tokenizer import tokenizer_for_vocab  # noqa: E402
 from hydrappo.rewards import build_reward_source  # noqa: E402
 from hydrappo.train.ppo.experience import Experience  # noqa: E402
 from hydrappo.train.ppo import PPOTrainer  # noqa: E402
-from hydrappo.train.sequences import pack_sequences  # noqa: E402
+from hydrappo.data import pack_sequences  # noqa: E402
 
 MIB = 2**20
 PPO = PPOArgs()  # the library's defaults: clip ranges, vf_coef, KL coefficient, GAE, AdamW

@@ -160,7 +160,7 @@ def main(argv=None) -> None:
 
     from hydrappo.generation.responses import generate_responses
     from hydrappo.generation.stops import first_stop
-    from hydrappo.train.sequences import pack_sequences
+    from hydrappo.data import pack_sequences
 
     configure(args)
     layout = HydraLayout(build_base_model(args), args)

@@ -64,7 +64,8 @@ from ...rewards.models import ensemble_parts
 from ..harness import Harness, TrainingError
 from ..memory import BackOff, OutOfMemory, memory_phase
 from ..run_log import as_float
-from ..sequences import Rollout, experience_pass, pack_sequences, pack_split_hidden, response_part
+from ...data import pack_sequences
+from ..sequences import Rollout, experience_pass, pack_split_hidden, response_part
 from .experience import Experience, minibatch_plan
 from .step_plan import StepPlan
 from .update_meter import EXPLAINED_VARIANCE_PARTS, UpdateMeter

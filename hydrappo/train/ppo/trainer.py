@@ -35,7 +35,7 @@ from ..harness import TrainingLoop, enable_activation_checkpointing, prepare
 from ...evaluation.heldout import HeldOutEvaluation, evaluation_due, held_out_summary
 from ..inputs import RLInputs
 from ..memory import BackOff, OutOfMemory, memory_phase
-from ..sequences import pack_sequences
+from ...data import pack_sequences
 from .step import PPOStep
 
 
