@@ -38,7 +38,7 @@ from ..config import (
 from ..config.command_line import range_problems
 from ..config.paths import check_model_location, writable_folder_problem
 from ..config.reward_sources import reward_source_names
-from ..data import PromptSet, load_prompt_table, tokenize_prompts
+from ..data import PromptSet, load_prompt_table, pack_sequences, tokenize_prompts
 from ..generation.samplers import build_sampler
 from ..rewards import build_reward_source, reward_functions
 from ..storage.checkpoint import (
@@ -50,7 +50,8 @@ from ..storage.checkpoint import (
     load_trainable_weights,
     seed_everything,
 )
-from ..storage.export import load_checkpoint_hydra
+from ..storage.export import load_checkpoint_hydra, reward_branch_location
+from ..storage.reward_branch import load_reward_branch
 from ..storage.models import build_hydra, load_model_and_tokenizer, pick_device
 from ..storage.rundir import refuse_own_inputs, with_run_folders
 from ..tasks import Task, task_from_args
@@ -58,6 +59,20 @@ from .heldout import answer_and_score
 from .options import CompareOptions
 
 logger = logging.getLogger("hydrappo")
+
+
+def branch_scores(hydra, responses, pad_token_id: int) -> torch.Tensor | None:
+    """The attached reward branch's scores of prompt + response, (B,) or (B, K) for K heads, as PPO's
+    experience pass reads them (log-probs from the response on, so a mean-pooled branch averages the
+    response's tokens); None without a branch (or for a plain transformers model)."""
+    if getattr(hydra, "reward_branch", None) is None:
+        return None
+    ids, mask, _, width = pack_sequences(responses.prompt_ids, responses.response_ids, pad_token_id)
+    with torch.no_grad():
+        out = hydra.forward_hydra(
+            ids.to(hydra.device), mask.to(hydra.device), return_reference=False, logprobs_from=width - 1
+        )
+    return out.scores
 
 
 def generate_and_score(
@@ -87,6 +102,7 @@ def generate_and_score(
             columns={name: [values[i] for i in rows] for name, values in (columns or {}).items()},
             completion_ids=responses.response_ids,
             prompt_messages=[prompts.messages[i] for i in rows] if prompts.messages else None,
+            branch_scores=branch_scores(hydra, responses, tokenizer.pad_token_id),
         )
         return scored.total, None
 
@@ -175,14 +191,29 @@ def check_arguments(
 
 
 def checkpoint_reward(
-    config: Config, reward_fn, trust_checkpoint_code: bool, checkpoint, reward_weights=None
+    config: Config, reward_fn, trust_checkpoint_code: bool, checkpoint, reward_weights=None, branch: bool = True
 ) -> RewardArgs | None:
     """The reward to score with: `reward_fn` (one spec, comma-separated specs or a list, weighted by
     `reward_weights`) from the command line; else the checkpoint's reward functions, with the run's
-    weights, only with `trust_checkpoint_code` (it is code); else its reward model (a folder of
-    weights, data); else None."""
+    weights, only with `trust_checkpoint_code` (it is code); else, for a run scored by its reward branch
+    alone, that branch (weights, data) with the run's ensemble objective, where `branch` says the caller
+    can attach it to the run's trunk; else its reward model (a folder of weights, data); else None."""
     if reward_fn:
         return RewardArgs(reward_fn=reward_specs(reward_fn), reward_weights=reward_weights)
+    if config.reward.use_reward_branch and not config.reward.reward_fn and config.model.reward_branch_path:
+        if branch:
+            return RewardArgs(
+                use_reward_branch=True,
+                ensemble_objective=config.reward.ensemble_objective,
+                ensemble_std_weight=config.reward.ensemble_std_weight,
+            )
+        logger.warning(
+            "not scoring with the reward branch %s names: a branch scores on its own run's trunk, which the other "
+            "models do not share. `hydrappo generate %s` scores the base and the trained policy with it.",
+            Path(checkpoint) / "config.yaml",
+            checkpoint,
+        )
+        return None
     named = config.reward.reward_fn
     if named and trust_checkpoint_code:
         return RewardArgs(
@@ -273,6 +304,8 @@ def generate(
     # Random-init models are rebuilt from the run's seed, exactly as the trainer built them.
     seed_everything(config.train.seed)
     hydra, tokenizer = build_hydra(config.model, config.lora, device=device, value_head=config.ppo.uses_critic)
+    if reward_args is not None and reward_args.use_reward_branch:  # the run's branch, on the run's own trunk
+        hydra.attach_reward_branch(load_reward_branch(hydra, reward_branch_location(config, checkpoint)))
     data = config.data
     if task is not None:
         reward_source = task_reward_source(task, reward_args, str(device))
@@ -375,7 +408,7 @@ def compare(
     chat = {"yes": True, "no": False, "auto": defaults.data.apply_chat_template}[chat_template]
     if trained_config is not None:
         reward_args = checkpoint_reward(
-            trained_config, reward_fn, trust_checkpoint_code, trained[0].rpartition("=")[2], reward_weights
+            trained_config, reward_fn, trust_checkpoint_code, trained[0].rpartition("=")[2], reward_weights, False
         )
     else:
         reward_args = checkpoint_reward(Config(), reward_fn, False, None, reward_weights)

@@ -257,14 +257,18 @@ def save_value_head(hydra, path: Path) -> None:
     )
 
 
+def reward_branch_location(config, checkpoint: Path) -> str:
+    """Where the reward branch a run used (model.reward_branch_path) is now, as its checkpoint records it."""
+    if not config.model.reward_branch_path:
+        raise ExportError(f"{checkpoint} was trained without a reward branch (model.reward_branch_path is empty).")
+    return _resolve_location(config.model.reward_branch_path, Path(checkpoint), "the reward branch")
+
+
 def save_reward_branch(hydra, config, checkpoint: Path, path: Path) -> None:
     """The reward branch the run used (model.reward_branch_path): its top layers, norm and head."""
     from safetensors.torch import save_file
 
-    branch_path = config.model.reward_branch_path
-    if not branch_path:
-        raise ExportError(f"{checkpoint} was trained without a reward branch (model.reward_branch_path is empty).")
-    branch_path = _resolve_location(branch_path, checkpoint, "the reward branch")
+    branch_path = reward_branch_location(config, checkpoint)
     try:
         branch = load_reward_branch(hydra, branch_path)
     except CheckpointError as error:

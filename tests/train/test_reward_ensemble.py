@@ -222,3 +222,25 @@ def test_an_ensemble_objective_on_one_head_says_it_scores_as_it_is(tmp_path, cap
             PPOTrainer(parse_config(path), config_dir=path.parent)
         said = [r.getMessage() for r in caplog.records if "has one head to choose from" in r.getMessage()]
         assert bool(said) == warned, said
+
+
+@pytest.mark.slow
+def test_generate_scores_with_the_runs_ensemble_and_compare_says_it_cannot(ensemble, tmp_path, caplog):
+    """`hydrappo generate` on a run scored by a branch of 3 heads scores both columns with that branch and the
+    run's objective (the branch is data: no trust needed), as PPO scored them in training; `compare`, whose
+    models do not share the run's trunk, says so and leaves them unscored."""
+    from hydrappo.evaluation.compare import compare, generate
+
+    tmp, _, _ = ensemble
+    path = branch_ppo_config(tmp_path, tmp / "reward", {"ensemble_objective": "worst"}, total_steps=1, save_every=1)
+    PPOTrainer(parse_config(path), config_dir=tmp_path).train()
+    prompts = str(TINY / "prompts.jsonl")
+    columns = generate(tmp_path, prompts, limit=4, greedy=True)
+    for rows in columns.values():
+        scores = [row["score"] for row in rows]
+        assert all(score is not None and math.isfinite(score) for score in scores), scores
+    assert list(columns) == ["base", "trained (checkpoint-1)"]
+    with caplog.at_level("WARNING", logger="hydrappo"):
+        compared = compare([str(tmp_path)], prompts, limit=2, greedy=True)
+    assert all(row["score"] is None for rows in compared.values() for row in rows)
+    assert any("a branch scores on its own run's trunk" in r.getMessage() for r in caplog.records)
