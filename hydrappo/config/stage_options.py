@@ -37,7 +37,22 @@ class StageTrainArgs(OptimizerArgs, RunArgs):
 
 
 @dataclass
-class RewardTrainArgs(StageTrainArgs):
+class BestModelArgs:
+    """Keeping the best held-out evaluation of a preference stage, under Hugging Face Trainer's names."""
+
+    load_best_model_at_end: bool = option(
+        False,
+        "At the end, the trained weights of the held-out evaluation with the best metric_for_best_model are "
+        "restored before the final checkpoint (and model) is written, as Hugging Face's Trainer does: early "
+        "stopping without guessing the epoch. Needs held-out pairs (data.eval_file or data.eval_fraction > 0).",
+    )
+    greater_is_better: bool | None = option(
+        None, "Whether a larger metric_for_best_model is better (None: yes, unless its name ends in 'loss')."
+    )
+
+
+@dataclass
+class RewardTrainArgs(BestModelArgs, StageTrainArgs):
     output_dir: str = option(
         "outputs/reward",
         "Reward checkpoints (checkpoint-<step>), metrics.jsonl and TensorBoard logs (relative to the current directory).",
@@ -53,6 +68,10 @@ class RewardTrainArgs(StageTrainArgs):
         "on its own bootstrap resample of the pairs (with `bootstrap`), scored in PPO by reward.ensemble_objective "
         "(Coste et al. 2023). Recorded in the checkpoint.",
         Range(1, 64, fix="use 1 for one head, or e.g. 4 for an ensemble"),
+    )
+    metric_for_best_model: str = option(
+        "eval/accuracy",
+        "The held-out statistic load_best_model_at_end keeps the best of (the 'eval/' may be left out).",
     )
     bootstrap: bool = option(
         True,
@@ -140,13 +159,17 @@ class DPODataArgs(PairDataArgs):
 
 
 @dataclass
-class DPOTrainArgs(StageTrainArgs):
+class DPOTrainArgs(BestModelArgs, StageTrainArgs):
     output_dir: str = option(
         "outputs/dpo",
         "The trained model directory (plus checkpoints, metrics.jsonl and TensorBoard logs), relative to the current "
         "directory.",
     )
     learning_rate: float = _with_default(OptimizerArgs, "learning_rate", 1e-6)
+    metric_for_best_model: str = option(
+        "eval/rewards/accuracies",
+        "The held-out statistic load_best_model_at_end keeps the best of (the 'eval/' may be left out).",
+    )
 
 
 @dataclass

@@ -35,7 +35,7 @@ from .inputs import StageInputs
 from ..data import pack_sequences
 from .sequences import response_part
 from .sft import SFTTrainer
-from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
+from .stage import BestEvaluation, EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")
 
@@ -104,6 +104,7 @@ class DPOTrainer(SupervisedStage):
         self.split_cache = SplitCache(hydra, train.cache_split_hidden and not hydra.full_model)
         self.total_steps = total_steps_of(train, len(self.train_pairs))
         self.batches = EpochBatches(len(self.train_pairs), train.batch_size, train.seed)
+        self.best = BestEvaluation.of(train, len(self.eval_pairs) > 0)  # train.load_best_model_at_end
         self.harness.setup_optimizer(params, train, self.total_steps)
         self.output_dir = Path(train.output_dir)
 
@@ -234,9 +235,20 @@ class DPOTrainer(SupervisedStage):
         step = self.harness.step + 1
         if (train.eval_every and step % train.eval_every == 0) or end_of_epoch or step == self.total_steps:
             stats.update(self.evaluate())
+            if self.best is not None:
+                self.best.offer(step, stats, self.hydra)
         return stats, None
 
     def finish(self) -> dict:
+        """Before the final checkpoint: the best evaluation's weights (train.load_best_model_at_end), then the
+        trained model written as a transformers folder (or a peft adapter)."""
+        if self.best is not None and self.best.restore(self.hydra):
+            logger.info(
+                "load_best_model_at_end: the weights of step %d (%s %.4f) are the ones kept",
+                self.best.step,
+                self.best.metric,
+                self.best.value,
+            )
         with self.harness.dist.phase("saving the trained model"):
             if self.harness.dist.is_main:
                 self.save_model()
@@ -250,7 +262,9 @@ class DPOTrainer(SupervisedStage):
         return SFTTrainer.save_model(self, output_dir, CONFIG_NAME)
 
     def state_dict(self) -> dict:
-        return {"batches": self.batches.state_dict()}
+        return {"batches": self.batches.state_dict(), **(self.best.state_dict() if self.best is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.batches.load_state_dict(state["batches"])
+        if self.best is not None:
+            self.best.load_state_dict(state)

@@ -45,7 +45,7 @@ from .harness import TrainingError, prepare
 from .inputs import StageInputs
 from .run_log import as_float
 from ..data import pack_sequences
-from .stage import EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
+from .stage import BestEvaluation, EpochBatches, SplitCache, SupervisedStage, batches, total_steps_of, weighted_means
 
 logger = logging.getLogger("hydrappo")
 
@@ -116,6 +116,7 @@ class RewardTrainer(SupervisedStage):
         self.split_cache = SplitCache(hydra, train.cache_split_hidden)
         self.total_steps = total_steps_of(train, len(self.train_pairs))
         self.batches = EpochBatches(len(self.train_pairs), train.batch_size, train.seed)
+        self.best = BestEvaluation.of(train, len(self.eval_pairs) > 0)  # train.load_best_model_at_end
         self.harness.setup_optimizer(self.branch.parameters(), train, self.total_steps)
         self.score_stats: dict | None = None
         self.final_eval: dict = {}
@@ -312,12 +313,24 @@ class RewardTrainer(SupervisedStage):
         step = self.harness.step + 1
         if (train.eval_every and step % train.eval_every == 0) or end_of_epoch or step == self.total_steps:
             stats.update(self.evaluate())
+            if self.best is not None:
+                self.best.offer(step, stats, self.branch)
         self.last_stats = stats
         return stats, None
 
     def finish(self) -> dict:
-        """Before the final checkpoint: the score statistics it stores for PPO."""
+        """Before the final checkpoint: the best evaluation's branch (train.load_best_model_at_end), and the score
+        statistics the checkpoint stores for PPO, of the branch it holds."""
         self.final_eval = {key: as_float(value) for key, value in self.last_stats.items() if key.startswith("eval/")}
+        if self.best is not None and self.best.restore(self.branch):
+            logger.info(
+                "load_best_model_at_end: the branch of step %d (%s %.4f; at the end %.4f) is the one kept",
+                self.best.step,
+                self.best.metric,
+                self.best.value,
+                self.final_eval.get(self.best.metric, float("nan")),
+            )
+            self.final_eval = dict(self.best.stats)
         self.score_stats = self.reference_statistics()
         logger.info(
             "reward scores on the reference set (%s): mean %.4f, std %.4f",
@@ -353,12 +366,15 @@ class RewardTrainer(SupervisedStage):
                 "append_eos": data.append_eos,
             },
             "batches": self.batches.state_dict(),
+            **(self.best.state_dict() if self.best is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
         if "batches" not in state:
             raise TrainingError("this reward checkpoint was written before reward runs could resume; start a new run.")
         self.batches.load_state_dict(state["batches"])
+        if self.best is not None:
+            self.best.load_state_dict(state)
         if state.get("score_mean") is not None:
             self.score_stats = {
                 "score_mean": state["score_mean"],

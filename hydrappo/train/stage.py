@@ -1,5 +1,6 @@
-"""What the two supervised stages (reward model, SFT) share beyond the harness: epochs of
-shuffled batches that resume exactly, the step count, and the frozen-trunk cache."""
+"""What the supervised stages (reward model, SFT, DPO) share beyond the harness: epochs of
+shuffled batches that resume exactly, the step count, the frozen-trunk cache, and the best held-out
+evaluation kept for the end (BestEvaluation)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import math
 
 import torch
 
+from ..data import pack_sequences
+from ..errors import UsageError
 from ..model import HydraModel
 from .harness import TrainingLoop
 from .run_log import as_float
-from ..data import pack_sequences
 
 
 def total_steps_of(train, num_examples: int) -> int:
@@ -174,3 +176,67 @@ def covering_examples(tokens: dict) -> dict:
                 continue
         covering[key] = key
     return covering
+
+
+class BestEvaluation:
+    """Hugging Face Trainer's load_best_model_at_end for a preference stage: the trained weights at the
+    held-out evaluation with the best `metric` (kept on the CPU, a copy of what trains: the band, the branch
+    or the adapters), restored at the end, before the final checkpoint is written. Kept in the checkpoints,
+    so a resumed run keeps the best of the evaluations before it too."""
+
+    def __init__(self, metric: str, greater_is_better: bool | None = None):
+        self.metric = metric if metric.startswith("eval/") else f"eval/{metric}"
+        self.greater = not self.metric.endswith("loss") if greater_is_better is None else greater_is_better
+        self.step: int | None = None
+        self.value: float | None = None
+        self.stats: dict = {}
+        self.weights: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, train, has_held_out: bool) -> BestEvaluation | None:
+        """The stage's, from train.load_best_model_at_end and its metric; None when off."""
+        if not train.load_best_model_at_end:
+            return None
+        if not has_held_out:
+            raise UsageError(
+                "train.load_best_model_at_end keeps the best held-out evaluation, and this run holds out no pairs: "
+                "set data.eval_fraction > 0 (or data.eval_file), or leave load_best_model_at_end off."
+            )
+        return cls(train.metric_for_best_model, train.greater_is_better)
+
+    def offer(self, step: int, stats: dict, module: torch.nn.Module) -> None:
+        """An evaluation's statistics: kept, with a copy of `module`'s trainable weights, when they are the best."""
+        if self.metric not in stats:
+            known = ", ".join(sorted(key for key in stats if key.startswith("eval/")))
+            raise UsageError(
+                f"train.metric_for_best_model {self.metric!r} is not among the held-out statistics ({known}); "
+                "name one of them."
+            )
+        value = as_float(stats[self.metric])
+        if self.value is not None and not (value > self.value if self.greater else value < self.value):
+            return
+        self.step, self.value = step, value
+        self.stats = {key: as_float(v) for key, v in stats.items() if key.startswith("eval/")}
+        self.weights = {
+            name: p.detach().to("cpu", copy=True) for name, p in module.named_parameters() if p.requires_grad
+        }
+
+    def restore(self, module: torch.nn.Module) -> bool:
+        """`module`'s trainable weights set to the best evaluation's; False when there was none."""
+        if not self.weights:
+            return False
+        with torch.no_grad():
+            for name, p in module.named_parameters():
+                if name in self.weights:
+                    p.copy_(self.weights[name].to(p.device))
+        return True
+
+    def state_dict(self) -> dict:
+        kept = {"step": self.step, "value": self.value, "metric": self.metric, "stats": self.stats}
+        return {"best_evaluation": kept, "best_evaluation_weights": dict(self.weights)}
+
+    def load_state_dict(self, state: dict) -> None:
+        kept = state.get("best_evaluation") or {}
+        if kept.get("metric") == self.metric:  # (a run resumed with another metric starts its best anew)
+            self.step, self.value, self.stats = kept["step"], kept["value"], kept["stats"]
+            self.weights = dict(state.get("best_evaluation_weights") or {})
