@@ -27,8 +27,11 @@ share of the machine's cores for torch, not all of them."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
+
+import pytest
 
 # The tests never reach the network: a Hub id a test names resolves from a cache the test built,
 # or fails at once. Set before huggingface_hub is imported (it reads this at import).
@@ -49,3 +52,17 @@ if WORKERS > 1:
 HELPERS = str(Path(__file__).resolve().parent / "helpers")
 if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Every attempt to open a connection or look up a host raises, and is recorded (the list returned)."""
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return attempts

@@ -153,19 +153,9 @@ def _cached_dataset_repo(cache, repo_id: str, rows: list[dict], commit: str = "4
     (repo / "refs" / "main").write_text(commit)
 
 
-def test_a_hub_id_in_the_cache_reads_offline_in_each_format(tmp_path, tokenizer, monkeypatch):
+def test_a_hub_id_in_the_cache_reads_offline_in_each_format(tmp_path, tokenizer, monkeypatch, no_network):
     """TRL users name preference datasets by Hub id; offline, the repo's files in HF_HUB_CACHE are read
     (datasets' own offline mode knows only datasets it loaded before) and nothing is asked of the network."""
-    import socket
-
-    attempts = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network disabled by the test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
     cache = tmp_path / "hub"
     _cached_dataset_repo(cache, "pref-org/standard", [{"prompt": "n5 n6", "chosen": "g1 g2", "rejected": "n7"}])
     conversation = {
@@ -192,4 +182,4 @@ def test_a_hub_id_in_the_cache_reads_offline_in_each_format(tmp_path, tokenizer,
         DataError, match="data.train_file: 'pref-org/absent' does not exist here .* local datasets cache"
     ):
         read_preference_table("pref-org/absent", DPODataArgs())
-    assert attempts == []  # offline: the caches were read, the Hub never asked
+    assert no_network == []  # offline: the caches were read, the Hub never asked

@@ -5,7 +5,6 @@ No test reaches the network: socket connections and name look-ups raise and are 
 import hashlib
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -49,20 +48,6 @@ def tiny_pretrained(folder: Path, seed: int) -> Path:
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(TINY / "model").save_pretrained(folder)
     return folder
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Every attempt to open a connection or look up a host raises, and is recorded."""
-    attempts = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network disabled by the test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    return attempts
 
 
 @pytest.fixture
