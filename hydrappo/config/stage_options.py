@@ -73,6 +73,13 @@ class RewardTrainArgs(BestModelArgs, StageTrainArgs):
         "eval/accuracy",
         "The held-out statistic load_best_model_at_end keeps the best of (the 'eval/' may be left out).",
     )
+    lm_loss_weight: float = option(
+        0.0,
+        "GRM's regulariser (Yang et al. 2024, arXiv 2406.10216): this weight times the mean negative log-likelihood of "
+        "the chosen answers' tokens, read from the branch's hidden states by the model's frozen LM head, added to the "
+        "Bradley-Terry loss, so that the branch stays a language model's layers as it learns to rank (0: off).",
+        Range(0, fix="use e.g. 0.01, or 0 for off"),
+    )
     bootstrap: bool = option(
         True,
         "With reward_heads > 1, weigh each pair for each head by a Poisson(1) count drawn from train.seed (the "

@@ -437,13 +437,19 @@ class HydraModel(nn.Module):
             raise ValueError("no reward branch is attached (see attach_reward_branch).")
         return self.reward_scores(split_hidden, input_ids, attention_mask, self.reward_branch, response_start)
 
-    def reward_scores(self, split_hidden, input_ids, attention_mask, branch: RewardBranch, response_start=None):
+    def reward_scores(
+        self, split_hidden, input_ids, attention_mask, branch: RewardBranch, response_start=None, logprob_rows: int = 0
+    ):
         """Scores of `branch` (frozen or training) on top of the cached split hidden state.
 
         `branch.pooling == "last"` reads the head at the last non-padding token; `"mean"` at
         the mean hidden state of the response tokens: the non-padding tokens in columns
         `response_start:` (prompts left-padded to `response_start` columns, as
-        train/sequences.py's pack_sequences packs them)."""
+        data.pack_sequences packs them).
+
+        `logprob_rows=n`: also the token log-probs (n, T-1) of the first n rows' responses as the model's
+        LM head reads the branch's hidden states (the branch's own norm applied), for GRM's language-model
+        regulariser (train/reward_model.py); returns (scores, log-probs) then."""
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, branch.layers, branch.norm)
@@ -452,9 +458,24 @@ class HydraModel(nn.Module):
                 raise ValueError("mean pooling needs response_start, the column where the responses begin.")
             weights = attention_mask.to(hidden.dtype).clone()
             weights[:, :response_start] = 0
-            return branch.head((hidden * weights.unsqueeze(-1)).sum(1) / weights.sum(-1, keepdim=True).clamp(min=1))
-        last = last_token_index(attention_mask)
-        return branch.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
+            scores = branch.head((hidden * weights.unsqueeze(-1)).sum(1) / weights.sum(-1, keepdim=True).clamp(min=1))
+        else:
+            last = last_token_index(attention_mask)
+            scores = branch.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
+        if not logprob_rows:
+            return scores
+        if response_start is None:
+            raise ValueError("the branch's log-probs need response_start, the column where the responses begin.")
+        rows = slice(0, logprob_rows)
+        logprobs, _ = self._logprobs(
+            hidden[rows],
+            input_ids[rows],
+            attention_mask[rows],
+            output_embeddings(self.model),
+            1.0,
+            logprobs_from=response_start - 1,
+        )
+        return scores, logprobs
 
     @torch.no_grad()
     def split_hidden_states(self, input_ids, attention_mask=None) -> torch.Tensor:

@@ -318,7 +318,14 @@ SECTIONS = (
             M(
                 "train/loss",
                 ("reward",),
-                "Bradley-Terry loss, mean of -log sigmoid(r_chosen - r_rejected [- margin]), nats per pair.",
+                "Bradley-Terry loss, mean of -log sigmoid(r_chosen - r_rejected [- margin]), nats per pair "
+                "(with `train.lm_loss_weight`, plus that weight times `train/lm_loss`).",
+            ),
+            M(
+                "train/lm_loss",
+                ("reward",),
+                "With `train.lm_loss_weight` > 0 (GRM's regulariser): the chosen answers' mean NLL per token under "
+                "the LM head, read from the branch's hidden states.",
             ),
             M("train/accuracy", ("reward",), "Share of pairs whose chosen response scores higher (a tie counts half)."),
             M("train/margin", ("reward",), "Mean r_chosen - r_rejected."),

@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from ..algo.ensemble import bootstrap_counts
-from ..algo.losses import preference_loss
+from ..algo.losses import preference_loss, response_nll
 from ..algo.scores import score_statistics
 from ..config import GenerationArgs, RewardConfig
 from ..data import DataError, encode_prompts, tokenize_responses
@@ -170,20 +170,33 @@ class RewardTrainer(SupervisedStage):
         return examples
 
     # ------------------------------------------------------------------ scoring
-    def _scores(self, keys, prompt_ids, response_ids) -> torch.Tensor:
-        input_ids, attention_mask, _, width = pack_sequences(prompt_ids, response_ids, self.tokenizer.pad_token_id)
+    def _scores(self, keys, prompt_ids, response_ids, nll_rows: int = 0):
+        """The branch's scores of the packed rows; with `nll_rows=n`, also the mean NLL of the first n rows'
+        response tokens under the LM head (GRM's regulariser, algo/losses.py response_nll)."""
+        input_ids, attention_mask, action_mask, width = pack_sequences(
+            prompt_ids, response_ids, self.tokenizer.pad_token_id
+        )
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         split = self.split_cache(keys, input_ids, attention_mask)
         with self.harness.autocast():
-            return self.hydra.reward_scores(split, input_ids, attention_mask, self.branch, response_start=width)
+            out = self.hydra.reward_scores(
+                split, input_ids, attention_mask, self.branch, response_start=width, logprob_rows=nll_rows
+            )
+        if not nll_rows:
+            return out
+        scores, logprobs = out
+        nll, _ = response_nll(logprobs[:, width - 1 :], action_mask[:nll_rows].to(logprobs.device))
+        return scores, nll
 
-    def _pair_scores(self, pairs: PreferencePairs, index: list[int], tag: str):
-        """Chosen and rejected scores of pairs `index`, in ONE batch (2 x len(index) rows)."""
+    def _pair_scores(self, pairs: PreferencePairs, index: list[int], tag: str, with_nll: bool = False):
+        """Chosen and rejected scores of pairs `index`, in ONE batch (2 x len(index) rows); `with_nll`: and the
+        chosen answers' mean NLL under the LM head (else None)."""
         keys = [(tag, i, 0) for i in index] + [(tag, i, 1) for i in index]
         prompts = [pairs.prompt_ids[i] for i in index]
         responses = [pairs.chosen_ids[i] for i in index] + [pairs.rejected_ids[i] for i in index]
-        scores = self._scores(keys, prompts + prompts, responses)
-        return scores[: len(index)], scores[len(index) :]
+        out = self._scores(keys, prompts + prompts, responses, nll_rows=len(index) if with_nll else 0)
+        scores, nll = out if with_nll else (out, None)
+        return scores[: len(index)], scores[len(index) :], nll
 
     @torch.no_grad()
     def score(
@@ -206,7 +219,7 @@ class RewardTrainer(SupervisedStage):
             return {}
 
         def pair_scores(index):
-            return tuple(x.cpu() for x in self._pair_scores(pairs, index, tag))
+            return tuple(x.cpu() for x in self._pair_scores(pairs, index, tag)[:2])
 
         index_batches = batches(len(pairs), max(1, self.config.train.eval_batch_size // 2))
         done = self.harness.dist.map_in_order(pair_scores, index_batches, f"evaluating on the {tag} pairs")
@@ -290,7 +303,8 @@ class RewardTrainer(SupervisedStage):
         index, finite, stats = dist.shard(batch), True, {}
         with dist.phase("training the reward branch"):
             if index:  # a process's share of a small last batch may be empty
-                chosen, rejected = self._pair_scores(pairs, index, "train")
+                regularised = train.lm_loss_weight > 0
+                chosen, rejected, nll = self._pair_scores(pairs, index, "train", with_nll=regularised)
                 margins = (
                     torch.tensor([pairs.margins[i] for i in index], device=chosen.device)
                     if pairs.margins is not None
@@ -298,6 +312,9 @@ class RewardTrainer(SupervisedStage):
                 )
                 counts = self.counts[index].to(chosen.device) if self.counts is not None else None
                 loss, stats = preference_loss(chosen, rejected, margins, counts)
+                if regularised:  # GRM (arXiv 2406.10216): the ranking loss plus the chosen answers' LM loss
+                    loss = loss + train.lm_loss_weight * nll
+                    stats = {**stats, "lm_loss": nll.detach(), "loss": loss.detach()}
                 finite = bool(torch.isfinite(loss))
                 if finite:
                     # This process's share of the whole batch's mean loss.
