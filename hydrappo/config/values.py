@@ -15,7 +15,7 @@ from ..algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from ..algo.scores import SCORE_NORMALIZATIONS
 from ..model.heads import VALUE_HEAD_INITS
-from ..model.hydra import REWARD_POOLINGS
+from ..model.reward_branch import REWARD_POOLINGS
 from ..model.quantize import TRUNK_QUANTIZATIONS
 
 # The options that take one of a few words are typed `Literal[...]` (HfArgumentParser lists the

@@ -3,6 +3,7 @@
 Imports torch, transformers and peft only (and hydrappo.errors)."""
 
 from .heads import RewardHead, ValueHead
-from .hydra import HydraModel, HydraOutput, RewardBranch
+from .hydra import HydraModel, HydraOutput
+from .reward_branch import RewardBranch
 
 __all__ = ["HydraModel", "HydraOutput", "RewardBranch", "RewardHead", "ValueHead"]

@@ -41,8 +41,9 @@ from .heads import RewardHead, ValueHead
 from .logprobs import token_logprobs
 from .lora import lora_problems
 from .probe import verify
+from .reward_branch import RewardBranch, pooled_scores
 from .shared_prompt import plan_packing
-from .split import SkipLayer, StopTrunk, last_token_index, position_ids_from_mask, split_hook
+from .split import SkipLayer, StopTrunk, position_ids_from_mask, split_hook
 
 
 @dataclass
@@ -79,22 +80,6 @@ def _frozen_copy(module: nn.Module) -> nn.Module:
     clone = copy.deepcopy(module)
     clone.requires_grad_(False)
     return clone
-
-
-REWARD_POOLINGS = ("last", "mean")
-
-
-class RewardBranch(nn.Module):
-    """A frozen reward model on the trunk: its own top layers (optionally its own final
-    norm) and a scalar head read at the pooled hidden state: `pooling="last"` the last
-    non-padding token, `"mean"` the mean of the response tokens' hidden states."""
-
-    def __init__(self, layers: nn.ModuleList, head: RewardHead, norm: nn.Module | None = None, pooling: str = "last"):
-        super().__init__()
-        self.layers = layers
-        self.norm = norm
-        self.head = head
-        self.pooling = pooling
 
 
 class HydraModel(nn.Module):
@@ -442,10 +427,7 @@ class HydraModel(nn.Module):
     ):
         """Scores of `branch` (frozen or training) on top of the cached split hidden state.
 
-        `branch.pooling == "last"` reads the head at the last non-padding token; `"mean"` at
-        the mean hidden state of the response tokens: the non-padding tokens in columns
-        `response_start:` (prompts left-padded to `response_start` columns, as
-        data.pack_sequences packs them).
+        Pooled as the branch says (model/reward_branch.py's pooled_scores).
 
         `logprob_rows=n`: also the token log-probs (n, T-1) of the first n rows' responses as the model's
         LM head reads the branch's hidden states (the branch's own norm applied), for GRM's language-model
@@ -453,15 +435,7 @@ class HydraModel(nn.Module):
         attention_mask = _default_mask(input_ids, attention_mask)
         position_ids = position_ids_from_mask(attention_mask)
         hidden = self._branch_hidden(split_hidden, input_ids, attention_mask, position_ids, branch.layers, branch.norm)
-        if branch.pooling == "mean":
-            if response_start is None:
-                raise ValueError("mean pooling needs response_start, the column where the responses begin.")
-            weights = attention_mask.to(hidden.dtype).clone()
-            weights[:, :response_start] = 0
-            scores = branch.head((hidden * weights.unsqueeze(-1)).sum(1) / weights.sum(-1, keepdim=True).clamp(min=1))
-        else:
-            last = last_token_index(attention_mask)
-            scores = branch.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
+        scores = pooled_scores(branch, hidden, attention_mask, response_start)
         if not logprob_rows:
             return scores
         if response_start is None:

@@ -4,7 +4,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hydrappo import HydraModel
 from hydrappo.model.arch import UnsupportedModelError
-from hydrappo.model.hydra import last_token_index
+from hydrappo.model.split import last_token_index
 
 from tiny import FAMILIES, FLOAT64_ATOL, LAYERS, VOCAB, first_family_quick, left_padded_batch, tiny64, tiny_model
 
