@@ -453,11 +453,12 @@ def summary(args) -> int:
         measured = gold.get(str(Path(row["model_dir"]).resolve()), {})
         row["gold"], row["kl"] = measured.get("reward"), measured.get("kl")
     rows.sort(key=lambda r: (SIDES.index(r["side"]), r["learning_rate"]))
-    print("| side | lr | steps | s/step | peak MiB | tokens/s | held-out acc | margin | gold VADER | KL (nats) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    # The trainable weights tell one hydrappo row from another (top 4 or top 8 layers, from --config).
+    print("| side | trainable M | lr | steps | s/step | peak MiB | tokens/s | held-out acc | margin | gold VADER | KL (nats) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
-            f"| {r['side']} | {r['learning_rate']:g} | {r['steps']} | {r['s_per_step']:.2f} | {r['peak_rss_mib']:.0f} | "
+            f"| {r['side']} | {r['trainable_parameters'] / 1e6:.1f} | {r['learning_rate']:g} | {r['steps']} | {r['s_per_step']:.2f} | {r['peak_rss_mib']:.0f} | "
             f"{r['tokens_per_second']:.0f} | {number(r.get('heldout_accuracy'), '.3f')} | "
             f"{number(r.get('heldout_margin'), '.3f')} | {number(r['gold'], '.3f')} | {number(r['kl'], '.2f')} |"
         )
@@ -488,7 +489,8 @@ def summary(args) -> int:
         a, b = best(theirs), best(ours)
         print(
             f"| {side} | {speed:.2f}x | {memory:.2f}x | {number(a.get('heldout_accuracy'), '.3f')} (lr {a['learning_rate']:g}) "
-            f"vs {number(b.get('heldout_accuracy'), '.3f')} (lr {b['learning_rate']:g}) | "
+            f"vs {number(b.get('heldout_accuracy'), '.3f')} (lr {b['learning_rate']:g}, "
+            f"{b['trainable_parameters'] / 1e6:.1f}M trainable) | "
             f"{number(a['gold'], '.3f')} vs {number(b['gold'], '.3f')} |"
         )
     return 0
