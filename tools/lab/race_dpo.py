@@ -454,7 +454,9 @@ def summary(args) -> int:
         row["gold"], row["kl"] = measured.get("reward"), measured.get("kl")
     rows.sort(key=lambda r: (SIDES.index(r["side"]), r["learning_rate"]))
     # The trainable weights tell one hydrappo row from another (top 4 or top 8 layers, from --config).
-    print("| side | trainable M | lr | steps | s/step | peak MiB | tokens/s | held-out acc | margin | gold VADER | KL (nats) |")
+    print(
+        "| side | trainable M | lr | steps | s/step | peak MiB | tokens/s | held-out acc | margin | gold VADER | KL (nats) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
