@@ -177,6 +177,30 @@ def check_tokenizer(folder: Path) -> dict:
     return data
 
 
+def prepends_space(tokenizer_json: dict) -> bool:
+    """Whether a SentencePiece-style tokenizer.json puts "▁" before a text's first word: Llama 2's does (a
+    `Prepend` normalizer, or a `Metaspace` pre-tokenizer that prepends), Gemma's does not (it only replaces
+    spaces). llama.cpp's SentencePiece tokenizer prepends unless the file says otherwise
+    (tokenizer.ggml.add_space_prefix), which would turn "The" into "▁The" and change every prompt."""
+
+    def parts(component, key):
+        if not component:
+            return []
+        if component.get("type") == "Sequence":
+            return [part for child in component.get(key, []) for part in parts(child, key)]
+        return [component]
+
+    for normalizer in parts(tokenizer_json.get("normalizer"), "normalizers"):
+        if normalizer.get("type") == "Prepend" and normalizer.get("prepend") == "▁":
+            return True
+    for pre in parts(tokenizer_json.get("pre_tokenizer"), "pretokenizers"):
+        if pre.get("type") == "Metaspace":
+            scheme = pre.get("prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never")
+            if scheme in ("always", "first"):
+                return True
+    return False
+
+
 def _add_tokenizer(writer, folder: Path, vocab_size: int) -> None:
     import gguf
 
@@ -210,6 +234,7 @@ def _add_tokenizer(writer, folder: Path, vocab_size: int) -> None:
     writer.add_token_types(types)
     if sentencepiece:
         writer.add_token_scores(scores)
+        writer.add_add_space_prefix(prepends_space(data))
     special = gguf.SpecialVocab(folder, load_merges=not sentencepiece, n_vocab=len(tokens))
     special.add_to_gguf(writer, quiet=True)
 

@@ -349,3 +349,52 @@ def test_the_gguf_to_safetensors_script_is_export_from_gguf(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path / "converted")(TEXTS[0]).input_ids == ids[0].tolist()
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert done.returncode == 2 and "gguf_to_safetensors.py: --out" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_whether_a_sentencepiece_tokenizer_prepends_a_space_is_read_from_its_json():
+    from hydrappo.storage.gguf_export import prepends_space
+
+    gemma = {"normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}}
+    llama2 = {
+        "normalizer": {
+            "type": "Sequence",
+            "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, gemma["normalizer"]],
+        }
+    }
+    assert not prepends_space(gemma)
+    assert prepends_space(llama2)
+    assert prepends_space({"pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first"}})
+    assert not prepends_space({"pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "never"}})
+    assert prepends_space({"pre_tokenizer": {"type": "Metaspace", "add_prefix_space": True}})  # older files
+
+
+def test_a_gemma_style_tokenizer_is_written_without_llama_cpps_space_prefix(tmp_path):
+    # llama.cpp's SentencePiece tokenizer prepends "\u2581" unless the file says not to; Gemma's tokenizer does not
+    import gguf
+    from tokenizers import normalizers
+
+    tokenizer = Tokenizer(models.BPE(byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<s>", "</s>"])
+    tokenizer.train_from_iterator(TEXTS * 10, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    config = Gemma3TextConfig(
+        vocab_size=len(fast),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=8,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    fast.save_pretrained(tmp_path / "model")
+    write_gguf(tmp_path / "model", tmp_path / "m.gguf", "f32")
+    field = gguf.GGUFReader(tmp_path / "m.gguf").fields["tokenizer.ggml.add_space_prefix"]
+    assert bool(field.parts[field.data[0]][0]) is False
