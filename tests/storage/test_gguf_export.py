@@ -33,8 +33,19 @@ def byte_bpe() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-def tiny_folder(family: str, path):
-    tokenizer = byte_bpe()
+def sentencepiece_bpe() -> PreTrainedTokenizerFast:
+    """A SentencePiece-style BPE (Gemma's kind: byte fallback, spaces replaced by "\u2581", none prepended)."""
+    from tokenizers import normalizers
+
+    tokenizer = Tokenizer(models.BPE(byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<s>", "</s>"])
+    tokenizer.train_from_iterator(TEXTS * 10, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_folder(family: str, path, tokenizer: PreTrainedTokenizerFast | None = None):
+    tokenizer = tokenizer or byte_bpe()
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -371,30 +382,8 @@ def test_whether_a_sentencepiece_tokenizer_prepends_a_space_is_read_from_its_jso
 def test_a_gemma_style_tokenizer_is_written_without_llama_cpps_space_prefix(tmp_path):
     # llama.cpp's SentencePiece tokenizer prepends "\u2581" unless the file says not to; Gemma's tokenizer does not
     import gguf
-    from tokenizers import normalizers
 
-    tokenizer = Tokenizer(models.BPE(byte_fallback=True))
-    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
-    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<s>", "</s>"])
-    tokenizer.train_from_iterator(TEXTS * 10, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    config = Gemma3TextConfig(
-        vocab_size=len(fast),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        query_pre_attn_scalar=8,
-        sliding_window=8,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
-    fast.save_pretrained(tmp_path / "model")
+    tiny_folder("gemma3", tmp_path / "model", tokenizer=sentencepiece_bpe())
     write_gguf(tmp_path / "model", tmp_path / "m.gguf", "f32")
     field = gguf.GGUFReader(tmp_path / "m.gguf").fields["tokenizer.ggml.add_space_prefix"]
     assert bool(field.parts[field.data[0]][0]) is False
