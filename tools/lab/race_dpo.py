@@ -465,9 +465,42 @@ def summary(args) -> int:
             f"{number(r.get('heldout_margin'), '.3f')} | {number(r['gold'], '.3f')} | {number(r['kl'], '.2f')} |"
         )
     by_side = {side: [r for r in rows if r["side"] == side] for side in SIDES}
-    ours = by_side["hydrappo"]
-    if not ours:
+    if not by_side["hydrappo"]:
         return 0
+    # One hydrappo shape (its trainable weights: top 4, top 8, ...) at a time, so that a mean over the
+    # rates never mixes two shapes' steps.
+    shapes = sorted({r["trainable_parameters"] for r in by_side["hydrappo"]})
+    print("\nEach TRL side against each hydrappo shape (s/step and peak: means over the rates; quality: each")
+    print("side's best rate by gold VADER where dpo_eval.py measured it, else by held-out accuracy):\n")
+    print(
+        "| TRL side | hydrappo trainable M | s/step, TRL / hydrappo | peak MiB, TRL / hydrappo | "
+        "best acc: TRL vs hydrappo | best gold: TRL vs hydrappo |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+
+    def mean(side_rows, key):
+        return statistics.fmean(r[key] for r in side_rows)
+
+    def best(side_rows):
+        key = "gold" if all(r["gold"] is not None for r in side_rows) else "heldout_accuracy"
+        return max(side_rows, key=lambda r: r.get(key) if r.get(key) is not None else -math.inf)
+
+    for side in TRL_SIDES:
+        theirs = by_side[side]
+        if not theirs:
+            continue
+        for shape in shapes:
+            ours = [r for r in by_side["hydrappo"] if r["trainable_parameters"] == shape]
+            speed = mean(theirs, "s_per_step") / mean(ours, "s_per_step")
+            memory = mean(theirs, "peak_rss_mib") / mean(ours, "peak_rss_mib")
+            a, b = best(theirs), best(ours)
+            print(
+                f"| {side} | {shape / 1e6:.1f} | {speed:.2f}x | {memory:.2f}x | "
+                f"{number(a.get('heldout_accuracy'), '.3f')} (lr {a['learning_rate']:g}) "
+                f"vs {number(b.get('heldout_accuracy'), '.3f')} (lr {b['learning_rate']:g}) | "
+                f"{number(a['gold'], '.3f')} vs {number(b['gold'], '.3f')} |"
+            )
+    return 0
     print("\nEach TRL side against hydrappo (s/step and peak: means over the rates; quality: each side's best rate")
     print("by gold VADER where dpo_eval.py measured it, else by held-out accuracy):\n")
     print(
