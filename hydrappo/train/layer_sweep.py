@@ -12,10 +12,11 @@ choice (Zhang et al. 2026, "Is One Layer Enough?", arXiv 2607.01232).
     hydrappo sweep-layers --compare D0/layers.jsonl D1/layers.jsonl  two finished sweeps: rho
 
 What is shared between layers: the inputs read and checked once, the model loaded once (into CPU
-memory; each layer trains a fresh copy of it on the device), and the baseline evaluation (step 0
-is the same model for every layer, so it is evaluated once). What is not: each layer's steps run
-its own frozen bottom (the layers below i), because the split differs from layer to layer; and the
-first step's rollouts, the same for every layer (same model, same seed), are sampled again.
+memory; each layer trains a fresh copy of it on the device), the baseline evaluation (step 0 is
+the same model for every layer, so it is evaluated once), and the first step's sampled answers (the
+same for every layer: same model, same seed, same prompts; SharedFirstRollout). What is not: each
+layer's steps run its own frozen bottom (the layers below i), because the split differs from layer
+to layer, and its later steps sample from its own updated policy.
 
 D/layers.jsonl holds the sweep: a first line naming what it measures (the config, the steps), the
 baseline evaluation, then one line per layer as it finishes (flushed and synced), so an
@@ -371,8 +372,8 @@ def plan_text(sweep: Sweep) -> str:
         f"cost: {_count(len(todo), 'layer')} x {_count(k, 'step')} = {_count(len(todo) * k, 'step')} and "
         f"{_count(evaluations, 'evaluation')} of {prompts}"
         + (f" ({done} layers done already, skipped)" if done else ""),
-        "shared: the model load and the baseline evaluation; each layer's steps run its own frozen bottom (the split "
-        "moves with the layer)",
+        "shared: the model load, the baseline evaluation and the first step's sampled answers; each layer's steps "
+        "run its own frozen bottom (the split moves with the layer)",
     ]
     if sweep.config.model.train_lm_head or sweep.config.model.train_final_norm:
         lines.append("the config trains the output head or final norm: the sweep does not (each layer alone)")
@@ -391,7 +392,8 @@ def _duration(seconds: float) -> str:
 def estimate_text(step_seconds: list[float], eval_seconds: float, layer: int, layers_left: int) -> str:
     """The time the other layers will take, from the first layer's steps: their median (the first
     step of a process also pays one-time warm-ups) and its evaluation. The first layer is the lowest,
-    whose update backpropagates through the most layers, so the estimate leans high."""
+    whose update backpropagates through the most layers, and the only one that samples its first step's
+    answers (SharedFirstRollout), so the estimate leans high."""
     step = statistics.median(step_seconds[1:] or step_seconds)
     per_layer = len(step_seconds) * step + eval_seconds
     left = per_layer * layers_left
@@ -400,6 +402,44 @@ def estimate_text(step_seconds: list[float], eval_seconds: float, layer: int, la
         f"({len(step_seconds)} x {step:.1f} s, layer {layer}'s median step, + {eval_seconds:.1f} s of evaluation "
         "each; a higher layer's step costs less, its update backpropagating through fewer layers)"
     )
+
+
+class SharedFirstRollout:
+    """The first step's sampled answers, sampled once for the whole sweep. Every layer starts from
+    the same model with the same seed and draws the same prompts, so its first step would sample the
+    very same tokens: the first layer samples them, and each later layer takes a copy together with
+    the random state that followed the sampling, so its steps go on exactly as if it had sampled them
+    itself. The frozen bottom's recorded output is not handed on (the split moves with the layer):
+    the experience pass recomputes it. Episodes of an agent (environments, caches) are not shared."""
+
+    def __init__(self):
+        self.prompt_ids = self.responses = self.random_after = None
+        self.reused = 0
+
+    def attach(self, step) -> None:
+        """Serve `step`'s first call of generate (a PPOStep's rollout sampling); later calls sample."""
+        if step.agent is not None:
+            return
+        sample = step.generate
+
+        def first_generate(prompt_ids, indices=None):
+            from ..storage.checkpoint import rng_state, set_rng_state
+
+            del step.generate  # (this instance attribute goes: later steps sample as usual)
+            if self.responses is not None and prompt_ids == self.prompt_ids:
+                set_rng_state(self.random_after)
+                self.reused += 1
+                return self.copy()
+            responses = sample(prompt_ids, indices)
+            self.prompt_ids, self.random_after = copy.deepcopy(prompt_ids), rng_state()
+            self.responses = dataclasses.replace(responses, split_hidden=None)
+            self.responses = self.copy()
+            return responses
+
+        step.generate = first_generate
+
+    def copy(self):
+        return copy.deepcopy(self.responses)
 
 
 def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
@@ -423,6 +463,7 @@ def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
     lora = config.lora if config.lora.lora_r > 0 else None
     todo = sweep.todo or [sweep.layers[0]]  # (only the baseline missing: one trainer evaluates it)
     sweep_start, first_layer_steps = time.perf_counter(), []
+    first_rollout = SharedFirstRollout()
     for number, layer in enumerate(todo):
         one = layer_config(config, layer)
         seed_everything(config.train.seed)  # every layer's value head starts alike
@@ -430,6 +471,7 @@ def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
             one.model, lora, device=device, value_head=one.ppo.uses_critic, loaded=(copy.deepcopy(pristine), tokenizer)
         )
         trainer = PPOTrainer(one, hydra=hydra, tokenizer=tokenizer, inputs=copy.copy(sweep.inputs))
+        first_rollout.attach(trainer.ppo_step)
         if sweep.results.baseline is None:
             # Evaluated as the layers' evaluations are, at step K: sampled answers then draw the same
             # random numbers (evaluation/heldout.py seeds each batch by its step), so an unchanged policy gains 0.
@@ -474,7 +516,8 @@ def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    say(f"sweep time: {_duration(time.perf_counter() - sweep_start)}")
+    shared = f" (the first step's answers sampled once, taken by {_count(first_rollout.reused, 'more layer')})"
+    say(f"sweep time: {_duration(time.perf_counter() - sweep_start)}" + (shared if first_rollout.reused else ""))
     return sweep.results
 
 

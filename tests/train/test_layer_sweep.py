@@ -120,6 +120,22 @@ def test_the_sweep_ranks_first_the_one_layer_that_can_move_the_output_and_resume
     assert (folder / RESULTS).read_bytes() == kept
 
 
+@pytest.mark.slow
+def test_a_layer_that_takes_the_shared_first_answers_measures_what_it_measures_alone(toy, tmp_path, capsys, one_thread):
+    # LIVE after layer 1 takes layer 1's first-step answers and the random state after them; alone, it
+    # samples its own. Its steps (the second samples again, from that random state) and its evaluation agree.
+    out, _ = sweep(toy, capsys, "--layers", f"1:{LIVE + 1}", "--output_dir", tmp_path / "both")
+    assert "taken by 1 more layer" in out
+    sweep(toy, capsys, "--layers", f"{LIVE}:{LIVE + 1}", "--output_dir", tmp_path / "alone", "--window", "1")
+    shared, alone = (SweepResults.read(tmp_path / name).rows[LIVE] for name in ("both", "alone"))
+    assert shared["train"].keys() == alone["train"].keys() and shared["eval"].keys() == alone["eval"].keys()
+    for part in ("train", "eval"):
+        for key, value in alone[part].items():
+            if not key.startswith("time/"):
+                assert shared[part][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (part, key)
+    assert shared["eval"]["eval/reward_mean"] != SweepResults.read(tmp_path / "both").baseline["eval/reward_mean"]
+
+
 def write_results(path, evaluations: dict, seed: int = 0, steps: int = 1, baseline: float = 0.0):
     """A sweep's layers.jsonl by hand: {layer: eval/reward_mean after `steps` steps}."""
     lines = [
