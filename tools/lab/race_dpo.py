@@ -501,34 +501,6 @@ def summary(args) -> int:
                 f"{number(a['gold'], '.3f')} vs {number(b['gold'], '.3f')} |"
             )
     return 0
-    print("\nEach TRL side against hydrappo (s/step and peak: means over the rates; quality: each side's best rate")
-    print("by gold VADER where dpo_eval.py measured it, else by held-out accuracy):\n")
-    print(
-        "| TRL side | s/step, TRL / hydrappo | peak MiB, TRL / hydrappo | best acc: TRL vs hydrappo | best gold: TRL vs hydrappo |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: |")
-
-    def mean(side_rows, key):
-        return statistics.fmean(r[key] for r in side_rows)
-
-    def best(side_rows):
-        key = "gold" if all(r["gold"] is not None for r in side_rows) else "heldout_accuracy"
-        return max(side_rows, key=lambda r: r.get(key) if r.get(key) is not None else -math.inf)
-
-    for side in TRL_SIDES:
-        theirs = by_side[side]
-        if not theirs:
-            continue
-        speed = mean(theirs, "s_per_step") / mean(ours, "s_per_step")
-        memory = mean(theirs, "peak_rss_mib") / mean(ours, "peak_rss_mib")
-        a, b = best(theirs), best(ours)
-        print(
-            f"| {side} | {speed:.2f}x | {memory:.2f}x | {number(a.get('heldout_accuracy'), '.3f')} (lr {a['learning_rate']:g}) "
-            f"vs {number(b.get('heldout_accuracy'), '.3f')} (lr {b['learning_rate']:g}, "
-            f"{b['trainable_parameters'] / 1e6:.1f}M trainable) | "
-            f"{number(a['gold'], '.3f')} vs {number(b['gold'], '.3f')} |"
-        )
-    return 0
 
 
 def main(argv=None) -> int:
