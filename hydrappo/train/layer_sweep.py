@@ -429,17 +429,13 @@ class SharedFirstRollout:
             if self.responses is not None and prompt_ids == self.prompt_ids:
                 set_rng_state(self.random_after)
                 self.reused += 1
-                return self.copy()
+                return copy.deepcopy(self.responses)
             responses = sample(prompt_ids, indices)
             self.prompt_ids, self.random_after = copy.deepcopy(prompt_ids), rng_state()
-            self.responses = dataclasses.replace(responses, split_hidden=None)
-            self.responses = self.copy()
+            self.responses = copy.deepcopy(dataclasses.replace(responses, split_hidden=None))
             return responses
 
         step.generate = first_generate
-
-    def copy(self):
-        return copy.deepcopy(self.responses)
 
 
 def run_sweep(sweep: Sweep, *, say=report) -> SweepResults:
