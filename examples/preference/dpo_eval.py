@@ -15,19 +15,11 @@ open with the most common four words. The base model is measured the same way (K
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def same_opening_share(texts: list[str], words: int = 4) -> tuple[float, str]:
-    """The share of answers whose first `words` words are the most common opening, and that opening."""
-    openings = collections.Counter(" ".join(text.split()[:words]).lower() for text in texts)
-    opening, count = openings.most_common(1)[0]
-    return count / len(texts), opening
 
 
 def measure(run_dir: Path | None, prompts: Path, reward_fn: str) -> dict:
@@ -64,9 +56,7 @@ def measure(run_dir: Path | None, prompts: Path, reward_fn: str) -> dict:
         trained = AutoModelForCausalLM.from_pretrained(str(plain_folder), dtype=next(hydra.model.parameters()).dtype)
         hydra.model.load_state_dict(trained.state_dict())  # the policy only; the reference copy stays the base
     result = measure_heldout(hydra, tokenizer, ppo, prompts, reward_fn, samples=1000)
-    texts = [sample["response"] for sample in result.pop("samples")]
-    result["same_opening_share"], result["same_opening"] = same_opening_share(texts)
-    result["texts"] = texts
+    result["texts"] = [sample["response"] for sample in result.pop("samples")]
     return result
 
 

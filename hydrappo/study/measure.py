@@ -15,6 +15,7 @@ Li et al. 2016).
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import statistics
@@ -46,6 +47,17 @@ def distinct_n(token_rows: list[list[int]], n: int = 2) -> float:
     """Distinct n-grams over all n-grams of all responses (Li et al. 2016, distinct-n)."""
     grams = [tuple(row[i : i + n]) for row in token_rows for i in range(len(row) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def same_opening_share(texts: list[str], words: int = 4) -> tuple[float, str]:
+    """The share of answers whose first `words` words (lower-cased) are the most common opening, and
+    that opening: a policy that answers every prompt with one sentence shows here before distinct-n
+    falls (the over-optimised "I'm thrilled to ..." of Gao et al.'s regime)."""
+    if not texts:
+        return 0.0, ""
+    openings = collections.Counter(" ".join(text.split()[:words]).lower() for text in texts)
+    opening, count = openings.most_common(1)[0]
+    return count / len(texts), opening
 
 
 @torch.no_grad()
@@ -134,6 +146,7 @@ def measure_heldout(
         ]
     flags = degeneration_flags(responses.response_ids, responses.ended)
     eos = [s for s, ended in zip(responses.response_ids, responses.ended) if ended]
+    opening_share, opening = same_opening_share(response_texts)
     return {
         "reward": statistics.fmean(scores),
         "solved": statistics.fmean(float(score >= 1.0) for score in scores),  # a verifier's full score
@@ -143,6 +156,8 @@ def measure_heldout(
         "distinct2": distinct_n(
             [ids[:-1] if e and ids else ids for ids, e in zip(responses.response_ids, responses.ended)]
         ),
+        "same_opening_share": opening_share,
+        "same_opening": opening,
         "response_tokens_mean": statistics.fmean(len(ids) for ids in responses.response_ids),
         "prompts": len(texts),
         "ended_answers": len(eos),

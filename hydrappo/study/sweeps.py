@@ -264,6 +264,7 @@ def frontier_main(defaults: dict, doc: str, argv=None) -> int:
         ("ends with EOS", "eos_frac", ".2f"),
         ("degenerate", "degenerate_frac", ".2f"),
         ("distinct-2", "distinct2", ".2f"),
+        ("same first 4 words", "same_opening_share", ".2f"),
         ("median step s", "median_step_s", ".1f"),
     ]
     table = markdown_table([base, *points], columns)

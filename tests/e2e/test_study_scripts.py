@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
 pytest.importorskip("matplotlib")
 
 from hydrappo.study import sweeps  # noqa: E402
-from hydrappo.study.measure import distinct_n, heldout, measure_main  # noqa: E402
+from hydrappo.study.measure import distinct_n, heldout, measure_main, same_opening_share  # noqa: E402
 from reward import accuracy, format_ok, format_reward  # noqa: E402
 
 
@@ -101,6 +101,14 @@ def test_every_study_setting_is_a_valid_config_of_the_examples(example):
 def test_distinct_n_by_hand():
     assert distinct_n([[1, 2, 1, 2], [3]]) == 2 / 3  # bigrams (1,2) (2,1) (1,2): 2 distinct of 3
     assert distinct_n([[5]]) == 0.0
+
+
+def test_same_opening_share_by_hand():
+    texts = ["I'm thrilled to see it.", "i'm THRILLED to   see more", "The film is long.", "I'm thrilled to help"]
+    # The first four words, lower-cased and re-spaced: "i'm thrilled to see" twice, then two others.
+    assert same_opening_share(texts) == (0.5, "i'm thrilled to see")
+    assert same_opening_share(texts, words=3) == (0.75, "i'm thrilled to")
+    assert same_opening_share([]) == (0.0, "")
 
 
 def test_arithmetic_rewards():
