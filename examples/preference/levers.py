@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 # name -> options of `hydrappo reward` on top of reward.yaml
 VARIANTS = {
     "base": [],
+    "lr1e-4": ["--learning_rate", "1e-4"],
     "mean": ["--pooling", "mean"],
     "mean_lr3e-4": ["--pooling", "mean", "--learning_rate", "3e-4"],
     "mean_lr1e-5": ["--pooling", "mean", "--learning_rate", "1e-5"],
@@ -58,6 +59,16 @@ VARIANTS = {
     "top4": ["--num_layers_unfrozen", "4"],
     "top8": ["--num_layers_unfrozen", "8"],
     "from13": ["--trainable_layers", "13:17"],
+    # GRM's regulariser (arXiv 2406.10216): the LM loss on the chosen answers, weighted.
+    "grm0.01": ["--lm_loss_weight", "0.01"],
+    "grm0.1": ["--lm_loss_weight", "0.1"],
+    "grm0.1_lr1e-4": ["--lm_loss_weight", "0.1", "--learning_rate", "1e-4"],
+    # More epochs, keeping the epoch whose held-out accuracy was best. That selects on the held-out
+    # pairs themselves, so the other-style column is this row's unbiased one.
+    "6ep_best": ["--epochs", "6", "--load_best_model_at_end"],
+    "6ep_best_lr1e-4": ["--epochs", "6", "--load_best_model_at_end", "--learning_rate", "1e-4"],
+    # Four heads on the one branch, each on its own bootstrap resample (Coste et al. 2023); ranked by their mean.
+    "heads4": ["--reward_heads", "4"],
 }
 
 
@@ -76,6 +87,9 @@ def write_pairs(sources: list[str], num_pairs: int, path: Path) -> list[dict]:
 
 
 def accuracy(chosen: torch.Tensor, rejected: torch.Tensor) -> float:
+    """The share of pairs ranked right; a branch of several heads ranks by their mean score."""
+    if chosen.dim() == 2:
+        chosen, rejected = chosen.mean(dim=1), rejected.mean(dim=1)
     return float((chosen > rejected).float().mean()) if chosen.numel() else float("nan")
 
 

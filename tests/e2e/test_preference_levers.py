@@ -5,6 +5,7 @@ import json
 import sys
 
 import pytest
+import torch
 from runs import ROOT, reward_config, write_pairs
 
 sys.path.insert(0, str(ROOT / "examples" / "preference"))
@@ -43,3 +44,12 @@ def test_layer_variants_get_their_own_split_and_score_the_other_pairs(tmp_path, 
         assert 0.0 <= row["other_acc"] <= 1.0 and 0.0 <= row["held_out_acc"] <= 1.0
     # The synthetic preference (more "good" words) is learnable: the branch ranks pairs it never saw.
     assert rows[1]["other_acc"] > 0.6
+
+
+def test_a_branch_of_several_heads_ranks_a_pair_by_the_heads_mean_score():
+    # Pair 0: head 0 ranks it right (1 > 0), head 1 wrong (-3 < 0), and their mean wrong (-1 < 0);
+    # pair 1: both heads right. By the mean: 1 of 2; a mean of the heads' accuracies would give 0.75.
+    chosen = torch.tensor([[1.0, -3.0], [2.0, 2.0]])
+    rejected = torch.zeros(2, 2)
+    assert levers.accuracy(chosen, rejected) == 0.5
+    assert levers.accuracy(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])) == 0.5
