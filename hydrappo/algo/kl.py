@@ -54,12 +54,13 @@ def _finite_float(name: str, value) -> float:
 @dataclass(frozen=True)
 class KLSteering:
     """What steers a KL coefficient towards its target, from the options (ppo.kl_target,
-    kl_horizon, kl_pi_kp, kl_pi_ki): each controller reads the ones it uses."""
+    kl_horizon, kl_pi_kp, kl_pi_ki, kl_pi_integral_min): each controller reads the ones it uses."""
 
     target: float | None = None
     horizon: float | None = None
     kp: float = 2.0
     ki: float = 0.2
+    integral_min: float | None = None
 
 
 class KLController:
@@ -149,7 +150,7 @@ class PIKLController(KLController):
     are per step. After a step whose sequences have mean KL ``current_kl`` (nats):
 
         e_t = clip(log(current_kl / target), -clip_low, clip_high)   (-clip_low if KL <= 0)
-        I_t = I_{t-1} + e_t                                           (I_0 = 0)
+        I_t = max(I_{t-1} + e_t, integral_min)                        (I_0 = 0; no floor by default)
         beta_{t+1} = beta_0 * exp(kp * e_t + ki * I_t)
 
     This is the PI form of Stooke, Achiam and Abbeel (2020, eq. 8: lambda = Kp e + Ki I) with
@@ -170,6 +171,11 @@ class PIKLController(KLController):
         the sentiment run) and the KL then overshot to 2.4x the target. (Stooke et al. bound
         their integral at 0 for the same reason; a bounded negative error keeps beta able to
         fall when the start was too large.)
+      - the integral's floor (``integral_min``, off by default) is that bound, for a policy that
+        stays far under the target for many steps: the clip bounds how fast the integral winds
+        down, not how far, and in the preference example ten slow steps took beta from 0.05 to
+        0.007 before the KL arrived and overshot the target by 40-66%. A floor of 0 (Stooke et
+        al.'s) keeps beta >= beta_0 * exp(-kp * clip_low) while the KL is under the target.
     On an instantaneous plant (KL = c / beta the next step) a proportional gain above 1 makes
     beta alternate; no measured run behaves so, and the tests simulate the measured plant.
     """
@@ -184,6 +190,7 @@ class PIKLController(KLController):
         ki: float = 0.2,
         clip_low: float = 0.5,
         clip_high: float = 1.0,
+        integral_min: float | None = None,
     ):
         self.init = _finite_float("init_kl_coef", init_kl_coef)
         self.target = _finite_float("kl target", target)
@@ -200,6 +207,12 @@ class PIKLController(KLController):
                 f"the PI KL controller needs kp >= 0, ki >= 0 and positive error clips, got kp {self.kp}, ki {self.ki}, "
                 f"clips {self.clip_low}, {self.clip_high}"
             )
+        self.integral_min = None if integral_min is None else _finite_float("kl_pi_integral_min", integral_min)
+        if self.integral_min is not None and self.integral_min > 0:
+            raise ValueError(
+                f"the PI KL controller's integral starts at 0, so its floor kl_pi_integral_min must be <= 0, got "
+                f"{self.integral_min}"
+            )
         self.integral = 0.0
         self.value = self.init
 
@@ -207,10 +220,11 @@ class PIKLController(KLController):
     def build(cls, init_kl_coef: float, steering: KLSteering) -> PIKLController:
         if steering.target is None:
             raise ValueError("the PI KL controller needs a target")
-        return cls(init_kl_coef, steering.target, kp=steering.kp, ki=steering.ki)
+        return cls(init_kl_coef, steering.target, kp=steering.kp, ki=steering.ki, integral_min=steering.integral_min)
 
     def retune(self, steering: KLSteering) -> None:
         self.target, self.kp, self.ki = float(steering.target), float(steering.kp), float(steering.ki)
+        self.integral_min = None if steering.integral_min is None else float(steering.integral_min)
 
     def error(self, current_kl: float) -> float:
         """The clipped log-ratio of the measured KL to the target."""
@@ -224,6 +238,8 @@ class PIKLController(KLController):
         current_kl = _finite_float("current_kl", current_kl)
         error = self.error(current_kl)
         self.integral += error
+        if self.integral_min is not None:
+            self.integral = max(self.integral, self.integral_min)
         self.value = self.init * math.exp(self.kp * error + self.ki * self.integral)
 
     def state_dict(self) -> dict:
@@ -237,17 +253,20 @@ class PIKLController(KLController):
             "ki": self.ki,
             "clip_low": self.clip_low,
             "clip_high": self.clip_high,
+            "integral_min": self.integral_min,
         }
 
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
         for key in ("value", "init", "integral", "target", "kp", "ki", "clip_low", "clip_high"):
             setattr(self, key, float(state[key]))
+        floor = state.get("integral_min")  # a checkpoint written before the floor existed had none
+        self.integral_min = None if floor is None else float(floor)
 
     def __repr__(self) -> str:
         return (
             f"PIKLController(value={self.value}, target={self.target}, kp={self.kp}, ki={self.ki}, "
-            f"integral={self.integral})"
+            f"integral={self.integral}, integral_min={self.integral_min})"
         )
 
 

@@ -332,6 +332,13 @@ class PPOArgs(OptimizerArgs):
     kl_pi_ki: float = option(
         0.2, "pi controller: integral gain per step (1 / ki is roughly its horizon in steps).", NOT_NEGATIVE
     )
+    kl_pi_integral_min: float | None = option(
+        None,
+        "pi controller: a floor under its integral (<= 0; None: none). 0 is Stooke et al.'s bound: a policy far "
+        "under kl_target for many steps then cannot wind beta down below init_kl_coef * exp(-0.5 kp) and overshoot "
+        "the target once it moves (docs/kl-control.md).",
+        Range(high=0, fix="use 0 (Stooke et al.'s bound), a negative floor such as -2, or remove it for none"),
+    )
     kl_estimator: KlEstimator = option("k1", "k1 | k2 | k3 | abs: per-token KL estimate.")
     kl_penalty: KlPenalty = option(
         "reward", "reward (InstructGPT: -beta*KL per token in the reward) | loss (beta*KL added to the loss)."

@@ -60,10 +60,13 @@ def _simulate(controller, steps: int, seed: int, plant: str) -> list[float]:
     starts at 0 and changes each step by 0.83 - 10 beta nats (a least-squares fit over 30
     steps) plus Gaussian noise of the fit's residual, 1.1 nats; beta = 0.083 would hold it.
     "lag": the KL the policy settles at is c / beta (c = 0.75: beta must grow 2.5 times from
-    0.05 to hold 6) and the KL moves 20% of the way there each step, with 10% noise."""
+    0.05 to hold 6) and the KL moves 20% of the way there each step, with 10% noise.
+    "ramp": the drift plant whose pull (0.83 nats a step) grows from 0 over its first 15 steps,
+    with 0.5 nats of noise: the preference example's PPO, whose KL stayed under 1.5 nats for ten
+    steps and then overshot a target of 4 to 7.6 (docs/kl-control.md)."""
     rng, kl, measured = random.Random(seed), 0.0, []
-    for _ in range(steps):
-        if plant == "drift":
+    for step in range(steps):
+        if plant in ("drift", "ramp"):
             observed = kl
         else:
             kl += 0.2 * (0.75 / controller.value - kl)
@@ -72,6 +75,8 @@ def _simulate(controller, steps: int, seed: int, plant: str) -> list[float]:
         controller.update(observed, 32)
         if plant == "drift":
             kl = max(0.0, kl + 0.83 - 10.0 * controller.value + rng.gauss(0.0, 1.1))
+        elif plant == "ramp":
+            kl = max(0.0, kl + 0.83 * min(1.0, (step + 1) / 15) - 10.0 * controller.value + rng.gauss(0.0, 0.5))
     return measured
 
 
@@ -103,3 +108,39 @@ def test_the_asymmetric_clip_keeps_the_first_steps_from_winding_beta_down():
     assert ctl.value == pytest.approx(0.05 * math.exp(-1.1), rel=1e-12)
     ctl.update(60.0, 32)  # far over the budget: the full upper clip
     assert ctl.value == pytest.approx(0.05 * math.exp(2.0 + 0.2 * 0.5), rel=1e-12)
+
+
+def test_the_integral_floor_by_hand_and_from_an_old_checkpoint():
+    # integral_min 0: the first two errors (-0.5 each) would take I to -1; the floor keeps it at 0,
+    # so beta = 0.05 * exp(2 e) only; then a KL over the target integrates from 0 again.
+    ctl = PIKLController(0.05, 4.0, integral_min=0.0)
+    ctl.update(0.0, 32)
+    ctl.update(1.0, 32)  # log(1/4) = -1.39, clipped to -0.5
+    assert ctl.integral == 0.0 and ctl.value == pytest.approx(0.05 * math.exp(-1.0), rel=1e-12)
+    ctl.update(4.0 * math.exp(0.25), 32)
+    assert ctl.integral == pytest.approx(0.25) and ctl.value == pytest.approx(0.05 * math.exp(0.5 + 0.05), rel=1e-12)
+    # A floor under 0 lets it wind down that far and no further.
+    low = PIKLController(0.05, 4.0, integral_min=-0.75)
+    for _ in range(3):
+        low.update(0.0, 32)
+    assert low.integral == -0.75
+    # A checkpoint written before the floor existed has no integral_min: no floor, as it trained.
+    state = ctl.state_dict()
+    del state["integral_min"]
+    resumed = PIKLController(0.05, 4.0, integral_min=-1.0)
+    resumed.load_state_dict(state)
+    assert resumed.integral_min is None and resumed.integral == ctl.integral
+    with pytest.raises(ValueError, match="<= 0"):
+        PIKLController(0.05, 4.0, integral_min=0.5)
+    built = build_kl_controller("pi", 0.05, KLSteering(target=4.0, integral_min=0.0))
+    assert built.integral_min == 0.0
+
+
+def test_a_floor_at_zero_holds_the_target_where_a_slow_start_winds_the_integral_down():
+    # Measured when this was written (50 seeds, target 4, 30 steps, the ramp plant): no floor 4
+    # held (the KL overshot to 7.5 on average, as the preference example's 7.6); floor 0: 49.
+    # On the drift and lag plants it held 45 and 50 (it only acts while the KL is under the target).
+    assert _held(lambda: PIKLController(0.05, 4.0), "ramp", target=4.0, steps=30) <= 15
+    assert _held(lambda: PIKLController(0.05, 4.0, integral_min=0.0), "ramp", target=4.0, steps=30) >= 45
+    assert _held(lambda: PIKLController(0.05, 6.0, integral_min=0.0), "drift") >= 42
+    assert _held(lambda: PIKLController(0.05, 6.0, integral_min=0.0), "lag") >= 45

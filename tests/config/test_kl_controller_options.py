@@ -17,6 +17,11 @@ BASE = ["--reward_fn", f"{TINY}/reward.py:reward_fn", "--prompts", str(TINY / "p
         (["--kl_controller", "fixed", "--kl_pi_kp", "0.1"], ["ppo.kl_pi_kp=0.1", "'fixed'"]),
         (["--kl_controller", "pi", "--init_kl_coef", "0"], ["ppo.init_kl_coef=0", "pi KL controller"]),
         (["--kl_controller", "pi", "--kl_pi_ki", "-0.1"], ["ppo.kl_pi_ki=-0.1"]),
+        (
+            ["--kl_controller", "adaptive", "--kl_pi_integral_min", "0"],
+            ["ppo.kl_pi_integral_min=0", "set kl_controller: pi"],
+        ),
+        (["--kl_controller", "pi", "--kl_pi_integral_min", "0.5"], ["ppo.kl_pi_integral_min=0.5", "must be <= 0"]),
     ],
 )
 def test_options_of_another_controller_are_refused(overrides, words):

@@ -170,7 +170,13 @@ class PPOTrainer(TrainingLoop):
 
     def kl_steering(self) -> KLSteering:
         ppo = self.config.ppo
-        return KLSteering(target=ppo.kl_target, horizon=ppo.kl_horizon, kp=ppo.kl_pi_kp, ki=ppo.kl_pi_ki)
+        return KLSteering(
+            target=ppo.kl_target,
+            horizon=ppo.kl_horizon,
+            kp=ppo.kl_pi_kp,
+            ki=ppo.kl_pi_ki,
+            integral_min=ppo.kl_pi_integral_min,
+        )
 
     def builds_value_head(self) -> bool:
         return self.config.ppo.uses_critic
