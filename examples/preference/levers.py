@@ -18,6 +18,10 @@ the first K rows of the pairs files. `--other_pairs FILE` adds a column: the acc
 built the same way from prompts of another style (make_pairs.py --prompts
 examples/preference/other_prompts.jsonl), none of them trained on.
 
+New prompts rather than more samples of the same ones: `make_pairs.py --prompts
+examples/preference/new_prompts.jsonl --output NEW.jsonl` (300 prompts on other topics, none in
+the sentiment or other-style files), then `--pairs outputs/preference/pairs.jsonl NEW.jsonl`.
+
 Variants that change which layers the branch copies (top2, top4, top8, from13) start at another
 split: each such group loads the model again and fills its own cache.
 """
