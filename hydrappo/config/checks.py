@@ -435,12 +435,8 @@ def _check_kl_controller(ppo: PPOArgs, problems: Problems) -> None:
                     "'fixed' (the coefficient stays init_kl_coef)",
                     f"set kl_controller: adaptive, or remove {name}",
                 )
-    for name, user in {
-        "kl_horizon": "adaptive",
-        "kl_pi_kp": "pi",
-        "kl_pi_ki": "pi",
-        "kl_pi_integral_min": "pi",
-    }.items():
+    steered = {"kl_horizon": "adaptive", **dict.fromkeys(("kl_pi_kp", "kl_pi_ki", "kl_pi_integral_min"), "pi")}
+    for name, user in steered.items():
         value = getattr(ppo, name)
         reported = name == "kl_horizon" and ppo.kl_controller == "fixed"  # above
         if ppo.kl_controller != user and value != _default(PPOArgs, name) and not reported:
