@@ -2,7 +2,8 @@
 puts them together per command), read from YAML with
 command-line overrides (parse.py) and checked as a whole before anything loads (checks.py)."""
 
-from .checks import Problems, is_device_name, validate
+from .checks import is_device_name, validate
+from .problems import Problems
 from .parse import config_parser, parse_config
 from .paths import (
     besides_run_tokenizer,

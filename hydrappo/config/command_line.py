@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..usercode import CommandParser
-from .checks import Problems
+from .problems import Problems
 from .values import Range
 
 _UNSET = object()

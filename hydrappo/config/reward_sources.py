@@ -75,7 +75,7 @@ def weights_problem(weights, sources: int) -> Problem | None:
 
 def check_reward_sources(config, problems) -> None:
     """Problems of reward.reward_fn / reward_model / use_reward_branch, reward_weights, timeout_s and
-    the reference score statistics, added to `problems` (config/checks.py's Problems)."""
+    the reference score statistics, added to `problems` (config/problems.py's Problems)."""
     reward = config.reward
     task = getattr(config, "task", None)
     sources = len(reward_source_names(reward)) + bool(task is not None and task.enabled)

@@ -160,7 +160,7 @@ def task_specs(task: TaskArgs) -> tuple[list[tuple[str, float, dict]], list[Prob
 
 def check_task(config, problems) -> None:
     """Problems of the task section and of what it replaces (data.prompts / data.eval_prompts), added to
-    `problems` (config/checks.py's Problems)."""
+    `problems` (config/problems.py's Problems)."""
     task = config.task
     if not task.enabled:
         for name in ("task_config", "task_eval_size"):

@@ -16,7 +16,7 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from hydrappo import HydraModel
-from hydrappo.config import ConfigError, GenerationArgs, checks, parse_config
+from hydrappo.config import ConfigError, GenerationArgs, parse_config, train_checks
 from hydrappo.errors import UsageError
 from hydrappo.generation import serving
 from hydrappo.generation.samplers import GenerateSampler, Sampler, build_sampler
@@ -225,7 +225,7 @@ def test_build_sampler_builds_the_engine_once_or_says_what_is_missing(monkeypatc
 
 
 def test_the_config_refuses_what_the_engine_cannot_serve(monkeypatch):
-    monkeypatch.setattr(checks, "_vllm_installed", lambda: False)
+    monkeypatch.setattr(train_checks, "_vllm_installed", lambda: False)
     with pytest.raises(ConfigError) as error:
         parse_config(
             TINY / "config.yaml",
@@ -252,8 +252,8 @@ def test_the_config_refuses_what_the_engine_cannot_serve(monkeypatch):
     assert "needs vLLM, which is not installed. Run `pip install 'hydrappo[vllm]'`" in message
     with pytest.raises(ConfigError, match="generation.engine_gpu_memory=0.5 only sizes the engine of sampler: vllm"):
         parse_config(TINY / "config.yaml", ["--engine_gpu_memory", "0.5", "--output_dir", "/tmp/unused"])
-    monkeypatch.setattr(checks, "_vllm_installed", lambda: True)
-    monkeypatch.setattr(checks, "_cuda_available", lambda: True)
+    monkeypatch.setattr(train_checks, "_vllm_installed", lambda: True)
+    monkeypatch.setattr(train_checks, "_cuda_available", lambda: True)
     with pytest.raises(ConfigError, match=r"generation.engine_gpu_memory=1.5 must be in \(0, 1\]"):
         parse_config(
             TINY / "config.yaml", ["--sampler", "vllm", "--engine_gpu_memory", "1.5", "--output_dir", "/tmp/unused"]
@@ -268,8 +268,8 @@ def fake_vllm(monkeypatch):
     monkeypatch.setattr(
         serving, "vllm_engine", lambda hydra, tokenizer, args: engines.append(FakeEngine(hydra)) or engines[-1]
     )
-    monkeypatch.setattr(checks, "_vllm_installed", lambda: True)
-    monkeypatch.setattr(checks, "_cuda_available", lambda: True)
+    monkeypatch.setattr(train_checks, "_vllm_installed", lambda: True)
+    monkeypatch.setattr(train_checks, "_cuda_available", lambda: True)
     return engines
 
 

@@ -21,7 +21,7 @@ from ...agent.rollouts import build_agent
 from ...algo.kl import KLSteering, build_kl_controller
 from ...config import Config, Problems
 from ...errors import UsageError
-from ...config.checks import check_process_shares
+from ...config.train_checks import check_process_shares
 from ...config.task import has_held_out
 from ...data import PromptSampler, tokenize_prompts
 from ...generation.responses import Responses
@@ -186,7 +186,7 @@ class PPOTrainer(TrainingLoop):
         return self.hydra
 
     def _check_process_count(self) -> None:
-        """config/checks.py's rule for the processes of a launch, with the process group joined."""
+        """config/train_checks.py's rule for the processes of a launch, with the process group joined."""
         k, problems = self.harness.dist.world_size, Problems()
         check_process_shares(self.config.ppo, self.config.generation.samples_per_prompt, k, problems, f"{k} processes")
         problems.raise_if_any()
