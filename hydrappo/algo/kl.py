@@ -51,6 +51,19 @@ def _finite_float(name: str, value) -> float:
     return value
 
 
+def _integral_floor(value) -> float | None:
+    """The PI controller's floor under its integral: None (no floor) or a finite number <= 0, the
+    integral's start (a floor above it would hold the integral off its own start)."""
+    if value is None:
+        return None
+    floor = _finite_float("kl_pi_integral_min", value)
+    if floor > 0:
+        raise ValueError(
+            f"the PI KL controller's integral starts at 0, so its floor kl_pi_integral_min must be <= 0, got {floor}"
+        )
+    return floor
+
+
 @dataclass(frozen=True)
 class KLSteering:
     """What steers a KL coefficient towards its target, from the options (ppo.kl_target,
@@ -207,12 +220,7 @@ class PIKLController(KLController):
                 f"the PI KL controller needs kp >= 0, ki >= 0 and positive error clips, got kp {self.kp}, ki {self.ki}, "
                 f"clips {self.clip_low}, {self.clip_high}"
             )
-        self.integral_min = None if integral_min is None else _finite_float("kl_pi_integral_min", integral_min)
-        if self.integral_min is not None and self.integral_min > 0:
-            raise ValueError(
-                f"the PI KL controller's integral starts at 0, so its floor kl_pi_integral_min must be <= 0, got "
-                f"{self.integral_min}"
-            )
+        self.integral_min = _integral_floor(integral_min)
         self.integral = 0.0
         self.value = self.init
 
@@ -224,7 +232,7 @@ class PIKLController(KLController):
 
     def retune(self, steering: KLSteering) -> None:
         self.target, self.kp, self.ki = float(steering.target), float(steering.kp), float(steering.ki)
-        self.integral_min = None if steering.integral_min is None else float(steering.integral_min)
+        self.integral_min = _integral_floor(steering.integral_min)
 
     def error(self, current_kl: float) -> float:
         """The clipped log-ratio of the measured KL to the target."""
@@ -260,8 +268,8 @@ class PIKLController(KLController):
         self._check_kind(state)
         for key in ("value", "init", "integral", "target", "kp", "ki", "clip_low", "clip_high"):
             setattr(self, key, float(state[key]))
-        floor = state.get("integral_min")  # a checkpoint written before the floor existed had none
-        self.integral_min = None if floor is None else float(floor)
+        # A checkpoint written before the floor existed has none.
+        self.integral_min = _integral_floor(state.get("integral_min"))
 
     def __repr__(self) -> str:
         return (

@@ -134,6 +134,11 @@ def test_the_integral_floor_by_hand_and_from_an_old_checkpoint():
         PIKLController(0.05, 4.0, integral_min=0.5)
     built = build_kl_controller("pi", 0.05, KLSteering(target=4.0, integral_min=0.0))
     assert built.integral_min == 0.0
+    # A run resumed with other options (retune) meets the same rule as a new controller.
+    built.retune(KLSteering(target=4.0, integral_min=-2.0))
+    assert built.integral_min == -2.0
+    with pytest.raises(ValueError, match="must be <= 0"):
+        built.retune(KLSteering(target=4.0, integral_min=0.5))
 
 
 def test_a_floor_at_zero_holds_the_target_where_a_slow_start_winds_the_integral_down():
