@@ -21,6 +21,8 @@ examples/preference/other_prompts.jsonl), none of them trained on.
 New prompts rather than more samples of the same ones: `make_pairs.py --prompts
 examples/preference/new_prompts.jsonl --output NEW.jsonl` (300 prompts on other topics, none in
 the sentiment or other-style files), then `--pairs outputs/preference/pairs.jsonl NEW.jsonl`.
+`wide_prompts.jsonl` holds 1,000 more: 100 subjects, none of them an other-style prompt's, in
+10 phrasings each (some of them the other style's, e.g. "Describe your experience with").
 
 Variants that change which layers the branch copies (top2, top4, top8, from13) start at another
 split: each such group loads the model again and fills its own cache.
