@@ -12,7 +12,10 @@ HELD_OUT = ["sentiment/eval_prompts.jsonl", "preference/other_prompts.jsonl"]
 
 def prompts(name: str) -> list[str]:
     lines = (ROOT / "examples" / name).read_text().splitlines()
-    return [json.loads(line)["prompt"] for line in lines if line.strip()]
+    texts = [json.loads(line)["prompt"] for line in lines if line.strip()]
+    assert all(isinstance(text, str) and 10 < len(text) < 160 for text in texts), name
+    assert len(set(texts)) == len(texts), f"{name} has duplicates"
+    return texts
 
 
 def normalised(text: str) -> str:
@@ -34,3 +37,9 @@ def test_each_prompt_file_holds_distinct_prompts():
     for name in TRAINED + HELD_OUT:
         texts = prompts(name)
         assert texts and len({normalised(text) for text in texts}) == len(texts), name
+
+
+def test_sentiment_prompt_files():
+    train, held_out = prompts("sentiment/prompts.jsonl"), prompts("sentiment/eval_prompts.jsonl")
+    assert len(train) >= 300 and len(held_out) == 50
+    assert not set(train) & set(held_out)

@@ -297,17 +297,3 @@ def test_sentiment_reward_scores_the_response_only():
     response = "It is a film about a town."
     scores = reward_fn([p + " " + response for p in prompts], prompts, [response, response])
     assert scores[0] == scores[1] == 0.0
-
-
-def read_prompts(name):
-    lines = (SENTIMENT / name).read_text().splitlines()
-    prompts = [json.loads(line)["prompt"] for line in lines]
-    assert all(isinstance(p, str) and 10 < len(p) < 160 for p in prompts)
-    assert len(set(prompts)) == len(prompts), f"{name} has duplicates"
-    return prompts
-
-
-def test_sentiment_prompt_files():
-    train, held_out = read_prompts("prompts.jsonl"), read_prompts("eval_prompts.jsonl")
-    assert len(train) >= 300 and len(held_out) == 50
-    assert not set(train) & set(held_out)
